@@ -1,0 +1,1 @@
+"""In-rank collector: records step and collective timings and streams them to the hub."""

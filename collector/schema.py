@@ -1,0 +1,399 @@
+"""The wire schema shared by every collector and the hub.
+
+A message is one msgpack map. Tables travel as columns of raw little-endian numpy bytes, so
+a batch of thousands of collectives costs one ``frombuffer`` per column on the hub instead
+of one Python object per event. Nothing is ever pickled.
+
+Message kinds (``"kind"``):
+
+``hello``
+    Sent once per rank incarnation: identity (rank, host, GPU, rail, mesh coordinates...),
+    run (job, run id, scope, parent run) and the manifest (versions, env, job config).
+``groups``
+    The process-group table: ``{"groups": [{"id", "name", "ranks", "backend", "desc"}]}``.
+    Collective rows refer to a group by ``id``; a group's ``ranks`` are global ranks.
+``steps``
+    Columnar tables for one or more steps: ``steps``, ``phases``, ``colls`` (and the names of
+    user phases in ``phase_names``).
+``samples``
+    Columnar device (NVML) and host samples.
+``stats``
+    The collector's own health: drops, internal errors, clock offset and its uncertainty.
+
+All times are int64 nanoseconds on the hub-aligned clock (ARCHITECTURE §5). A device time
+that is not known is ``NO_TIME``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+
+SCHEMA_VERSION = 1
+"""Bumped on any incompatible change; the hub rejects other versions with a counted reason."""
+
+MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+"""Largest message the hub accepts (and the ZMQ ``MAXMSGSIZE`` it sets)."""
+
+MAX_ROWS = 1_000_000
+"""Largest row count of one table in one message."""
+
+NO_TIME = -1
+"""Sentinel for a time that was not measured (e.g. device times without CUDA events)."""
+
+KINDS = ("hello", "groups", "steps", "samples", "stats")
+
+SCOPES = ("full", "two-node", "one-node", "one-rank", "custom")
+"""Scope of a run (ARCHITECTURE §3)."""
+
+OPS = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "broadcast",
+    "reduce",
+    "all_to_all",
+    "barrier",
+    "send",
+    "recv",
+    "gather",
+    "scatter",
+    "other",
+)
+"""Collective operation names; the ``op`` column holds an index into this tuple."""
+OP_INDEX = {name: i for i, name in enumerate(OPS)}
+
+PHASES = (
+    "input",
+    "forward",
+    "backward",
+    "optimizer",
+    "checkpoint",
+    "eval",
+    "memory",
+    "pp_wait",
+    "recovery",
+)
+"""Built-in phase names; the ``phase`` column indexes ``PHASES + message["phase_names"]``."""
+PHASE_INDEX = {name: i for i, name in enumerate(PHASES)}
+
+MESH_DIMS = ("dp", "tp", "pp", "cp", "ep")
+"""Mesh coordinates a rank may report in its hello."""
+
+# Collective flags (bit field in the ``flags`` column).
+FLAG_DEVICE_TIMED = 1 << 0
+"""``t_start``/``t_end`` come from device events (CUDA events or the NCCL completion hook)."""
+FLAG_ASYNC = 1 << 1
+"""Issued with ``async_op=True``; ``t_exit`` is when completion was observed."""
+FLAG_COALESCED = 1 << 2
+"""Part of a coalesced group of collectives."""
+FLAG_DDP_BUCKET = 1 << 3
+"""A DDP gradient bucket seen through the comm hook."""
+FLAG_MANUAL = 1 << 4
+"""Recorded through the explicit API rather than auto-instrumentation."""
+
+STEP_COLUMNS: dict[str, np.dtype] = {
+    "step": np.dtype("<i8"),
+    "t_start": np.dtype("<i8"),
+    "t_end": np.dtype("<i8"),
+    "tokens": np.dtype("<i8"),
+    "valid_tokens": np.dtype("<i8"),
+    "samples": np.dtype("<i8"),
+    "attn_cost": np.dtype("<f8"),
+    "flops": np.dtype("<f8"),
+    "mem_allocated": np.dtype("<i8"),
+    "mem_reserved": np.dtype("<i8"),
+    "mem_peak": np.dtype("<i8"),
+    "alloc_retries": np.dtype("<i4"),
+}
+"""One row per rank and step. Work and memory columns are -1 (NaN for floats) when unknown."""
+
+PHASE_COLUMNS: dict[str, np.dtype] = {
+    "step": np.dtype("<i8"),
+    "phase": np.dtype("<i2"),
+    "t0": np.dtype("<i8"),
+    "t1": np.dtype("<i8"),
+}
+"""One row per phase span."""
+
+COLL_COLUMNS: dict[str, np.dtype] = {
+    "step": np.dtype("<i8"),
+    "op": np.dtype("<i1"),
+    "group": np.dtype("<i4"),
+    "seq": np.dtype("<i8"),
+    "nbytes": np.dtype("<i8"),
+    "t_enter": np.dtype("<i8"),
+    "t_start": np.dtype("<i8"),
+    "t_end": np.dtype("<i8"),
+    "t_exit": np.dtype("<i8"),
+    "flags": np.dtype("<i4"),
+}
+"""One row per collective call on this rank. ``seq`` counts calls per group in issue order;
+``(group, seq)`` names the same collective instance on every member rank. ``nbytes`` is the
+rank's input size in bytes."""
+
+SAMPLE_COLUMNS: dict[str, np.dtype] = {
+    "t": np.dtype("<i8"),
+    "sm_clock_mhz": np.dtype("<f4"),
+    "mem_clock_mhz": np.dtype("<f4"),
+    "power_w": np.dtype("<f4"),
+    "temp_c": np.dtype("<f4"),
+    "throttle": np.dtype("<i8"),
+    "gpu_util": np.dtype("<f4"),
+    "cpu_pct": np.dtype("<f4"),
+    "load1": np.dtype("<f4"),
+    "rss_bytes": np.dtype("<i8"),
+}
+"""Device and host samples; device columns are NaN (throttle -1) without NVML."""
+
+TABLES: dict[str, dict[str, np.dtype]] = {
+    "steps": STEP_COLUMNS,
+    "phases": PHASE_COLUMNS,
+    "colls": COLL_COLUMNS,
+    "samples": SAMPLE_COLUMNS,
+}
+
+HELLO_REQUIRED = {
+    "rank": int,
+    "world_size": int,
+    "local_rank": int,
+    "host": str,
+    "node_rank": int,
+    "pid": int,
+}
+"""Identity fields every hello must carry, with their types."""
+
+HELLO_OPTIONAL = {
+    "local_world_size": int,
+    "gpu_index": int,
+    "gpu_uuid": str,
+    "pci_bus": str,
+    "numa_node": int,
+    "nic": str,
+    "rail": int,
+    "rack": str,
+    "mesh": dict,
+    "shard": int,
+}
+"""Identity fields a hello may carry; absent means unknown."""
+
+
+class SchemaError(ValueError):
+    """A message does not follow the wire schema. ``reason`` is a short stable tag that the
+    hub counts (``bad_msgpack``, ``bad_version``, ``bad_kind``, ``bad_table``...)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def empty_table(name: str, n: int) -> dict[str, np.ndarray]:
+    """Allocate a table of ``n`` rows with the schema's dtypes, filled with "unknown".
+
+    Args:
+        name: table name in ``TABLES``.
+        n: number of rows.
+
+    Returns:
+        A dict column name -> array; ints are -1, floats NaN.
+    """
+    cols = {}
+    for col, dt in TABLES[name].items():
+        cols[col] = np.full(n, np.nan if dt.kind == "f" else -1, dtype=dt)
+    return cols
+
+
+def encode_table(name: str, cols: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Encode one table as ``{"n": rows, "cols": {name: bytes}}``.
+
+    Every schema column must be present; arrays are cast to the schema dtype.
+
+    Args:
+        name: table name in ``TABLES``.
+        cols: column arrays of equal length.
+
+    Returns:
+        The msgpack-ready table map.
+    """
+    spec = TABLES[name]
+    n = -1
+    out: dict[str, bytes] = {}
+    for col, dt in spec.items():
+        arr = np.ascontiguousarray(cols[col], dtype=dt)
+        if n < 0:
+            n = arr.shape[0]
+        elif arr.shape[0] != n:
+            raise SchemaError("bad_table", f"{name}.{col} has {arr.shape[0]} rows, expected {n}")
+        out[col] = arr.tobytes()
+    return {"n": max(n, 0), "cols": out}
+
+
+def encode(msg: dict[str, Any]) -> bytes:
+    """Pack a message map (tables already encoded) with the schema version set."""
+    msg["v"] = SCHEMA_VERSION
+    return msgpack.packb(msg, use_bin_type=True)
+
+
+def steps_message(
+    header: dict[str, Any],
+    steps: dict[str, np.ndarray],
+    phases: dict[str, np.ndarray] | None = None,
+    colls: dict[str, np.ndarray] | None = None,
+    phase_names: list[str] | None = None,
+) -> bytes:
+    """Build a ``steps`` message from column arrays.
+
+    Args:
+        header: ``job``, ``run``, ``rank``, ``inc`` and ``batch`` (per-sender sequence number).
+        steps: step table columns.
+        phases: phase table columns (optional).
+        colls: collective table columns (optional).
+        phase_names: user phase names, indexed after ``PHASES``.
+
+    Returns:
+        Encoded bytes ready to send.
+    """
+    tables = {"steps": encode_table("steps", steps)}
+    if phases is not None:
+        tables["phases"] = encode_table("phases", phases)
+    if colls is not None:
+        tables["colls"] = encode_table("colls", colls)
+    msg = dict(header)
+    msg["kind"] = "steps"
+    msg["tables"] = tables
+    msg["phase_names"] = list(phase_names or [])
+    return encode(msg)
+
+
+@dataclass
+class Message:
+    """A decoded, validated message. ``tables`` holds numpy columns (read-only views)."""
+
+    kind: str
+    header: dict[str, Any]
+    tables: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    nbytes: int = 0
+
+
+_HEADER_TYPES = {"job": str, "run": str, "rank": int, "inc": int}
+
+
+def _check_type(where: str, value: Any, typ: type) -> None:
+    # bool is an int subclass; a rank of True is a bug upstream, not a rank.
+    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+        raise SchemaError("bad_type", f"{where} must be {typ.__name__}, got {type(value).__name__}")
+
+
+def _decode_table(name: str, raw: Any) -> dict[str, np.ndarray]:
+    spec = TABLES.get(name)
+    if spec is None:
+        raise SchemaError("bad_table", f"unknown table {name!r}")
+    if (
+        not isinstance(raw, dict)
+        or not isinstance(raw.get("n"), int)
+        or not isinstance(raw.get("cols"), dict)
+    ):
+        raise SchemaError("bad_table", f"table {name!r} must be a map with int 'n' and map 'cols'")
+    n = raw["n"]
+    if n < 0 or n > MAX_ROWS:
+        raise SchemaError("bad_size", f"table {name!r} has {n} rows (max {MAX_ROWS})")
+    cols = {}
+    for col, dt in spec.items():
+        buf = raw["cols"].get(col)
+        if not isinstance(buf, bytes):
+            raise SchemaError("bad_table", f"{name}.{col} is missing or not bytes")
+        if len(buf) != n * dt.itemsize:
+            raise SchemaError(
+                "bad_size", f"{name}.{col} has {len(buf)} bytes, expected {n} x {dt.itemsize}"
+            )
+        cols[col] = np.frombuffer(buf, dtype=dt)
+    return cols
+
+
+def decode(data: bytes) -> Message:
+    """Decode and validate one message.
+
+    Checks: size bound, msgpack, schema version, kind, header types, table shapes and, for
+    ``hello``, the identity fields. Semantic checks that need hub state (known rank, world
+    size) are the hub's job.
+
+    Args:
+        data: raw message bytes.
+
+    Returns:
+        The decoded message.
+
+    Raises:
+        SchemaError: with a stable ``reason`` tag.
+    """
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise SchemaError("too_large", f"{len(data)} bytes > {MAX_MESSAGE_BYTES}")
+    try:
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=MAX_MESSAGE_BYTES)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise SchemaError("bad_msgpack", f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(obj, dict):
+        raise SchemaError("bad_msgpack", f"top level is {type(obj).__name__}, not a map")
+    version = obj.get("v")
+    if version != SCHEMA_VERSION:
+        raise SchemaError(
+            "bad_version", f"schema version {version!r}, this hub speaks {SCHEMA_VERSION}"
+        )
+    kind = obj.get("kind")
+    if kind not in KINDS:
+        raise SchemaError("bad_kind", f"unknown kind {kind!r}")
+    for key, typ in _HEADER_TYPES.items():
+        if key not in obj:
+            raise SchemaError("bad_header", f"missing {key!r}")
+        _check_type(key, obj[key], typ)
+    if obj["rank"] < 0:
+        raise SchemaError("bad_header", f"rank {obj['rank']} < 0")
+    tables: dict[str, dict[str, np.ndarray]] = {}
+    raw_tables = obj.pop("tables", None)
+    if kind in ("steps", "samples"):
+        if not isinstance(raw_tables, dict):
+            raise SchemaError("bad_table", f"{kind} message without tables")
+        for name, raw in raw_tables.items():
+            tables[name] = _decode_table(name, raw)
+        if kind == "steps" and "steps" not in tables:
+            raise SchemaError("bad_table", "steps message without a steps table")
+        if kind == "samples" and "samples" not in tables:
+            raise SchemaError("bad_table", "samples message without a samples table")
+    if kind == "hello":
+        ident = obj.get("identity")
+        if not isinstance(ident, dict):
+            raise SchemaError("bad_hello", "hello without an identity map")
+        for key, typ in HELLO_REQUIRED.items():
+            if key not in ident:
+                raise SchemaError("bad_hello", f"identity misses {key!r}")
+            _check_type(f"identity.{key}", ident[key], typ)
+        for key, typ in HELLO_OPTIONAL.items():
+            if ident.get(key) is not None:
+                _check_type(f"identity.{key}", ident[key], typ)
+        if ident["rank"] != obj["rank"]:
+            raise SchemaError(
+                "bad_hello", f"identity rank {ident['rank']} != header rank {obj['rank']}"
+            )
+        if not 0 <= ident["rank"] < ident["world_size"]:
+            raise SchemaError(
+                "bad_hello", f"rank {ident['rank']} outside world size {ident['world_size']}"
+            )
+        scope = obj.get("scope", "full")
+        if scope not in SCOPES:
+            raise SchemaError("bad_hello", f"unknown scope {scope!r}")
+    if kind == "groups":
+        groups = obj.get("groups")
+        if not isinstance(groups, list):
+            raise SchemaError("bad_groups", "groups message without a groups list")
+        for g in groups:
+            if (
+                not isinstance(g, dict)
+                or not isinstance(g.get("id"), int)
+                or not isinstance(g.get("ranks"), list)
+            ):
+                raise SchemaError("bad_groups", "each group needs int 'id' and list 'ranks'")
+    return Message(kind=kind, header=obj, tables=tables, nbytes=len(data))

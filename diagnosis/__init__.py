@@ -1,0 +1,1 @@
+"""Diagnosis core: pure numpy analysis over a `Window` of the store."""

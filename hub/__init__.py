@@ -1,0 +1,1 @@
+"""Hub: receives, validates, aligns, stores and records what the collectors send."""

@@ -1,0 +1,1 @@
+"""Reduced-scope rerun planning and launching."""

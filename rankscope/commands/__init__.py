@@ -1,0 +1,1 @@
+"""One module per ``rankscope`` subcommand (see ``rankscope.cli``)."""

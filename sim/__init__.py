@@ -1,0 +1,1 @@
+"""Simulated training cluster that emits through the real collector and wire format."""
