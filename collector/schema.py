@@ -269,6 +269,62 @@ def steps_message(
     return encode(msg)
 
 
+def hello_message(
+    header: dict[str, Any],
+    identity: dict[str, Any],
+    *,
+    scope: str = "full",
+    parent_run: str | None = None,
+    manifest: dict[str, Any] | None = None,
+    t_start_ns: int | None = None,
+) -> bytes:
+    """Build a ``hello``: who this rank is, which run it belongs to, and its manifest.
+
+    Args:
+        header: ``job``, ``run``, ``rank``, ``inc``, ``batch``.
+        identity: ``HELLO_REQUIRED`` fields plus any of ``HELLO_OPTIONAL``.
+        scope: one of ``SCOPES``.
+        parent_run: the run this one is a reduced rerun of.
+        manifest: versions, env, launcher argv, job config (free-form map of plain values).
+        t_start_ns: hub-clock time the process started (for "time since start").
+    """
+    msg = dict(header)
+    msg.update(
+        kind="hello",
+        identity=identity,
+        scope=scope,
+        parent_run=parent_run,
+        manifest=manifest or {},
+        t_start_ns=t_start_ns,
+    )
+    return encode(msg)
+
+
+def groups_message(header: dict[str, Any], groups: list[dict[str, Any]]) -> bytes:
+    """Build a ``groups`` message: ``[{"id", "name", "ranks", "backend", "desc"}]``."""
+    msg = dict(header)
+    msg.update(kind="groups", groups=groups)
+    return encode(msg)
+
+
+def samples_message(header: dict[str, Any], samples: dict[str, np.ndarray]) -> bytes:
+    """Build a ``samples`` message from ``SAMPLE_COLUMNS`` arrays."""
+    msg = dict(header)
+    msg.update(kind="samples", tables={"samples": encode_table("samples", samples)})
+    return encode(msg)
+
+
+def stats_message(header: dict[str, Any], stats: dict[str, Any]) -> bytes:
+    """Build a ``stats`` message: the collector's own counters.
+
+    Conventional keys: ``dropped_batches``, ``dropped_events``, ``errors`` (map reason ->
+    count), ``clock_offset_ns``, ``clock_error_ns`` (half the best round trip).
+    """
+    msg = dict(header)
+    msg.update(kind="stats", stats=stats)
+    return encode(msg)
+
+
 @dataclass
 class Message:
     """A decoded, validated message. ``tables`` holds numpy columns (read-only views)."""
