@@ -1,0 +1,154 @@
+"""Non-blocking ZeroMQ PUSH sender: the only way collector data leaves a rank.
+
+A training rank must never wait for the hub. Every send is ``NOBLOCK`` against a bounded
+high-water mark: when the hub is slow or gone and the queue is full, the message is dropped
+and counted instead of queued without bound. ZeroMQ reconnects by itself, so a hub that
+starts late or restarts on the same address receives data again without any action here.
+"""
+
+from __future__ import annotations
+
+import zmq
+
+DEFAULT_HWM = 1000
+"""Messages queued per connection before new ones are dropped (a few MB of step batches)."""
+
+LINGER_MS = 200
+"""How long ``close`` may wait to flush queued messages; bounded so process exit never hangs."""
+
+RECONNECT_IVL_MS = 100
+RECONNECT_IVL_MAX_MS = 1000
+"""Reconnect quickly to a restarted hub, backing off to at most one try a second."""
+
+
+def check_endpoint(endpoint: str) -> str:
+    """Validate a ZeroMQ endpoint string such as ``tcp://127.0.0.1:5555``.
+
+    Args:
+        endpoint: the address to check.
+
+    Returns:
+        The endpoint, stripped of surrounding spaces.
+
+    Raises:
+        ValueError: naming the endpoint when it is not ``tcp://``, ``ipc://`` or ``inproc://``.
+    """
+    if not isinstance(endpoint, str):
+        raise ValueError(f"hub endpoint must be a string, got {type(endpoint).__name__}")
+    ep = endpoint.strip()
+    if not ep.startswith(("tcp://", "ipc://", "inproc://")) or ep.endswith("://"):
+        raise ValueError(f"hub endpoint {endpoint!r} is not a ZeroMQ address like tcp://HOST:PORT")
+    return ep
+
+
+class Sender:
+    """A PUSH socket connected to the hub's PULL socket; ``send`` never blocks.
+
+    Not thread-safe: one thread at a time calls ``send`` and ``close`` (the collector's
+    background thread). A ZeroMQ socket may move between threads only with a memory barrier,
+    which a lock or queue hand-off between them provides.
+
+    Attributes:
+        endpoint: the address connected to.
+        sent: messages accepted by ZeroMQ.
+        dropped: messages dropped because the queue was full (hub slow, absent or restarting).
+        dropped_bytes: total size of the dropped messages.
+        errors: sends that failed for another reason (closed context, bad state).
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        hwm: int = DEFAULT_HWM,
+        *,
+        context: zmq.Context | None = None,
+        linger_ms: int = LINGER_MS,
+    ) -> None:
+        """Connect a PUSH socket; connecting succeeds even when nothing listens yet.
+
+        Args:
+            endpoint: hub data address, e.g. ``tcp://10.0.0.1:5555``.
+            hwm: send high-water mark in messages (>= 1).
+            context: ZeroMQ context; the process-wide shared one by default, so that many
+                senders (a simulated cluster) share one I/O thread.
+            linger_ms: how long ``close`` waits to flush pending messages.
+
+        Raises:
+            ValueError: on a malformed endpoint or a non-positive ``hwm``.
+        """
+        self.endpoint = check_endpoint(endpoint)
+        if not isinstance(hwm, int) or isinstance(hwm, bool) or hwm < 1:
+            raise ValueError(f"hwm must be a positive int, got {hwm!r}")
+        self.sent = 0
+        self.dropped = 0
+        self.dropped_bytes = 0
+        self.errors = 0
+        self._ctx = context or zmq.Context.instance()
+        sock = self._ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.SNDHWM, hwm)
+        sock.setsockopt(zmq.LINGER, max(0, int(linger_ms)))
+        sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
+        # Keep IMMEDIATE off: messages queue (up to the HWM) while the hub is not there yet,
+        # so a hub started seconds after the job still gets each rank's hello.
+        sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+        try:
+            sock.connect(self.endpoint)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            raise ValueError(f"cannot connect to hub endpoint {self.endpoint!r}: {exc}") from None
+        self._sock: zmq.Socket | None = sock
+
+    def send(self, data: bytes) -> bool:
+        """Queue one message without blocking.
+
+        Args:
+            data: the encoded message.
+
+        Returns:
+            True when ZeroMQ accepted it, False when it was dropped (counted).
+        """
+        sock = self._sock
+        if sock is None:
+            self.dropped += 1
+            self.dropped_bytes += len(data)
+            return False
+        try:
+            # Copying small frames is cheaper than the zero-copy bookkeeping.
+            sock.send(data, zmq.NOBLOCK, copy=len(data) < 65536)
+        except zmq.Again:
+            self.dropped += 1
+            self.dropped_bytes += len(data)
+            return False
+        except zmq.ZMQError:
+            self.errors += 1
+            self.dropped += 1
+            self.dropped_bytes += len(data)
+            return False
+        self.sent += 1
+        return True
+
+    @property
+    def closed(self) -> bool:
+        """True after ``close``."""
+        return self._sock is None
+
+    def close(self, linger_ms: int | None = None) -> None:
+        """Close the socket, waiting at most ``linger_ms`` to flush what is queued.
+
+        Args:
+            linger_ms: override of the linger given at construction.
+        """
+        sock, self._sock = self._sock, None
+        if sock is None:
+            return
+        try:
+            sock.close(linger=None if linger_ms is None else max(0, int(linger_ms)))
+        except zmq.ZMQError:
+            self.errors += 1
+
+    def __enter__(self) -> Sender:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
