@@ -1,0 +1,300 @@
+"""Typed settings of the TUI, loaded from TOML.
+
+One object, :class:`Settings`, with a nested section per concern. Every field has a
+docstring; ``config/default.toml`` is the reference file listing each one with its default.
+
+Discovery (first match wins, see :func:`find_config`):
+
+1. the ``--config PATH`` flag;
+2. the ``RANKSCOPE_CONFIG`` environment variable;
+3. ``./rankscope.toml`` in the working directory;
+4. ``rankscope/config.toml`` in the user config dir (``$XDG_CONFIG_HOME`` or ``~/.config``).
+
+A file only needs the fields it changes. Unknown sections or keys, and values of the wrong
+type, raise :class:`SettingsError` naming the file and the key, so a typo never silently
+falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import tomllib
+
+METRICS = (
+    "step",
+    "compute",
+    "lateness",
+    "wait",
+    "transfer",
+    "input",
+    "sm_clock",
+    "power",
+    "temperature",
+)
+"""Heatmap metrics, in the order the ``m`` key cycles through them."""
+
+GROUP_BY = ("host", "rack", "rail", "gpu", "dp", "tp", "pp", "cp", "ep", "shard")
+"""Dimensions the heatmap rows can be grouped by, in the order ``g`` cycles through them."""
+
+COLOR_MODES = ("auto", "truecolor", "256", "16")
+
+
+class SettingsError(ValueError):
+    """A settings file or value is invalid; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class ViewSettings:
+    """What the main screen shows when it opens."""
+
+    metric: str = "step"
+    """Initial heatmap metric, one of ``METRICS``."""
+    group_by: str = "host"
+    """Initial row grouping, one of ``GROUP_BY``."""
+    window_steps: int = 120
+    """Steps of history the view asks the store for (heatmap columns, statistics)."""
+    rank_rows_max: int = 64
+    """Up to this many ranks each get their own heatmap row; above it, rows are groups
+    showing their worst rank (zoom into a group with ``enter``)."""
+    pin_slowest: int = 4
+    """How many ranks ``P`` pins (the slowest by mean step time over the window)."""
+    last_arrivals: int = 6
+    """Collective instances listed in the last-arriving ranks panel."""
+
+
+@dataclass(frozen=True)
+class RefreshSettings:
+    """The sampling and rendering clocks."""
+
+    sample_hz: float = 4.0
+    """How often the view asks its source for the latest window."""
+    diagnosis_s: float = 2.0
+    """Seconds between two diagnosis passes (they run in a worker thread)."""
+    stall_s: float = 10.0
+    """No new step for this long while the run has ranks switches to the stall view."""
+
+
+@dataclass(frozen=True)
+class DisplaySettings:
+    """Terminal appearance."""
+
+    theme: str = "textual-dark"
+    """Textual theme name."""
+    color: str = "auto"
+    """``auto`` follows the terminal; ``truecolor``, ``256`` or ``16`` force a palette."""
+    show_clock: bool = True
+    """Show the wall clock in the header (off in the test profile)."""
+    show_machine: bool = True
+    """Show this machine's host name in the header (off in the test profile)."""
+    animation: bool = True
+    """Textual animations and a blinking cursor (off in the test profile)."""
+
+
+@dataclass(frozen=True)
+class StateSettings:
+    """Where per-job view state (pins, metric, grouping, baseline) is kept."""
+
+    persist: bool = True
+    """Save pins and view settings per job and restore them on the next open."""
+    dir: str = ""
+    """Folder for the state files; empty means the user state dir
+    (``$XDG_STATE_HOME/rankscope`` or ``~/.local/state/rankscope``)."""
+
+
+@dataclass(frozen=True)
+class HubSettings:
+    """The hub that ``rankscope watch`` starts in-process."""
+
+    bind: str = "tcp://*:5555"
+    """ZeroMQ address the collectors push to."""
+    record_dir: str = ""
+    """Folder to record into; empty records nothing."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the TUI can be told. Build with :func:`load_settings` or construct
+    directly (tests use :func:`deterministic_settings`)."""
+
+    view: ViewSettings = field(default_factory=ViewSettings)
+    """Initial view."""
+    refresh: RefreshSettings = field(default_factory=RefreshSettings)
+    """Clocks."""
+    display: DisplaySettings = field(default_factory=DisplaySettings)
+    """Appearance."""
+    state: StateSettings = field(default_factory=StateSettings)
+    """Persisted view state."""
+    hub: HubSettings = field(default_factory=HubSettings)
+    """In-process hub."""
+
+    def state_dir(self) -> Path:
+        """The folder where per-job view state lives."""
+        if self.state.dir:
+            return Path(self.state.dir).expanduser()
+        base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+        return Path(base) / "rankscope"
+
+
+def _validate(settings: Settings, where: str) -> Settings:
+    v = settings.view
+    checks = [
+        (v.metric in METRICS, "view.metric", f"{v.metric!r} is not one of {', '.join(METRICS)}"),
+        (
+            v.group_by in GROUP_BY,
+            "view.group_by",
+            f"{v.group_by!r} is not one of {', '.join(GROUP_BY)}",
+        ),
+        (v.window_steps >= 2, "view.window_steps", f"must be >= 2, got {v.window_steps}"),
+        (v.rank_rows_max >= 1, "view.rank_rows_max", f"must be >= 1, got {v.rank_rows_max}"),
+        (v.pin_slowest >= 1, "view.pin_slowest", f"must be >= 1, got {v.pin_slowest}"),
+        (v.last_arrivals >= 1, "view.last_arrivals", f"must be >= 1, got {v.last_arrivals}"),
+        (
+            0 < settings.refresh.sample_hz <= 60,
+            "refresh.sample_hz",
+            f"must be in (0, 60], got {settings.refresh.sample_hz}",
+        ),
+        (
+            settings.refresh.diagnosis_s > 0,
+            "refresh.diagnosis_s",
+            f"must be > 0, got {settings.refresh.diagnosis_s}",
+        ),
+        (
+            settings.refresh.stall_s > 0,
+            "refresh.stall_s",
+            f"must be > 0, got {settings.refresh.stall_s}",
+        ),
+        (
+            settings.display.color in COLOR_MODES,
+            "display.color",
+            f"{settings.display.color!r} is not one of {', '.join(COLOR_MODES)}",
+        ),
+    ]
+    for ok, key, why in checks:
+        if not ok:
+            raise SettingsError(f"{where}: {key} {why}")
+    return settings
+
+
+def _section(cls: type, data: Mapping[str, Any], where: str, prefix: str) -> Any:
+    hints = get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in names:
+            raise SettingsError(f"{where}: unknown key '{prefix}{key}' (known: {sorted(names)})")
+        typ = hints[key]
+        if dataclasses.is_dataclass(typ):
+            if not isinstance(value, Mapping):
+                raise SettingsError(f"{where}: [{prefix}{key}] must be a table")
+            kwargs[key] = _section(typ, value, where, f"{prefix}{key}.")
+            continue
+        # TOML ints are fine where a float is expected; bools are never numbers here.
+        if typ is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, typ) or (typ is not bool and isinstance(value, bool)):
+            raise SettingsError(
+                f"{where}: {prefix}{key} must be {typ.__name__}, got {type(value).__name__}"
+            )
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def settings_from_mapping(data: Mapping[str, Any], where: str = "<settings>") -> Settings:
+    """Build validated settings from a parsed TOML mapping.
+
+    Args:
+        data: the mapping (sections as nested mappings); missing fields keep defaults.
+        where: name used in error messages (usually the file path).
+
+    Returns:
+        The settings.
+
+    Raises:
+        SettingsError: on an unknown key, a wrong type or an out-of-range value.
+    """
+    return _validate(_section(Settings, data, where, ""), where)
+
+
+def find_config(
+    flag: str | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> Path | None:
+    """Find the settings file by the documented discovery order.
+
+    Args:
+        flag: value of ``--config``, if given (must exist).
+        env: environment (defaults to ``os.environ``); ``RANKSCOPE_CONFIG`` must exist if set.
+        cwd: working directory to look for ``rankscope.toml`` (defaults to the real one).
+
+    Returns:
+        The path to load, or None when no file is found (defaults apply).
+
+    Raises:
+        SettingsError: when the flag or the env variable names a missing file.
+    """
+    env = os.environ if env is None else env
+    for origin, value in (("--config", flag), ("RANKSCOPE_CONFIG", env.get("RANKSCOPE_CONFIG"))):
+        if value:
+            path = Path(value).expanduser()
+            if not path.is_file():
+                raise SettingsError(f"{origin} names {path}, which is not a file")
+            return path
+    local = (cwd or Path.cwd()) / "rankscope.toml"
+    if local.is_file():
+        return local
+    base = env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    user = Path(base) / "rankscope" / "config.toml"
+    return user if user.is_file() else None
+
+
+def load_settings(
+    flag: str | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> Settings:
+    """Discover and load the settings (see :func:`find_config`).
+
+    Args:
+        flag: value of ``--config``.
+        env: environment (defaults to ``os.environ``).
+        cwd: working directory (defaults to the real one).
+
+    Returns:
+        The settings; defaults when no file is found.
+
+    Raises:
+        SettingsError: when the file cannot be read, is not TOML, or holds invalid values.
+    """
+    path = find_config(flag, env, cwd)
+    if path is None:
+        return Settings()
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SettingsError(f"{path}: cannot read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"{path}: not valid TOML: {exc}") from None
+    return settings_from_mapping(data, str(path))
+
+
+def deterministic_settings(state_dir: str | Path = "") -> Settings:
+    """Settings for tests, snapshots and screenshots: no clock, no machine name, no
+    animation, nothing persisted outside ``state_dir``.
+
+    Args:
+        state_dir: folder for view-state files; empty disables persistence.
+
+    Returns:
+        Deterministic settings.
+    """
+    return Settings(
+        display=DisplaySettings(show_clock=False, show_machine=False, animation=False),
+        state=StateSettings(persist=bool(state_dir), dir=str(state_dir)),
+    )
