@@ -1,0 +1,426 @@
+"""Export a window as a Chrome / Perfetto trace-event JSON file (opens in ui.perfetto.dev).
+
+Layout of the trace:
+
+- one **process per host** (``process_name`` = host name), one **thread per rank**
+  (``thread_name`` = ``rank N``), sorted by rank;
+- every step, phase span and collective call is a complete slice (``"ph": "X"``); a
+  collective slice runs from host issue (``t_enter``) to host completion (``t_exit``) and
+  carries ``op``, ``group``, ``seq``, ``bytes``, ``lateness_us``, ``wait_us``,
+  ``transfer_us`` and ``last_arriver``;
+- the last-arriving rank of every complete collective instance gets
+  ``"last_arriver": true`` on its slice and a thread-scoped instant event
+  ``last arrival`` at its entry.
+
+Timestamps are microseconds (with nanosecond decimals) relative to the window origin
+``t0_ns``, which is written under ``otherData`` with the run's identity: epoch nanoseconds
+do not fit a float64 microsecond value exactly.
+
+The trace-event format requires slices on one thread to nest. Steps contain phases, and a
+blocking collective sits inside the phase that issued it, but asynchronous collectives (DDP
+buckets) overlap each other and the phase boundaries. Such a slice is never clipped: it goes
+to an extra thread of the same rank (``rank N · overlap K``), placed right under it, so
+every measured interval appears exactly as recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rankscope.collector.schema import (
+    FLAG_ASYNC,
+    FLAG_COALESCED,
+    FLAG_DDP_BUCKET,
+    FLAG_DEVICE_TIMED,
+    FLAG_MANUAL,
+    OPS,
+)
+from rankscope.diagnosis.window import Window
+from rankscope.version import __version__
+
+_FLAG_NAMES = (
+    (FLAG_DEVICE_TIMED, "device_timed"),
+    (FLAG_ASYNC, "async"),
+    (FLAG_COALESCED, "coalesced"),
+    (FLAG_DDP_BUCKET, "ddp_bucket"),
+    (FLAG_MANUAL, "manual"),
+)
+
+# Slice kinds, in the order a tie (same start and end) nests: the step holds its phases,
+# a phase holds the collectives it issued.
+_STEP, _PHASE, _COLL = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class PhaseSpans:
+    """Raw phase spans (one row per span), times float64 ns relative to the window's
+    ``t0_ns``. The `Window` keeps only per-step phase totals; the spans come from the
+    recording or the store's raw tables."""
+
+    rank: np.ndarray
+    """int global rank."""
+    step: np.ndarray
+    """int step id."""
+    phase: np.ndarray
+    """int index into ``names``."""
+    t0: np.ndarray
+    t1: np.ndarray
+    names: tuple[str, ...]
+    """Phase names: ``schema.PHASES`` followed by user phase names."""
+
+    def __len__(self) -> int:
+        return int(self.rank.shape[0])
+
+
+@dataclass(frozen=True)
+class TraceSummary:
+    """What an export wrote."""
+
+    path: str | None
+    """File written, or None when only built in memory."""
+    events: int
+    """All trace events, metadata included."""
+    slices: int
+    """Complete ("X") slices: steps, phases and collectives."""
+    collectives: int
+    """Collective slices."""
+    last_arrivals: int
+    """Instant events marking a last-arriving rank."""
+    hosts: int
+    """Processes (one per host)."""
+    ranks: int
+    """Ranks with at least one slice."""
+    overlap_tracks: int
+    """Extra threads needed for slices that overlap without nesting."""
+
+
+def _us(ns: np.ndarray) -> list[float]:
+    # Round to whole nanoseconds first: the trace keeps ns as µs decimals, nothing finer.
+    return (np.round(np.asarray(ns, dtype=np.float64)) / 1000.0).tolist()
+
+
+def _flag_names(flags: int) -> list[str]:
+    return [name for bit, name in _FLAG_NAMES if flags & bit]
+
+
+def _assign_lanes(
+    rank: np.ndarray, start: np.ndarray, end: np.ndarray, kind: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Place slices on per-rank lanes so each lane's slices nest properly.
+
+    Args:
+        rank, start, end, kind: one entry per slice.
+
+    Returns:
+        ``(order, lane)``: the slice indices sorted by rank, start, longest first and kind,
+        and the lane of each slice in that order (0 is the rank's own thread).
+    """
+    order = np.lexsort((kind, -end, start, rank))
+    ranks = rank[order].tolist()
+    starts = start[order].tolist()
+    ends = end[order].tolist()
+    lanes = np.zeros(order.shape[0], dtype=np.int32)
+    stacks: list[list[float]] = []
+    current = None
+    for i, (r, a, b) in enumerate(zip(ranks, starts, ends)):
+        if r != current:
+            current = r
+            stacks = []
+        placed = -1
+        for k, stack in enumerate(stacks):
+            while stack and stack[-1] <= a:
+                stack.pop()
+            if not stack or stack[-1] >= b:
+                placed = k
+                break
+        if placed < 0:
+            stacks.append([])
+            placed = len(stacks) - 1
+        stacks[placed].append(b)
+        lanes[i] = placed
+    return order, lanes
+
+
+def _instance_index(window: Window, group: np.ndarray, seq: np.ndarray) -> np.ndarray:
+    """Index into ``window.instances`` of each (group, seq) pair, -1 where not found."""
+    inst = window.instances
+    out = np.full(group.shape[0], -1, dtype=np.int64)
+    if len(inst) == 0 or group.shape[0] == 0:
+        return out
+    span = int(max(inst.seq.max(), seq.max())) + 1
+    key = inst.group.astype(np.int64) * span + inst.seq.astype(np.int64)
+    sorter = np.argsort(key, kind="stable")
+    want = group.astype(np.int64) * span + seq.astype(np.int64)
+    pos = np.searchsorted(key, want, sorter=sorter)
+    pos = np.minimum(pos, key.shape[0] - 1)
+    hit = key[sorter[pos]] == want
+    out[hit] = sorter[pos][hit]
+    return out
+
+
+def _collective_columns(window: Window, c_idx: np.ndarray) -> dict[str, list[Any]]:
+    """Per-call columns of the kept collective rows, joined to their instance (as lists,
+    ready for JSON): lateness, wait and transfer only where every member has arrived."""
+    rows = window.rows
+    assert rows is not None
+    inst = window.instances
+    t0 = rows.t_enter[c_idx]
+    t1 = np.maximum(rows.t_exit[c_idx], t0)
+    rank = rows.rank[c_idx]
+    inst_i = _instance_index(window, rows.group[c_idx], rows.seq[c_idx])
+    found = inst_i >= 0
+    nan = np.full(c_idx.shape[0], np.nan)
+    if found.any():
+        safe = np.where(found, inst_i, 0)
+        complete = found & (inst.n_arrived[safe] >= inst.n_members[safe])
+        first = np.where(complete, inst.first[safe], np.nan)
+        last = np.where(complete, inst.last[safe], np.nan)
+        is_last = complete & (inst.last_rank[safe] == rank)
+        skew = np.where(is_last, inst.skew[safe], np.nan)
+        margin = np.where(is_last, inst.margin[safe], np.nan)
+    else:
+        first = last = skew = margin = nan
+        is_last = np.zeros(c_idx.shape[0], dtype=bool)
+    return {
+        "op": rows.op[c_idx].tolist(),
+        "group": rows.group[c_idx].tolist(),
+        "seq": rows.seq[c_idx].tolist(),
+        "bytes": rows.nbytes[c_idx].tolist(),
+        "step": rows.step[c_idx].tolist(),
+        "flags": rows.flags[c_idx].tolist(),
+        "device_us": _us(
+            np.where(
+                rows.t_end[c_idx] >= rows.t_start[c_idx],
+                rows.t_end[c_idx] - rows.t_start[c_idx],
+                np.nan,
+            )
+        ),
+        "lateness_us": _us(t0 - first),
+        "wait_us": _us(np.clip(last - t0, 0.0, t1 - t0)),
+        "transfer_us": _us(t1 - np.maximum(t0, last)),
+        "skew_us": _us(skew),
+        "margin_us": _us(margin),
+        "last_arriver": is_last.tolist(),
+    }
+
+
+def _step_args(window: Window, r: int, col: int, step_ms: float) -> dict[str, Any]:
+    args: dict[str, Any] = {"step": int(window.steps[col]), "rank": r, "step_ms": step_ms}
+    for name, arr in window.phase_ns.items():
+        v = float(arr[r, col])
+        if math.isfinite(v):
+            args[f"{name}_ms"] = round(v / 1e6, 6)
+    for name in ("wait_ns", "transfer_ns", "late_ns", "times_last"):
+        arr = window.coll.get(name)
+        v = float(arr[r, col]) if arr is not None else math.nan
+        if math.isfinite(v):
+            args[name.replace("_ns", "_ms")] = int(v) if name == "times_last" else round(v / 1e6, 6)
+    return args
+
+
+def _collective_event(
+    window: Window, cols: dict[str, list[Any]], c: int, r: int
+) -> tuple[str, dict[str, Any], dict[str, Any] | None]:
+    """Name and args of one collective slice, and the args of its last-arrival mark."""
+    op_code = cols["op"][c]
+    op = OPS[op_code] if 0 <= op_code < len(OPS) else f"op{op_code}"
+    gid = cols["group"][c]
+    ginfo = window.groups.get(gid)
+    args: dict[str, Any] = {
+        "op": op,
+        "group": gid,
+        "group_name": ginfo.name if ginfo else f"g{gid}",
+        "seq": cols["seq"][c],
+        "bytes": cols["bytes"][c],
+        "step": cols["step"][c],
+        "rank": r,
+        "last_arriver": cols["last_arriver"][c],
+    }
+    if ginfo is not None:
+        args["members"] = len(ginfo.ranks)
+    for key in ("lateness_us", "wait_us", "transfer_us", "device_us"):
+        v = cols[key][c]
+        if math.isfinite(v):
+            args[key] = v
+    flag_list = _flag_names(cols["flags"][c])
+    if flag_list:
+        args["flags"] = flag_list
+    mark = None
+    if args["last_arriver"]:
+        mark = {"group": gid, "seq": args["seq"], "op": op, "rank": r}
+        for key in ("skew_us", "margin_us"):
+            if math.isfinite(cols[key][c]):
+                mark[key] = cols[key][c]
+    return op, args, mark
+
+
+def build_trace(window: Window, phases: PhaseSpans | None = None) -> dict[str, Any]:
+    """Build the trace-event document of a window.
+
+    Args:
+        window: the run's window; collective slices need ``window.rows``.
+        phases: raw phase spans; without them phases appear only as per-step totals in the
+            step slices' args.
+
+    Returns:
+        A JSON-ready dict ``{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}``.
+    """
+    n_ranks = window.world_size
+    hosts = list(window.ranks.hosts)
+    host_of = np.asarray(window.ranks.host, dtype=np.int64).copy()
+    if (host_of < 0).any():
+        host_of[host_of < 0] = len(hosts)
+        hosts.append("unknown host")
+
+    # Every slice as columns: rank, start, end, kind and its row in its own table.
+    ok = window.present & np.isfinite(window.t_start) & np.isfinite(window.t_end)
+    st_rank, st_col = np.nonzero(ok)
+    parts = [(st_rank, window.t_start[ok], window.t_end[ok], _STEP)]
+    ph_idx = np.zeros(0, dtype=np.int64)
+    if phases is not None and len(phases):
+        p_rank = np.asarray(phases.rank, dtype=np.int64)
+        p_t0 = np.asarray(phases.t0, dtype=np.float64)
+        p_t1 = np.asarray(phases.t1, dtype=np.float64)
+        keep = np.isfinite(p_t0) & np.isfinite(p_t1) & (p_rank >= 0) & (p_rank < n_ranks)
+        ph_idx = np.nonzero(keep)[0]
+        parts.append((p_rank[ph_idx], p_t0[ph_idx], p_t1[ph_idx], _PHASE))
+    c_idx = np.zeros(0, dtype=np.int64)
+    rows = window.rows
+    if rows is not None and len(rows):
+        keep = (
+            np.isfinite(rows.t_enter)
+            & np.isfinite(rows.t_exit)
+            & (rows.rank >= 0)
+            & (rows.rank < n_ranks)
+        )
+        c_idx = np.nonzero(keep)[0]
+        parts.append((rows.rank[c_idx], rows.t_enter[c_idx], rows.t_exit[c_idx], _COLL))
+    rank = np.concatenate([np.asarray(p[0], dtype=np.int64) for p in parts])
+    start = np.concatenate([np.asarray(p[1], dtype=np.float64) for p in parts])
+    end = np.maximum(np.concatenate([np.asarray(p[2], dtype=np.float64) for p in parts]), start)
+    kind = np.concatenate([np.full(len(p[0]), p[3], dtype=np.int8) for p in parts])
+    src = np.concatenate([np.arange(len(p[0])) for p in parts])
+    order, lanes = _assign_lanes(rank, start, end, kind)
+    cols = _collective_columns(window, c_idx) if c_idx.shape[0] else {}
+
+    # tids start above every pid, so no rank thread is taken for a host's main thread.
+    tid_base = len(hosts) + 1
+    events: list[dict[str, Any]] = []
+    threads: dict[tuple[int, int], int] = {}
+    ts_all = _us(start[order])
+    dur_all = _us(end[order] - start[order])
+    for j, (i, lane) in enumerate(zip(order.tolist(), lanes.tolist())):
+        r = int(rank[i])
+        pid = int(host_of[r]) + 1
+        tid = tid_base + lane * n_ranks + r
+        threads[(r, lane)] = pid
+        s = int(src[i])
+        ev: dict[str, Any] = {"ph": "X", "pid": pid, "tid": tid, "ts": ts_all[j], "dur": dur_all[j]}
+        k = int(kind[i])
+        if k == _STEP:
+            col = int(st_col[s])
+            args = _step_args(window, r, col, round(dur_all[j] / 1000.0, 6))
+            ev.update(name=f"step {args['step']}", cat="step", args=args)
+        elif k == _PHASE:
+            assert phases is not None
+            row = int(ph_idx[s])
+            code = int(phases.phase[row])
+            name = phases.names[code] if 0 <= code < len(phases.names) else f"phase {code}"
+            ev.update(name=name, cat="phase", args={"step": int(phases.step[row]), "rank": r})
+        else:
+            op, args, mark = _collective_event(window, cols, s, r)
+            ev.update(name=op, cat="collective", args=args)
+            if mark is not None:
+                events.append(ev)
+                ev = {"ph": "i", "s": "t", "name": "last arrival", "cat": "collective"}
+                ev.update(pid=pid, tid=tid, ts=ts_all[j], args=mark)
+        events.append(ev)
+
+    max_lanes = int(lanes.max()) + 1 if lanes.shape[0] else 1
+    meta: list[dict[str, Any]] = []
+    for pid in sorted(set(threads.values())):
+        for key, value in (
+            ("process_name", {"name": hosts[pid - 1]}),
+            ("process_sort_index", {"sort_index": pid - 1}),
+        ):
+            meta.append({"ph": "M", "name": key, "pid": pid, "tid": 0, "args": value})
+    for (r, lane), pid in sorted(threads.items()):
+        tid = tid_base + lane * n_ranks + r
+        label = f"rank {r}" if lane == 0 else f"rank {r} · overlap {lane}"
+        for key, value in (
+            ("thread_name", {"name": label}),
+            ("thread_sort_index", {"sort_index": r * max_lanes + lane}),
+        ):
+            meta.append({"ph": "M", "name": key, "pid": pid, "tid": tid, "args": value})
+
+    other = {
+        "producer": f"rankscope {__version__}",
+        "job": window.job,
+        "run": window.run,
+        "scope": window.scope,
+        "parent_run": window.parent_run,
+        "t0_ns": int(window.t0_ns),
+        "time_base": "microseconds relative to t0_ns on the hub-aligned clock",
+        "steps": [int(window.steps[0]), int(window.steps[-1])] if window.steps.size else [],
+        "world_size": n_ranks,
+        "collectives_included": bool(c_idx.shape[0]),
+        "phase_spans_included": bool(ph_idx.shape[0]),
+    }
+    return {"traceEvents": meta + events, "displayTimeUnit": "ms", "otherData": other}
+
+
+def summarize(doc: dict[str, Any], path: str | None = None) -> TraceSummary:
+    """Count what a trace document holds.
+
+    Args:
+        doc: a document from `build_trace`.
+        path: where it was written, if anywhere.
+
+    Returns:
+        The summary.
+    """
+    evs = doc["traceEvents"]
+    slices = [e for e in evs if e["ph"] == "X"]
+    names = [e for e in evs if e["ph"] == "M" and e["name"] == "thread_name"]
+    return TraceSummary(
+        path=path,
+        events=len(evs),
+        slices=len(slices),
+        collectives=sum(1 for e in slices if e["cat"] == "collective"),
+        last_arrivals=sum(1 for e in evs if e["ph"] == "i"),
+        hosts=sum(1 for e in evs if e["ph"] == "M" and e["name"] == "process_name"),
+        ranks=len({e["args"]["name"].split(" ·")[0] for e in names}),
+        overlap_tracks=sum(1 for e in names if "overlap" in e["args"]["name"]),
+    )
+
+
+def write_trace(path: str | Path, window: Window, phases: PhaseSpans | None = None) -> TraceSummary:
+    """Write the trace of a window to a JSON file.
+
+    Args:
+        path: output file (``.json``); its folder must exist.
+        window: the run's window.
+        phases: raw phase spans, if known.
+
+    Returns:
+        What was written.
+
+    Raises:
+        ValueError: when the folder of ``path`` does not exist.
+    """
+    out = Path(path)
+    if not out.parent.is_dir():
+        raise ValueError(
+            f"cannot write trace {str(out)!r}: folder {str(out.parent)!r} does not exist"
+        )
+    doc = build_trace(window, phases)
+    with out.open("w", encoding="utf-8") as fh:
+        # allow_nan=False: a NaN would make the file unreadable by the trace viewers.
+        json.dump(doc, fh, separators=(",", ":"), allow_nan=False)
+    return summarize(doc, str(out))
