@@ -39,7 +39,9 @@ from rankscope.collector.schema import (
     FLAG_DDP_BUCKET,
     FLAG_DEVICE_TIMED,
     FLAG_MANUAL,
+    NO_TIME,
     OPS,
+    PHASES,
 )
 from rankscope.diagnosis.window import Window
 from rankscope.version import __version__
@@ -76,6 +78,43 @@ class PhaseSpans:
 
     def __len__(self) -> int:
         return int(self.rank.shape[0])
+
+
+def phase_spans(
+    window: Window, phases: dict[str, np.ndarray], phase_names: tuple[str, ...] | list[str] = ()
+) -> PhaseSpans:
+    """Phase spans of a window from a raw ``phases`` table (schema columns plus ``rank``).
+
+    Args:
+        window: the window the spans belong to (its steps and time origin).
+        phases: raw table: int64 hub-clock ``t0``/``t1`` (``NO_TIME`` unknown), ``step``,
+            ``phase``, ``rank``.
+        phase_names: user phase names indexed after ``schema.PHASES``.
+
+    Returns:
+        The spans of the window's steps, times relative to ``window.t0_ns``.
+
+    Raises:
+        ValueError: naming the column when the table misses one.
+    """
+    missing = [c for c in ("rank", "step", "phase", "t0", "t1") if c not in phases]
+    if missing:
+        raise ValueError(f"phases table misses columns {missing}")
+    step = np.asarray(phases["step"], dtype=np.int64)
+    keep = np.isin(step, window.steps)
+
+    def rel(col: str) -> np.ndarray:
+        raw = np.asarray(phases[col], dtype=np.int64)[keep]
+        return np.where(raw == NO_TIME, np.nan, (raw - window.t0_ns).astype(np.float64))
+
+    return PhaseSpans(
+        rank=np.asarray(phases["rank"], dtype=np.int64)[keep],
+        step=step[keep],
+        phase=np.asarray(phases["phase"], dtype=np.int64)[keep],
+        t0=rel("t0"),
+        t1=rel("t1"),
+        names=(*PHASES, *phase_names),
+    )
 
 
 @dataclass(frozen=True)
@@ -147,8 +186,16 @@ def _assign_lanes(
     return order, lanes
 
 
-def _instance_index(window: Window, group: np.ndarray, seq: np.ndarray) -> np.ndarray:
-    """Index into ``window.instances`` of each (group, seq) pair, -1 where not found."""
+def instance_index(window: Window, group: np.ndarray, seq: np.ndarray) -> np.ndarray:
+    """Row of ``window.instances`` naming each collective call.
+
+    Args:
+        window: the window whose instance table is searched.
+        group, seq: the calls' group ids and sequence numbers.
+
+    Returns:
+        int64 index per call, -1 where the instance is not in the window.
+    """
     inst = window.instances
     out = np.full(group.shape[0], -1, dtype=np.int64)
     if len(inst) == 0 or group.shape[0] == 0:
@@ -173,7 +220,7 @@ def _collective_columns(window: Window, c_idx: np.ndarray) -> dict[str, list[Any
     t0 = rows.t_enter[c_idx]
     t1 = np.maximum(rows.t_exit[c_idx], t0)
     rank = rows.rank[c_idx]
-    inst_i = _instance_index(window, rows.group[c_idx], rows.seq[c_idx])
+    inst_i = instance_index(window, rows.group[c_idx], rows.seq[c_idx])
     found = inst_i >= 0
     nan = np.full(c_idx.shape[0], np.nan)
     if found.any():

@@ -8,7 +8,14 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from rankscope.collector.schema import FLAG_ASYNC, FLAG_DDP_BUCKET, OP_INDEX, PHASE_INDEX, PHASES
+from rankscope.collector.schema import (
+    FLAG_ASYNC,
+    FLAG_DDP_BUCKET,
+    NO_TIME,
+    OP_INDEX,
+    PHASE_INDEX,
+    PHASES,
+)
 from rankscope.diagnosis.window import (
     COLL_AGGREGATES,
     DEVICE_COLUMNS,
@@ -20,7 +27,7 @@ from rankscope.diagnosis.window import (
     RankInfo,
     Window,
 )
-from rankscope.hub.export_perfetto import PhaseSpans, build_trace, write_trace
+from rankscope.hub.export_perfetto import PhaseSpans, build_trace, phase_spans, write_trace
 
 MS = 1_000_000.0
 
@@ -323,6 +330,28 @@ def test_write_trace_reports_counts_and_rejects_a_missing_folder(tmp_path) -> No
     assert summary.overlap_tracks == 2
     with pytest.raises(ValueError, match="nope"):
         write_trace(tmp_path / "nope" / "t.json", window, phases)
+
+
+def test_phase_spans_from_a_raw_table_keep_window_steps_and_names() -> None:
+    window, spans = toy_window()
+    n = len(spans)
+    raw = {
+        "rank": np.concatenate([spans.rank, [0, 1]]),
+        "step": np.concatenate([spans.step, [9, 10]]),  # step 9 is outside the window
+        "phase": np.concatenate([spans.phase, [len(PHASES), len(PHASES)]]),
+        "t0": np.concatenate([window.t0_ns + spans.t0.astype(np.int64), [window.t0_ns] * 2]),
+        "t1": np.concatenate([window.t0_ns + spans.t1.astype(np.int64), [NO_TIME] * 2]),
+    }
+    got = phase_spans(window, raw, ["data_wait"])
+    assert len(got) == n + 1
+    np.testing.assert_array_equal(got.t0[:n], spans.t0)
+    np.testing.assert_array_equal(got.t1[:n], spans.t1)
+    assert got.names[len(PHASES)] == "data_wait" and np.isnan(got.t1[n])
+    doc = build_trace(window, got)
+    names = {e["name"] for e in doc["traceEvents"] if e.get("cat") == "phase"}
+    assert names == {"forward", "backward", "optimizer"}  # the span without an end is left out
+    with pytest.raises(ValueError, match="t1"):
+        phase_spans(window, {k: v for k, v in raw.items() if k != "t1"})
 
 
 def test_perfetto_trace_processor_loads_the_trace(tmp_path) -> None:
