@@ -303,7 +303,7 @@ def _expectations(scope: str, suspects: Sequence[Suspect]) -> tuple[Expectation,
 
 def _software(manifest: Mapping[str, Any]) -> str:
     keys = ("python", "torch", "cuda", "nccl", "driver", "rankscope")
-    found = []
+    found: list[str] = []
     versions = manifest.get("versions")
     for src in (versions if isinstance(versions, Mapping) else {}, manifest):
         for k in keys:
