@@ -52,6 +52,7 @@ __all__ = [
     "LauncherTemplate",
     "TemplateError",
     "find_launcher",
+    "is_local_host",
     "launcher_dirs",
     "list_launchers",
     "load_template",
@@ -328,7 +329,8 @@ def _subst(tpl: LauncherTemplate, tokens: Sequence[str], values: Mapping[str, An
     return out
 
 
-def _is_local(host: str) -> bool:
+def is_local_host(host: str) -> bool:
+    """Whether a host name means this machine (localhost, 127.0.0.1 or its own name)."""
     names = {"localhost", "127.0.0.1", socket.gethostname(), socket.gethostname().split(".")[0]}
     return host in names
 
@@ -357,7 +359,7 @@ def render(
         TemplateError: the template needs a value the plan does not have, or must reach a
             remote host but has no ``remote_argv``.
     """
-    is_local = (lambda h: h in set(local)) if local is not None else _is_local
+    is_local = (lambda h: h in set(local)) if local is not None else is_local_host
     merged: dict[str, Any] = {name: () for name in LIST_PLACEHOLDERS}
     merged.update(template.defaults)
     merged.update({k: v for k, v in values.items() if v is not None})

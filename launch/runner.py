@@ -1,0 +1,347 @@
+"""Launching a rerun plan: placeholder values, rendered commands, a process group per
+command, output captured to a log beside the recording, cancellation.
+
+The launched workload reports to the same hub as a new run: the templates hand it the
+hub endpoint, the new run id, the parent run and the scope (``RANKSCOPE_HUB``,
+``RANKSCOPE_RUN``, ``RANKSCOPE_PARENT_RUN``, ``RANKSCOPE_SCOPE`` for ``rankscope run``;
+arguments for the simulated cluster). Nothing runs through a shell.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import IO, Any
+
+from rankscope.launch.plan import RerunPlan
+from rankscope.launch.templates import (
+    Command,
+    LauncherTemplate,
+    is_local_host,
+    render,
+)
+
+__all__ = [
+    "Launch",
+    "LaunchSettings",
+    "RunningRerun",
+    "prepare",
+    "reruns_dir",
+    "script_from_manifest",
+    "start",
+]
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """What a launch needs beyond the plan."""
+
+    hub: str
+    """Endpoint the rerun reports to (the parent's hub)."""
+    python: str = sys.executable
+    script: str | None = None
+    """Training script; default: the parent run's (`script_from_manifest`)."""
+    script_args: tuple[str, ...] | None = None
+    """Its arguments; default: the parent run's."""
+    master_port: int | None = None
+    scenario: str | None = None
+    seed: int | None = None
+    steps: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Further placeholder values (names of ``templates.PLACEHOLDERS``)."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A plan with its exact commands: everything that is shown before confirmation."""
+
+    plan: RerunPlan
+    launcher: str
+    commands: tuple[Command, ...]
+    log: Path
+    values: dict[str, Any]
+    """Placeholder values used (validated)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for JSON (``rerun --json``, the launch record beside the log)."""
+        plan = asdict(self.plan)
+        plan["nnodes"] = self.plan.nnodes
+        return {
+            "plan": plan,
+            "launcher": self.launcher,
+            "log": str(self.log),
+            "commands": [
+                {"argv": list(c.argv), "env": dict(c.env), "host": c.host, "display": c.display}
+                for c in self.commands
+            ],
+        }
+
+
+def reruns_dir(record: str | Path) -> Path:
+    """Where rerun logs and launch records of a recording live: ``<record>/reruns``."""
+    return Path(record) / "reruns"
+
+
+def script_from_manifest(manifest: Mapping[str, Any]) -> tuple[str | None, tuple[str, ...]]:
+    """The training script and its arguments as the parent's ranks reported them.
+
+    These strings come from telemetry: they are validated like every other value when the
+    template is rendered, so a hostile ``argv`` is refused, not run.
+
+    Args:
+        manifest: the parent run's manifest (``argv`` is the rank's ``sys.argv``).
+
+    Returns:
+        ``(script, args)``; ``(None, ())`` when the manifest has no argv.
+    """
+    argv = manifest.get("argv")
+    if not isinstance(argv, Sequence) or isinstance(argv, str) or not argv:
+        return None, ()
+    return str(argv[0]), tuple(str(a) for a in argv[1:])
+
+
+def _unique_run(plan: RerunPlan, folder: Path) -> RerunPlan:
+    # A second rerun of the same parent at the same scope gets -2, -3... so logs never mix.
+    run, n = plan.run, 1
+    while (folder / f"{run}.log").exists() or (folder / f"{run}.json").exists():
+        n += 1
+        run = f"{plan.run}-{n}"
+    return replace(plan, run=run)
+
+
+def plan_values(
+    plan: RerunPlan,
+    settings: LaunchSettings,
+    *,
+    manifest: Mapping[str, Any] | None = None,
+    log: Path | None = None,
+    record: Path | None = None,
+    local: Iterable[str] | None = None,
+) -> dict[str, Any]:
+    """Placeholder values for a plan (not yet validated: `render` does that).
+
+    Args:
+        plan: the rerun plan.
+        settings: hub, python, script overrides...
+        manifest: the parent run's manifest, for the default script and arguments.
+        log: the rerun's log file.
+        record: the recording folder.
+        local: host names that mean this machine (default: localhost and this host).
+
+    Returns:
+        Name -> value for ``templates.PLACEHOLDERS``.
+    """
+    script, args = script_from_manifest(manifest or {})
+    if settings.script is not None:
+        script, args = settings.script, ()
+    if settings.script_args is not None:
+        args = settings.script_args
+    names = set(local) if local is not None else None
+    all_local = all((h in names) if names is not None else is_local_host(h) for h in plan.hosts)
+    values: dict[str, Any] = {
+        "python": settings.python,
+        "hub": settings.hub,
+        "job": plan.job,
+        "run": plan.run,
+        "parent_run": plan.parent_run,
+        "scope": plan.scope,
+        "hosts": ",".join(plan.hosts),
+        "nnodes": plan.nnodes,
+        "nproc_per_node": plan.nproc_per_node,
+        "world_size": plan.world_size,
+        "ranks": ",".join(map(str, plan.ranks)),
+        "gpus": ",".join(map(str, plan.gpus)) if plan.gpus else None,
+        # On one machine the loopback address always resolves; a host name may not.
+        "master_addr": "127.0.0.1" if all_local else plan.hosts[0],
+        "master_port": settings.master_port,
+        "script": script,
+        "script_args": list(args),
+        "scenario": settings.scenario,
+        "seed": settings.seed,
+        "steps": settings.steps,
+        "record": str(record) if record is not None else None,
+        "log": str(log) if log is not None else None,
+    }
+    values.update(plan.batch)
+    values.update(settings.extra)
+    return values
+
+
+def prepare(
+    plan: RerunPlan,
+    template: LauncherTemplate,
+    settings: LaunchSettings,
+    *,
+    record: str | Path,
+    manifest: Mapping[str, Any] | None = None,
+    local: Iterable[str] | None = None,
+) -> Launch:
+    """Render a plan through a launcher template; nothing runs yet.
+
+    Args:
+        plan: the rerun plan.
+        template: the launcher template.
+        settings: hub endpoint and overrides.
+        record: the parent's recording folder; the log goes to ``<record>/reruns/<run>.log``.
+        manifest: the parent run's manifest (default script and arguments).
+        local: host names that mean this machine.
+
+    Returns:
+        The launch, with every value validated.
+
+    Raises:
+        UnsafeValueError: a value (host, job, path, argument...) fails its pattern.
+        TemplateError: the template needs something the plan does not provide.
+    """
+    folder = reruns_dir(record)
+    plan = _unique_run(plan, folder)
+    log = folder / f"{plan.run}.log"
+    values = plan_values(
+        plan, settings, manifest=manifest, log=log, record=Path(record), local=local
+    )
+    commands = render(template, values, plan.hosts, local=local)
+    return Launch(plan=plan, launcher=template.name, commands=commands, log=log, values=values)
+
+
+class RunningRerun:
+    """A launched rerun: one process group per command, all writing to one log."""
+
+    def __init__(self, launch: Launch, procs: list[subprocess.Popen], log: IO[bytes]) -> None:
+        self.launch = launch
+        self.procs = procs
+        self._log = log
+        self.cancelled = False
+
+    @property
+    def run(self) -> str:
+        """Id of the new run."""
+        return self.launch.plan.run
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return tuple(p.pid for p in self.procs)
+
+    def poll(self) -> int | None:
+        """None while any command runs; else the first non-zero exit code (or 0)."""
+        codes = [p.poll() for p in self.procs]
+        if any(c is None for c in codes):
+            return None
+        self._close()
+        return next((c for c in codes if c), 0)
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for every command.
+
+        Args:
+            timeout: seconds; None waits for ever.
+
+        Returns:
+            The first non-zero exit code, or 0.
+
+        Raises:
+            subprocess.TimeoutExpired: still running after ``timeout``.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for p in self.procs:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            p.wait(left)
+        code = self.poll()
+        assert code is not None
+        return code
+
+    def cancel(self, grace_s: float = 5.0) -> int:
+        """Stop the rerun: SIGTERM to every process group, SIGKILL after ``grace_s``.
+
+        Args:
+            grace_s: seconds the processes get to exit cleanly.
+
+        Returns:
+            The exit code (negative: the signal that ended it).
+        """
+        self.cancelled = True
+        self._signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for p in self.procs:
+            try:
+                p.wait(max(deadline - time.monotonic(), 0.0))
+            except subprocess.TimeoutExpired:
+                pass
+        if any(p.poll() is None for p in self.procs):
+            self._signal(signal.SIGKILL)
+            for p in self.procs:
+                p.wait()
+        self._note(f"cancelled; exit codes {[p.returncode for p in self.procs]}")
+        code = self.poll()
+        assert code is not None
+        return code
+
+    def _signal(self, sig: int) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    # Each command leads its own session, so its pid is its group id: the
+                    # signal reaches torchrun's workers, not just torchrun.
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    def _note(self, text: str) -> None:
+        if not self._log.closed:
+            self._log.write(f"# rankscope: {text}\n".encode())
+            self._log.flush()
+
+    def _close(self) -> None:
+        if not self._log.closed:
+            self._log.close()
+
+
+def start(launch: Launch, *, env: Mapping[str, str] | None = None) -> RunningRerun:
+    """Start every command of a launch, each in its own process group.
+
+    A JSON record of the launch (plan, commands, log) is written next to the log first, so
+    the recording keeps what was run even if the launcher dies.
+
+    Args:
+        launch: a prepared launch (shown to and confirmed by the user).
+        env: base environment (default ``os.environ``); each command adds its own.
+
+    Returns:
+        The running rerun.
+    """
+    launch.log.parent.mkdir(parents=True, exist_ok=True)
+    record = launch.log.with_suffix(".json")
+    record.write_text(json.dumps(launch.to_dict(), indent=2) + "\n")
+    log = open(launch.log, "ab")  # noqa: SIM115 - owned by RunningRerun, closed when done
+    header = [f"rerun {launch.plan.run} of {launch.plan.parent_run} at {launch.plan.scope}"]
+    header += [f"command: {c.display}" for c in launch.commands]
+    log.write("".join(f"# rankscope: {line}\n" for line in header).encode())
+    log.flush()
+    base = dict(os.environ if env is None else env)
+    procs: list[subprocess.Popen] = []
+    try:
+        for cmd in launch.commands:
+            procs.append(
+                subprocess.Popen(
+                    list(cmd.argv),
+                    env={**base, **cmd.env},
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+    except OSError as exc:
+        if procs:
+            RunningRerun(launch, procs, log).cancel(grace_s=1.0)
+        log.close()
+        raise RuntimeError(
+            f"could not start {launch.commands[len(procs)].argv[0]!r}: {exc}"
+        ) from exc
+    return RunningRerun(launch, procs, log)
