@@ -1,0 +1,204 @@
+"""Wall-time decomposition of every rank's step (ARCHITECTURE §6).
+
+Each ``t_end - t_start`` splits into ``CATEGORIES``, which sum to the step time exactly:
+
+- ``exposed_comm`` = ``coll["exposed_transfer_ns"]``: post-arrival collective service the
+  step could not hide;
+- ``arrival_wait`` = ``coll["exposed_wait_ns"]``: time spent inside collectives waiting for
+  the last rank to arrive;
+- ``pipeline_idle``, ``input``, ``memory``, ``checkpoint``, ``recovery``: the ``pp_wait``,
+  ``input``, ``memory``, ``checkpoint`` and ``recovery`` phases;
+- ``compute``: when compute phases (forward, backward, optimizer, eval) were recorded, their
+  sum minus the exposed collective time (collectives are issued from inside those phases —
+  DDP buckets in backward, FSDP gathers in forward — so the phase spans contain them),
+  floored at zero; when no compute phase was recorded, the whole residual;
+- ``other``: what is left (user phases, unlabelled gaps).
+
+When measured categories add up to more than the step (overlapping spans, clock noise) they
+are scaled down together so the decomposition still sums to the step time; the overflow is
+kept in ``overlap_ns`` so nothing is hidden.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rankscope.diagnosis.robust import nanmax, nanmean
+from rankscope.diagnosis.window import Window
+
+CATEGORIES = (
+    "compute",
+    "exposed_comm",
+    "arrival_wait",
+    "pipeline_idle",
+    "input",
+    "memory",
+    "checkpoint",
+    "recovery",
+    "other",
+)
+COMPUTE_PHASES = ("forward", "backward", "optimizer", "eval")
+PHASE_CATEGORIES = {
+    "pipeline_idle": "pp_wait",
+    "input": "input",
+    "memory": "memory",
+    "checkpoint": "checkpoint",
+    "recovery": "recovery",
+}
+"""Category -> the phase that measures it."""
+
+COMPUTE_RULE = (
+    "compute = forward+backward+optimizer+eval phases minus exposed collective time "
+    "(floored at 0); without compute phases, the residual of the step"
+)
+
+
+@dataclass(frozen=True)
+class Decomposition:
+    """Per rank and step, the step time split into ``CATEGORIES``."""
+
+    ns: np.ndarray
+    """float64 (C, R, S), category index first; NaN where the rank did not report."""
+    step_ns: np.ndarray
+    """float64 (R, S) step wall time."""
+    overlap_ns: np.ndarray
+    """float64 (R, S) how far measured categories overran the step before scaling."""
+    compute_from_phases: np.ndarray
+    """bool (R, S): compute came from recorded phases (else the residual)."""
+
+    def category(self, name: str) -> np.ndarray:
+        """The (R, S) array of one category.
+
+        Args:
+            name: one of ``CATEGORIES``.
+
+        Returns:
+            float64 (R, S) ns.
+        """
+        if name not in CATEGORIES:
+            raise KeyError(f"unknown category {name!r}; expected one of {CATEGORIES}")
+        return self.ns[CATEGORIES.index(name)]
+
+    def mean_per_step(self) -> dict[str, float]:
+        """Mean over present rank-steps of each category (sums to the mean step time)."""
+        return {c: float(nanmean(self.ns[i])) for i, c in enumerate(CATEGORIES)}
+
+    def max_rank_per_step(self) -> dict[str, float]:
+        """Per category, the largest rank's value averaged over steps (maxima set pace)."""
+        return {c: float(nanmean(nanmax(self.ns[i], axis=0))) for i, c in enumerate(CATEGORIES)}
+
+
+def decompose(window: Window) -> Decomposition:
+    """Split every rank's step time into ``CATEGORIES`` (rule in the module docstring).
+
+    Args:
+        window: the window.
+
+    Returns:
+        The decomposition; categories sum to ``t_end - t_start`` on every present rank-step.
+    """
+    step = window.step_ns.copy()
+    present = window.present & np.isfinite(step)
+    step[~present] = np.nan
+    step = np.maximum(step, 0.0)
+    shape = step.shape
+
+    def phase(name: str) -> np.ndarray:
+        arr = window.phase_ns.get(name)
+        if arr is None:
+            return np.zeros(shape)
+        return np.nan_to_num(np.maximum(arr, 0.0), nan=0.0)
+
+    wait = np.nan_to_num(np.maximum(window.coll["exposed_wait_ns"], 0.0), nan=0.0)
+    transfer = np.nan_to_num(np.maximum(window.coll["exposed_transfer_ns"], 0.0), nan=0.0)
+    measured = {
+        "exposed_comm": transfer,
+        "arrival_wait": wait,
+        **{cat: phase(ph) for cat, ph in PHASE_CATEGORIES.items()},
+    }
+    total = sum(measured.values())
+    assert isinstance(total, np.ndarray)
+    overlap = np.maximum(total - step, 0.0)
+    scale = np.where(total > step, step / np.where(total > 0, total, 1.0), 1.0)
+    for cat in measured:
+        measured[cat] = measured[cat] * scale
+    room = np.maximum(step - total * scale, 0.0)
+
+    compute_phases = sum(phase(p) for p in COMPUTE_PHASES)
+    assert isinstance(compute_phases, np.ndarray)
+    has_phases = compute_phases > 0
+    from_phases = np.maximum(compute_phases - (wait + transfer), 0.0)
+    compute = np.where(has_phases, np.minimum(from_phases, room), room)
+    other = np.maximum(room - compute, 0.0)
+
+    out = np.empty((len(CATEGORIES), *shape))
+    for i, cat in enumerate(CATEGORIES):
+        if cat == "compute":
+            out[i] = compute
+        elif cat == "other":
+            out[i] = other
+        else:
+            out[i] = measured[cat]
+    out[:, ~present] = np.nan
+    overlap[~present] = np.nan
+    return Decomposition(ns=out, step_ns=step, overlap_ns=overlap, compute_from_phases=has_phases)
+
+
+@dataclass(frozen=True)
+class CategoryDelta:
+    """One category against the baseline, as mean ns per rank-step."""
+
+    category: str
+    baseline_ns: float
+    current_ns: float
+    delta_ns: float
+    max_rank_baseline_ns: float
+    """Largest rank's value, averaged over steps (the critical path's view)."""
+    max_rank_current_ns: float
+
+
+@dataclass(frozen=True)
+class DecompositionDelta:
+    """Current decomposition against a baseline run."""
+
+    rows: tuple[CategoryDelta, ...]
+    step_baseline_ns: float
+    step_current_ns: float
+    first_appears: str | None
+    """Category that grew most — where the missing time first appears (None: nothing grew)."""
+
+
+def compare(current: Decomposition, baseline: Decomposition) -> DecompositionDelta:
+    """Per category: baseline, current and delta of the mean and of the max rank.
+
+    Args:
+        current: decomposition of the run under study.
+        baseline: decomposition of the healthy run.
+
+    Returns:
+        The table and the category where the missing time first appears.
+    """
+    cur_mean = current.mean_per_step()
+    base_mean = baseline.mean_per_step()
+    cur_max = current.max_rank_per_step()
+    base_max = baseline.max_rank_per_step()
+    rows = tuple(
+        CategoryDelta(
+            category=c,
+            baseline_ns=base_mean[c],
+            current_ns=cur_mean[c],
+            delta_ns=cur_mean[c] - base_mean[c],
+            max_rank_baseline_ns=base_max[c],
+            max_rank_current_ns=cur_max[c],
+        )
+        for c in CATEGORIES
+    )
+    step_cur = float(nanmean(current.step_ns))
+    step_base = float(nanmean(baseline.step_ns))
+    grown = [r for r in rows if r.delta_ns > 0]
+    first = max(grown, key=lambda r: r.delta_ns).category if grown else None
+    return DecompositionDelta(
+        rows=rows, step_baseline_ns=step_base, step_current_ns=step_cur, first_appears=first
+    )
