@@ -1,0 +1,559 @@
+"""Correlation with structure (ARCHITECTURE §6, seed: "Correlate with structure").
+
+For a per-rank metric, the effect size of every placement dimension — host, rack, rail,
+NIC, GPU index, each mesh coordinate, data shard — as ε² of a one-way ANOVA (η² corrected
+for the number of groups, so 512 hosts of noise score ~0, not 0.125), and the group that
+stands out. For collectives, the same over process groups, the rail and host a group runs
+on, and the message-size bucket. Over steps, the effect of time since start.
+
+It also answers the two questions that separate data from hardware: does the slowest rank
+stay the same from step to step (hardware-like) or move with the batch (data-like), and
+does compute follow the work each rank was given (tokens, Σseq²)?
+
+Per-rank metrics are taken relative to the same step's median rank, so a slow step for
+everyone does not look like a slow rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rankscope.collector.schema import MESH_DIMS
+from rankscope.diagnosis.critical import CriticalPath, GroupSkew
+from rankscope.diagnosis.curves import bucket_label
+from rankscope.diagnosis.decomposition import Decomposition
+from rankscope.diagnosis.robust import (
+    EffectSize,
+    effect_size,
+    nanmean,
+    nanmedian,
+    pearson,
+    robust_z,
+    spearman,
+)
+from rankscope.diagnosis.window import GroupInfo, Window
+
+RANK_METRICS = ("compute", "input", "lateness", "transfer", "memory")
+"""Per-rank metrics whose structure is tested."""
+
+TIME_SEGMENTS = 8
+"""Steps are cut into this many consecutive segments for the time-since-start effect."""
+
+
+@dataclass(frozen=True)
+class DimensionEffect:
+    """Effect size of one dimension on one metric, with the group that stands out."""
+
+    metric: str
+    dimension: str
+    epsilon2: float
+    eta2: float
+    n_groups: int
+    standout: str
+    """Label of the standout group (host name, ``rail 3``, ``tp=2``...)."""
+    standout_code: int
+    standout_z: float
+    standout_value: float
+    """Mean metric of the standout group (relative to the step median for rank metrics)."""
+    others_value: float
+
+
+@dataclass(frozen=True)
+class SlowRankPattern:
+    """Is the slowest rank the same every step?"""
+
+    slowest: np.ndarray
+    """int64 (S,) per step, the rank with the highest relative compute (-1: none)."""
+    modal_rank: int
+    modal_share: float
+    """Share of steps in which ``modal_rank`` was the slowest."""
+    distinct: int
+    """Distinct ranks that were slowest in some step."""
+    split_half_r: float
+    """Pearson r across ranks between mean relative compute in the first and second half
+    of the steps: near 1 a persistent per-rank offset, near 0 it moves with the batch."""
+    persistent: np.ndarray
+    """float64 (R,) median over steps of relative compute (1.0 = the step's median rank)."""
+    persistent_z: np.ndarray
+    """float64 (R,) robust z of ``persistent`` across ranks."""
+    residual: np.ndarray
+    """float64 (R,) median over steps of (compute − work-predicted compute) / the step's
+    median compute: the slowness the rank's own work does not explain."""
+    residual_z: np.ndarray
+    """float64 (R,) robust z of ``residual`` across ranks."""
+
+    @property
+    def stable(self) -> bool:
+        """Hardware-like: the same rank is slowest in most steps."""
+        return self.modal_share >= 0.5
+
+
+@dataclass(frozen=True)
+class WorkCorrelation:
+    """Does compute follow the work each rank was given?"""
+
+    tokens_rho: float
+    """Spearman ρ of compute with tokens, pooled over steps after removing step medians."""
+    attn_rho: float
+    """Spearman ρ of compute with Σseq² (``attn_cost``), same pooling."""
+    r2: float
+    """R² of compute on tokens and Σseq² within steps (least squares, step means removed)."""
+    slowest_is_heaviest: float
+    """Share of steps whose slowest rank also had the largest Σseq² (or tokens)."""
+    attn_max_ratio: float
+    """Median over steps of max/median Σseq² across ranks (1 = balanced)."""
+    tokens_max_ratio: float
+    """Median over steps of max/median tokens across ranks."""
+    compute_max_ratio: float
+    """Median over steps of max/median compute across ranks."""
+    work_excess: float
+    """Median over steps of (largest − median) work-predicted compute, over the step time:
+    how far behind the slowest rank would be if compute followed the work exactly."""
+    compute_excess: float
+    """Median over steps of (largest − median) measured compute over the step time."""
+
+
+@dataclass(frozen=True)
+class Correlations:
+    """Everything the structure analysis found."""
+
+    effects: tuple[DimensionEffect, ...]
+    slow_rank: SlowRankPattern
+    work: WorkCorrelation
+    relative: dict[str, np.ndarray]
+    """Per-rank metric -> float64 (R,) value whose structure was tested."""
+
+    def for_metric(self, metric: str) -> list[DimensionEffect]:
+        """Effects of one metric, strongest first."""
+        rows = [e for e in self.effects if e.metric == metric]
+        return sorted(rows, key=lambda e: -e.epsilon2)
+
+    def best(self, metric: str) -> DimensionEffect | None:
+        """The dimension that explains the most of ``metric`` (None when not computed)."""
+        rows = self.for_metric(metric)
+        return rows[0] if rows else None
+
+
+def relative_to_step(x: np.ndarray) -> np.ndarray:
+    """Divide each step's values by that step's median rank (NaN where the median is ≤ 0).
+
+    Args:
+        x: float (R, S).
+
+    Returns:
+        float64 (R, S).
+    """
+    med = nanmedian(x, axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(med > 0, x / np.where(med > 0, med, 1.0), np.nan)
+
+
+def _rank_dimensions(window: Window) -> dict[str, tuple[np.ndarray, list[str]]]:
+    ri = window.ranks
+    dims: dict[str, tuple[np.ndarray, list[str]]] = {
+        "host": (ri.host, list(ri.hosts)),
+        "rack": (ri.rack, list(ri.racks)),
+        "rail": (ri.rail, []),
+        "nic": (ri.nic, list(ri.nics)),
+        "gpu_index": (ri.gpu_index, []),
+        "shard": (ri.shard, []),
+    }
+    for d in MESH_DIMS:
+        if d in ri.mesh:
+            dims[d] = (ri.mesh[d], [])
+    return dims
+
+
+def _label(dimension: str, code: int, names: list[str]) -> str:
+    if 0 <= code < len(names):
+        return names[code]
+    if dimension in MESH_DIMS or dimension in ("shard", "gpu_index", "rail"):
+        return f"{dimension}={code}"
+    return f"{dimension} {code}"
+
+
+def _effect_row(
+    metric: str, dimension: str, values: np.ndarray, codes: np.ndarray, names: list[str]
+) -> DimensionEffect | None:
+    codes = np.asarray(codes, dtype=np.int64)
+    known = codes >= 0
+    if known.sum() < 3 or np.unique(codes[known]).size < 2:
+        return None
+    e: EffectSize = effect_size(values, codes)
+    if e.n_groups < 2:
+        return None
+    return DimensionEffect(
+        metric=metric,
+        dimension=dimension,
+        epsilon2=e.epsilon2,
+        eta2=e.eta2,
+        n_groups=e.n_groups,
+        standout=_label(dimension, e.standout, names),
+        standout_code=e.standout,
+        standout_z=e.standout_z,
+        standout_value=e.standout_mean,
+        others_value=e.others_median,
+    )
+
+
+def rank_metrics(window: Window, decomp: Decomposition) -> dict[str, np.ndarray]:
+    """Per-rank value of each ``RANK_METRICS`` entry, relative to the step's median rank
+    and then the median over steps.
+
+    Args:
+        window: the window.
+        decomp: its decomposition.
+
+    Returns:
+        Metric -> float64 (R,) (NaN where never measured).
+    """
+    n = window.coll["n"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        late = np.where(n > 0, window.coll["late_ns"] / n, np.nan)
+        transfer = np.where(n > 0, window.coll["transfer_ns"] / n, np.nan)
+    step = nanmedian(decomp.step_ns, axis=0)
+
+    def share(x: np.ndarray) -> np.ndarray:
+        # Phases that are zero for most ranks have a zero median: use the step time.
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return nanmedian(np.where(step > 0, x / step, np.nan), axis=1)
+
+    return {
+        "compute": nanmedian(relative_to_step(decomp.category("compute")), axis=1),
+        "input": share(decomp.category("input")),
+        "lateness": share(late),
+        "transfer": nanmedian(relative_to_step(transfer), axis=1),
+        "memory": share(decomp.category("memory")),
+    }
+
+
+def work_model(window: Window, decomp: Decomposition) -> tuple[np.ndarray, float]:
+    """Compute predicted from the work each rank was given, within each step.
+
+    Least squares of compute on tokens and Σseq² after removing each step's median rank
+    (a slow step for everyone is not a rank effect). Where work was not recorded the
+    prediction is the step's median compute, so the residual is the plain deviation.
+
+    Args:
+        window: the window.
+        decomp: its decomposition.
+
+    Returns:
+        ``(pred, r2)``: float64 (R, S) predicted compute (ns) and the fit's R² (NaN when
+        no work column was recorded or compute does not vary).
+    """
+    compute = decomp.category("compute")
+    base = nanmedian(compute, axis=0)
+    pred = np.broadcast_to(base, compute.shape).copy()
+    regs = []
+    for name in ("tokens", "attn_cost"):
+        x = np.where(window.present & (window.work[name] >= 0), window.work[name], np.nan)
+        if np.isfinite(x).sum() > 2:
+            regs.append(x - nanmedian(x, axis=0))
+    if not regs:
+        return pred, float("nan")
+    y = (compute - base).ravel()
+    x = np.stack([r.ravel() for r in regs], axis=1)
+    ok = np.isfinite(y) & np.isfinite(x).all(axis=1)
+    if ok.sum() <= x.shape[1] + 2:
+        return pred, float("nan")
+    xo = x[ok]
+    scale = xo.std(axis=0)
+    scale = np.where(scale > 0, scale, 1.0)
+    beta, *_ = np.linalg.lstsq(xo / scale, y[ok], rcond=None)
+    fit = np.full(y.shape, np.nan)
+    fit[ok] = (xo / scale) @ beta
+    yo = y[ok] - y[ok].mean()
+    ss = float((yo * yo).sum())
+    resid = y[ok] - fit[ok]
+    resid = resid - resid.mean()
+    r2 = 1.0 - float((resid * resid).sum()) / ss if ss > 0 else float("nan")
+    pred = pred + np.where(np.isfinite(fit), fit, 0.0).reshape(compute.shape)
+    pred[~np.isfinite(compute)] = np.nan
+    return pred, r2
+
+
+def slow_rank_pattern(
+    window: Window, decomp: Decomposition, pred: np.ndarray | None = None
+) -> SlowRankPattern:
+    """Which rank is slowest each step, and whether that is a persistent offset.
+
+    Args:
+        window: the window.
+        decomp: its decomposition.
+        pred: `work_model` prediction (computed when None).
+
+    Returns:
+        The pattern (see `SlowRankPattern`).
+    """
+    if pred is None:
+        pred, _ = work_model(window, decomp)
+    compute = decomp.category("compute")
+    rel = relative_to_step(compute)
+    n_ranks, n_steps = rel.shape
+    has = np.isfinite(rel).any(axis=0)
+    slowest = np.where(has, np.argmax(np.where(np.isfinite(rel), rel, -np.inf), axis=0), -1)
+    counts = np.bincount(slowest[slowest >= 0], minlength=n_ranks)
+    valid_steps = int(has.sum())
+    modal = int(np.argmax(counts)) if valid_steps else -1
+    half = n_steps // 2
+    if half >= 1:
+        a = nanmean(rel[:, :half], axis=1)
+        b = nanmean(rel[:, half:], axis=1)
+        ok = np.isfinite(a) & np.isfinite(b)
+        split = pearson(a[ok], b[ok]) if ok.sum() >= 3 else float("nan")
+    else:
+        split = float("nan")
+    persistent = nanmedian(rel, axis=1)
+    med = nanmedian(compute, axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        resid = np.where(med > 0, (compute - pred) / np.where(med > 0, med, 1.0), np.nan)
+    residual = nanmedian(resid, axis=1)
+    return SlowRankPattern(
+        slowest=slowest.astype(np.int64),
+        modal_rank=modal,
+        modal_share=float(counts[modal] / valid_steps) if valid_steps else float("nan"),
+        distinct=int((counts > 0).sum()),
+        split_half_r=split,
+        persistent=persistent,
+        persistent_z=robust_z(persistent),
+        residual=residual,
+        residual_z=robust_z(residual),
+    )
+
+
+def work_correlation(
+    window: Window, decomp: Decomposition, pred: np.ndarray | None = None, r2: float = np.nan
+) -> WorkCorrelation:
+    """Compute against tokens and Σseq², within steps.
+
+    Args:
+        window: the window.
+        decomp: its decomposition.
+        pred: `work_model` prediction (computed when None).
+        r2: its R² (when ``pred`` is given).
+
+    Returns:
+        The correlations, imbalance ratios and the work-implied excess of the slowest rank.
+    """
+    if pred is None:
+        pred, r2 = work_model(window, decomp)
+    compute = decomp.category("compute")
+    tokens = np.where(window.work["tokens"] >= 0, window.work["tokens"], np.nan)
+    attn = np.where(window.work["attn_cost"] >= 0, window.work["attn_cost"], np.nan)
+
+    def centered(x: np.ndarray) -> np.ndarray:
+        return x - nanmedian(x, axis=0)
+
+    def spread(x: np.ndarray) -> np.ndarray:
+        # Per step: the largest rank over the median rank.
+        top = np.max(np.where(np.isfinite(x), x, -np.inf), axis=0)
+        return np.where(np.isfinite(x).any(axis=0), top, np.nan) - nanmedian(x, axis=0)
+
+    def max_ratio(x: np.ndarray) -> float:
+        med = nanmedian(x, axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            r = np.where(med > 0, (spread(x) + med) / np.where(med > 0, med, 1.0), np.nan)
+        return float(nanmedian(r))
+
+    c = centered(compute).ravel()
+    step = nanmedian(decomp.step_ns, axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        work_excess = float(nanmedian(spread(pred) / step))
+        compute_excess = float(nanmedian(spread(compute) / step))
+    heavy_src = attn if np.isfinite(attn).any() else tokens
+    has = np.isfinite(compute).any(axis=0) & np.isfinite(heavy_src).any(axis=0)
+    if has.any():
+        slow = np.argmax(np.where(np.isfinite(compute), compute, -np.inf), axis=0)
+        heavy = np.argmax(np.where(np.isfinite(heavy_src), heavy_src, -np.inf), axis=0)
+        same = float(np.mean((slow == heavy)[has]))
+    else:
+        same = float("nan")
+    return WorkCorrelation(
+        tokens_rho=spearman(c, centered(tokens).ravel()),
+        attn_rho=spearman(c, centered(attn).ravel()),
+        r2=r2,
+        slowest_is_heaviest=same,
+        attn_max_ratio=max_ratio(attn),
+        tokens_max_ratio=max_ratio(tokens),
+        compute_max_ratio=max_ratio(compute),
+        work_excess=work_excess,
+        compute_excess=compute_excess,
+    )
+
+
+def group_attributes(
+    window: Window, groups: dict[int, GroupInfo] | None = None
+) -> dict[str, dict[int, int]]:
+    """Per group id, the rail and host it runs on (-1 when mixed or unknown).
+
+    A cross-host group whose members all sit on one rail runs over that rail; an intra-host
+    group runs on its host's fabric.
+
+    Args:
+        window: the window (for the rank table).
+        groups: group table (default: the window's).
+
+    Returns:
+        ``{"rail": {gid: rail}, "host": {gid: host}, "crosses": {gid: 0/1}}``.
+    """
+    groups = window.groups if groups is None else groups
+    rail = window.ranks.rail
+    host = window.ranks.host
+    out: dict[str, dict[int, int]] = {"rail": {}, "host": {}, "crosses": {}}
+    for gid, g in groups.items():
+        members = np.asarray([r for r in g.ranks if 0 <= r < window.world_size], dtype=np.int64)
+        if members.size == 0:
+            continue
+        rails = np.unique(rail[members])
+        hosts = np.unique(host[members])
+        out["rail"][gid] = int(rails[0]) if rails.size == 1 and rails[0] >= 0 else -1
+        out["host"][gid] = int(hosts[0]) if hosts.size == 1 and hosts[0] >= 0 else -1
+        out["crosses"][gid] = int(g.crosses_hosts)
+    return out
+
+
+def group_transfer_effects(
+    window: Window, skew: GroupSkew, baseline_ratio: np.ndarray | None = None
+) -> list[DimensionEffect]:
+    """Effects on collective transfer over process group, rail, host and size bucket.
+
+    The metric per (group, op, bucket) row is its median transfer divided by the median of
+    its peers — rows with the same op, size bucket, group size and host-crossing — or, when
+    ``baseline_ratio`` is given, its ratio to the baseline run's same row.
+
+    Args:
+        window: the window.
+        skew: `critical.group_skew` table.
+        baseline_ratio: optional float (rows,) transfer / baseline transfer.
+
+    Returns:
+        Effect rows for ``process_group``, ``group_rail``, ``group_host`` and, with a
+        baseline, ``size_bucket``.
+    """
+    if len(skew) < 3:
+        return []
+    attrs = group_attributes(window)
+    gid = skew.group.astype(np.int64)
+    members = np.array([len(window.groups[g].ranks) if g in window.groups else 0 for g in gid])
+    crosses = np.array([attrs["crosses"].get(int(g), -1) for g in gid])
+    if baseline_ratio is not None:
+        metric = np.asarray(baseline_ratio, dtype=np.float64)
+        name = "transfer_vs_baseline"
+    else:
+        cls = np.stack([skew.op.astype(np.int64), skew.bucket, members, crosses], axis=1)
+        _, inv = np.unique(cls, axis=0, return_inverse=True)
+        inv = inv.ravel()
+        metric = np.full(len(skew), np.nan)
+        for k in range(int(inv.max()) + 1):
+            sel = inv == k
+            med = (
+                np.nanmedian(skew.transfer_p50[sel])
+                if np.isfinite(skew.transfer_p50[sel]).any()
+                else np.nan
+            )
+            if med > 0:
+                metric[sel] = skew.transfer_p50[sel] / med
+        name = "transfer_vs_peers"
+    log_metric = np.log(np.where(metric > 0, metric, np.nan))
+    rows = []
+    rails = np.array([attrs["rail"].get(int(g), -1) for g in gid])
+    hosts = np.array([attrs["host"].get(int(g), -1) for g in gid])
+    gnames = {int(g): window.groups[g].name for g in window.groups}
+    for dim, codes, names in (
+        ("process_group", gid, None),
+        ("group_rail", np.where(crosses == 1, rails, -1), []),
+        ("group_host", np.where(crosses == 0, hosts, -1), list(window.ranks.hosts)),
+    ):
+        row = _effect_row(name, dim, log_metric, codes, names or [])
+        if row is not None and dim == "process_group":
+            row = _relabel(row, gnames.get(row.standout_code, f"group {row.standout_code}"))
+        if row is not None:
+            rows.append(_exp_values(row))
+    if baseline_ratio is not None:
+        row = _effect_row(name, "size_bucket", log_metric, skew.bucket.astype(np.int64), [])
+        if row is not None:
+            rows.append(_exp_values(_relabel(row, bucket_label(row.standout_code))))
+    return rows
+
+
+def _relabel(row: DimensionEffect, label: str) -> DimensionEffect:
+    return DimensionEffect(**{**row.__dict__, "standout": label})
+
+
+def _exp_values(row: DimensionEffect) -> DimensionEffect:
+    # The test runs on log ratios (symmetric for slower/faster); report plain ratios.
+    return DimensionEffect(
+        **{
+            **row.__dict__,
+            "standout_value": float(np.exp(row.standout_value)),
+            "others_value": float(np.exp(row.others_value)),
+        }
+    )
+
+
+def time_effect(window: Window, decomp: Decomposition) -> DimensionEffect | None:
+    """Effect of time since start on the step time: ε² over consecutive step segments.
+
+    Args:
+        window: the window.
+        decomp: its decomposition.
+
+    Returns:
+        The effect row (metric ``step_time``, dimension ``time_since_start``), or None with
+        fewer than two segments' worth of steps.
+    """
+    step = nanmedian(decomp.step_ns, axis=0)
+    n = step.shape[0]
+    if n < 2 * TIME_SEGMENTS:
+        return None
+    seg = (np.arange(n) * TIME_SEGMENTS // n).astype(np.int64)
+    rel = step / np.nanmedian(step)
+    row = _effect_row("step_time", "time_since_start", rel, seg, [])
+    if row is None:
+        return None
+    first, last = int(window.steps[0]), int(window.steps[-1])
+    lo = first + (last - first + 1) * row.standout_code // TIME_SEGMENTS
+    hi = first + (last - first + 1) * (row.standout_code + 1) // TIME_SEGMENTS - 1
+    return _relabel(row, f"steps {lo}-{hi}")
+
+
+def correlate(
+    window: Window,
+    decomp: Decomposition,
+    crit: CriticalPath,
+    baseline_transfer_ratio: np.ndarray | None = None,
+) -> Correlations:
+    """Effect sizes per dimension, the slow-rank pattern and compute against work.
+
+    Args:
+        window: the window.
+        decomp: its decomposition.
+        crit: its critical path (for the per-group skew/transfer table).
+        baseline_transfer_ratio: optional per ``crit.groups`` row transfer / baseline.
+
+    Returns:
+        The correlations.
+    """
+    metrics = rank_metrics(window, decomp)
+    effects: list[DimensionEffect] = []
+    for metric, values in metrics.items():
+        if not np.isfinite(values).any() or np.nanmax(values) == np.nanmin(values):
+            continue
+        for dim, (codes, names) in _rank_dimensions(window).items():
+            row = _effect_row(metric, dim, values, codes, names)
+            if row is not None:
+                effects.append(row)
+    effects += group_transfer_effects(window, crit.groups, baseline_transfer_ratio)
+    t = time_effect(window, decomp)
+    if t is not None:
+        effects.append(t)
+    pred, r2 = work_model(window, decomp)
+    return Correlations(
+        effects=tuple(effects),
+        slow_rank=slow_rank_pattern(window, decomp, pred),
+        work=work_correlation(window, decomp, pred, r2),
+        relative=metrics,
+    )

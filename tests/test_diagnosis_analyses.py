@@ -1,0 +1,329 @@
+"""Numerator, baseline, correlation, trends and stall analyses on small hand-made windows."""
+
+import numpy as np
+import pytest
+
+from rankscope.collector import schema
+from rankscope.diagnosis.baseline import (
+    TAIL_STALL,
+    compare_runs,
+    distribution,
+    flatten,
+    manifest_diff,
+    tail_got_worse,
+)
+from rankscope.diagnosis.correlate import (
+    effect_size,
+    rank_metrics,
+    relative_to_step,
+    slow_rank_pattern,
+    work_correlation,
+)
+from rankscope.diagnosis.decomposition import decompose
+from rankscope.diagnosis.numerator import check_numerator, per_step_work
+from rankscope.diagnosis.stall import detect_stall
+from rankscope.diagnosis.synthetic import instance_table, make_groups, make_window, rank_layout
+from rankscope.diagnosis.trends import find_spikes, trends
+from rankscope.diagnosis.window import CollRows
+
+
+def steady(n_ranks: int, n_steps: int, step: float = 1000.0, **kw):
+    t_start = np.tile(np.arange(n_steps) * step, (n_ranks, 1)).astype(float)
+    return make_window(t_start, t_start + step, **kw)
+
+
+# --- numerator ----------------------------------------------------------------------------
+
+
+def _work_window(tokens: float, valid: float, rng: np.random.Generator, n_steps: int = 30):
+    shape = (4, n_steps)
+    noise = 1 + 0.005 * rng.standard_normal(shape)
+    return steady(
+        4,
+        n_steps,
+        ranks=rank_layout(4, ranks_per_host=4),
+        work={
+            "tokens": tokens * noise,
+            "valid_tokens": valid * noise,
+            "samples": np.full(shape, 8.0),
+            "attn_cost": (tokens**2) * noise,
+        },
+    )
+
+
+def test_per_step_work_and_padding_by_hand() -> None:
+    w = steady(
+        2,
+        1,
+        ranks=rank_layout(2, ranks_per_host=2),
+        work={"tokens": np.array([[100.0], [300.0]]), "valid_tokens": np.array([[90.0], [270.0]])},
+    )
+    work = per_step_work(w)
+    assert work["tokens"][0] == 400
+    assert work["padding_fraction"][0] == pytest.approx(0.1)
+    assert np.isnan(work["flops"][0])
+
+
+def test_numerator_unchanged_within_noise() -> None:
+    rng = np.random.default_rng(1)
+    chk = check_numerator(_work_window(1000, 980, rng), _work_window(1000, 980, rng))
+    assert chk.has_baseline
+    assert not chk.numerator_changed
+    assert chk.changed == ()
+
+
+def test_numerator_flags_more_padding() -> None:
+    rng = np.random.default_rng(2)
+    # Same useful tokens, 30 % more executed tokens: padding.
+    chk = check_numerator(_work_window(1300, 980, rng), _work_window(1000, 980, rng))
+    assert chk.numerator_changed
+    assert "tokens" in chk.changed and "padding_fraction" in chk.changed
+    assert "valid_tokens" not in chk.changed
+    assert chk.useful_ratio == pytest.approx(1.0, abs=0.01)
+    assert chk.executed_ratio == pytest.approx(1.69, rel=0.03)  # attn_cost ~ tokens^2
+
+
+def test_numerator_without_baseline_reports_values_only() -> None:
+    chk = check_numerator(_work_window(1000, 980, np.random.default_rng(3)))
+    assert not chk.has_baseline and not chk.numerator_changed
+    tokens = next(f for f in chk.fields if f.name == "tokens")
+    assert tokens.current == pytest.approx(4000, rel=0.02)
+    assert np.isnan(tokens.ratio)
+
+
+# --- baseline -----------------------------------------------------------------------------
+
+
+def test_distribution_by_hand() -> None:
+    d = distribution(np.array([1.0, 2.0, 3.0, 4.0, 100.0]))
+    assert (d.n, d.p50, d.max, d.mean) == (5, 3.0, 100.0, 22.0)
+    assert d.tail_stalls == 1  # 100 > 2 x 3
+    assert d.stall_threshold == TAIL_STALL * 3.0
+    d2 = distribution(np.array([5.0, 7.0]), reference_p50=3.0)
+    assert d2.tail_stalls == 1
+
+
+def test_manifest_diff_field_by_field() -> None:
+    base = {"versions": {"torch": "2.3", "nccl": "2.20"}, "env": {"NCCL_ALGO": "Ring"}, "x": 1}
+    cur = {"versions": {"torch": "2.3", "nccl": "2.21"}, "env": {}, "y": [1, 2]}
+    diff = {c.field: (c.baseline, c.current) for c in manifest_diff(cur, base)}
+    assert diff == {
+        "versions.nccl": ("2.20", "2.21"),
+        "env": (None, {}),
+        "env.NCCL_ALGO": ("Ring", None),
+        "x": (1, None),
+        "y": (None, [1, 2]),
+    }
+    assert flatten({"a": {"b": {"c": 1}}}) == {"a.b.c": 1}
+
+
+def test_compare_runs_ratios_and_stalls() -> None:
+    base = steady(2, 20, ranks=rank_layout(2, ranks_per_host=2))
+    t_start = np.tile(np.arange(20) * 1200.0, (2, 1))
+    dur = np.full((2, 20), 1200.0)
+    dur[:, 7] = 3000.0
+    cur = make_window(t_start, t_start + dur, ranks=rank_layout(2, ranks_per_host=2))
+    cmp = compare_runs(cur, base)
+    assert cmp.p50_ratio == pytest.approx(1.2)
+    assert cmp.current.tail_stalls == 1  # 3000 > 2 x 1000 (baseline median)
+    assert cmp.max_ratio == pytest.approx(3.0)
+    assert not cmp.mean_improved_tail_worse
+
+
+def test_mean_improved_tail_worse() -> None:
+    before = distribution(np.full(100, 10.0))
+    x = np.full(100, 8.0)
+    x[:3] = 30.0
+    after = distribution(x, reference_p50=before.p50)
+    assert after.mean < before.mean
+    assert tail_got_worse(before, after)
+    assert not tail_got_worse(before, distribution(np.full(100, 8.0), reference_p50=10.0))
+
+
+# --- correlation --------------------------------------------------------------------------
+
+
+def _compute_window(compute: np.ndarray, **kw):
+    n_ranks, n_steps = compute.shape
+    top = compute.max(axis=0)
+    t_start = np.tile(np.arange(n_steps) * 2.0 * top.max(), (n_ranks, 1))
+    return make_window(
+        t_start,
+        t_start + top,
+        # The forward span contains the collective in which the rank waits.
+        phase_ns={"forward": np.broadcast_to(top, compute.shape).copy()},
+        coll={"exposed_wait_ns": top - compute},
+        ranks=rank_layout(n_ranks),
+        **kw,
+    )
+
+
+def test_relative_to_step() -> None:
+    x = np.array([[1.0, 10.0], [2.0, 20.0], [3.0, 30.0]])
+    assert relative_to_step(x).tolist() == [[0.5, 0.5], [1.0, 1.0], [1.5, 1.5]]
+
+
+def test_slow_rank_stable_vs_moving() -> None:
+    rng = np.random.default_rng(5)
+    n_ranks, n_steps = 32, 40
+    base = 1000.0 * (1 + 0.002 * rng.standard_normal((n_ranks, n_steps)))
+    hw = base.copy()
+    hw[13] *= 1.3
+    p = slow_rank_pattern(_compute_window(hw), decompose(_compute_window(hw)))
+    assert p.modal_rank == 13 and p.modal_share == 1.0 and p.stable
+    assert p.persistent[13] == pytest.approx(1.3, rel=0.01)
+    assert p.persistent_z[13] > 50
+    data = base.copy()
+    movers = rng.integers(0, n_ranks, n_steps)
+    data[movers, np.arange(n_steps)] *= 1.3
+    w = _compute_window(data)
+    p2 = slow_rank_pattern(w, decompose(w))
+    assert not p2.stable
+    assert p2.distinct > 10
+    assert p2.split_half_r < p.split_half_r
+
+
+def test_work_correlation_explains_data_imbalance() -> None:
+    rng = np.random.default_rng(6)
+    n_ranks, n_steps = 16, 30
+    attn = rng.lognormal(0, 0.5, (n_ranks, n_steps)) * 1e6
+    tokens = np.full((n_ranks, n_steps), 8192.0)
+    compute = 500.0 + attn * 1e-3 * (1 + 0.002 * rng.standard_normal((n_ranks, n_steps)))
+    w = _compute_window(compute, work={"tokens": tokens, "attn_cost": attn})
+    wc = work_correlation(w, decompose(w))
+    assert wc.attn_rho > 0.95
+    assert wc.r2 > 0.95
+    assert wc.slowest_is_heaviest > 0.9
+    assert wc.work_excess == pytest.approx(wc.compute_excess, rel=0.05)
+    assert np.isnan(wc.tokens_rho)  # tokens are equal on every rank
+    assert wc.tokens_max_ratio == 1.0
+
+
+def test_input_effect_points_at_the_host() -> None:
+    rng = np.random.default_rng(7)
+    n_ranks, n_steps = 32, 20
+    step = 1000.0
+    inp = 10 + rng.random((n_ranks, n_steps))
+    inp[8:16] += 200  # host 1
+    w = steady(n_ranks, n_steps, step, phase_ns={"input": inp}, ranks=rank_layout(32))
+    metrics = rank_metrics(w, decompose(w))
+    e = effect_size(metrics["input"], w.ranks.host)
+    assert e.standout == 1
+    assert e.epsilon2 > 0.9
+
+
+# --- trends -------------------------------------------------------------------------------
+
+
+def test_periodic_checkpoint_spikes() -> None:
+    n_ranks, n_steps = 8, 40
+    step = np.full((n_ranks, n_steps), 1000.0)
+    ckpt = np.zeros((n_ranks, n_steps))
+    ckpt[:, 3::5] = 800.0
+    step += ckpt
+    step *= 1 + 0.001 * np.random.default_rng(8).standard_normal((1, n_steps))
+    t_start = np.tile(np.concatenate(([0], np.cumsum(step[0])[:-1])), (n_ranks, 1))
+    w = make_window(t_start, t_start + step, phase_ns={"checkpoint": ckpt}, ranks=rank_layout(8))
+    s = find_spikes(w, decompose(w))
+    assert s.steps.tolist() == list(range(3, 40, 5))
+    assert s.periodic and s.period == 5.0
+    assert s.dominant_category() == "checkpoint"
+    assert s.share_of_time == pytest.approx(8 * 800 / step[0].sum(), rel=0.02)
+
+
+def test_irregular_spikes_are_not_periodic() -> None:
+    n_steps = 40
+    step = np.full((4, n_steps), 1000.0)
+    comm = np.zeros((4, n_steps))
+    hit = [2, 3, 11, 25, 26, 27, 38]
+    comm[:, hit] = 600.0
+    step += comm
+    t_start = np.tile(np.concatenate(([0], np.cumsum(step[0])[:-1])), (4, 1))
+    w = make_window(
+        t_start, t_start + step, coll={"exposed_transfer_ns": comm}, ranks=rank_layout(4)
+    )
+    s = find_spikes(w, decompose(w))
+    assert s.steps.tolist() == hit
+    assert not s.periodic
+    assert s.dominant_category() == "exposed_comm"
+
+
+def test_allocator_growth_trend() -> None:
+    n_ranks, n_steps = 4, 50
+    reserved = np.tile(1e9 + 2e7 * np.arange(n_steps), (n_ranks, 1))
+    mem_phase = np.tile(0.5 * np.arange(n_steps), (n_ranks, 1))
+    w = steady(
+        n_ranks,
+        n_steps,
+        ranks=rank_layout(4),
+        memory={"mem_reserved": reserved},
+        phase_ns={"memory": mem_phase},
+    )
+    t = trends(w, decompose(w))
+    by = {m.name: m for m in t.memory}
+    assert by["mem_reserved"].slope_per_step == pytest.approx(2e7)
+    assert by["mem_reserved"].rho == pytest.approx(1.0)
+    assert by["memory_phase"].slope_per_step == pytest.approx(0.5)
+    assert np.isnan(by["alloc_retries"].slope_per_step)
+
+
+def test_thermal_drift_flags_the_falling_clock() -> None:
+    n_ranks, n_steps = 16, 40
+    clock = np.full((n_ranks, n_steps), 1980.0)
+    clock += np.random.default_rng(9).normal(0, 2, clock.shape)
+    clock[5] = np.linspace(1980, 1500, n_steps)
+    w = steady(n_ranks, n_steps, ranks=rank_layout(16), device={"sm_clock_mhz": clock})
+    t = trends(w, decompose(w))
+    assert t.thermal_ranks.tolist() == [5]
+    assert t.sm_clock_change[5] < -0.15
+
+
+# --- stall --------------------------------------------------------------------------------
+
+
+def test_stall_names_missing_ranks() -> None:
+    ranks = rank_layout(4, ranks_per_host=4)
+    groups = make_groups(ranks, [[0, 1, 2, 3]], names=["world"])
+    w0 = steady(4, 5, ranks=ranks)
+    # Step 5 never ends: ranks 0, 1, 3 entered (group 0, seq 5) at 5100; rank 2 did not.
+    rows = CollRows(
+        rank=np.array([0, 1, 3]),
+        step=np.full(3, 5),
+        op=np.full(3, schema.OP_INDEX["all_reduce"]),
+        group=np.zeros(3, np.int32),
+        seq=np.full(3, 5),
+        nbytes=np.full(3, 1024),
+        t_enter=np.array([5100.0, 5150.0, 5120.0]),
+        t_start=np.full(3, np.nan),
+        t_end=np.full(3, np.nan),
+        t_exit=np.full(3, np.nan),
+        flags=np.zeros(3, np.int32),
+    )
+    inst = instance_table(
+        group=[0],
+        seq=[5],
+        step=[5],
+        op=[schema.OP_INDEX["all_reduce"]],
+        nbytes=[1024],
+        n_members=[4],
+        n_arrived=[3],
+        first=[5100.0],
+        last=[5150.0],
+    )
+    w = make_window(w0.t_start, w0.t_end, ranks=ranks, groups=groups, instances=inst)
+    w = type(w)(**{**w.__dict__, "rows": rows})
+    st = detect_stall(w, now_ns=20_000.0)
+    assert st.stalled
+    assert st.idle_steps == pytest.approx(15.0)
+    assert len(st.pending) == 1
+    assert st.pending[0].missing == (2,)
+    assert st.pending[0].group_name == "world"
+    assert st.culprits() == [2]
+    # Judged at the latest time in the data (5150), the run is not yet stalled.
+    assert not detect_stall(w).stalled
+
+
+def test_no_stall_in_steady_run() -> None:
+    w = steady(4, 10, ranks=rank_layout(4))
+    st = detect_stall(w)
+    assert not st.stalled and st.pending == () and st.silent_ranks == ()
