@@ -9,9 +9,13 @@ Each ``t_end - t_start`` splits into ``CATEGORIES``, which sum to the step time 
 - ``pipeline_idle``, ``input``, ``memory``, ``checkpoint``, ``recovery``: the ``pp_wait``,
   ``input``, ``memory``, ``checkpoint`` and ``recovery`` phases;
 - ``compute``: when compute phases (forward, backward, optimizer, eval) were recorded, their
-  sum minus the exposed collective time (collectives are issued from inside those phases —
-  DDP buckets in backward, FSDP gathers in forward — so the phase spans contain them),
-  floored at zero; when no compute phase was recorded, the whole residual;
+  sum minus the exposed collective time they also cover; when none was recorded, the whole
+  residual. Collectives may be issued inside the compute spans (tensor-parallel all-reduce
+  in forward, DDP's bucket wait inside backward) or between them; which, the window does
+  not say. The covered part is therefore found as the amount by which compute phases,
+  other phases and exposed collective time together overrun the step (at most the exposed
+  collective time). This is exact whenever phases and collectives tile the step; otherwise
+  compute may include up to the unlabelled gap;
 - ``other``: what is left (user phases, unlabelled gaps).
 
 When measured categories add up to more than the step (overlapping spans, clock noise) they
@@ -50,8 +54,9 @@ PHASE_CATEGORIES = {
 """Category -> the phase that measures it."""
 
 COMPUTE_RULE = (
-    "compute = forward+backward+optimizer+eval phases minus exposed collective time "
-    "(floored at 0); without compute phases, the residual of the step"
+    "compute = forward+backward+optimizer+eval phases minus the exposed collective time "
+    "they also cover (the overrun of phases + collectives past the step); without compute "
+    "phases, the residual of the step"
 )
 
 
@@ -118,20 +123,24 @@ def decompose(window: Window) -> Decomposition:
         "arrival_wait": wait,
         **{cat: phase(ph) for cat, ph in PHASE_CATEGORIES.items()},
     }
-    total = sum(measured.values())
-    assert isinstance(total, np.ndarray)
+    compute_phases = sum(phase(p) for p in COMPUTE_PHASES)
+    assert isinstance(compute_phases, np.ndarray)
+    has_phases = compute_phases > 0
+    coll = wait + transfer
+    measured_sum = sum(measured.values())
+    assert isinstance(measured_sum, np.ndarray)
+    covered = np.clip(compute_phases + measured_sum - step, 0.0, coll)
+    compute = np.where(has_phases, compute_phases - covered, 0.0)
+    total = compute + measured_sum
     overlap = np.maximum(total - step, 0.0)
     scale = np.where(total > step, step / np.where(total > 0, total, 1.0), 1.0)
     for cat in measured:
         measured[cat] = measured[cat] * scale
-    room = np.maximum(step - total * scale, 0.0)
-
-    compute_phases = sum(phase(p) for p in COMPUTE_PHASES)
-    assert isinstance(compute_phases, np.ndarray)
-    has_phases = compute_phases > 0
-    from_phases = np.maximum(compute_phases - (wait + transfer), 0.0)
-    compute = np.where(has_phases, np.minimum(from_phases, room), room)
-    other = np.maximum(room - compute, 0.0)
+    compute = compute * scale
+    room = np.maximum(step - compute - measured_sum * scale, 0.0)
+    # Without compute phases, everything not measured is compute.
+    compute = np.where(has_phases, compute, room)
+    other = np.where(has_phases, room, 0.0)
 
     out = np.empty((len(CATEGORIES), *shape))
     for i, cat in enumerate(CATEGORIES):
