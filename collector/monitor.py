@@ -1,0 +1,622 @@
+"""``Monitor``: the in-rank API that marks steps, phases, work and collectives.
+
+The hot path (``record_collective``, the torch wrappers, phase ends) stamps
+``time.monotonic_ns()`` and packs one row into a preallocated ring — no allocation, no lock,
+no system call beyond the clock read. A background ``Pump`` drains the rings into columnar
+messages. Every method swallows its own failures: an error is counted by reason, logged
+once, and reported in the ``stats`` messages; it never reaches the training loop.
+
+Step attribution: a collective or phase belongs to the step that is open when it starts;
+between ``end_step`` and the next ``begin_step`` it belongs to the next step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from rankscope.collector import nvml, schema
+from rankscope.collector.identity import Identity
+from rankscope.collector.manifest import build_manifest
+from rankscope.collector.pump import FLAG_PENDING, Pump
+from rankscope.collector.ring import Ring
+from rankscope.collector.sampling import Sampler
+
+log = logging.getLogger("rankscope")
+
+NO_TIME = schema.NO_TIME
+_NEVER = -(1 << 62)
+MAX_USER_PHASES = 1024
+MAX_GROUP_ID = (1 << 31) - 1
+
+_OP_INDEX = schema.OP_INDEX
+_OTHER = schema.OP_INDEX["other"]
+
+
+def op_index(op: str | int) -> int:
+    """Index of an op name in ``schema.OPS`` (unknown names map to ``other``)."""
+    if isinstance(op, int) and 0 <= op < len(schema.OPS):
+        return op
+    return _OP_INDEX.get(op, _OTHER) if isinstance(op, str) else _OTHER
+
+
+class _Span:
+    """Context manager of one phase span."""
+
+    __slots__ = ("idx", "mon", "t0")
+
+    def __init__(self, mon: Monitor, idx: int) -> None:
+        self.mon = mon
+        self.idx = idx
+        self.t0 = 0
+
+    def __enter__(self) -> _Span:
+        self.t0 = time.monotonic_ns()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.mon._rec_phase(self.idx, self.t0, time.monotonic_ns())
+
+
+class _Coll:
+    """Context manager timing one manually marked collective."""
+
+    __slots__ = ("gid", "mon", "nbytes", "op", "t0")
+
+    def __init__(self, mon: Monitor, op: int, gid: int, nbytes: int) -> None:
+        self.mon, self.op, self.gid, self.nbytes = mon, op, gid, nbytes
+        self.t0 = 0
+
+    def __enter__(self) -> _Coll:
+        self.t0 = time.monotonic_ns()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.mon._rec_coll(
+            self.op, self.gid, self.nbytes, self.t0, time.monotonic_ns(), schema.FLAG_MANUAL
+        )
+
+
+class _Step:
+    __slots__ = ("mon", "step")
+
+    def __init__(self, mon: Monitor, step: int | None) -> None:
+        self.mon, self.step = mon, step
+
+    def __enter__(self) -> Monitor:
+        self.mon.begin_step(self.step)
+        return self.mon
+
+    def __exit__(self, *exc: object) -> None:
+        self.mon.end_step()
+
+
+class Monitor:
+    """One rank's collector. Create it with ``rankscope.start``.
+
+    Attributes:
+        job, run, scope, parent_run: which run this rank belongs to.
+        identity: this rank's identity (``hello`` fields).
+        enabled: False when the monitor could not start; every method is then a no-op.
+    """
+
+    def __init__(
+        self,
+        *,
+        job: str,
+        run: str,
+        identity: Identity,
+        hub: str,
+        scope: str = "full",
+        parent_run: str | None = None,
+        job_config: Mapping[str, Any] | None = None,
+        capacity: int = 1 << 16,
+        hwm: int = 1000,
+        flush_interval_s: float = 0.15,
+        sample_interval_s: float = 1.0,
+        clock_sync: bool = True,
+        enabled: bool = True,
+    ) -> None:
+        """Build a monitor; ``start()`` launches its threads (``rankscope.start`` does both).
+
+        Args:
+            job, run, scope, parent_run: run identity (validated by ``rankscope.start``).
+            identity: this rank's identity.
+            hub: hub data address.
+            job_config: the user's configuration, sent in the manifest.
+            capacity: rows per ring (collectives; steps and phases get a fraction).
+            hwm: send high-water mark in messages.
+            flush_interval_s: how often the background thread ships data.
+            sample_interval_s: device/host sampling period (0 turns sampling off).
+            clock_sync: ping the hub's clock service (else wall-clock fallback only).
+            enabled: False builds an inert monitor.
+        """
+        self.job = job
+        self.run = run
+        self.scope = scope
+        self.parent_run = parent_run
+        self.identity = identity
+        self.hub = hub
+        self.enabled = enabled
+        self.job_config = dict(job_config or {})
+        self.t_start_local = time.monotonic_ns()
+        self._colls = Ring(schema.COLL_COLUMNS, capacity)
+        self._phases = Ring(schema.PHASE_COLUMNS, max(1024, capacity // 4))
+        self._steps = Ring(schema.STEP_COLUMNS, max(256, capacity // 64))
+        self._seq: dict[int, int] = {}
+        self._open = False
+        self._auto = False
+        self._step = 0
+        self._next_step = 0
+        self._t_step = 0
+        self._last_ended = _NEVER
+        self._work = [-1, -1, -1, math.nan, math.nan]
+        self._mem = (-1, -1, -1, -1)
+        self._heads_at_begin = (0, 0, 0)
+        self.memory_probe: Callable[[], tuple[int, int, int, int]] | None = None
+        """Returns (allocated, reserved, peak, allocator retries) at each step end."""
+        self._user_phases: dict[str, int] = {}
+        self._phase_ids = dict(schema.PHASE_INDEX)
+        self._groups: dict[int, dict[str, Any]] = {}
+        self._groups_version = 0
+        self._lock = threading.Lock()
+        self._errors: dict[str, int] = {}
+        self._manifest_cache: dict[str, Any] | None = None
+        self._identity_enriched = False
+        self._closed = False
+        self._sampler: Sampler | None = None
+        self._sample_interval_s = sample_interval_s
+        self.pump = Pump(
+            self, hub, hwm=hwm, flush_interval_s=flush_interval_s, clock_sync=clock_sync
+        )
+        if enabled:
+            self.register_group(
+                0, "world", range(identity.world_size), backend="", desc="default group"
+            )
+
+    # -- lifecycle -------------------------------------------------------------------
+    def start(self) -> Monitor:
+        """Start the background threads (sender, sampler). Returns self."""
+        if not self.enabled or self.pump.running:
+            return self
+        if self._sample_interval_s > 0:
+            self._sampler = Sampler(
+                self.identity.gpu_index, interval_s=self._sample_interval_s, on_error=self._error
+            )
+            self._sampler.start()
+        self.pump.start()
+        return self
+
+    def close(self, timeout_s: float = 3.0) -> None:
+        """End an open step that saw activity, ship everything, close the sockets.
+
+        Safe to call twice; called at interpreter exit for the active monitor.
+
+        Args:
+            timeout_s: bound on the final flush.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if not self.enabled:
+            return
+        try:
+            if self._open:
+                if self._activity_since_begin():
+                    self.end_step()
+                self._open = False
+            if self._sampler is not None:
+                self._sampler.sample_once()
+                self._sampler.stop()
+        except Exception as exc:
+            self._error("close", exc)
+        self.pump.stop(timeout_s)
+        self.enabled = False
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _after_fork_in_child(self) -> None:
+        # The child of a fork (a DataLoader worker) has none of our threads, and the
+        # sockets belong to the parent: go inert without touching them.
+        self.enabled = False
+        self._closed = True
+        self.pump.abandon()
+        self._sampler = None
+
+    # -- steps -----------------------------------------------------------------------
+    def begin_step(self, step: int | None = None) -> None:
+        """Mark the start of a training step (ends the previous one if still open).
+
+        Args:
+            step: step id; by default one more than the previous.
+        """
+        if not self.enabled:
+            return
+        self._auto = False
+        self._begin(step, time.monotonic_ns())
+
+    def _begin(self, step: int | None, t: int) -> None:
+        if self._open:
+            self._end(t)
+        if step is None:
+            step = self._next_step
+        elif isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            self._error("bad_step", ValueError(f"step must be an int >= 0, got {step!r}"))
+            step = self._next_step
+        self._step = step
+        self._next_step = step + 1
+        self._t_step = t
+        self._open = True
+        self._work = [-1, -1, -1, math.nan, math.nan]
+        self._mem = (-1, -1, -1, -1)
+        self._heads_at_begin = (self._colls.head, self._phases.head, self._colls.dropped)
+
+    def _activity_since_begin(self) -> bool:
+        w = self._work
+        return (
+            (self._colls.head, self._phases.head, self._colls.dropped) != self._heads_at_begin
+            or w[0] >= 0
+            or w[1] >= 0
+            or w[2] >= 0
+            or not math.isnan(w[3])
+        )
+
+    def end_step(self) -> None:
+        """Mark the end of the open step; its row is shipped at the next flush."""
+        if not self.enabled:
+            return
+        if not self._open:
+            self._error("end_without_begin", RuntimeError("end_step() without begin_step()"))
+            return
+        self._end(time.monotonic_ns())
+
+    def _end(self, t: int) -> None:
+        mem = self._mem
+        probe = self.memory_probe
+        if probe is not None:
+            try:
+                mem = probe()
+            except Exception as exc:
+                self._error("memory_probe", exc)
+        w = self._work
+        self._steps.push(self._step, self._t_step, t, w[0], w[1], w[2], w[3], w[4], *mem)
+        if self._step > self._last_ended:
+            self._last_ended = self._step
+        self._open = False
+        self._step = self._next_step
+        self.pump.wake()
+
+    def step(self, step: int | None = None) -> _Step:
+        """Context manager around one step: ``with mon.step(): ...``."""
+        return _Step(self, step)
+
+    def _auto_step_boundary(self) -> None:
+        """Optimizer post-step hook: end the step and open the next one at once."""
+        if self._auto:
+            t = time.monotonic_ns()
+            if self._open:
+                self._end(t)
+            self._begin(None, t)
+
+    def _auto_touch(self) -> None:
+        """First activity under auto-instrumentation opens the first step."""
+        if self._auto and not self._open and self.enabled:
+            self._begin(None, time.monotonic_ns())
+
+    # -- work and memory ---------------------------------------------------------------
+    def work(
+        self,
+        tokens: int | None = None,
+        valid_tokens: int | None = None,
+        samples: int | None = None,
+        attn_cost: float | None = None,
+        flops: float | None = None,
+    ) -> None:
+        """Add work done in the current step (sums over calls, e.g. micro-batches).
+
+        Args:
+            tokens: tokens processed, padding included.
+            valid_tokens: tokens that count for the loss.
+            samples: sequences or examples.
+            attn_cost: Σ seq² of the local packed sequences.
+            flops: executed floating-point operations, if known.
+        """
+        if not self.enabled:
+            return
+        w = self._work
+        try:
+            for i, v in enumerate((tokens, valid_tokens, samples)):
+                if v is not None:
+                    iv = int(v)
+                    if iv < 0:
+                        raise ValueError(f"work counts must be >= 0, got {v!r}")
+                    w[i] = iv if w[i] < 0 else w[i] + iv
+            for i, f in ((3, attn_cost), (4, flops)):
+                if f is not None:
+                    fv = float(f)
+                    w[i] = fv if math.isnan(w[i]) else w[i] + fv
+        except (TypeError, ValueError, OverflowError) as exc:
+            self._error("bad_work", exc)
+
+    def memory(
+        self,
+        allocated: int = -1,
+        reserved: int = -1,
+        peak: int = -1,
+        alloc_retries: int = -1,
+    ) -> None:
+        """Set the memory figures of the current step (bytes; -1 unknown)."""
+        if not self.enabled:
+            return
+        try:
+            self._mem = (int(allocated), int(reserved), int(peak), int(alloc_retries))
+        except (TypeError, ValueError) as exc:
+            self._error("bad_memory", exc)
+
+    # -- phases ----------------------------------------------------------------------
+    def _phase_id(self, name: str) -> int:
+        idx = self._phase_ids.get(name)
+        if idx is None:
+            if not isinstance(name, str) or not name or len(self._user_phases) >= MAX_USER_PHASES:
+                self._error("bad_phase", ValueError(f"phase name {name!r} refused"))
+                return -1
+            with self._lock:
+                idx = len(schema.PHASES) + len(self._user_phases)
+                self._user_phases[name] = idx
+                self._phase_ids[name] = idx
+        return idx
+
+    def phase(self, name: str) -> _Span:
+        """Context manager timing one phase of the current step: ``with mon.phase("forward")``.
+
+        Args:
+            name: a built-in phase (``schema.PHASES``) or any user name.
+        """
+        return _Span(self, self._phase_id(name))
+
+    def record_phase(self, name: str, t0: int, t1: int) -> None:
+        """Record a phase span measured elsewhere (``time.monotonic_ns()`` times)."""
+        self._rec_phase(self._phase_id(name), int(t0), int(t1))
+
+    def _rec_phase(self, idx: int, t0: int, t1: int) -> None:
+        if idx < 0 or not self.enabled:
+            return
+        if self._auto and not self._open:
+            self._begin(None, t0)
+        self._phases.push(self._step, idx, t0, t1)
+
+    def _user_phase_names(self) -> list[str]:
+        with self._lock:
+            return list(self._user_phases)
+
+    # -- collectives -----------------------------------------------------------------
+    def register_group(
+        self,
+        group_id: int,
+        name: str,
+        ranks: Iterable[int],
+        backend: str = "",
+        desc: str = "",
+    ) -> None:
+        """Declare a process group; collectives refer to it by ``group_id``.
+
+        The id must be the same on every member rank (derive it from something all ranks
+        agree on, such as the order groups are created in).
+
+        Args:
+            group_id: int in [0, 2**31).
+            name: display name (e.g. ``tp``, ``dp``).
+            ranks: global ranks in group-rank order.
+            backend: ``nccl``, ``gloo``...
+            desc: free text.
+        """
+        if not self.enabled:
+            return
+        try:
+            gid = int(group_id)
+            if not 0 <= gid <= MAX_GROUP_ID:
+                raise ValueError(f"group id {group_id!r} outside [0, 2**31)")
+            members = [int(r) for r in ranks]
+            world = self.identity.world_size
+            if any(not 0 <= r < world for r in members):
+                raise ValueError(f"group {gid} ranks {members[:8]} outside world size {world}")
+        except (TypeError, ValueError) as exc:
+            self._error("bad_group", exc)
+            return
+        entry = {
+            "id": gid,
+            "name": str(name),
+            "ranks": members,
+            "backend": str(backend),
+            "desc": str(desc),
+        }
+        with self._lock:
+            if self._groups.get(gid) != entry:
+                self._groups[gid] = entry
+                self._groups_version += 1
+
+    def _groups_snapshot(self) -> tuple[int, list[dict[str, Any]]]:
+        with self._lock:
+            return self._groups_version, [dict(g) for g in self._groups.values()]
+
+    def next_seq(self, group_id: int) -> int:
+        """Take the next sequence number of a group (issue order)."""
+        s = self._seq.get(group_id, 0)
+        self._seq[group_id] = s + 1
+        return s
+
+    def collective(self, op: str, group: int = 0, nbytes: int = 0) -> _Coll:
+        """Context manager timing a collective this code issues itself.
+
+        Args:
+            op: name in ``schema.OPS``.
+            group: registered group id.
+            nbytes: this rank's input size in bytes.
+        """
+        return _Coll(self, op_index(op), int(group), int(nbytes))
+
+    def record_collective(
+        self,
+        op: str | int,
+        group_id: int,
+        seq: int | None = None,
+        nbytes: int = 0,
+        t_enter: int = NO_TIME,
+        t_exit: int = NO_TIME,
+        *,
+        t_start: int = NO_TIME,
+        t_end: int = NO_TIME,
+        flags: int = 0,
+        step: int | None = None,
+    ) -> None:
+        """Record a collective measured elsewhere. Times are ``time.monotonic_ns()``.
+
+        Args:
+            op: op name or index in ``schema.OPS``.
+            group_id: registered group id.
+            seq: instance number in the group (next in issue order by default).
+            nbytes: this rank's input size.
+            t_enter: host issue time; t_exit: host completion time.
+            t_start, t_end: device times, when known.
+            flags: ``schema.FLAG_*`` bits (``FLAG_MANUAL`` is added).
+            step: step id (the current step by default).
+        """
+        if not self.enabled:
+            return
+        try:
+            gid = int(group_id)
+            s = self.next_seq(gid) if seq is None else int(seq)
+            if self._auto and not self._open:
+                self._begin(None, int(t_enter))
+            self._colls.push(
+                self._step if step is None else int(step),
+                op_index(op),
+                gid,
+                s,
+                int(nbytes),
+                int(t_enter),
+                int(t_start),
+                int(t_end),
+                int(t_exit),
+                (int(flags) | schema.FLAG_MANUAL) & ~FLAG_PENDING,
+            )
+        except Exception as exc:
+            self._error("bad_collective", exc)
+
+    def _rec_coll(self, op: int, gid: int, nbytes: int, t0: int, t1: int, flags: int) -> int:
+        """Hot path: one collective row. Returns the row index (-1 when dropped)."""
+        seqs = self._seq
+        s = seqs.get(gid, 0)
+        seqs[gid] = s + 1
+        if not self._open:
+            if not self.enabled:
+                return -1
+            if self._auto:
+                self._begin(None, t0)
+        ring = self._colls
+        h = ring.head
+        if h - ring.tail > ring.mask:
+            ring.dropped += 1
+            return -1
+        ring.pack_into(
+            ring.raw,
+            (h & ring.mask) * ring.row_size,
+            self._step,
+            op,
+            gid,
+            s,
+            nbytes,
+            t0,
+            NO_TIME,
+            NO_TIME,
+            t1,
+            flags,
+        )
+        ring.head = h + 1
+        return h
+
+    # -- health ----------------------------------------------------------------------
+    def _error(self, reason: str, exc: BaseException) -> None:
+        n = self._errors.get(reason, 0)
+        self._errors[reason] = n + 1
+        if n == 0:
+            log.warning(
+                "rankscope collector: %s: %s: %s (reported once)", reason, type(exc).__name__, exc
+            )
+
+    def stats(self) -> dict[str, Any]:
+        """The collector's own counters (what ``stats`` messages carry).
+
+        Returns:
+            ``dropped_batches`` (messages the sender dropped), ``dropped_events`` (ring
+            rows refused when full), ``incomplete_colls``, ``errors`` (reason -> count),
+            ``clock_offset_ns``, ``clock_error_ns``, ``clock_synced``, ``sent_batches``,
+            ``sent_rows``, ``sampler_dropped``.
+        """
+        sender = self.pump.sender
+        return {
+            "dropped_batches": sender.dropped if sender else 0,
+            "dropped_events": self._colls.dropped + self._phases.dropped + self._steps.dropped,
+            "incomplete_colls": self.pump.incomplete,
+            "errors": dict(self._errors),
+            "clock_offset_ns": int(self.pump.clock.offset_ns),
+            "clock_error_ns": int(self.pump.clock.error_ns),
+            "clock_synced": bool(self.pump.clock.synced),
+            "sent_batches": sender.sent if sender else 0,
+            "sent_rows": self.pump.sent_rows,
+            "sampler_dropped": self._sampler.dropped if self._sampler else 0,
+        }
+
+    # -- identity and manifest (called on the pump thread) -----------------------------
+    def _header(self, batch: int) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "run": self.run,
+            "rank": self.identity.rank,
+            "inc": self.identity.incarnation,
+            "batch": batch,
+        }
+
+    def _enrich_identity(self) -> None:
+        # NVML initialisation can take a noticeable time; it runs here, not in start().
+        if self._identity_enriched:
+            return
+        self._identity_enriched = True
+        ident = self.identity
+        if ident.gpu_index is not None and ident.gpu_uuid is None:
+            info = nvml.device_info(ident.gpu_index)
+            self.identity = replace(
+                ident,
+                gpu_uuid=info.get("gpu_uuid"),
+                pci_bus=info.get("pci_bus"),
+                numa_node=info.get("numa_node"),
+            )
+
+    def _manifest(self) -> dict[str, Any]:
+        if self._manifest_cache is None:
+            self._manifest_cache = build_manifest(self.job_config, self.identity.gpu_index)
+        return self._manifest_cache
+
+    def update_identity(self, **fields: Any) -> None:
+        """Change identity fields (e.g. mesh coordinates learnt late); a hello follows."""
+        try:
+            self.identity = replace(self.identity, **fields)
+        except TypeError as exc:
+            self._error("bad_identity", exc)
+            return
+        self.pump._resend_hello = True
+
+    def update_job_config(self, job_config: Mapping[str, Any]) -> None:
+        """Merge more job configuration into the manifest; a hello follows."""
+        self.job_config.update(job_config)
+        self._manifest_cache = None
+        self.pump._resend_hello = True

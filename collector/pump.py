@@ -1,0 +1,297 @@
+"""The collector's background thread: drain the rings, encode, send, keep the clock.
+
+Everything that costs more than a few hundred nanoseconds happens here, off the training
+thread: turning ring rows into columnar ``steps`` messages, converting local monotonic
+times to the hub clock, clock pings, hello/groups/stats messages and device samples.
+The thread wakes every ``flush_interval_s`` (and immediately on clock answers) and never
+waits on the hub: sends are non-blocking and a full queue drops and counts.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import zmq
+
+from rankscope.collector import schema
+from rankscope.collector.clock import ClockSync, clock_endpoint
+from rankscope.collector.sender import Sender
+
+if TYPE_CHECKING:
+    from rankscope.collector.monitor import Monitor
+
+FLAG_PENDING = 1 << 30
+"""Internal flag on a ring row still waiting for a completion or device time; never sent."""
+
+HOLD_NS = 1_000_000_000
+"""Rows of a step that has not ended wait this long for it before being shipped anyway."""
+
+INCOMPLETE_NS = 30_000_000_000
+"""A collective still pending after this long is shipped without an exit time."""
+
+MAX_BATCH_ROWS = 100_000
+"""Rows of one table in one message (well under ``schema.MAX_ROWS``)."""
+
+HELLO_EVERY_S = 30.0
+"""A restarted hub learns identity and groups again within this long."""
+
+STATS_EVERY_S = 5.0
+
+_COLL_TIMES = ("t_enter", "t_start", "t_end", "t_exit")
+
+
+def to_hub_clock(col: np.ndarray, offset_ns: int) -> np.ndarray:
+    """Shift local monotonic times to the hub clock, keeping ``NO_TIME`` as it is."""
+    out = col.astype(np.int64, copy=True)
+    known = out != schema.NO_TIME
+    out[known] += offset_ns
+    return out
+
+
+def shippable(
+    step: np.ndarray,
+    t_ref: np.ndarray,
+    pending: np.ndarray | None,
+    last_ended: int,
+    now_ns: int,
+    final: bool,
+) -> int:
+    """How many leading rows may be shipped now.
+
+    A row waits while it is pending (no exit or device time yet) or belongs to a step that
+    has not ended — but only for a while: a step with no end mark or a collective that
+    never completes must not hold the ring forever.
+
+    Args:
+        step: step column of the unread rows, in write order.
+        t_ref: local time of each row (entry or phase end).
+        pending: bool mask of rows still waiting for data, or None.
+        last_ended: highest step id that has ended (-2**62 when none).
+        now_ns: current local time.
+        final: ship everything (the monitor is closing).
+
+    Returns:
+        The length of the shippable prefix.
+    """
+    n = int(step.shape[0])
+    if final or n == 0:
+        return n
+    waiting = (step > last_ended) & (t_ref > now_ns - HOLD_NS)
+    if pending is not None:
+        waiting |= pending & (t_ref > now_ns - INCOMPLETE_NS)
+    if not waiting.any():
+        return n
+    return int(np.argmax(waiting))
+
+
+class Pump:
+    """Owns the sockets and the background thread of one ``Monitor``."""
+
+    def __init__(
+        self,
+        monitor: Monitor,
+        endpoint: str,
+        *,
+        hwm: int,
+        flush_interval_s: float,
+        clock_sync: bool,
+        now: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self.mon = monitor
+        self.endpoint = endpoint
+        self.hwm = hwm
+        self.flush_ns = int(flush_interval_s * 1e9)
+        self._now = now
+        self._clock_ep = clock_endpoint(endpoint) if clock_sync else None
+        self.clock = ClockSync(None, now=now)
+        self.sender: Sender | None = None
+        self.batch = 0
+        self.incomplete = 0
+        self.sent_rows = 0
+        self.tasks: list[Callable[[], None]] = []
+        """Extra work run on every wake (e.g. resolving CUDA events)."""
+        self._stop = threading.Event()
+        self._closed = threading.Event()
+        self._wake_now = False
+        self._resend_hello = False
+        self._thread: threading.Thread | None = None
+        self._groups_sent = -1
+        self._ctx: zmq.Context | None = None
+
+    # -- lifecycle -------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the daemon thread; sockets are created on it."""
+        self._thread = threading.Thread(target=self._run, name="rankscope-pump", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Ask for a flush at the next wake-up (cheap; called at step end)."""
+        self._wake_now = True
+
+    def stop(self, timeout_s: float = 3.0) -> None:
+        """Final flush, stats, close the sockets; waits at most ``timeout_s``."""
+        self._stop.set()
+        t = self._thread
+        if t is not None and t.is_alive() and t is not threading.current_thread():
+            t.join(timeout_s)
+        elif t is None:
+            self._closed.set()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def abandon(self) -> None:
+        """Forget the sockets without touching them (after ``fork``: they belong to the parent)."""
+        self.sender = None
+        self.clock.socket = None
+        self._thread = None
+        self._stop.set()
+
+    # -- the loop --------------------------------------------------------------------
+    def _run(self) -> None:
+        mon = self.mon
+        try:
+            # A private context: a job that forks or terminates the shared one cannot stall us.
+            self._ctx = zmq.Context()
+            self.sender = Sender(self.endpoint, self.hwm, context=self._ctx, linger_ms=1000)
+            if self._clock_ep is not None:
+                self.clock = ClockSync(self._clock_ep, context=self._ctx, now=self._now)
+        except Exception as exc:
+            mon._error("sockets", exc)
+            self._closed.set()
+            return
+        poller = zmq.Poller()
+        if self.clock.socket is not None:
+            poller.register(self.clock.socket, zmq.POLLIN)
+        now = self._now()
+        next_flush = now
+        next_hello = now
+        next_stats = now + int(STATS_EVERY_S * 1e9)
+        while True:
+            stopping = self._stop.is_set()
+            try:
+                now = self._now()
+                if now >= next_hello or self._resend_hello:
+                    self._resend_hello = False
+                    mon._enrich_identity()
+                    self._send_hello()
+                    self._groups_sent = -1
+                    next_hello = now + int(HELLO_EVERY_S * 1e9)
+                if self._groups_sent != mon._groups_version:
+                    self._send_groups()
+                self.clock.tick()
+                for task in self.tasks:
+                    task()
+                if stopping or now >= next_flush or self._wake_now:
+                    self._wake_now = False
+                    self._flush(final=stopping)
+                    next_flush = now + self.flush_ns
+                if stopping or now >= next_stats:
+                    self._send_stats()
+                    next_stats = now + int(STATS_EVERY_S * 1e9)
+            except Exception as exc:  # keep pumping: a bad batch must not stop the stream
+                mon._error("pump", exc)
+            if stopping:
+                break
+            due = min(next_flush, next_hello, next_stats, self.clock.next_due_ns())
+            wait_ms = max(1, min(self.flush_ns, due - self._now()) // 1_000_000)
+            if self.clock.socket is not None:
+                poller.poll(wait_ms)
+            else:
+                self._stop.wait(wait_ms / 1000)
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        try:
+            self.clock.close()
+            if self.sender is not None:
+                self.sender.close()
+            if self._ctx is not None:
+                self._ctx.term()
+        except Exception as exc:
+            self.mon._error("close", exc)
+        self._closed.set()
+
+    # -- messages --------------------------------------------------------------------
+    def _header(self) -> dict[str, Any]:
+        self.batch += 1
+        return self.mon._header(self.batch)
+
+    def _send(self, data: bytes) -> None:
+        if self.sender is not None:
+            self.sender.send(data)
+
+    def _send_hello(self) -> None:
+        mon = self.mon
+        self._send(
+            schema.hello_message(
+                self._header(),
+                mon.identity.hello_fields(),
+                scope=mon.scope,
+                parent_run=mon.parent_run,
+                manifest=mon._manifest(),
+                t_start_ns=self.clock.to_hub(mon.t_start_local),
+            )
+        )
+
+    def _send_groups(self) -> None:
+        version, groups = self.mon._groups_snapshot()
+        self._send(schema.groups_message(self._header(), groups))
+        self._groups_sent = version
+
+    def _send_stats(self) -> None:
+        stats = self.mon.stats()
+        self._send(schema.stats_message(self._header(), stats))
+
+    def _flush(self, final: bool) -> None:
+        mon = self.mon
+        now = self._now()
+        offset = self.clock.offset_ns
+        while True:
+            last_ended = mon._last_ended
+            steps = mon._steps.unread(MAX_BATCH_ROWS)
+            colls = mon._colls.unread(MAX_BATCH_ROWS)
+            phases = mon._phases.unread(MAX_BATCH_ROWS)
+            pending = (colls["t_exit"] == schema.NO_TIME) | ((colls["flags"] & FLAG_PENDING) != 0)
+            nc = shippable(colls["step"], colls["t_enter"], pending, last_ended, now, final)
+            np_ = shippable(phases["step"], phases["t1"], None, last_ended, now, final)
+            ns = len(steps)
+            if ns == 0 and nc == 0 and np_ == 0:
+                break
+            c = colls[:nc]
+            self.incomplete += int(pending[:nc].sum())
+            coll_cols = {name: c[name] for name in schema.COLL_COLUMNS}
+            for name in _COLL_TIMES:
+                coll_cols[name] = to_hub_clock(c[name], offset)
+            coll_cols["flags"] = c["flags"] & ~FLAG_PENDING
+            s = steps[:ns]
+            step_cols = {name: s[name] for name in schema.STEP_COLUMNS}
+            step_cols["t_start"] = to_hub_clock(s["t_start"], offset)
+            step_cols["t_end"] = to_hub_clock(s["t_end"], offset)
+            p = phases[:np_]
+            phase_cols = {name: p[name] for name in schema.PHASE_COLUMNS}
+            phase_cols["t0"] = to_hub_clock(p["t0"], offset)
+            phase_cols["t1"] = to_hub_clock(p["t1"], offset)
+            data = schema.steps_message(
+                self._header(),
+                step_cols,
+                phases=phase_cols,
+                colls=coll_cols,
+                phase_names=mon._user_phase_names(),
+            )
+            self._send(data)
+            self.sent_rows += ns + nc + np_
+            mon._steps.consume(ns)
+            mon._colls.consume(nc)
+            mon._phases.consume(np_)
+            if ns < MAX_BATCH_ROWS and nc < MAX_BATCH_ROWS and np_ < MAX_BATCH_ROWS:
+                break
+        samples = mon._sampler.drain() if mon._sampler is not None else None
+        if samples is not None:
+            samples["t"] = to_hub_clock(samples["t"], offset)
+            self._send(schema.samples_message(self._header(), samples))
