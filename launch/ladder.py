@@ -1,0 +1,329 @@
+"""The ladder: a run and its reduced-scope reruns side by side, and the first scope where the
+regression appears.
+
+For each rung (one run at one scope): the job's step distribution (p50/p90/max), the
+wall-time decomposition, the verdict when given, and whether the regression is there.
+
+**When does a rung show the regression?** It is compared with the *healthy expectation*,
+taken from a reference run: the baseline run when one is given (all its ranks healthy),
+else the parent (full) run itself, where the median rank and the median group of each kind
+stand for healthy — a fault on a minority of ranks or groups does not move a median. Two
+things are compared, because a rerun keeps the local shapes but not the communication
+pattern:
+
+- **local time**: per rank and step, the step minus what it spent waiting for others or
+  in exposed communication (``compute + input + memory + checkpoint + recovery + other``
+  of the decomposition). The rung's value is the p50 over steps of the *slowest* rank
+  (synchronous progress follows maxima); the expectation is the p50 over steps of the
+  median rank of the reference. The rung regresses when it exceeds the expectation by more
+  than ``local_tolerance``.
+- **collective bandwidth**: the bus bandwidth of each (group, op, message-size bucket)
+  point of the rung (``diagnosis.curves``), against the median over the reference's
+  groups of the same kind (the group name without its trailing index: ``tp3`` -> ``tp``),
+  op and bucket. The rung regresses when its worst point falls short by more than
+  ``comm_tolerance``. Points without a comparable reference are left out and counted.
+
+The **first scope** is the smallest scope of ``one-rank, one-node, two-node, full`` with a
+regressing rung. A clean rung at a scope eliminates every mechanism that would have shown
+there (`rankscope.launch.scopes`). A numerator change (more work on every rank) is only
+visible against a baseline run; with the parent as reference it cannot be told apart.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rankscope.collector.schema import OPS
+from rankscope.diagnosis.baseline import Distribution, distribution, job_step_ns
+from rankscope.diagnosis.curves import bucket_label, message_curves
+from rankscope.diagnosis.decomposition import CATEGORIES, Decomposition, decompose
+from rankscope.diagnosis.robust import nanmax, nanmedian
+from rankscope.diagnosis.window import Window
+from rankscope.launch.scopes import (
+    ABSENT_MEANS,
+    APPEARS_MEANS,
+    LADDER,
+    MECHANISMS,
+    implicated_by,
+    scope_index,
+)
+
+__all__ = ["CommCheck", "Ladder", "Rung", "build_ladder", "local_ns"]
+
+LOCAL_TOLERANCE = 0.10
+"""A rung's slowest-rank local time may exceed the healthy median rank by this much."""
+COMM_TOLERANCE = 0.25
+"""A rung's worst collective point may fall this far below the healthy busbw."""
+MIN_POINT_COUNT = 2
+"""Instances a curve point needs before it is judged."""
+
+RULE = (
+    "regression = slowest-rank local time (p50 over steps) > (1 + local_tolerance) x the "
+    "reference's median rank, or the worst (group kind, op, size) busbw < (1 - comm_tolerance) "
+    "x the reference's median group of that kind; reference = the baseline run when given, "
+    "else the parent run"
+)
+
+_NOT_LOCAL = ("exposed_comm", "arrival_wait", "pipeline_idle")
+
+
+@dataclass(frozen=True)
+class CommCheck:
+    """The rung's worst collective point against its healthy reference."""
+
+    group: str
+    op: str
+    size: str
+    busbw_gbps: float
+    reference_gbps: float
+
+    @property
+    def ratio(self) -> float:
+        return self.busbw_gbps / self.reference_gbps
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One run of the ladder."""
+
+    scope: str
+    run: str
+    world_size: int
+    hosts: tuple[str, ...]
+    step: Distribution
+    """Job step time per step (ns): median over ranks, per step."""
+    decomposition: dict[str, float]
+    """Mean ns per rank-step of each category (sums to the mean step time)."""
+    local_ns: float
+    """p50 over steps of the slowest rank's local time."""
+    local_ratio: float
+    """``local_ns`` / the reference's median-rank local time."""
+    comm: CommCheck | None
+    """Worst collective point with a reference; None when none is comparable."""
+    unmatched_points: int
+    """Curve points with no reference of the same kind, op and size."""
+    regression: bool
+    why: str
+    verdict: str | None = None
+    verdict_score: float | None = None
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """Rungs in scope order and what the first regressing scope means."""
+
+    parent_run: str
+    reference: str
+    """Which run stood for healthy, and how."""
+    reference_local_ns: float
+    rungs: tuple[Rung, ...]
+    first_scope: str | None
+    first_run: str | None
+    meaning: str
+    """What the first appearance means (per the method)."""
+    eliminated: tuple[str, ...]
+    """Mechanisms a clean rung below the first scope ruled out (each would have shown
+    there)."""
+    implicated: tuple[str, ...]
+    """Mechanisms whose smallest scope is the first scope and that no clean rung ruled out."""
+    missing: tuple[str, ...]
+    """Ladder scopes with no run."""
+    local_tolerance: float
+    comm_tolerance: float
+    rule: str = RULE
+
+
+def local_ns(decomp: Decomposition) -> np.ndarray:
+    """Per rank and step, the time not spent waiting for others or in exposed communication.
+
+    Args:
+        decomp: the window's decomposition.
+
+    Returns:
+        float64 (R, S) ns; NaN where the rank did not report.
+    """
+    keep = [i for i, c in enumerate(CATEGORIES) if c not in _NOT_LOCAL]
+    out = decomp.ns[keep].sum(axis=0)
+    out[~np.isfinite(decomp.step_ns)] = np.nan
+    return out
+
+
+def _kind(name: str) -> str:
+    # "tp3" -> "tp", "dp_rail_7" -> "dp_rail": groups of one kind play the same role.
+    return re.sub(r"[\W_]*\d+$", "", name) or name
+
+
+def _points(window: Window) -> dict[tuple[str, int, int], list[tuple[str, float, int]]]:
+    curves = message_curves(window.instances)
+    out: dict[tuple[str, int, int], list[tuple[str, float, int]]] = {}
+    for i in range(len(curves)):
+        g = window.groups.get(int(curves.group[i]))
+        name = g.name if g is not None else f"group{int(curves.group[i])}"
+        bw = float(curves.busbw_gbps[i])
+        if not np.isfinite(bw) or bw <= 0:
+            continue
+        key = (_kind(name), int(curves.op[i]), int(curves.bucket[i]))
+        out.setdefault(key, []).append((name, bw, int(curves.count[i])))
+    return out
+
+
+def _reference(window: Window) -> tuple[float, dict[tuple[str, int, int], float]]:
+    local = local_ns(decompose(window))
+    per_rank = nanmedian(local, axis=1)
+    ref_local = float(nanmedian(per_rank))
+    ref_bw = {
+        key: float(np.median([bw for _, bw, _ in pts])) for key, pts in _points(window).items()
+    }
+    return ref_local, ref_bw
+
+
+def _verdict_of(verdict: Any) -> tuple[str | None, float | None]:
+    if verdict is None:
+        return None, None
+    hyps = getattr(verdict, "hypotheses", None)
+    if hyps is None and isinstance(verdict, Mapping):
+        hyps = verdict.get("hypotheses")
+    top = hyps[0] if hyps else verdict
+    get = top.get if isinstance(top, Mapping) else lambda k, d=None: getattr(top, k, d)
+    mech = get("mechanism", None)
+    score = get("score", None)
+    return (str(mech) if mech is not None else None), (float(score) if score is not None else None)
+
+
+def _rung(
+    window: Window,
+    ref_local: float,
+    ref_bw: Mapping[tuple[str, int, int], float],
+    local_tol: float,
+    comm_tol: float,
+    verdict: Any,
+) -> Rung:
+    decomp = decompose(window)
+    local = local_ns(decomp)
+    slowest = nanmax(local, axis=0)
+    value = float(nanmedian(slowest)) if np.isfinite(slowest).any() else float("nan")
+    ratio = value / ref_local if ref_local > 0 else float("nan")
+    worst: CommCheck | None = None
+    unmatched = 0
+    for key, pts in _points(window).items():
+        ref = ref_bw.get(key)
+        for name, bw, count in pts:
+            if ref is None:
+                unmatched += 1
+                continue
+            if count < MIN_POINT_COUNT:
+                continue
+            check = CommCheck(name, OPS[key[1]], bucket_label(key[2]), bw, ref)
+            if worst is None or check.ratio < worst.ratio:
+                worst = check
+    reasons = []
+    if np.isfinite(ratio) and ratio > 1.0 + local_tol:
+        reasons.append(f"slowest-rank local time {ratio:.2f}x the healthy median rank")
+    if worst is not None and worst.ratio < 1.0 - comm_tol:
+        reasons.append(
+            f"{worst.group} {worst.op} {worst.size}: busbw {worst.busbw_gbps:.1f} GB/s, "
+            f"{worst.ratio:.2f}x the healthy {worst.reference_gbps:.1f} GB/s"
+        )
+    if reasons:
+        why = "; ".join(reasons)
+    else:
+        comm = f", worst busbw {worst.ratio:.2f}x" if worst is not None else ""
+        why = f"within tolerance (local {ratio:.2f}x{comm})"
+    steps = job_step_ns(window)
+    hosts_idx = np.unique(window.ranks.host[window.present.any(axis=1) & (window.ranks.host >= 0)])
+    mech, score = _verdict_of(verdict)
+    return Rung(
+        scope=window.scope,
+        run=window.run,
+        world_size=window.world_size,
+        hosts=tuple(window.ranks.hosts[int(h)] for h in hosts_idx),
+        step=distribution(steps),
+        decomposition=decomp.mean_per_step(),
+        local_ns=value,
+        local_ratio=ratio,
+        comm=worst,
+        unmatched_points=unmatched,
+        regression=bool(reasons),
+        why=why,
+        verdict=mech,
+        verdict_score=score,
+    )
+
+
+def build_ladder(
+    parent: Window,
+    children: Sequence[Window],
+    *,
+    baseline: Window | None = None,
+    verdicts: Mapping[str, Any] | None = None,
+    local_tolerance: float = LOCAL_TOLERANCE,
+    comm_tolerance: float = COMM_TOLERANCE,
+) -> Ladder:
+    """Line up a run and its reruns and find the first scope where the regression appears.
+
+    Args:
+        parent: the run being reduced (normally at ``full`` scope).
+        children: its reruns (windows whose ``parent_run`` is ``parent.run``; others are
+            ignored). Runs at ``custom`` scope are left off the ladder.
+        baseline: a healthy run of the same job, when there is one.
+        verdicts: run id -> the diagnosis verdict of that run (optional, shown per rung).
+        local_tolerance: see the module docstring.
+        comm_tolerance: see the module docstring.
+
+    Returns:
+        The ladder (rule in the module docstring).
+    """
+    if not 0 < local_tolerance < 10 or not 0 < comm_tolerance < 1:
+        raise ValueError(
+            f"tolerances out of range: local {local_tolerance} (0..10), comm {comm_tolerance} (0..1)"
+        )
+    ref_window = baseline if baseline is not None else parent
+    ref_local, ref_bw = _reference(ref_window)
+    if baseline is not None:
+        reference = f"baseline run {baseline.run!r}"
+    else:
+        reference = f"median rank and median group of each kind of {parent.run!r}"
+    verdicts = verdicts or {}
+    windows = [parent] + [w for w in children if w.parent_run == parent.run]
+    windows = [w for w in windows if w.scope in LADDER]
+    windows.sort(key=lambda w: (scope_index(w.scope), w is not parent, w.run))
+    rungs = tuple(
+        _rung(w, ref_local, ref_bw, local_tolerance, comm_tolerance, verdicts.get(w.run))
+        for w in windows
+    )
+    first = next((r for r in rungs if r.regression), None)
+    # Only clean rungs below the first regressing scope eliminate anything: that is the
+    # ordered reduction. A clean rung above it (a rerun that left the suspect out) does not.
+    limit = scope_index(first.scope) if first is not None else len(LADDER)
+    clean = {r.scope for r in rungs if not r.regression and scope_index(r.scope) < limit}
+    eliminated = tuple(
+        m.name
+        for m in MECHANISMS.values()
+        if any(scope_index(s) >= scope_index(m.first_scope) for s in clean)
+    )
+    if first is None:
+        meaning = "the regression appears at no measured scope: " + ABSENT_MEANS["full"]
+        implicated: tuple[str, ...] = ()
+    else:
+        meaning = APPEARS_MEANS[first.scope]
+        implicated = tuple(m for m in implicated_by(first.scope) if m not in eliminated)
+    present = {r.scope for r in rungs}
+    return Ladder(
+        parent_run=parent.run,
+        reference=reference,
+        reference_local_ns=ref_local,
+        rungs=rungs,
+        first_scope=first.scope if first else None,
+        first_run=first.run if first else None,
+        meaning=meaning,
+        eliminated=eliminated,
+        implicated=implicated,
+        missing=tuple(s for s in LADDER if s not in present),
+        local_tolerance=local_tolerance,
+        comm_tolerance=comm_tolerance,
+    )
