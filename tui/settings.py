@@ -189,7 +189,7 @@ def _section(cls: type, data: Mapping[str, Any], where: str, prefix: str) -> Any
         if key not in names:
             raise SettingsError(f"{where}: unknown key '{prefix}{key}' (known: {sorted(names)})")
         typ = hints[key]
-        if dataclasses.is_dataclass(typ):
+        if isinstance(typ, type) and dataclasses.is_dataclass(typ):
             if not isinstance(value, Mapping):
                 raise SettingsError(f"{where}: [{prefix}{key}] must be a table")
             kwargs[key] = _section(typ, value, where, f"{prefix}{key}.")
@@ -286,7 +286,7 @@ def load_settings(
 
 def deterministic_settings(state_dir: str | Path = "") -> Settings:
     """Settings for tests, snapshots and screenshots: no clock, no machine name, no
-    animation, nothing persisted outside ``state_dir``.
+    animation, a fixed palette, nothing persisted outside ``state_dir``.
 
     Args:
         state_dir: folder for view-state files; empty disables persistence.
@@ -295,6 +295,8 @@ def deterministic_settings(state_dir: str | Path = "") -> Settings:
         Deterministic settings.
     """
     return Settings(
-        display=DisplaySettings(show_clock=False, show_machine=False, animation=False),
+        display=DisplaySettings(
+            color="truecolor", show_clock=False, show_machine=False, animation=False
+        ),
         state=StateSettings(persist=bool(state_dir), dir=str(state_dir)),
     )

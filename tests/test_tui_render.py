@@ -1,0 +1,205 @@
+"""Pure renderables and the numpy view model behind the heatmap, rendered with no app."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rankscope.diagnosis.synthetic import make_window, rank_layout
+from rankscope.tui.charts import TICKS, sparkline, stacked_bar
+from rankscope.tui.heatgrid import GROUP, PIN, RANK, build_grid
+from rankscope.tui.heatmap_render import PALETTES, HeatmapPainter, legend, palette_for
+from rankscope.tui.metrics import (
+    METRIC_SPECS,
+    dimension,
+    filter_mask,
+    metric_values,
+    slowest_ranks,
+)
+
+MS = 1e6
+
+
+def _window(world: int = 32, steps: int = 20, slow: dict[int, float] | None = None, **kw):
+    """Steps of 100 ms (+ rank/10 µs so every rank differs), plus ``slow`` extra ms."""
+    base = 100 * MS + np.arange(world)[:, None] * 1e4 + np.zeros((world, steps))
+    for r, extra in (slow or {}).items():
+        base[r] += extra * MS
+    t_start = np.cumsum(np.full((world, steps), 200 * MS), axis=1)
+    return make_window(t_start, t_start + base, **kw)
+
+
+def test_metric_values_units_and_missing() -> None:
+    present = np.ones((16, 5), bool)
+    present[3, 2] = False
+    w = _window(16, 5, slow={3: 50}, present=present)
+    step = metric_values(w, "step")
+    assert step[0, 0] == pytest.approx(100.0)
+    assert step[3, 0] == pytest.approx(150.03)
+    assert np.isnan(step[3, 2])
+    assert np.isnan(metric_values(w, "input")).all()  # no input phase recorded
+    with pytest.raises(KeyError, match="unknown metric 'speed'"):
+        metric_values(w, "speed")
+
+
+def test_compute_metric_matches_the_decomposition() -> None:
+    from rankscope.diagnosis.decomposition import decompose
+
+    world, steps = 8, 4
+    phases = {
+        "forward": np.full((world, steps), 40 * MS),
+        "backward": np.full((world, steps), 50 * MS),
+    }
+    w = _window(world, steps, phase_ns=phases)
+    got = metric_values(w, "compute")
+    assert np.allclose(got, decompose(w).category("compute") / MS)
+    assert got[0, 0] == pytest.approx(90.0)
+
+
+def test_dimensions_and_filter() -> None:
+    w = _window(32, 3, ranks=rank_layout(32, ranks_per_host=8, tp=2))
+    host = dimension(w, "host")
+    assert host.codes.tolist()[:9] == [0] * 8 + [1]
+    assert host.name_of(1) == "node0001" and host.name_of(-1) == "?"
+    tp = dimension(w, "tp")
+    assert tp.codes.tolist()[:4] == [0, 1, 0, 1] and tp.names == ("tp 0", "tp 1")
+    assert (dimension(w, "cp").codes == 0).all()
+    with pytest.raises(KeyError, match="unknown dimension"):
+        dimension(w, "planet")
+    assert np.flatnonzero(filter_mask(w, "r5, 9-10")).tolist() == [5, 9, 10]
+    assert np.flatnonzero(filter_mask(w, "NODE0002")).tolist() == list(range(16, 24))
+    assert np.flatnonzero(filter_mask(w, "rack000")).tolist() == list(range(32))
+    assert filter_mask(w, " ").all()
+    assert not filter_mask(w, "nothing-like-this").any()
+
+
+def test_slowest_ranks() -> None:
+    w = _window(16, 4, slow={7: 30, 2: 10, 11: 20})
+    assert slowest_ranks(w, 3) == [7, 11, 2]
+    keep = np.ones(16, bool)
+    keep[7] = False
+    assert slowest_ranks(w, 2, keep) == [11, 2]
+
+
+def test_small_world_one_row_per_rank_pins_first() -> None:
+    w = _window(16, 6, slow={9: 40})
+    spec = METRIC_SPECS["step"]
+    grid = build_grid(
+        metric_values(w, "step"), w.steps, spec, dimension(w, "host"), pins=(9, 9, 99)
+    )
+    assert len(grid) == 16
+    assert grid.kinds[0] == PIN and (grid.kinds[1:] == RANK).all()
+    assert grid.rank.tolist() == [9, *[r for r in range(16) if r != 9]]
+    assert grid.labels[0] == "● r9 node0001"
+    assert grid.hi == pytest.approx(140.09) and grid.lo < 100.2
+    levels = grid.levels(8)
+    assert (levels[0] == 7).all() and (levels[1:] <= 1).all()
+
+
+def test_large_world_groups_show_their_worst_rank() -> None:
+    w = _window(128, 10, slow={21: 25, 100: 60})
+    spec = METRIC_SPECS["step"]
+    vals = metric_values(w, "step")
+    grid = build_grid(vals, w.steps, spec, dimension(w, "host"), rank_rows_max=64)
+    assert len(grid) == 16 and (grid.kinds == GROUP).all()
+    assert grid.members.tolist() == [8] * 16
+    assert grid.rank[2] == 21 and grid.labels[2] == "node0002 ×8 r21"
+    assert np.allclose(grid.values[2], vals[16:24].max(axis=0))
+    assert grid.rank[12] == 100
+    # The SM clock is bad when low: a group row shows its minimum and names that rank.
+    sm = np.full((128, 10), 1980.0)
+    sm[45] = 1400.0
+    w2 = _window(128, 10, device={"sm_clock_mhz": sm})
+    g2 = build_grid(
+        metric_values(w2, "sm_clock"), w2.steps, METRIC_SPECS["sm_clock"], dimension(w2, "host")
+    )
+    assert g2.rank[5] == 45 and np.allclose(g2.values[5], 1400.0)
+    assert (g2.levels(8)[5] == 7).all() and (g2.levels(8)[0] == 0).all()
+
+
+def test_zoom_and_filter() -> None:
+    w = _window(128, 4)
+    spec = METRIC_SPECS["step"]
+    vals = metric_values(w, "step")
+    dim = dimension(w, "host")
+    zoomed = build_grid(vals, w.steps, spec, dim, zoom=3, pins=(0,))
+    assert zoomed.rank.tolist() == [0, *range(24, 32)] and zoomed.zoom_name == "node0003"
+    kept = build_grid(vals, w.steps, spec, dim, keep=filter_mask(w, "8-11"))
+    assert kept.rank.tolist() == [8, 9, 10, 11] and kept.hidden == 124
+
+
+def test_healthy_jitter_stays_cool() -> None:
+    rng = np.random.default_rng(1)
+    world, steps = 64, 30
+    dur = 100 * MS + rng.normal(0, 0.2 * MS, (world, steps))
+    t_start = np.cumsum(np.full((world, steps), 200 * MS), axis=1)
+    w = make_window(t_start, t_start + dur)
+    grid = build_grid(metric_values(w, "step"), w.steps, METRIC_SPECS["step"], dimension(w, "host"))
+    # 0.2 ms of noise on 100 ms is far below the 5 % minimum span of the scale.
+    assert grid.levels(8).max() <= 3
+
+
+def test_painter_plain_rows_and_dense_rows() -> None:
+    w = _window(8, 12, slow={5: 50})
+    grid = build_grid(metric_values(w, "step"), w.steps, METRIC_SPECS["step"], dimension(w, "host"))
+    plain = HeatmapPainter(grid, PALETTES["truecolor"], label_width=14, cursor=5)
+    assert plain.line_count == 8
+    line = plain.render_line(5, 30)
+    assert line.cell_length == 30
+    assert line.text.startswith("▸r5 node0000")
+    hot = [s for s in line if s.text.strip() == "" and s.style and s.style.bgcolor]
+    assert hot and all(s.style.bgcolor.name == PALETTES["truecolor"][7] for s in hot)
+    # 12 steps in 16 cells: steps fill from the left, the rest is blank.
+    assert line.text[14:26] == " " * 12 and line.text[26:] == " " * 4
+    dense = HeatmapPainter(grid, PALETTES["truecolor"], dense=True, label_width=14)
+    assert dense.line_count == 4
+    d2 = dense.render_line(2, 30)
+    assert d2.text[14:26] == "▀" * 12
+    cell = next(s for s in d2 if "▀" in s.text)
+    assert cell.style.color.name == PALETTES["truecolor"][0]  # rank 4 on top, healthy
+    assert cell.style.bgcolor.name == PALETTES["truecolor"][7]  # rank 5 below, slow
+    assert dense.render_line(99, 30).text == " " * 30
+
+
+def test_painter_shows_newest_steps_when_narrow_and_marks_missing() -> None:
+    present = np.ones((2, 40), bool)
+    present[0, 39] = False
+    w = _window(2, 40, present=present, ranks=rank_layout(2))
+    grid = build_grid(metric_values(w, "step"), w.steps, METRIC_SPECS["step"], dimension(w, "host"))
+    p = HeatmapPainter(grid, PALETTES["16"], missing="bright_black", label_width=10)
+    line = p.render_line(0, 20)
+    assert line.cell_length == 20
+    last = list(line)[-1]
+    assert last.style.bgcolor.name == "bright_black"  # step 39 is the last column
+
+
+def test_legend_names_metric_unit_and_ends() -> None:
+    w = _window(128, 4, slow={3: 20})
+    grid = build_grid(metric_values(w, "step"), w.steps, METRIC_SPECS["step"], dimension(w, "host"))
+    text = legend(grid, PALETTES["truecolor"], width=200).plain
+    assert text.startswith("step time (ms) ")
+    assert "120" in text and "none" in text and "worst rank of each host" in text
+    assert palette_for("standard")[0] == PALETTES["16"]
+    assert palette_for("truecolor")[0] == PALETTES["truecolor"]
+
+
+def test_sparkline() -> None:
+    assert sparkline([0, 1, 2, 3, 4, 5, 6, 7], 8) == TICKS
+    assert sparkline([1, float("nan"), 3], 5) == "  ▁ █"
+    assert sparkline([5, 5, 5], 3) == "▁▁▁"
+    assert sparkline([], 4) == "    "
+    assert sparkline(list(range(100)), 3) == "▁▅█"
+    assert sparkline([1, 2], 2, lo=0, hi=4) == "▃▅"
+
+
+def test_stacked_bar_sums_and_scales() -> None:
+    colours = {"a": "red", "b": "blue"}
+    bar = stacked_bar([("a", 30), ("b", 10)], colours, 20, 40)
+    assert bar.plain == "█" * 20
+    spans = [(s.end - s.start, str(s.style.color.name)) for s in bar.spans]
+    assert spans == [(15, "red"), (5, "blue")]
+    half = stacked_bar([("a", 10), ("b", 10)], colours, 20, 40)
+    assert half.plain == "█" * 10 + " " * 10
+    tiny = stacked_bar([("a", 39.5), ("b", 0.5)], colours, 40, 40)
+    assert [(s.end - s.start) for s in tiny.spans] == [39, 1]
+    assert stacked_bar([("a", float("nan"))], colours, 5, 0).plain == " " * 5

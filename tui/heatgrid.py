@@ -1,0 +1,220 @@
+"""The heatmap's rows: ranks or groups of ranks × recent steps, with a colour scale.
+
+Pure numpy, no drawing. Pinned ranks come first. Below them, each kept rank gets its own
+row while there are few enough (``rank_rows_max``) or while zoomed into one group;
+otherwise one row per group shows, per step, its worst rank (the maximum for a metric where
+high is bad, the minimum for the SM clock) — synchronous training runs at the pace of its
+slowest rank, so a group is as bad as its worst member, never its average.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rankscope.tui.metrics import Dimension, MetricSpec
+
+PIN, RANK, GROUP = 0, 1, 2
+"""Row kinds."""
+
+MIN_SPAN = 0.05
+"""The colour scale spans at least this fraction of the median, so a healthy run's small
+jitter stays in the cool colours instead of being stretched over the whole palette."""
+
+
+@dataclass(frozen=True)
+class HeatGrid:
+    """Rows × steps of one metric, ready to colour."""
+
+    spec: MetricSpec
+    """The metric shown."""
+    dimension: str
+    """The grouping dimension."""
+    values: np.ndarray
+    """float64 (N, C) display values; NaN unknown."""
+    steps: np.ndarray
+    """int64 (C,) step of each column (oldest first)."""
+    labels: tuple[str, ...]
+    """Row labels."""
+    kinds: np.ndarray
+    """int8 (N,) ``PIN``, ``RANK`` or ``GROUP``."""
+    rank: np.ndarray
+    """int64 (N,) the rank a row shows (for a group: its worst rank over the window)."""
+    group: np.ndarray
+    """int64 (N,) the group code of the row (of its rank for pins and ranks)."""
+    members: np.ndarray
+    """int64 (N,) how many ranks stand behind a row."""
+    lo: float
+    """Value at the cool end of the scale."""
+    hi: float
+    """Value at the hot end of the scale (for a low-is-bad metric, ``lo`` is the hot end)."""
+    zoom: int | None
+    """Group code zoomed into, or None."""
+    zoom_name: str
+    """Printable name of the zoomed group ("" when not zoomed)."""
+    hidden: int
+    """Ranks the filter hides."""
+
+    def __len__(self) -> int:
+        return int(self.values.shape[0])
+
+    def levels(self, n: int) -> np.ndarray:
+        """Quantize values to ``n`` colour levels, 0 = healthy, ``n-1`` = worst.
+
+        Args:
+            n: number of levels (palette size).
+
+        Returns:
+            int8 (N, C); -1 where the value is unknown.
+        """
+        span = self.hi - self.lo
+        with np.errstate(invalid="ignore"):
+            frac = (self.values - self.lo) / span if span > 0 else np.zeros_like(self.values)
+            if not self.spec.higher_is_worse:
+                frac = 1.0 - frac
+            lvl = np.floor(np.clip(frac, 0.0, 1.0) * n)
+        lvl = np.minimum(np.nan_to_num(lvl, nan=-1.0), n - 1)
+        return lvl.astype(np.int8)
+
+
+def _scale(values: np.ndarray, higher_is_worse: bool) -> tuple[float, float]:
+    finite = values[np.isfinite(values)]
+    if finite.size == 0:
+        return 0.0, 1.0
+    # The hot end is the true extreme (a straggler must saturate, not be clipped away);
+    # the cool end ignores the lowest 2% so one unusually quick step does not wash out
+    # the rest of the picture.
+    if higher_is_worse:
+        lo, hi = float(np.percentile(finite, 2)), float(finite.max())
+    else:
+        lo, hi = float(finite.min()), float(np.percentile(finite, 98))
+    floor = MIN_SPAN * abs(float(np.median(finite)))
+    if hi - lo < floor:
+        if higher_is_worse:
+            hi = lo + floor
+        else:
+            lo = hi - floor
+    if hi <= lo:
+        hi = lo + 1.0
+    return lo, hi
+
+
+def _window_mean(values: np.ndarray) -> np.ndarray:
+    counts = np.sum(np.isfinite(values), axis=1)
+    total = np.nansum(values, axis=1)
+    return np.where(counts > 0, total / np.maximum(counts, 1), np.nan)
+
+
+def build_grid(
+    values: np.ndarray,
+    steps: np.ndarray,
+    spec: MetricSpec,
+    dim: Dimension,
+    *,
+    pins: tuple[int, ...] = (),
+    keep: np.ndarray | None = None,
+    zoom: int | None = None,
+    rank_rows_max: int = 64,
+) -> HeatGrid:
+    """Arrange a metric's ``(R, S)`` values into heatmap rows.
+
+    Args:
+        values: float (R, S) metric values (see ``metrics.metric_values``).
+        steps: int (S,) step ids.
+        spec: the metric.
+        dim: grouping of the ranks.
+        pins: ranks shown first, in this order (out-of-range ranks are ignored).
+        keep: bool (R,) ranks the filter keeps (default all); pins are always shown.
+        zoom: show only the ranks of this group code, one row each.
+        rank_rows_max: most ranks shown one row each before rows become groups.
+
+    Returns:
+        The grid; its colour scale spans the shown values.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    n_ranks = values.shape[0]
+    keep = np.ones(n_ranks, dtype=bool) if keep is None else np.asarray(keep, dtype=bool)
+    hidden = int(n_ranks - keep.sum())
+    if zoom is not None:
+        keep = keep & (dim.codes == zoom)
+    pin_list = [p for p in dict.fromkeys(pins) if 0 <= p < n_ranks]
+    rest = keep.copy()
+    rest[pin_list] = False
+    idx = np.flatnonzero(rest)
+    codes = dim.codes
+
+    labels: list[str] = []
+    blocks: list[np.ndarray] = []
+    kinds: list[np.ndarray] = []
+    ranks: list[np.ndarray] = []
+    groups: list[np.ndarray] = []
+    members: list[np.ndarray] = []
+
+    if pin_list:
+        pa = np.asarray(pin_list, dtype=np.int64)
+        blocks.append(values[pa])
+        labels += [f"● r{p} {dim.name_of(int(codes[p]))}" for p in pin_list]
+        kinds.append(np.full(pa.size, PIN, np.int8))
+        ranks.append(pa)
+        groups.append(codes[pa])
+        members.append(np.ones(pa.size, np.int64))
+
+    if idx.size and (zoom is not None or idx.size <= rank_rows_max):
+        order = idx[np.lexsort((idx, codes[idx]))]
+        blocks.append(values[order])
+        labels += [f"r{r} {dim.name_of(int(codes[r]))}" for r in order.tolist()]
+        kinds.append(np.full(order.size, RANK, np.int8))
+        ranks.append(order.astype(np.int64))
+        groups.append(codes[order])
+        members.append(np.ones(order.size, np.int64))
+    elif idx.size:
+        order = idx[np.lexsort((idx, codes[idx]))]
+        sorted_codes = codes[order]
+        starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]])
+        sub = values[order]
+        reduce = np.fmax if spec.higher_is_worse else np.fmin
+        with np.errstate(invalid="ignore"):
+            worst = reduce.reduceat(sub, starts, axis=0)
+        mean = _window_mean(sub)
+        # Worst rank of each group over the window: the largest (or smallest) mean.
+        key = np.nan_to_num(mean if spec.higher_is_worse else -mean, nan=-np.inf)
+        member_group = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, order.size]))
+        best = np.lexsort((order, -key, member_group))
+        first_of_group = best[np.r_[True, member_group[best][1:] != member_group[best][:-1]]]
+        worst_rank = order[first_of_group]
+        counts = np.diff(np.r_[starts, order.size])
+        gcodes = sorted_codes[starts]
+        blocks.append(worst)
+        labels += [
+            f"{dim.name_of(int(g))} ×{c} r{w}"
+            for g, c, w in zip(gcodes.tolist(), counts.tolist(), worst_rank.tolist())
+        ]
+        kinds.append(np.full(starts.size, GROUP, np.int8))
+        ranks.append(worst_rank.astype(np.int64))
+        groups.append(gcodes)
+        members.append(counts.astype(np.int64))
+
+    n_steps = values.shape[1]
+    grid_values = np.concatenate(blocks) if blocks else np.empty((0, n_steps))
+    lo, hi = _scale(grid_values, spec.higher_is_worse)
+
+    def cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+        return np.concatenate(parts).astype(dtype) if parts else np.empty(0, dtype)
+
+    return HeatGrid(
+        spec=spec,
+        dimension=dim.name,
+        values=grid_values,
+        steps=np.asarray(steps, dtype=np.int64),
+        labels=tuple(labels),
+        kinds=cat(kinds, np.int8),
+        rank=cat(ranks, np.int64),
+        group=cat(groups, np.int64),
+        members=cat(members, np.int64),
+        lo=lo,
+        hi=hi,
+        zoom=zoom,
+        zoom_name=dim.name_of(zoom) if zoom is not None else "",
+        hidden=hidden,
+    )

@@ -1,0 +1,193 @@
+"""What the heatmap can colour, and how ranks are grouped: pure numpy over a `Window`.
+
+Each metric is one ``(rank, step)`` array in display units, with a direction: for most of
+them high is bad (a long step, a late arrival); for the SM clock low is bad (a throttled
+GPU). Grouping dimensions map every rank to a code and a printable name.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from rankscope.diagnosis.window import Window
+
+NS_PER_MS = 1e6
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """How one heatmap metric is read and shown."""
+
+    name: str
+    """Key, one of ``settings.METRICS``."""
+    label: str
+    """Words shown in the legend and the header."""
+    unit: str
+    """Display unit."""
+    higher_is_worse: bool
+    """Direction of trouble: a group row shows its maximum when True, its minimum else."""
+
+
+METRIC_SPECS: dict[str, MetricSpec] = {
+    s.name: s
+    for s in (
+        MetricSpec("step", "step time", "ms", True),
+        MetricSpec("compute", "local compute", "ms", True),
+        MetricSpec("lateness", "arrival lateness", "ms", True),
+        MetricSpec("wait", "arrival wait", "ms", True),
+        MetricSpec("transfer", "transfer", "ms", True),
+        MetricSpec("input", "input gap", "ms", True),
+        MetricSpec("sm_clock", "SM clock", "MHz", False),
+        MetricSpec("power", "power", "W", True),
+        MetricSpec("temperature", "temperature", "°C", True),
+    )
+}
+
+
+def metric_values(window: Window, name: str) -> np.ndarray:
+    """The ``(R, S)`` values of one metric in display units; NaN where unknown.
+
+    ``compute`` is the decomposition's local compute (``rankscope.diagnosis.decomposition``),
+    so the heatmap and the decomposition panel never disagree about it.
+
+    Args:
+        window: the window.
+        name: a key of ``METRIC_SPECS``.
+
+    Returns:
+        float64 (R, S).
+
+    Raises:
+        KeyError: for an unknown metric name.
+    """
+    if name not in METRIC_SPECS:
+        raise KeyError(f"unknown metric {name!r}; expected one of {tuple(METRIC_SPECS)}")
+    shape = window.present.shape
+    if name == "step":
+        out = window.step_ns / NS_PER_MS
+    elif name == "compute":
+        from rankscope.diagnosis.decomposition import decompose
+
+        out = decompose(window).category("compute") / NS_PER_MS
+    elif name in ("lateness", "wait", "transfer"):
+        key = {"lateness": "late_ns", "wait": "wait_ns", "transfer": "transfer_ns"}[name]
+        out = window.coll[key] / NS_PER_MS
+    elif name == "input":
+        arr = window.phase_ns.get("input")
+        out = np.full(shape, np.nan) if arr is None else arr / NS_PER_MS
+    else:
+        key = {"sm_clock": "sm_clock_mhz", "power": "power_w", "temperature": "temp_c"}[name]
+        out = np.array(window.device[key], dtype=np.float64, copy=True)
+    out = np.asarray(out, dtype=np.float64)
+    return np.where(window.present, out, np.nan)
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """Every rank's group along one dimension."""
+
+    name: str
+    """Key, one of ``settings.GROUP_BY``."""
+    codes: np.ndarray
+    """int64 (R,) group code of each rank; -1 unknown."""
+    names: tuple[str, ...]
+    """Printable name of each code."""
+
+    def name_of(self, code: int) -> str:
+        """The printable name of a group code (``?`` when unknown)."""
+        return self.names[code] if 0 <= code < len(self.names) else "?"
+
+
+def dimension(window: Window, name: str) -> Dimension:
+    """Group codes of every rank along ``name``.
+
+    Args:
+        window: the window.
+        name: ``host``, ``rack``, ``rail``, ``gpu``, ``shard`` or a mesh dimension.
+
+    Returns:
+        The dimension; ranks with an unknown value share the code -1.
+
+    Raises:
+        KeyError: for an unknown dimension.
+    """
+    info = window.ranks
+    if name == "host":
+        return Dimension(name, info.host.astype(np.int64), tuple(info.hosts))
+    if name == "rack":
+        return Dimension(name, info.rack.astype(np.int64), tuple(info.racks))
+    plain = {"rail": info.rail, "gpu": info.gpu_index, "shard": info.shard}
+    if name in plain:
+        raw = plain[name]
+    elif name in info.mesh:
+        raw = info.mesh[name]
+    elif name in ("dp", "tp", "pp", "cp", "ep"):
+        raw = np.full(info.world_size, -1)
+    else:
+        raise KeyError(f"unknown dimension {name!r}")
+    raw = np.asarray(raw, dtype=np.int64)
+    top = int(raw.max()) + 1 if raw.size else 0
+    return Dimension(name, np.where(raw >= 0, raw, -1), tuple(f"{name} {i}" for i in range(top)))
+
+
+_RANGE = re.compile(r"^r?(\d+)\s*(?:-|\.\.)\s*r?(\d+)$")
+_RANK = re.compile(r"^r?(\d+)$")
+
+
+def filter_mask(window: Window, text: str) -> np.ndarray:
+    """Which ranks a filter keeps.
+
+    The filter is a comma-separated list of terms; a rank is kept when any term matches:
+    ``12`` or ``r12`` (that rank), ``8-15`` (a range, inclusive), or any other text matched
+    case-insensitively against the host and rack names. Empty keeps every rank.
+
+    Args:
+        window: the window (for host and rack names).
+        text: the filter.
+
+    Returns:
+        bool (R,).
+    """
+    n = window.world_size
+    terms = [t.strip() for t in text.split(",") if t.strip()]
+    if not terms:
+        return np.ones(n, dtype=bool)
+    keep = np.zeros(n, dtype=bool)
+    ranks = np.arange(n)
+    info = window.ranks
+    for term in terms:
+        if m := _RANGE.match(term):
+            lo, hi = sorted((int(m.group(1)), int(m.group(2))))
+            keep |= (ranks >= lo) & (ranks <= hi)
+        elif m := _RANK.match(term):
+            keep |= ranks == int(m.group(1))
+        else:
+            low = term.lower()
+            for codes, names in ((info.host, info.hosts), (info.rack, info.racks)):
+                hit = np.array([low in s.lower() for s in names] + [False], dtype=bool)
+                keep |= hit[np.where(codes >= 0, codes, len(names))]
+    return keep
+
+
+def slowest_ranks(window: Window, k: int, candidates: np.ndarray | None = None) -> list[int]:
+    """The ``k`` ranks with the largest mean step time over the window.
+
+    Args:
+        window: the window.
+        k: how many.
+        candidates: bool (R,) ranks to choose from (default all).
+
+    Returns:
+        Ranks, slowest first (ties: lower rank first).
+    """
+    step = np.where(window.present, window.step_ns, np.nan)
+    with np.errstate(all="ignore"):
+        counts = np.sum(np.isfinite(step), axis=1)
+        mean = np.where(counts > 0, np.nansum(step, axis=1) / np.maximum(counts, 1), -np.inf)
+    if candidates is not None:
+        mean = np.where(candidates, mean, -np.inf)
+    order = np.lexsort((np.arange(mean.size), -mean))
+    return [int(r) for r in order[:k] if np.isfinite(mean[r])]
