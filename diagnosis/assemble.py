@@ -217,6 +217,25 @@ def device_means(
     return out
 
 
+def coll_rows(cols: Mapping[str, np.ndarray], t0_ns: int, mask: np.ndarray) -> CollRows:
+    """The raw rows selected by ``mask`` as `CollRows`, times relative to ``t0_ns``, in a
+    canonical order (step, rank, group, seq) so every source gives the same table.
+
+    Args:
+        cols: ``ROW_COLUMNS`` arrays, times as int64 hub-clock ns.
+        t0_ns: origin of the relative times.
+        mask: rows to keep.
+
+    Returns:
+        The rows.
+    """
+    sel = {c: np.asarray(cols[c])[mask] for c in ROW_COLUMNS}
+    order = np.lexsort((sel["seq"], sel["group"], sel["rank"], sel["step"]))
+    return CollRows(
+        **{c: (relative_ns(v, t0_ns) if c.startswith("t_") else v)[order] for c, v in sel.items()}
+    )
+
+
 def _with_rank(table: Mapping[str, np.ndarray] | None, columns: Sequence[str]) -> dict:
     if table is None:
         return {c: np.zeros(0, dtype=np.int64) for c in ("rank", *columns)}
@@ -328,15 +347,7 @@ def build_window(
         inst = matched.instances
         keep = np.isin(inst.step, step_ids)
         instances = InstanceTable(**{k: getattr(inst, k)[keep] for k in _INSTANCE_FIELDS})
-        rows = None
-        if keep_rows:
-            sel = np.isin(co["step"], step_ids)
-            rows = CollRows(
-                **{
-                    c: (relative_ns(co[c], t0_ns) if c.startswith("t_") else co[c])[sel]
-                    for c in ROW_COLUMNS
-                }
-            )
+        rows = coll_rows(co, t0_ns, np.isin(co["step"], step_ids)) if keep_rows else None
     else:
         coll = {name: np.zeros((R, S)) for name in COLL_AGGREGATES}
         instances = empty_instances()

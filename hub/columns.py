@@ -1,0 +1,81 @@
+"""Growable columnar buffers: the store's tables grow in chunks, never row by row."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+
+class Columns:
+    """A table of equal-length numpy columns with amortised O(1) append of whole batches.
+
+    Capacity doubles when full and halves when a `keep` leaves it mostly empty, so memory
+    follows the live row count.
+    """
+
+    def __init__(self, dtypes: Mapping[str, np.dtype | type], capacity: int = 1024) -> None:
+        self.dtypes = {name: np.dtype(dt) for name, dt in dtypes.items()}
+        self._min = max(int(capacity), 16)
+        self._cols = {name: np.empty(self._min, dt) for name, dt in self.dtypes.items()}
+        self.n = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    @property
+    def capacity(self) -> int:
+        return next(iter(self._cols.values())).shape[0] if self._cols else 0
+
+    def nbytes(self) -> int:
+        """Bytes allocated (capacity, not just rows in use)."""
+        return sum(c.nbytes for c in self._cols.values())
+
+    def _resize(self, capacity: int) -> None:
+        for name, col in self._cols.items():
+            grown = np.empty(capacity, col.dtype)
+            grown[: self.n] = col[: self.n]
+            self._cols[name] = grown
+
+    def append(self, cols: Mapping[str, np.ndarray | int | float], n: int) -> None:
+        """Append ``n`` rows. Scalars broadcast; every column must be given.
+
+        Args:
+            cols: column name -> array of ``n`` values (cast to the column dtype) or scalar.
+            n: number of rows.
+
+        Raises:
+            KeyError: a column is missing.
+            ValueError: an array has the wrong length.
+        """
+        if n <= 0:
+            return
+        need = self.n + n
+        if need > self.capacity:
+            cap = self.capacity
+            while cap < need:
+                cap *= 2
+            self._resize(cap)
+        for name, col in self._cols.items():
+            col[self.n : need] = cols[name]
+        self.n = need
+
+    def view(self) -> dict[str, np.ndarray]:
+        """The rows in use, as views (valid until the next append or keep)."""
+        return {name: col[: self.n] for name, col in self._cols.items()}
+
+    def keep(self, mask: np.ndarray) -> None:
+        """Keep only the rows where ``mask`` is True, in order."""
+        idx = np.flatnonzero(mask)
+        m = idx.shape[0]
+        if m == self.n:
+            return
+        for col in self._cols.values():
+            col[:m] = col[idx]
+        self.n = m
+        cap = self.capacity
+        if cap > self._min and m < cap // 4:
+            self._resize(max(self._min, cap // 2))
+
+    def clear(self) -> None:
+        self.n = 0

@@ -1,0 +1,100 @@
+"""The path every message takes into the hub: decode, validate, record, store.
+
+The live receive loop and :func:`rankscope.hub.replay.load` both feed bytes through an
+`Intake`, so a replayed recording builds exactly the store the live hub built.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from rankscope.collector import schema
+from rankscope.hub.recording import RecordingWriter
+from rankscope.hub.store import Store
+from rankscope.hub.validate import Reject, check
+
+log = logging.getLogger("rankscope.hub")
+
+
+class RejectLog:
+    """Logs each reject reason once with its detail, then at most every ``every_s`` seconds
+    with the count since, so a misbehaving sender cannot flood the log."""
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        self.every_s = every_s
+        self._last: dict[str, float] = {}
+        self._since: dict[str, int] = {}
+
+    def __call__(self, reason: str, detail: str) -> None:
+        now = time.monotonic()
+        last = self._last.get(reason)
+        if last is not None and now - last < self.every_s:
+            self._since[reason] = self._since.get(reason, 0) + 1
+            return
+        more = self._since.pop(reason, 0)
+        extra = f" (+{more} more since last report)" if more else ""
+        log.warning("rejected message: %s: %s%s", reason, detail, extra)
+        self._last[reason] = now
+
+
+class Intake:
+    """Feeds raw messages into a `Store` (and a recording, when given)."""
+
+    def __init__(
+        self,
+        store: Store,
+        recorder: RecordingWriter | None = None,
+        reject_log: RejectLog | None = None,
+    ) -> None:
+        self.store = store
+        self.recorder = recorder
+        self.reject_log = reject_log or RejectLog()
+
+    def _reject(self, reason: str, detail: str, n: int = 1) -> None:
+        self.store.count_reject(reason, n)
+        self.reject_log(reason, detail)
+
+    def feed(self, data: bytes, t_recv_ns: int | None = None) -> bool:
+        """Process one message; never raises.
+
+        Args:
+            data: the raw message.
+            t_recv_ns: receive time for the recording (now when None).
+
+        Returns:
+            True when (some of) the message was accepted.
+        """
+        try:
+            msg = schema.decode(data)
+        except schema.SchemaError as exc:
+            self._reject(exc.reason, exc.detail)
+            return False
+        try:
+            verdict = check(msg, self.store)
+        except Reject as exc:
+            self._reject(exc.reason, exc.detail)
+            return False
+        except Exception as exc:  # a validation bug must not stop the hub
+            self._reject("internal_error", f"validating {msg.kind}: {exc!r}")
+            return False
+        if verdict.duplicate_steps:
+            h = msg.header
+            self._reject(
+                "duplicate_step",
+                f"rank {h['rank']} of run {h['run']!r} sent {verdict.duplicate_steps} step(s) again",
+                verdict.duplicate_steps,
+            )
+        if verdict.empty:
+            return False
+        if self.recorder is not None:
+            try:
+                self.recorder.append(data, time.time_ns() if t_recv_ns is None else t_recv_ns)
+            except Exception as exc:  # a full disk must not stop the live view
+                self._reject("record_error", repr(exc))
+        try:
+            self.store.ingest(msg, verdict.keep_steps)
+        except Exception as exc:
+            self._reject("internal_error", f"ingesting {msg.kind}: {exc!r}")
+            return False
+        return True

@@ -1,0 +1,364 @@
+"""The hub process: ZeroMQ receivers in front of the intake, the store and the recording.
+
+Sockets (ARCHITECTURE §2, §5):
+
+- data: PULL bound at ``PORT``; collectors PUSH msgpack messages. ``MAXMSGSIZE`` is
+  ``schema.MAX_MESSAGE_BYTES``: ZeroMQ cuts a larger message at the transport and resets
+  that connection (the collector reconnects), which shows as a ``disconnects`` count;
+  ``RCVHWM`` bounds what waits in memory while the hub is busy.
+- clock: ROUTER bound at ``PORT + 1`` (tcp only); a ping ``{"v": 1, "t0": x}`` is answered
+  ``{"v": 1, "t0": x, "t_hub": time.time_ns()}`` at once, from its own thread, so clock
+  replies never queue behind data.
+
+Binding port 0 picks a free port for data whose successor is also free for the clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from typing import Any
+
+import msgpack
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from rankscope.collector import schema
+from rankscope.hub.intake import Intake
+from rankscope.hub.recording import RecordingWriter
+from rankscope.hub.store import Store
+
+log = logging.getLogger("rankscope.hub")
+
+CLOCK_VERSION = 1
+_DRAIN = 512
+"""Messages taken per wake-up before housekeeping (settle, flush) gets a turn."""
+
+
+def parse_bind(bind: str) -> tuple[str, str, int]:
+    """Split ``tcp://HOST:PORT`` (``*`` or ``0`` for any port is ``0``).
+
+    Args:
+        bind: ZeroMQ address; ``ipc://`` and ``inproc://`` are passed through with port -1.
+
+    Returns:
+        (transport, host, port).
+
+    Raises:
+        ValueError: a tcp address without a valid port.
+    """
+    transport, sep, rest = bind.partition("://")
+    if not sep:
+        raise ValueError(f"hub address {bind!r} must look like tcp://HOST:PORT")
+    if transport != "tcp":
+        return transport, rest, -1
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"hub address {bind!r} needs a port: tcp://HOST:PORT")
+    if port == "*":
+        port = "0"
+    if not port.isdigit() or not 0 <= int(port) < 65535:
+        raise ValueError(f"hub address {bind!r}: port must be 0..65534 (the clock uses PORT+1)")
+    return transport, host, int(port)
+
+
+class Hub:
+    """Receives, validates, stores and records what collectors send.
+
+    Use as a context manager or call `start` / `stop`. ``store`` is live while it runs.
+    """
+
+    def __init__(
+        self,
+        bind: str = "tcp://127.0.0.1:0",
+        record_dir: str | None = None,
+        *,
+        store: Store | None = None,
+        settle_s: float = 0.1,
+        flush_s: float = 0.5,
+        rcvhwm: int = 10_000,
+    ) -> None:
+        """Configure (nothing is bound until `start`).
+
+        Args:
+            bind: data address ``tcp://HOST:PORT``; port 0 picks free ports.
+            record_dir: recording directory, or None for no recording.
+            store: the store to fill (a new one by default).
+            settle_s: period of the collective matching pass.
+            flush_s: longest time a received message waits before it is on disk.
+            rcvhwm: messages ZeroMQ queues for the hub before pushing back on senders
+                (which then drop and count, never block).
+        """
+        self.bind = bind
+        self.transport, self.host, self.port = parse_bind(bind)
+        self.record_dir = record_dir
+        self.store = store if store is not None else Store()
+        self.settle_s = settle_s
+        self.flush_s = flush_s
+        self.rcvhwm = rcvhwm
+        self.recorder: RecordingWriter | None = None
+        self.intake: Intake | None = None
+        self._ctx: zmq.Context | None = None
+        self._data: zmq.Socket | None = None
+        self._clock: zmq.Socket | None = None
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._started = False
+        self._stopped = False
+        self._lock = threading.Lock()
+        self.transport_stats = {"connects": 0, "disconnects": 0, "clock_pings": 0, "clock_bad": 0}
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> Hub:
+        """Bind the sockets, open the recording and start the receive threads.
+
+        Raises:
+            zmq.ZMQError: the address is taken.
+            RecordingError: the record directory is held by another hub.
+        """
+        with self._lock:
+            if self._started:
+                return self
+            self._ctx = zmq.Context()
+            try:
+                self._bind()
+                if self.record_dir is not None:
+                    self.recorder = RecordingWriter(
+                        self.record_dir, flush_s=self.flush_s, info={"endpoint": self.endpoint}
+                    )
+            except Exception:
+                self._close_sockets()
+                raise
+            self.intake = Intake(self.store, self.recorder)
+            self._started = True
+            self._threads = [
+                threading.Thread(target=self._recv_loop, name="rankscope-hub-data", daemon=True)
+            ]
+            if self._clock is not None:
+                self._threads.append(
+                    threading.Thread(
+                        target=self._clock_loop, name="rankscope-hub-clock", daemon=True
+                    )
+                )
+            for t in self._threads:
+                t.start()
+            log.info("hub listening on %s (clock %s)", self.endpoint, self.clock_endpoint)
+            return self
+
+    def _new_data_socket(self) -> zmq.Socket:
+        assert self._ctx is not None
+        s = self._ctx.socket(zmq.PULL)
+        s.setsockopt(zmq.MAXMSGSIZE, schema.MAX_MESSAGE_BYTES)
+        s.setsockopt(zmq.RCVHWM, self.rcvhwm)
+        s.setsockopt(zmq.LINGER, 0)
+        return s
+
+    def _bind(self) -> None:
+        assert self._ctx is not None
+        if self.transport != "tcp":
+            self._data = self._new_data_socket()
+            self._data.bind(self.bind)
+            return
+        tries = 50 if self.port == 0 else 1
+        last_exc: Exception | None = None
+        for _ in range(tries):
+            data = self._new_data_socket()
+            try:
+                if self.port == 0:
+                    port = data.bind_to_random_port(f"tcp://{self.host}", max_port=65534)
+                else:
+                    data.bind(f"tcp://{self.host}:{self.port}")
+                    port = self.port
+            except zmq.ZMQError as exc:
+                data.close(0)
+                raise zmq.ZMQError(
+                    exc.errno, f"cannot bind hub data socket {self.bind}: {exc}"
+                ) from None
+            clock = self._ctx.socket(zmq.ROUTER)
+            clock.setsockopt(zmq.LINGER, 0)
+            try:
+                clock.bind(f"tcp://{self.host}:{port + 1}")
+            except zmq.ZMQError as exc:
+                clock.close(0)
+                data.close(0)
+                last_exc = exc
+                continue  # the clock port is taken: try another pair
+            self._data, self._clock, self.port = data, clock, port
+            return
+        raise zmq.ZMQError(
+            getattr(last_exc, "errno", zmq.EADDRINUSE),
+            f"cannot bind the hub clock socket next to {self.bind}: {last_exc}",
+        )
+
+    @property
+    def endpoint(self) -> str:
+        """The data address collectors connect to (``tcp://host:port``)."""
+        if self.transport != "tcp":
+            return self.bind
+        host = self.host
+        if host in ("*", "0.0.0.0", "::", "[::]"):
+            host = socket.gethostname()
+        return f"tcp://{host}:{self.port}"
+
+    @property
+    def clock_endpoint(self) -> str | None:
+        if self.transport != "tcp":
+            return None
+        return self.endpoint.rsplit(":", 1)[0] + f":{self.port + 1}"
+
+    def stop(self) -> None:
+        """Drain what has arrived, stop the threads, close sockets and the recording.
+        Idempotent."""
+        with self._lock:
+            if self._stopped or not self._started:
+                self._stopped = True
+                return
+            self._stopped = True
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=10)
+        self.store.settle()
+        if self.recorder is not None:
+            self.recorder.close(self.counters())
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        for s in (self._data, self._clock):
+            if s is not None:
+                s.close(0)
+        self._data = self._clock = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+    def __enter__(self) -> Hub:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- loops --------------------------------------------------------------------------
+
+    def _recv_loop(self) -> None:
+        data = self._data
+        assert data is not None and self.intake is not None
+        feed = self.intake.feed
+        monitor = data.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        poller = zmq.Poller()
+        poller.register(data, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        last_settle = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                ready = dict(poller.poll(50))
+                if data in ready:
+                    for _ in range(_DRAIN):
+                        try:
+                            buf = data.recv(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        feed(buf, time.time_ns())
+                if monitor in ready:
+                    self._read_monitor(monitor)
+                now = time.monotonic()
+                if now - last_settle >= self.settle_s:
+                    last_settle = now
+                    self._housekeeping()
+            while True:  # what ZeroMQ already holds belongs in the recording
+                try:
+                    buf = data.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                feed(buf, time.time_ns())
+        except Exception as exc:  # never let the thread die silently
+            log.exception("hub receive loop failed: %r", exc)
+        finally:
+            data.disable_monitor()
+            monitor.close(0)
+
+    def _read_monitor(self, monitor: zmq.Socket) -> None:
+        while True:
+            try:
+                ev = recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if ev["event"] == zmq.EVENT_ACCEPTED:
+                self.transport_stats["connects"] += 1
+            elif ev["event"] == zmq.EVENT_DISCONNECTED:
+                self.transport_stats["disconnects"] += 1
+
+    def _housekeeping(self) -> None:
+        try:
+            self.store.settle()
+        except Exception as exc:
+            self.store.count_reject("internal_error")
+            log.exception("settle failed: %r", exc)
+        if self.recorder is not None:
+            try:
+                self.recorder.maybe_flush(self.counters())
+            except Exception as exc:
+                self.store.count_reject("record_error")
+                log.warning("recording flush failed: %r", exc)
+
+    def _clock_loop(self) -> None:
+        sock = self._clock
+        assert sock is not None
+        try:
+            while not self._stop.is_set():
+                if not sock.poll(100):
+                    continue
+                while True:
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    t_hub = time.time_ns()
+                    reply = _clock_reply(frames[-1], t_hub)
+                    if reply is None:
+                        self.transport_stats["clock_bad"] += 1
+                        continue
+                    self.transport_stats["clock_pings"] += 1
+                    sock.send_multipart([*frames[:-1], reply], zmq.NOBLOCK)
+        except Exception as exc:
+            log.exception("hub clock loop failed: %r", exc)
+
+    # -- reporting ----------------------------------------------------------------------
+
+    def counters(self) -> dict[str, Any]:
+        """JSON-ready counters for the recording's meta.json."""
+        h = self.store.health
+        return {
+            "messages": h["messages"],
+            "events": h["events"],
+            "rejects": h["rejects"],
+            "drops": h["drops"],
+            "collector_errors": h["collector_errors"],
+            "clock_error_ns": {
+                run: {str(k): v for k, v in ranks.items()}
+                for run, ranks in h["clock_error_ns"].items()
+            },
+            "transport": dict(self.transport_stats),
+        }
+
+    @property
+    def health(self) -> dict[str, Any]:
+        """The store's health plus ``transport`` (connects, disconnects, clock pings)."""
+        h = self.store.health
+        h["transport"] = dict(self.transport_stats)
+        return h
+
+
+def _clock_reply(payload: bytes, t_hub: int) -> bytes | None:
+    try:
+        msg = msgpack.unpackb(payload, raw=False)
+    except Exception:
+        return None
+    if not isinstance(msg, dict) or msg.get("v") != CLOCK_VERSION:
+        return None
+    t0 = msg.get("t0")
+    if not isinstance(t0, int) or isinstance(t0, bool):
+        return None
+    return msgpack.packb({"v": CLOCK_VERSION, "t0": t0, "t_hub": t_hub})

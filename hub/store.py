@@ -1,0 +1,414 @@
+"""The live store: what the hub knows about every run, as numpy columns.
+
+Per run the store keeps
+
+- identities, manifests, process groups and the user phase names;
+- a dense ring of the last ``history_steps`` steps of every rank: step times, work,
+  memory, phase totals and the collective aggregates of ``window.COLL_AGGREGATES``. A step
+  older than the ring when it arrives is dropped (counted as ``late_steps``); an evicted step
+  keeps living in the lifetime totals (step time, per-rank arrivals);
+- collective rows awaiting the rest of their instance (``pending``). They are matched in a
+  periodic vectorized pass (:meth:`Store.settle`, using ``diagnosis.arrivals.match``) so
+  ingest only appends columns; instances whose every member arrived are folded into the
+  aggregates and the instance table. An instance still incomplete ``stale_steps`` steps
+  after its step is closed as incomplete (a rank died or never sends that group);
+- raw collective rows of the last ``raw_steps`` steps, and device/host samples back to the
+  oldest step of the ring.
+
+Memory is bounded by ``history_steps × world size`` cells (about 170 bytes each plus 8 per
+phase name seen), the pending rows of at most ``stale_steps`` steps, and the raw rows of
+``raw_steps`` steps.
+
+All methods are thread-safe: the hub's receive thread ingests while viewers read windows.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rankscope.collector import schema
+from rankscope.diagnosis import arrivals
+from rankscope.diagnosis.arrivals import match, row_contributions
+from rankscope.diagnosis.assemble import coll_rows, device_means, group_info, rank_info
+from rankscope.diagnosis.window import (
+    COLL_AGGREGATES,
+    MEMORY_COLUMNS,
+    WORK_COLUMNS,
+    InstanceTable,
+    Window,
+)
+from rankscope.hub.runstate import RunState, RunSummary
+
+_INSTANCE_FIELDS = tuple(InstanceTable.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class RunTotals:
+    """Lifetime figures of a run, beyond the bounded history."""
+
+    steps: np.ndarray
+    """int64 step ids seen (ascending)."""
+    step_ns: np.ndarray
+    """float64 per step: the slowest rank's ``t_end - t_start`` (synchronous progress
+    follows the maximum)."""
+    ranks_reporting: np.ndarray
+    """int32 per step: ranks that reported it."""
+    coll_rows: np.ndarray
+    """int64 (R,): collective rows received per rank."""
+    done_rows: np.ndarray
+    """int64 (R,): rows in complete instances per rank."""
+    times_last: np.ndarray
+    """int64 (R,): complete instances where the rank arrived last."""
+    late_ns: np.ndarray
+    """float64 (R,): Σ lateness ``t_enter - first`` over complete instances."""
+    instances_complete: int
+    instances_incomplete: int
+    """Instances closed without every member (rank died, or a group never completes)."""
+
+
+class Store:
+    """Live per-run numpy store; the hub's `Intake` feeds it, viewers read `window`."""
+
+    def __init__(
+        self,
+        *,
+        history_steps: int = 512,
+        raw_steps: int = 8,
+        stale_steps: int = 32,
+        settle_rows: int = 2_000_000,
+    ) -> None:
+        """Create an empty store.
+
+        Args:
+            history_steps: steps per rank kept densely (the longest window).
+            raw_steps: most recent steps whose raw collective rows are kept.
+            stale_steps: an instance still incomplete this many steps after its own is
+                closed as incomplete.
+            settle_rows: pending rows that trigger a matching pass during ingest (the hub
+                also settles on a timer).
+        """
+        if history_steps < 1 or raw_steps < 0 or stale_steps < 1:
+            raise ValueError("history_steps and stale_steps must be ≥ 1, raw_steps ≥ 0")
+        self.history_steps = int(history_steps)
+        self.raw_steps = int(raw_steps)
+        self.stale_steps = int(stale_steps)
+        self.settle_rows = int(settle_rows)
+        self._lock = threading.RLock()
+        self._runs: dict[str, RunState] = {}
+        self._counters: dict[str, Any] = {
+            "messages": 0,
+            "bytes": 0,
+            "events": 0,
+            "rejects": {},
+            "late_steps": 0,
+        }
+        self._rate: deque[tuple[float, int]] = deque(maxlen=64)
+        self.extra_health: dict[str, Any] = {}
+        """Counters from outside the store (recording skips, transport, a recorded hub's
+        rejects), merged into `health`."""
+
+    # -- ingest -------------------------------------------------------------------------
+
+    def run_state(self, run: str) -> RunState | None:
+        """The state of one run (for validation), or None."""
+        return self._runs.get(run)
+
+    def count_reject(self, reason: str, n: int = 1) -> None:
+        with self._lock:
+            rejects = self._counters["rejects"]
+            rejects[reason] = rejects.get(reason, 0) + n
+
+    def ingest(self, msg: schema.Message, keep_steps: np.ndarray | None = None) -> None:
+        """Apply one validated message.
+
+        Args:
+            msg: decoded message that passed `hub.validate.check`.
+            keep_steps: for ``steps`` messages, the mask of step rows to keep (duplicates
+                removed); rows of the other steps in the phase and collective tables go too.
+        """
+        with self._lock:
+            h = msg.header
+            self._counters["messages"] += 1
+            self._counters["bytes"] += msg.nbytes
+            if msg.kind == "hello":
+                run = self._runs.get(h["run"])
+                if run is None:
+                    run = RunState(
+                        h["job"],
+                        h["run"],
+                        h["identity"]["world_size"],
+                        self.history_steps,
+                        self.raw_steps,
+                    )
+                    self._runs[h["run"]] = run
+                run.hello(h)
+                return
+            run = self._runs[h["run"]]
+            if msg.kind == "groups":
+                run.set_groups(h["groups"])
+            elif msg.kind == "samples":
+                run.add_samples(h["rank"], msg.tables["samples"])
+            elif msg.kind == "stats":
+                run.stats[h["rank"]] = dict(h.get("stats") or {})
+            elif msg.kind == "steps":
+                late, events = run.add_steps(h, msg.tables, keep_steps)
+                self._counters["late_steps"] += late
+                self._counters["events"] += events
+                if len(run.pending) >= self.settle_rows:
+                    self._settle_run(run)
+            now = time.monotonic()
+            if not self._rate or now - self._rate[-1][0] >= 0.25:
+                self._rate.append((now, self._counters["events"]))
+
+    # -- matching -------------------------------------------------------------------------
+
+    def settle(self) -> None:
+        """Match pending collective rows of every run and fold completed instances."""
+        with self._lock:
+            for run in self._runs.values():
+                self._settle_run(run)
+
+    def _settle_run(self, run: RunState) -> None:
+        P = run.pending.view()
+        n = len(run.pending)
+        if n == 0:
+            return
+        sizes = {gid: len(g["ranks"]) for gid, g in run.groups.items()}
+        m = match(P, sizes, t0_ns=run.t0, epoch=P["epoch"])
+        inst_epoch = np.empty(len(m.instances), np.int64)
+        inst_epoch[m.row_instance] = P["epoch"]
+        contrib = row_contributions(P, m, cut=P["cut"])
+        done = m.complete[m.row_instance]
+        fresh = np.arange(n) >= run.pending_counted
+        cell, valid = run.cells(P["rank"], P["step"], P["epoch"])
+        run.fold(cell[valid & fresh], {k: contrib[k][valid & fresh] for k in ("n", "coll_ns")})
+        sel = valid & done
+        run.fold(
+            cell[sel], {k: contrib[k][sel] for k in COLL_AGGREGATES if k not in ("n", "coll_ns")}
+        )
+        R = run.world_size
+        rk = P["rank"][done].astype(np.int64)
+        run.life_done += np.bincount(rk, minlength=R)[:R]
+        run.life_last += np.bincount(rk, weights=contrib["times_last"][done], minlength=R)[
+            :R
+        ].astype(np.int64)
+        run.life_late += np.bincount(rk, weights=contrib["late_ns"][done], minlength=R)[:R]
+        # Close instances that can no longer complete: their step left the ring, or they
+        # are stale_steps behind the newest step.
+        horizon = run.max_step - self.stale_steps if run.max_step is not None else None
+        oldest = run.oldest_step()
+        inst_step = m.instances.step
+        stale = np.zeros(len(m.instances), bool)
+        if horizon is not None:
+            stale |= inst_step <= horizon
+        if oldest is not None:
+            stale |= inst_step < oldest
+        stale &= ~m.complete
+        closing = m.complete | stale
+        run.add_instances(m.instances, inst_epoch, closing)
+        run.life_complete += int(m.complete.sum())
+        run.life_incomplete += int(stale.sum())
+        run.pending.keep(~closing[m.row_instance])
+        run.pending_counted = len(run.pending)
+        run.trim()
+
+    # -- reading --------------------------------------------------------------------------
+
+    def runs(self) -> list[RunSummary]:
+        """Every run, in the order the store first heard of it."""
+        with self._lock:
+            return [run.summary() for run in self._runs.values()]
+
+    def run_ids(self) -> list[str]:
+        with self._lock:
+            return list(self._runs)
+
+    def totals(self, run: str) -> RunTotals:
+        """Lifetime figures of ``run`` (settles first).
+
+        Raises:
+            KeyError: unknown run.
+        """
+        with self._lock:
+            r = self._get(run)
+            self._settle_run(r)
+            steps, step_ns, nrep = r.step_totals()
+            return RunTotals(
+                steps=steps,
+                step_ns=step_ns,
+                ranks_reporting=nrep,
+                coll_rows=r.life_rows.copy(),
+                done_rows=r.life_done.copy(),
+                times_last=r.life_last.copy(),
+                late_ns=r.life_late.copy(),
+                instances_complete=r.life_complete,
+                instances_incomplete=r.life_incomplete,
+            )
+
+    def _get(self, run: str) -> RunState:
+        r = self._runs.get(run)
+        if r is None:
+            known = ", ".join(self._runs) or "none"
+            raise KeyError(f"unknown run {run!r} (known: {known})")
+        return r
+
+    def window(self, run: str | None = None, last: int | None = None) -> Window:
+        """The last ``last`` steps of ``run`` as a `Window` (settles first).
+
+        Args:
+            run: run id; None means the run heard of most recently.
+            last: number of most recent steps (all kept steps when None).
+
+        Returns:
+            The window; instances include those still incomplete.
+
+        Raises:
+            KeyError: unknown run, or no run at all.
+        """
+        with self._lock:
+            if run is None:
+                if not self._runs:
+                    raise KeyError("the store holds no run yet")
+                run = next(reversed(self._runs))
+            r = self._get(run)
+            self._settle_run(r)
+            return self._window(r, last)
+
+    def _window(self, r: RunState, last: int | None) -> Window:
+        steps, slots = r.window_slots(last)
+        R = r.world_size
+        present = r.present[:, slots]
+        ts = r.t_start[:, slots]
+        known = present & (ts != schema.NO_TIME)
+        t0 = int(ts[known].min()) if known.any() else 0
+        shift = float(r.t0 - t0)
+
+        def grid(a: np.ndarray) -> np.ndarray:
+            g = a[:, slots].astype(np.float64)
+            g[~present] = np.nan
+            return g
+
+        def rel(a: np.ndarray) -> np.ndarray:
+            g = arrivals.relative_ns(a[:, slots], t0)
+            g[~present] = np.nan
+            return g
+
+        instances = self._window_instances(r, steps, shift)
+        raw = r.raw.view()
+        sel = np.isin(raw["step"], steps)
+        rows = coll_rows(raw, t0, sel) if sel.any() else None
+        rr, jj = np.nonzero(present)
+        step_rows = {
+            "rank": rr,
+            "step": steps[jj],
+            "t_start": r.t_start[:, slots][rr, jj],
+            "t_end": r.t_end[:, slots][rr, jj],
+        }
+        identities = {
+            k: {**v, "incarnation": int(r.incarnation[k])} for k, v in r.identities.items()
+        }
+        ranks = rank_info(identities, R)
+        clock = np.full(R, np.nan)
+        for rank, st in r.stats.items():
+            err = st.get("clock_error_ns")
+            if isinstance(err, (int, float)) and 0 <= rank < R:
+                clock[rank] = float(err)
+        return Window(
+            job=r.job,
+            run=r.run,
+            scope=r.scope,
+            parent_run=r.parent_run,
+            manifest=dict(r.manifest()),
+            ranks=ranks,
+            groups=group_info(list(r.groups.values()), ranks),
+            t0_ns=t0,
+            steps=steps,
+            present=present.copy(),
+            t_start=rel(r.t_start),
+            t_end=rel(r.t_end),
+            phase_ns={name: grid(a) for name, a in r.phases.items()},
+            work={name: grid(r.work[name]) for name in WORK_COLUMNS},
+            memory={name: grid(r.memory[name]) for name in MEMORY_COLUMNS},
+            device=device_means(r.samples.view(), step_rows, R, steps),
+            coll={name: grid(r.coll[name]) for name in COLL_AGGREGATES},
+            instances=instances,
+            rows=rows,
+            clock_error_ns=clock,
+            health=r.health(),
+        )
+
+    def _window_instances(self, r: RunState, steps: np.ndarray, shift: float) -> InstanceTable:
+        parts: list[dict[str, np.ndarray]] = []
+        done = r.instances.view()
+        keep = np.isin(done["step"], steps)
+        parts.append({k: v[keep] for k, v in done.items()})
+        P = r.pending.view()
+        if len(r.pending):
+            sizes = {gid: len(g["ranks"]) for gid, g in r.groups.items()}
+            m = match(P, sizes, t0_ns=r.t0, epoch=P["epoch"])
+            ep = np.empty(len(m.instances), np.int64)
+            ep[m.row_instance] = P["epoch"]
+            open_ = {k: getattr(m.instances, k) for k in _INSTANCE_FIELDS}
+            open_["epoch"] = ep
+            keep = np.isin(open_["step"], steps)
+            parts.append({k: v[keep] for k, v in open_.items()})
+        cols = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        order = np.lexsort((cols["seq"], cols["group"], cols["epoch"]))
+        out = {}
+        for k in _INSTANCE_FIELDS:
+            v = cols[k][order]
+            if k in ("first", "last"):
+                v = v + shift
+            out[k] = v
+        return InstanceTable(**out)
+
+    @property
+    def health(self) -> dict[str, Any]:
+        """Counters: ``messages``, ``bytes``, ``events`` (collective rows), ``events_per_s``
+        (over the last few seconds), ``rejects`` (reason -> count), ``late_steps``,
+        ``drops`` (``batches``/``events`` reported by collectors), ``collector_errors``
+        (reason -> count), ``clock_error_ns`` (run -> {rank: ns}), plus `extra_health`."""
+        with self._lock:
+            out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self._counters.items()}
+            rate = 0.0
+            if len(self._rate) >= 2:
+                now = time.monotonic()
+                recent = [p for p in self._rate if now - p[0] <= 5.0] or [self._rate[-1]]
+                t_a, e_a = recent[0]
+                t_b, e_b = self._rate[-1]
+                if now - t_b > 2.0:
+                    rate = 0.0  # nothing arrived lately
+                elif t_b > t_a:
+                    rate = (e_b - e_a) / (t_b - t_a)
+            out["events_per_s"] = rate
+            drops = {"batches": 0, "events": 0}
+            errors: dict[str, int] = {}
+            clocks: dict[str, dict[int, float]] = {}
+            for rid, run in self._runs.items():
+                h = run.health()
+                drops["batches"] += h["drops"]["batches"]
+                drops["events"] += h["drops"]["events"]
+                for k, v in h["collector_errors"].items():
+                    errors[k] = errors.get(k, 0) + v
+                if h["clock_error_ns"]:
+                    clocks[rid] = h["clock_error_ns"]
+            out["drops"] = drops
+            out["collector_errors"] = errors
+            out["clock_error_ns"] = clocks
+            for k, v in self.extra_health.items():
+                out[k] = v
+            return out
+
+
+def merge_counts(into: dict[str, int], more: Mapping[str, int]) -> dict[str, int]:
+    """Add per-reason counts (used to merge a recorded hub's rejects)."""
+    for k, v in more.items():
+        into[k] = into.get(k, 0) + int(v)
+    return into
