@@ -1,0 +1,296 @@
+"""Run a simulated job against a hub: every rank's hello, the group table, then one steps
+message and one samples message per rank and step, built with the wire schema's own
+builders and sent through the collector's `Sender`, exactly as a real rank would.
+
+All ranks share a few PUSH sockets (rank ``r`` always uses socket ``r % senders``, so each
+rank's messages stay in order). Unlike a training rank, the simulator prefers waiting to
+dropping: when the hub's queue is full it retries until ``send_timeout_s``, so a recording
+made as fast as possible is complete.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rankscope.collector import schema
+from rankscope.collector.sender import Sender
+from rankscope.sim.engine import Cluster, StepTables
+from rankscope.sim.spec import Scenario
+from rankscope.sim.topology import ScopeSpec
+
+PACES = ("realtime", "fast")
+STATS_EVERY = 10
+"""Steps between two collector-health (``stats``) messages of a rank."""
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What a simulated run sent."""
+
+    job: str
+    run: str
+    scope: str
+    parent_run: str | None
+    world_size: int
+    steps: int
+    """Steps completed."""
+    messages: int
+    bytes: int
+    dropped: int
+    """Messages given up after ``send_timeout_s`` of a full queue."""
+    retries: int
+    """Sends refused by a full queue and retried."""
+    wall_s: float
+    truth: dict[str, Any] = field(default_factory=dict)
+
+
+def default_run_id(scenario: Scenario, scope: str) -> str:
+    """A fresh run id naming the scenario, seed and scope."""
+    return f"{scenario.name}-s{scenario.seed}-{scope}-{uuid.uuid4().hex[:6]}"
+
+
+class _Emitter:
+    def __init__(self, senders: list[Sender], timeout_s: float, stop: threading.Event | None):
+        self.senders = senders
+        self.timeout_s = timeout_s
+        self.stop = stop
+        self.messages = self.bytes = self.dropped = self.retries = 0
+
+    def send(self, rank: int, data: bytes) -> None:
+        sender = self.senders[rank % len(self.senders)]
+        if sender.send(data):
+            self.messages += 1
+            self.bytes += len(data)
+            return
+        deadline = time.monotonic() + self.timeout_s
+        pause = 1e-4
+        while time.monotonic() < deadline and not (self.stop and self.stop.is_set()):
+            self.retries += 1
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
+            if sender.send(data):
+                self.messages += 1
+                self.bytes += len(data)
+                return
+        self.dropped += 1
+
+
+def emit_start(
+    emit: _Emitter,
+    headers: list[dict[str, Any]],
+    cluster: Cluster,
+    scope: str,
+    parent_run: str | None,
+) -> None:
+    """Send every rank's hello, then the group table."""
+    for r, ident in enumerate(cluster.identities):
+        emit.send(
+            r,
+            schema.hello_message(
+                headers[r],
+                ident,
+                scope=scope,
+                parent_run=parent_run,
+                manifest=cluster.manifest,
+                t_start_ns=cluster.t0_ns,
+            ),
+        )
+    # One table for the whole job, from rank 0 (the world group alone lists every rank).
+    headers[0]["batch"] += 1
+    emit.send(0, schema.groups_message(headers[0], cluster.groups))
+
+
+def emit_step(emit: _Emitter, headers: list[dict[str, Any]], tables: StepTables) -> None:
+    """Send one step: a steps message and a samples message per rank."""
+    for r, header in enumerate(headers):
+        t = tables.rank_tables(r)
+        header["batch"] += 1
+        emit.send(r, schema.steps_message(header, t["steps"], t["phases"], t["colls"]))
+        header["batch"] += 1
+        emit.send(r, schema.samples_message(header, t["samples"]))
+
+
+def _parse_pace(pace: str | float | None) -> float | None:
+    """None: as fast as possible; 0.0: real time; > 0: wall seconds per step."""
+    if pace is None or pace == "fast":
+        return None
+    if pace == "realtime":
+        return 0.0
+    if isinstance(pace, int | float) and not isinstance(pace, bool) and pace > 0:
+        return float(pace)
+    raise ValueError(f"pace must be 'realtime', 'fast', None or seconds per step > 0, got {pace!r}")
+
+
+def run(
+    scenario: Scenario,
+    endpoint: str,
+    steps: int,
+    pace: str | float | None = None,
+    scope: ScopeSpec | str | None = None,
+    parent_run: str | None = None,
+    run_id: str | None = None,
+    *,
+    t0_ns: int | None = None,
+    senders: int = 1,
+    hwm: int = 2000,
+    send_timeout_s: float = 10.0,
+    stop: threading.Event | None = None,
+    on_step: Callable[[StepTables], None] | None = None,
+    argv: list[str] | None = None,
+) -> RunInfo:
+    """Simulate a job and stream it to a hub through the real collector path.
+
+    Args:
+        scenario: the resolved scenario (`load_scenario`).
+        endpoint: the hub's data address, e.g. ``tcp://127.0.0.1:5555``.
+        steps: steps to run.
+        pace: ``None``/``"fast"`` (as fast as possible), ``"realtime"`` (simulated time
+            follows the wall clock) or seconds of wall time per step.
+        scope: which part of the cluster runs (`ScopeSpec` or scope name; default full).
+        parent_run: the run this one is a reduced-scope rerun of.
+        run_id: the run's id (default: a fresh one naming scenario, seed and scope).
+        t0_ns: hub-clock time of simulated time 0 (default: now). Same scenario, scope and
+            ``t0_ns`` give byte-identical tables.
+        senders: PUSH sockets shared by all ranks.
+        hwm: high-water mark of each socket, in messages.
+        send_timeout_s: how long one message may wait for room before it is dropped.
+        stop: set it to end the run after the current step.
+        on_step: called with each step's tables after they are sent.
+        argv: command line recorded in the manifest.
+
+    Returns:
+        What was sent.
+
+    Raises:
+        ValueError: bad steps, pace, scope or endpoint.
+    """
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        raise ValueError(f"steps must be a non-negative int, got {steps!r}")
+    if not isinstance(senders, int) or senders < 1:
+        raise ValueError(f"senders must be a positive int, got {senders!r}")
+    per_step = _parse_pace(pace)
+    t0 = time.time_ns() if t0_ns is None else int(t0_ns)
+    cluster = Cluster(scenario, scope, t0_ns=t0, argv=argv)
+    spec = ScopeSpec.coerce(scope)
+    run_name = run_id or default_run_id(scenario, spec.scope)
+    job = scenario.job
+    socks = [Sender(endpoint, hwm) for _ in range(senders)]
+    emit = _Emitter(socks, send_timeout_s, stop)
+    wall0 = time.monotonic()
+    done = 0
+    try:
+        headers = [
+            {"job": job, "run": run_name, "rank": r, "inc": 0, "batch": 0}
+            for r in range(cluster.layout.world_size)
+        ]
+        emit_start(emit, headers, cluster, spec.scope, parent_run)
+        for k in range(steps):
+            if stop is not None and stop.is_set():
+                break
+            tables = cluster.step(k)
+            if per_step is not None:
+                if per_step == 0.0:
+                    due = (int(tables.steps["t_end"].max()) - t0) / 1e9
+                else:
+                    due = (k + 1) * per_step
+                _sleep_until(wall0 + due, stop)
+            emit_step(emit, headers, tables)
+            done = k + 1
+            if done % STATS_EVERY == 0:
+                _send_stats(emit, headers, cluster)
+            if on_step is not None:
+                on_step(tables)
+        _send_stats(emit, headers, cluster)
+    finally:
+        for s in socks:
+            s.close(linger_ms=int(send_timeout_s * 1000))
+    return RunInfo(
+        job=job,
+        run=run_name,
+        scope=spec.scope,
+        parent_run=parent_run,
+        world_size=cluster.layout.world_size,
+        steps=done,
+        messages=emit.messages,
+        bytes=emit.bytes,
+        dropped=emit.dropped,
+        retries=emit.retries,
+        wall_s=time.monotonic() - wall0,
+        truth=cluster.truth,
+    )
+
+
+def _send_stats(emit: _Emitter, headers: list[dict[str, Any]], cluster: Cluster) -> None:
+    err = int(cluster.clock_error_ns)
+    for r, header in enumerate(headers):
+        header["batch"] += 1
+        stats = {
+            "dropped_batches": 0,
+            "dropped_events": 0,
+            "errors": {},
+            "clock_offset_ns": int(cluster.clock_offset[r]),
+            "clock_error_ns": err,
+        }
+        emit.send(r, schema.stats_message(header, stats))
+
+
+def _sleep_until(deadline: float, stop: threading.Event | None) -> None:
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or (stop is not None and stop.is_set()):
+            return
+        if stop is not None:
+            stop.wait(min(left, 0.25))
+        else:
+            time.sleep(min(left, 0.25))
+
+
+def iter_messages(
+    scenario: Scenario,
+    steps: int,
+    scope: ScopeSpec | str | None = None,
+    *,
+    run_id: str = "sim",
+    t0_ns: int = 0,
+) -> list[bytes]:
+    """Every message a run would send, without a socket (tests, determinism checks).
+
+    Args:
+        scenario: the resolved scenario.
+        steps: steps to simulate.
+        scope: which part of the cluster runs.
+        run_id: the run id in each header.
+        t0_ns: hub-clock time of simulated time 0.
+
+    Returns:
+        The encoded messages in sending order.
+    """
+    out: list[bytes] = []
+
+    class _Collect:
+        sent = dropped = 0
+
+        def send(self, data: bytes) -> bool:
+            out.append(data)
+            return True
+
+        def close(self, linger_ms: int | None = None) -> None:
+            pass
+
+    cluster = Cluster(scenario, scope, t0_ns=t0_ns)
+    spec = ScopeSpec.coerce(scope)
+    emit = _Emitter([_Collect()], 0.0, None)  # type: ignore[list-item]
+    headers = [
+        {"job": scenario.job, "run": run_id, "rank": r, "inc": 0, "batch": 0}
+        for r in range(cluster.layout.world_size)
+    ]
+    emit_start(emit, headers, cluster, spec.scope, None)
+    for k in range(steps):
+        emit_step(emit, headers, cluster.step(k))
+    _send_stats(emit, headers, cluster)
+    return out

@@ -1,0 +1,448 @@
+"""The simulated cluster: one step at a time, every rank at once.
+
+Each rank keeps its own clock. A step walks the step program (`rankscope.sim.program`) and
+applies each operation to all ranks of a pipeline stage as numpy arrays over ``(dp, tp)``:
+
+- compute spans advance each rank's clock by ``FLOPs / (peak * mfu * speed)``, where the
+  FLOPs come from the rank's packed tokens and Σ seq² and the speed from its GPU;
+- a collective cannot finish before its last member arrives: every member leaves at
+  ``max(enter) + transfer``, the transfer priced by the ring model over the slowest link
+  the group crosses (``2 log2(n) α + f(n) S / bw``);
+- gradient buckets are asynchronous: they queue on the group's communication stream and
+  the rank waits for them only before the optimizer.
+
+Faults only change inputs (speeds, bandwidths, input delays, the packer, the workload), so
+their signatures appear exactly where their mechanisms reach.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rankscope.collector import schema
+from rankscope.sim import program as P
+from rankscope.sim.hardware import build_hardware
+from rankscope.sim.identity import identities, manifest, truth
+from rankscope.sim.spec import Scenario
+from rankscope.sim.tables import assemble
+from rankscope.sim.topology import ScopeSpec, build_layout, group_links
+from rankscope.sim.workload import effective_workload, pack_step
+
+_PH = schema.PHASE_INDEX
+_OP_AR, _OP_SEND, _OP_RECV, _OP_BARRIER = (
+    schema.OP_INDEX[k] for k in ("all_reduce", "send", "recv", "barrier")
+)
+_TIMED = schema.FLAG_DEVICE_TIMED
+_BUCKET_FLAGS = schema.FLAG_ASYNC | schema.FLAG_DDP_BUCKET | schema.FLAG_DEVICE_TIMED
+NOTICE_NS = 2_000.0
+"""Mean delay between a collective's completion and the host noticing it."""
+ISSUE_NS = 3_000.0
+"""Host cost of issuing an asynchronous bucket (the DDP comm hook)."""
+STEP_GAP_NS = 40_000.0
+"""Host time between one step's end and the next step's start."""
+
+
+@dataclass(frozen=True)
+class StepTables:
+    """Everything every rank records in one step, concatenated in rank order.
+
+    ``steps`` has one row per rank (row = rank). ``phases``, ``colls`` and ``samples`` hold
+    each rank's rows contiguously; rank ``r``'s rows are ``offsets[r]:offsets[r + 1]``.
+    Columns follow ``schema.TABLES`` (times int64 ns on the hub clock) plus ``rank``.
+    """
+
+    step: int
+    steps: dict[str, np.ndarray]
+    phases: dict[str, np.ndarray]
+    phase_offsets: np.ndarray
+    colls: dict[str, np.ndarray]
+    coll_offsets: np.ndarray
+    samples: dict[str, np.ndarray]
+    sample_offsets: np.ndarray
+
+    def rank_tables(self, rank: int) -> dict[str, dict[str, np.ndarray]]:
+        """One rank's tables (views), ready for ``schema.steps_message``.
+
+        Args:
+            rank: the rank.
+
+        Returns:
+            ``{"steps", "phases", "colls", "samples"}`` -> column dict.
+        """
+        out = {"steps": {k: v[rank : rank + 1] for k, v in self.steps.items()}}
+        for name, cols, off in (
+            ("phases", self.phases, self.phase_offsets),
+            ("colls", self.colls, self.coll_offsets),
+            ("samples", self.samples, self.sample_offsets),
+        ):
+            a, b = int(off[rank]), int(off[rank + 1])
+            out[name] = {k: v[a:b] for k, v in cols.items()}
+        return out
+
+
+class _Records:
+    """Rows of one stage in issue order; each value broadcasts to ``(dp, tp)``."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        self.rows: list[tuple[Any, ...]] = []
+
+    def add(self, *values: Any) -> None:
+        self.rows.append(values)
+
+    def stack(self, shape: tuple[int, int], dtypes: dict[str, np.dtype]) -> dict[str, np.ndarray]:
+        """Columns as ``(n_ranks_of_stage * rows,)`` arrays, rank-major."""
+        k = len(self.rows)
+        n = shape[0] * shape[1]
+        out = {}
+        for i, name in enumerate(self.names):
+            arr = np.empty((k, *shape), dtype=np.float64 if name[0] == "t" else dtypes[name])
+            for j, row in enumerate(self.rows):
+                arr[j] = row[i]
+            out[name] = arr.reshape(k, n).T.ravel()
+        return out
+
+
+def _log2_hops(n: int) -> float:
+    return 2.0 * math.ceil(math.log2(n)) if n > 1 else 0.0
+
+
+class Cluster:
+    """A simulated training job at one scope; `step` advances every rank by one step.
+
+    Attributes:
+        scenario, layout, hardware: what is simulated.
+        identities: hello identity per rank.
+        groups: process-group table rows.
+        manifest: the run's manifest (with ``sim.truth``).
+        truth: ``manifest["sim"]["truth"]``.
+        next_step: the step `step` produces next.
+    """
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        scope: ScopeSpec | str | None = None,
+        *,
+        t0_ns: int = 0,
+        argv: list[str] | None = None,
+    ) -> None:
+        """Build the job.
+
+        Args:
+            scenario: the resolved scenario.
+            scope: which part of the cluster runs (default: full).
+            t0_ns: hub-clock instant of relative time 0.
+            argv: command line recorded in the manifest.
+
+        Raises:
+            ValueError: a bad scope.
+        """
+        self.scenario = scenario
+        self.layout = lay = build_layout(scenario, scope)
+        self.hardware = hw = build_hardware(scenario)
+        self.workload = wl = effective_workload(scenario)
+        self.t0_ns = int(t0_ns)
+        self.identities = identities(scenario, lay)
+        self.groups = list(lay.groups)
+        self.manifest = manifest(scenario, lay, argv)
+        self.truth = truth(scenario, lay)
+        topo, model = scenario.topology, scenario.model
+        # Local shapes come from the full layout: a reduced run keeps each rank's shard.
+        tp0, pp0 = scenario.layout.tp, scenario.layout.pp
+        self.layers = max(1, model.layers // pp0)
+        p_rank = model.params_b * 1e9 / (tp0 * pp0)
+        self.flops_token = 2.0 * p_rank
+        self.flops_attn = 2.0 * self.layers * model.hidden / tp0
+        self.attn_weight = self.flops_attn / self.flops_token
+        self.ns_per_flop = 1.0 / (topo.peak_tflops * model.mfu * 1e3)
+        self.act_bytes_per_token = 2.0 * model.hidden
+        self.grad_bytes = 2.0 * p_rank / model.grad_buckets
+        self.static_bytes = 16.0 * p_rank
+        self.program = P.build_program(
+            lay.pp, lay.tp, lay.dp, self.layers, wl.grad_accum, model.grad_buckets
+        )
+        shape = (lay.pp, lay.dp, lay.tp)
+        self.shape = shape
+        self.speed = hw.speed[lay.device].reshape(shape)
+        self.rank_host = lay.host.reshape(shape)
+        nic = hw.nic_gbps[lay.device].reshape(shape)
+        a_in, a_x = topo.alpha_intra_us * 1e3, topo.alpha_inter_us * 1e3
+        self.tp_links = group_links(self.rank_host, nic, hw.intra_gbps, a_in, a_x)
+        self.dp_links = group_links(
+            self.rank_host.transpose(0, 2, 1), nic.transpose(0, 2, 1), hw.intra_gbps, a_in, a_x
+        )
+        pairs_h = np.stack([self.rank_host[:-1], self.rank_host[1:]], axis=-1)
+        pairs_n = np.stack([nic[:-1], nic[1:]], axis=-1)
+        self.pp_links = group_links(pairs_h, pairs_n, hw.intra_gbps, a_in, a_x)
+        self.world_links = group_links(
+            lay.host[None], hw.nic_gbps[lay.device][None], hw.intra_gbps, a_in, a_x
+        )
+        self.any_crossing = len(lay.hosts) > 1
+        rng = np.random.default_rng([scenario.seed & 0xFFFFFFFF, 0x5E55, lay.world_size])
+        # Residual clock-alignment error: constant per rank, never larger than reported.
+        err = scenario.noise.clock_error_us * 1e3
+        self.clock_offset = np.clip(rng.normal(0.0, err / 2, lay.world_size), -err, err).astype(
+            np.int64
+        )
+        self.clock_error_ns = err
+        self._t = rng.uniform(0.0, 2e6, shape)
+        self._ckpt_count = 0
+        self.next_step = 0
+
+    # -- per-step inputs --------------------------------------------------------------
+
+    def _congestion(self, rng: np.random.Generator) -> float:
+        """Cross-host bandwidth factor of this step (a burst or not). The draw happens for
+        every scenario so that the random streams stay aligned with the healthy case."""
+        f = self.scenario.fault
+        burst = rng.random()
+        if f.mechanism != "intermittent_congestion" or not self.any_crossing:
+            return 1.0
+        return f.magnitude if burst < f.prob else 1.0
+
+    def _is_checkpoint(self, k: int) -> bool:
+        every = self.workload.checkpoint_every
+        return every > 0 and (k + 1) % every == 0
+
+    def step(self, k: int | None = None) -> StepTables:
+        """Simulate the next step of every rank.
+
+        Args:
+            k: the step to produce; must be `next_step` (steps run in order, since each
+                rank's clock carries over).
+
+        Returns:
+            The step's tables.
+
+        Raises:
+            ValueError: when ``k`` is not the next step.
+        """
+        if k is None:
+            k = self.next_step
+        if k != self.next_step:
+            raise ValueError(f"steps run in order: next is {self.next_step}, asked for {k}")
+        sc, lay, wl, prog = self.scenario, self.layout, self.workload, self.program
+        noise = sc.noise
+        pp, dp, tp = self.shape
+        seed = sc.seed & 0xFFFFFFFF
+        work = pack_step(wl, np.random.default_rng([seed, k, 1]), dp, self.attn_weight)
+        rng = np.random.default_rng([seed, k, 2])
+        speed = self.speed * (1.0 + noise.step_sigma * rng.standard_normal(self.shape))
+        jit = 1.0 + noise.chunk_sigma * rng.standard_normal((prog.n_compute, pp, dp, tp))
+        np.maximum(jit, 0.5, out=jit)
+        # OS hiccups: a few ranks lose some milliseconds inside one compute span.
+        hiccup = rng.random(self.shape) < noise.hiccup_prob
+        h_span = rng.integers(0, max(prog.n_compute, 1), self.shape)
+        h_ns = 1e6 * rng.uniform(noise.hiccup_ms_min, noise.hiccup_ms_max, self.shape)
+        hiccups: dict[int, list[tuple[int, int, int, float]]] = {}
+        for s_i, d_i, t_i in zip(*np.nonzero(hiccup)):
+            span = int(h_span[s_i, d_i, t_i])
+            hiccups.setdefault(span, []).append((s_i, d_i, t_i, h_ns[s_i, d_i, t_i]))
+        cong = self._congestion(rng)
+        tokens, attn = work.tokens, work.attn_cost
+        T = self._t
+        t_start = T.copy()
+        compute = np.zeros(self.shape)
+        coll_names = (
+            "op",
+            "group",
+            "seq",
+            "nbytes",
+            "t_enter",
+            "t_start",
+            "t_end",
+            "t_exit",
+            "flags",
+        )
+        colls = [_Records(coll_names) for _ in range(pp)]
+        phases = [_Records(("phase", "t0", "t1")) for _ in range(pp)]
+        begin: dict[tuple[int, str], np.ndarray] = {}
+        pending: dict[tuple[int, bool, int], np.ndarray] = {}
+        tp_bw = self.tp_links.bandwidth(cong)
+        dp_bw = self.dp_links.bandwidth(cong)
+        pp_bw = self.pp_links.bandwidth(cong)
+        stream_free = np.zeros((pp, tp))
+        bucket_exit = np.zeros(self.shape)
+        ts = noise.transfer_sigma
+
+        def notice() -> np.ndarray:
+            return rng.exponential(NOTICE_NS, (dp, tp))
+
+        for op in prog.ops:
+            kind, s = op.kind, op.stage
+            if kind == P.COMPUTE:
+                m = op.micro
+                flops = (
+                    op.linear * self.flops_token * tokens[:, m]
+                    + op.attn * self.flops_attn * attn[:, m]
+                )
+                dur = (self.ns_per_flop * flops)[:, None] / speed[s] * jit[op.index, s]
+                for hs, hd, ht, extra in hiccups.get(op.index, ()):
+                    if hs == s:
+                        dur[hd, ht] += extra
+                T[s] += dur
+                compute[s] += dur
+            elif kind == P.TP_ALLREDUCE:
+                enter = T[s].copy()
+                nbytes = tokens[:, op.micro] * self.act_bytes_per_token
+                cost = (
+                    self.tp_links.alpha_ns[s] * _log2_hops(tp)
+                    + 2.0 * (tp - 1) / tp * nbytes / tp_bw[s]
+                ) * np.exp(ts * rng.standard_normal(dp))
+                end = enter.max(axis=1) + cost
+                T[s] = end[:, None] + notice()
+                colls[s].add(
+                    _OP_AR,
+                    lay.tp_gid[s][:, None],
+                    k * prog.n_tp + op.index,
+                    nbytes[:, None],
+                    enter,
+                    enter,
+                    end[:, None],
+                    T[s].copy(),
+                    _TIMED,
+                )
+            elif kind == P.BUCKET:
+                T[s] += ISSUE_NS
+                enter = T[s].copy()
+                cost = (
+                    self.dp_links.alpha_ns[s] * _log2_hops(dp)
+                    + 2.0 * (dp - 1) / dp * self.grad_bytes / dp_bw[s]
+                ) * np.exp(ts * rng.standard_normal(tp))
+                dev_start = np.maximum(enter, stream_free[s][None, :])
+                start = np.maximum(enter.max(axis=0), stream_free[s])
+                end = start + cost
+                stream_free[s] = end
+                bucket_exit[s] = end[None, :] + notice()
+                colls[s].add(
+                    _OP_AR,
+                    lay.dp_gid[s][None, :],
+                    k * prog.n_buckets + op.index,
+                    self.grad_bytes,
+                    enter,
+                    dev_start,
+                    end[None, :],
+                    bucket_exit[s].copy(),
+                    _BUCKET_FLAGS,
+                )
+            elif kind == P.WAIT_BUCKETS:
+                np.maximum(T[s], bucket_exit[s], out=T[s])
+            elif kind == P.SEND:
+                pending[(op.boundary, op.backward, op.micro)] = T[s].copy()
+            elif kind == P.RECV:
+                b = op.boundary
+                sender = b + 1 if op.backward else b
+                enter_send = pending.pop((b, op.backward, op.micro))
+                enter = T[s].copy()
+                nbytes = tokens[:, op.micro] * self.act_bytes_per_token / sc.layout.tp
+                cost = (self.pp_links.alpha_ns[b] + nbytes[:, None] / pp_bw[b]) * np.exp(
+                    ts * rng.standard_normal((dp, tp))
+                )
+                end = np.maximum(enter_send, enter) + cost
+                T[sender] = end + notice()
+                T[s] = end + notice()
+                seq = k * prog.n_p2p + op.index
+                colls[sender].add(
+                    _OP_SEND,
+                    lay.pp_gid[b],
+                    seq,
+                    nbytes[:, None],
+                    enter_send,
+                    enter_send,
+                    end,
+                    T[sender].copy(),
+                    _TIMED,
+                )
+                colls[s].add(
+                    _OP_RECV,
+                    lay.pp_gid[b],
+                    seq,
+                    nbytes[:, None],
+                    enter,
+                    enter,
+                    end,
+                    T[s].copy(),
+                    _TIMED,
+                )
+                phases[s].add(_PH["pp_wait"], enter, T[s].copy())
+            elif kind == P.BEGIN:
+                begin[(s, op.phase)] = T[s].copy()
+            elif kind == P.END:
+                phases[s].add(_PH[op.phase], begin.pop((s, op.phase)), T[s].copy())
+            else:
+                dur = self._host_phase(kind, s, k, speed, rng)
+                if dur is not None:
+                    t0 = T[s].copy()
+                    T[s] += dur
+                    phases[s].add(_PH[_HOST_PHASES[kind]], t0, T[s].copy())
+        if self._is_checkpoint(k):
+            self._checkpoint(k, phases, colls, rng)
+        t_end = T.copy()
+        self._t = T + STEP_GAP_NS * (1.0 + 0.2 * rng.standard_normal(self.shape)).clip(0.2)
+        self.next_step = k + 1
+        return assemble(self, k, t_start, t_end, compute, work, colls, phases)
+
+    def _host_phase(
+        self, kind: int, s: int, k: int, speed: np.ndarray, rng: np.random.Generator
+    ) -> np.ndarray | float | None:
+        wl, f = self.workload, self.scenario.fault
+        shape = self.shape[1:]
+        if kind == P.INPUT:
+            extra = self.hardware.input_extra_ms[self.rank_host[s]]
+            base = wl.input_ms * np.exp(0.35 * rng.standard_normal(shape))
+            return 1e6 * (base + extra * np.exp(0.1 * rng.standard_normal(shape)))
+        if kind == P.OPTIMIZER:
+            return 1e6 * wl.optimizer_ms * (1.0 + 0.02 * rng.standard_normal(shape)) / speed[s]
+        if kind == P.MEMORY:
+            if f.mechanism != "allocator_growth":
+                return None
+            # Fragmentation grows with steps: more allocator retries, longer each step.
+            return 1e6 * f.magnitude * (k + 1) * np.exp(0.1 * rng.standard_normal(shape))
+        raise ValueError(f"unknown operation kind {kind}")
+
+    def _checkpoint(
+        self, k: int, phases: list[_Records], colls: list[_Records], rng: np.random.Generator
+    ) -> None:
+        """Every rank writes its shard (time set by its host's storage), then all ranks meet
+        at a barrier on the world group."""
+        T, lay = self._t, self.layout
+        pp = self.shape[0]
+        storage = self.hardware.storage_factor[self.rank_host]
+        dur = (
+            1e9
+            * self.workload.checkpoint_s
+            * storage
+            * (1.0 + 0.05 * rng.standard_normal(self.shape))
+        )
+        t0 = T.copy()
+        T += dur
+        for s in range(pp):
+            phases[s].add(_PH["checkpoint"], t0[s], T[s].copy())
+        if lay.world_gid < 0:
+            self._ckpt_count += 1
+            return
+        enter = T.copy()
+        alpha = float(self.world_links.alpha_ns[0])
+        end = enter.max() + alpha * _log2_hops(lay.world_size)
+        T[:] = end + rng.exponential(NOTICE_NS, self.shape)
+        for s in range(pp):
+            colls[s].add(
+                _OP_BARRIER,
+                lay.world_gid,
+                self._ckpt_count,
+                0,
+                enter[s],
+                enter[s],
+                end,
+                T[s].copy(),
+                _TIMED,
+            )
+        self._ckpt_count += 1
+
+
+_HOST_PHASES = {P.INPUT: "input", P.OPTIMIZER: "optimizer", P.MEMORY: "memory"}

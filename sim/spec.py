@@ -1,0 +1,511 @@
+"""Scenario files: what a simulated cluster is made of, read from ``config/scenarios/*.toml``.
+
+A scenario names a topology, a parallel layout, a model, a workload, noise and at most one
+fault. Any numeric value may be written as a range ``[lo, hi]``, any text value as a list of
+choices, and any value as ``{choice = [a, b, ...]}``; the scenario's ``seed`` draws the
+concrete value, so a diagnosis scored on many seeds cannot be tuned to one constant. Each
+field has its own random stream (keyed by its name), so adding a range to one field never
+changes what another field draws. ``base = "NAME"`` starts from another scenario file of the
+same folder (its sections are merged key by key, the file's own keys winning); files whose
+name starts with ``_`` are bases only and are not listed.
+
+A minimal file::
+
+    description = "One GPU throttles: slow compute, low SM clock, throttle flags"
+    seed = 11
+
+    [topology]
+    hosts = 8
+
+    [fault]
+    mechanism = "slow_device"
+    magnitude = [0.55, 0.8]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+MECHANISMS = (
+    "data_imbalance",
+    "slow_device",
+    "slow_host_input",
+    "local_fabric",
+    "network_rail",
+    "placement",
+    "checkpoint",
+    "allocator_growth",
+    "intermittent_congestion",
+    "numerator_change",
+    "healthy",
+)
+"""Fault vocabulary, shared with the diagnosis verdicts (ARCHITECTURE §6)."""
+
+PACKERS = ("token_balanced", "attn_balanced")
+
+
+@dataclass(frozen=True)
+class TopologySpec:
+    """Machines and links of the full cluster."""
+
+    hosts: int = 8
+    """Servers in the full cluster."""
+    gpus_per_host: int = 8
+    """GPUs per server; each GPU has its own NIC, and rail = that NIC's index."""
+    hosts_per_rack: int = 4
+    intra_gbps: float = 360.0
+    """NVLink-class bus bandwidth inside a host, GB/s (= bytes/ns)."""
+    nic_gbps: float = 45.0
+    """Bandwidth of one NIC across hosts, GB/s (400 Gb/s class)."""
+    alpha_intra_us: float = 4.0
+    """Per-hop latency inside a host."""
+    alpha_inter_us: float = 12.0
+    """Per-hop latency across hosts."""
+    gpu_model: str = "SIM-H100-80GB"
+    peak_tflops: float = 989.0
+    """Dense bf16 peak of one GPU."""
+    sm_clock_mhz: float = 1980.0
+    mem_clock_mhz: float = 2619.0
+    power_limit_w: float = 700.0
+    hbm_gib: float = 80.0
+
+
+@dataclass(frozen=True)
+class LayoutSpec:
+    """Parallel degrees; dp is what remains of the world size."""
+
+    tp: int = 8
+    pp: int = 1
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The model, as far as step cost goes."""
+
+    name: str = "sim-7b"
+    params_b: float = 7.0
+    """Parameters, billions."""
+    layers: int = 24
+    hidden: int = 4096
+    grad_buckets: int = 8
+    """Data-parallel gradient all-reduce buckets per step (DDP buckets)."""
+    mfu: float = 0.45
+    """Fraction of peak the kernels reach."""
+    precision: str = "bf16"
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """Batching, sequence lengths and the packer that assigns sequences to ranks."""
+
+    micro_batch: int = 1
+    """Packed rows per micro batch."""
+    grad_accum: int = 2
+    """Micro batches per step on each data-parallel rank."""
+    seq_len: int = 8192
+    """Row capacity in tokens; longer documents are cut to it."""
+    packer: str = "attn_balanced"
+    """``token_balanced`` (concatenate and cut rows: tokens equal, Σseq² not) or
+    ``attn_balanced`` (assign documents to balance an attention-cost estimate too)."""
+    length_median: float = 700.0
+    """Median document length of the lognormal body."""
+    length_sigma: float = 1.0
+    tail_fraction: float = 0.05
+    """Share of documents drawn from the Pareto tail."""
+    tail_min: float = 2048.0
+    tail_alpha: float = 1.2
+    pad_fraction: float = 0.02
+    """Executed padding tokens per valid token."""
+    input_ms: float = 6.0
+    """Healthy data-loader wait at the start of a step."""
+    optimizer_ms: float = 35.0
+    checkpoint_every: int = 0
+    """Steps between checkpoints; 0 = none in the window."""
+    checkpoint_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class NoiseSpec:
+    """What makes a healthy cluster not perfectly flat."""
+
+    static_sigma: float = 0.002
+    """Per-GPU speed spread (silicon, cooling), fixed for the run."""
+    step_sigma: float = 0.004
+    """Per-rank, per-step speed variation."""
+    chunk_sigma: float = 0.01
+    """Per-kernel-span jitter."""
+    hiccup_prob: float = 0.01
+    """Chance per rank and step of an OS hiccup stalling one compute span."""
+    hiccup_ms_min: float = 1.0
+    hiccup_ms_max: float = 25.0
+    transfer_sigma: float = 0.03
+    """Spread of each collective's service time."""
+    clock_error_us: float = 8.0
+    """Residual clock-alignment error of each rank (constant per rank)."""
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """One fault, resolved to concrete values. Targets index the full cluster: host index,
+    device index ``host * gpus_per_host + gpu``, rail = GPU/NIC index; -1 when unused."""
+
+    mechanism: str = "healthy"
+    magnitude: float = 1.0
+    """Meaning depends on the mechanism (speed factor, bandwidth factor, extra ms...)."""
+    host: int = -1
+    peer_host: int = -1
+    device: int = -1
+    rail: int = -1
+    extent: str = "rail"
+    """network_rail: ``rail`` (that rail's NICs on every host) or ``nic`` (one host's NIC)."""
+    every: int = 0
+    """checkpoint: steps between checkpoints."""
+    prob: float = 0.0
+    """intermittent_congestion: chance that a step has a congestion burst."""
+    variant: str = ""
+    """numerator_change: ``padding`` or ``longer``."""
+
+
+_FAULT_DEFAULTS: dict[str, dict[str, Any]] = {
+    "healthy": {},
+    "data_imbalance": {},
+    "slow_device": {"magnitude": [0.55, 0.85], "device": "random"},
+    "slow_host_input": {"magnitude": [120.0, 400.0], "host": "random"},
+    "local_fabric": {"magnitude": [0.04, 0.2], "host": "random"},
+    "network_rail": {
+        "magnitude": [0.08, 0.3],
+        "rail": "random",
+        "extent": "rail",
+        "host": "random",
+    },
+    "placement": {"magnitude": 0.5, "host": "random", "peer_host": "random"},
+    "checkpoint": {"magnitude": [0.8, 2.5], "every": [4, 6]},
+    "allocator_growth": {"magnitude": [6.0, 15.0]},
+    "intermittent_congestion": {"magnitude": [0.08, 0.25], "prob": [0.2, 0.4]},
+    "numerator_change": {"magnitude": [0.25, 0.5], "variant": ["padding", "longer"]},
+}
+"""Per mechanism: the keys its ``[fault]`` table may set, with default values or ranges."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A resolved scenario: every range drawn, every target chosen."""
+
+    name: str
+    description: str
+    seed: int
+    job: str
+    topology: TopologySpec
+    layout: LayoutSpec
+    model: ModelSpec
+    workload: WorkloadSpec
+    noise: NoiseSpec
+    fault: FaultSpec
+    source: str = ""
+    """Path of the TOML file, empty when built in code."""
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """The file's contents with overrides applied, before drawing (for the manifest)."""
+
+    @property
+    def world_size(self) -> int:
+        return self.topology.hosts * self.topology.gpus_per_host
+
+    @property
+    def dp(self) -> int:
+        return self.world_size // (self.layout.tp * self.layout.pp)
+
+
+_SECTIONS: dict[str, type] = {
+    "topology": TopologySpec,
+    "layout": LayoutSpec,
+    "model": ModelSpec,
+    "workload": WorkloadSpec,
+    "noise": NoiseSpec,
+}
+_TOP_KEYS = {"description", "seed", "job", "fault", "base", *_SECTIONS}
+
+
+class ScenarioError(ValueError):
+    """A scenario file or override is wrong; the message names the file and the key."""
+
+
+def scenario_dir() -> Path:
+    """The folder of the shipped scenarios (``config/scenarios``)."""
+    from rankscope.config import CONFIG_DIR
+
+    return CONFIG_DIR / "scenarios"
+
+
+def list_scenarios() -> list[tuple[str, str]]:
+    """Shipped scenarios with their one-line descriptions.
+
+    Returns:
+        ``(name, description)`` pairs sorted by name.
+    """
+    out = []
+    for path in sorted(scenario_dir().glob("*.toml")):
+        if path.name.startswith("_"):
+            continue
+        try:
+            desc = str(tomllib.loads(path.read_text()).get("description", ""))
+        except tomllib.TOMLDecodeError as exc:
+            desc = f"(unreadable: {exc})"
+        out.append((path.stem, desc))
+    return out
+
+
+def _field_rng(seed: int, key: str) -> np.random.Generator:
+    return np.random.default_rng([seed & 0xFFFFFFFF, zlib.crc32(key.encode())])
+
+
+def _draw(where: str, value: Any, default: Any, seed: int) -> Any:
+    """Resolve a value written as a scalar, a ``[lo, hi]`` range, or a list of choices."""
+    rng = _field_rng(seed, where)
+    kind = type(default)
+    if isinstance(value, dict):
+        if set(value) != {"choice"} or not isinstance(value["choice"], list) or not value["choice"]:
+            raise ScenarioError(f"{where}: a table value must be {{choice = [...]}}, got {value!r}")
+        pick = value["choice"][int(rng.integers(len(value["choice"])))]
+        return _draw(where, pick, default, seed)
+    if isinstance(value, list):
+        if not value:
+            raise ScenarioError(f"{where}: empty list")
+        if all(isinstance(v, str) for v in value):
+            if kind is not str:
+                raise ScenarioError(f"{where}: expected a {kind.__name__}, got choices {value}")
+            return value[int(rng.integers(len(value)))]
+        if len(value) != 2 or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in value
+        ):
+            raise ScenarioError(f"{where}: a range is [lo, hi] of two numbers, got {value!r}")
+        lo, hi = value
+        if lo > hi:
+            raise ScenarioError(f"{where}: range [{lo}, {hi}] has lo > hi")
+        if kind is int:
+            if not (float(lo).is_integer() and float(hi).is_integer()):
+                raise ScenarioError(f"{where}: integer range needs whole numbers, got {value}")
+            return int(rng.integers(int(lo), int(hi) + 1))
+        return float(rng.uniform(lo, hi))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, kind) or isinstance(value, bool) != isinstance(default, bool):
+        raise ScenarioError(f"{where}: expected {kind.__name__}, got {value!r}")
+    return value
+
+
+def _section(name: str, cls: type, table: Any, seed: int) -> Any:
+    if not isinstance(table, dict):
+        raise ScenarioError(f"[{name}] must be a table")
+    defaults = cls()
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ScenarioError(f"[{name}] unknown key(s) {unknown}; known: {sorted(known)}")
+    values = {}
+    for f in dataclasses.fields(cls):
+        default = getattr(defaults, f.name)
+        values[f.name] = _draw(f"{name}.{f.name}", table.get(f.name, default), default, seed)
+    return cls(**values)
+
+
+def _read(path: Path, seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Parse a scenario file and merge it over its ``base``."""
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ScenarioError(f"scenario file {str(path)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
+    base = raw.pop("base", None)
+    if base is None:
+        return raw
+    if not isinstance(base, str) or base in seen:
+        raise ScenarioError(f"{path}: base must name another scenario file, got {base!r}")
+    merged = _read(path.parent / f"{base}.toml", (*seen, base))
+    for key, value in raw.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return merged
+
+
+def _target(where: str, value: Any, n: int, seed: int, avoid: int = -1) -> int:
+    """A target index: an int, or ``"random"`` drawn from ``range(n)`` (skipping ``avoid``)."""
+    if value == "random":
+        rng = _field_rng(seed, where)
+        pick = int(rng.integers(n - (1 if 0 <= avoid < n else 0)))
+        return pick + 1 if 0 <= avoid <= pick else pick
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not 0 <= value < n:
+            raise ScenarioError(f"{where} = {value} is outside 0..{n - 1}")
+        return value
+    raise ScenarioError(f'{where} must be an index or "random", got {value!r}')
+
+
+def _fault(table: Any, topo: TopologySpec, seed: int) -> FaultSpec:
+    if table is None:
+        return FaultSpec()
+    if not isinstance(table, dict):
+        raise ScenarioError("[fault] must be a table")
+    mech = table.get("mechanism")
+    if mech not in MECHANISMS:
+        raise ScenarioError(f"fault.mechanism {mech!r} is not one of {list(MECHANISMS)}")
+    allowed = _FAULT_DEFAULTS[mech]
+    unknown = sorted(set(table) - set(allowed) - {"mechanism"})
+    if unknown:
+        raise ScenarioError(f"[fault] {mech} does not take {unknown}; it takes {sorted(allowed)}")
+    spec = {**allowed, **table}
+    base = FaultSpec()
+    kw: dict[str, Any] = {"mechanism": mech}
+    for key in ("magnitude", "every", "prob", "extent", "variant"):
+        if key in spec:
+            kw[key] = _draw(f"fault.{key}", spec[key], getattr(base, key), seed)
+    n_dev = topo.hosts * topo.gpus_per_host
+    if "device" in spec:
+        kw["device"] = _target("fault.device", spec["device"], n_dev, seed)
+    if "rail" in spec:
+        kw["rail"] = _target("fault.rail", spec["rail"], topo.gpus_per_host, seed)
+    if "host" in spec:
+        kw["host"] = _target("fault.host", spec["host"], topo.hosts, seed)
+    if "peer_host" in spec:
+        if topo.hosts < 2:
+            raise ScenarioError("fault placement needs at least 2 hosts")
+        kw["peer_host"] = _target(
+            "fault.peer_host", spec["peer_host"], topo.hosts, seed, kw["host"]
+        )
+        if kw["peer_host"] == kw["host"]:
+            raise ScenarioError("fault.peer_host must differ from fault.host")
+    if kw.get("extent", "rail") not in ("rail", "nic"):
+        raise ScenarioError(f"fault.extent must be 'rail' or 'nic', got {kw['extent']!r}")
+    if mech == "network_rail" and kw["extent"] == "rail":
+        kw["host"] = -1  # every host's NIC on that rail
+    if kw.get("variant", "") not in ("", "padding", "longer"):
+        raise ScenarioError(f"fault.variant must be 'padding' or 'longer', got {kw['variant']!r}")
+    return FaultSpec(**kw)
+
+
+def _apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key == "ranks":
+            topo = raw.setdefault("topology", {})
+            gph = topo.get("gpus_per_host", TopologySpec.gpus_per_host)
+            if not isinstance(value, int) or value < 1:
+                raise ScenarioError(f"ranks must be a positive int, got {value!r}")
+            if not isinstance(gph, int):
+                raise ScenarioError("ranks override needs a fixed topology.gpus_per_host")
+            if value < gph:
+                topo["gpus_per_host"], topo["hosts"] = value, 1
+            elif value % gph:
+                raise ScenarioError(f"ranks={value} is not a multiple of gpus_per_host={gph}")
+            else:
+                topo["hosts"] = value // gph
+            continue
+        section, _, name = key.partition("__")
+        if not name:
+            if section not in ("seed", "description", "job"):
+                raise ScenarioError(f"unknown override {key!r}; use seed, ranks or section__key")
+            raw[section] = value
+            continue
+        if section not in _SECTIONS and section != "fault":
+            raise ScenarioError(f"unknown override section {section!r} in {key!r}")
+        raw.setdefault(section, {})[name] = value
+    return raw
+
+
+def build_scenario(raw: dict[str, Any], name: str = "custom", source: str = "") -> Scenario:
+    """Resolve a scenario from its TOML contents.
+
+    Args:
+        raw: the parsed file (``description``, ``seed``, sections, ``[fault]``).
+        name: scenario name (the file's stem).
+        source: where it came from, for error messages and the manifest.
+
+    Returns:
+        The resolved scenario.
+
+    Raises:
+        ScenarioError: naming the file and key that is wrong.
+    """
+    where = source or name
+    unknown = sorted(set(raw) - _TOP_KEYS)
+    if unknown:
+        raise ScenarioError(f"{where}: unknown key(s) {unknown}; known: {sorted(_TOP_KEYS)}")
+    seed = raw.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ScenarioError(f"{where}: seed must be a non-negative int, got {seed!r}")
+    try:
+        parts = {k: _section(k, cls, raw.get(k, {}), seed) for k, cls in _SECTIONS.items()}
+        fault = _fault(raw.get("fault"), parts["topology"], seed)
+    except ScenarioError as exc:
+        raise ScenarioError(f"{where}: {exc}") from None
+    topo, layout, wl = parts["topology"], parts["layout"], parts["workload"]
+    problems = []
+    if topo.hosts < 1 or topo.gpus_per_host < 1 or topo.hosts_per_rack < 1:
+        problems.append("topology.hosts, gpus_per_host and hosts_per_rack must be >= 1")
+    if layout.tp < 1 or layout.pp < 1:
+        problems.append("layout.tp and layout.pp must be >= 1")
+    elif (topo.hosts * topo.gpus_per_host) % (layout.tp * layout.pp):
+        problems.append(
+            f"world size {topo.hosts * topo.gpus_per_host} is not divisible by "
+            f"tp*pp = {layout.tp * layout.pp}"
+        )
+    if layout.pp > parts["model"].layers:
+        problems.append(f"layout.pp={layout.pp} exceeds model.layers={parts['model'].layers}")
+    if wl.packer not in PACKERS:
+        problems.append(f"workload.packer {wl.packer!r} is not one of {list(PACKERS)}")
+    if wl.micro_batch < 1 or wl.grad_accum < 1 or wl.seq_len < 16:
+        problems.append("workload.micro_batch, grad_accum >= 1 and seq_len >= 16")
+    if parts["model"].grad_buckets < 1:
+        problems.append("model.grad_buckets must be >= 1")
+    if problems:
+        raise ScenarioError(f"{where}: " + "; ".join(problems))
+    return Scenario(
+        name=name,
+        description=str(raw.get("description", "")),
+        seed=seed,
+        job=str(raw.get("job", f"sim-{name}")),
+        fault=fault,
+        source=source,
+        raw=raw,
+        **parts,
+    )
+
+
+def load_scenario(name_or_path: str | Path, **overrides: Any) -> Scenario:
+    """Load a shipped scenario by name, or any scenario file by path.
+
+    Args:
+        name_or_path: a name from `list_scenarios` or a path to a ``.toml`` file.
+        **overrides: ``seed=``, ``ranks=`` (sets the host count), ``job=``, or
+            ``section__key=value`` (e.g. ``workload__packer="token_balanced"``,
+            ``fault__host=2``); ``None`` values are ignored.
+
+    Returns:
+        The resolved scenario.
+
+    Raises:
+        ScenarioError: unknown scenario, unreadable file, or a bad key or value.
+    """
+    path = Path(name_or_path)
+    if path.suffix != ".toml":
+        path = scenario_dir() / f"{name_or_path}.toml"
+        if not path.exists():
+            names = ", ".join(n for n, _ in list_scenarios())
+            raise ScenarioError(f"no scenario named {str(name_or_path)!r}; shipped: {names}")
+    raw = _read(path)
+    return build_scenario(_apply_overrides(raw, overrides), name=path.stem, source=str(path))

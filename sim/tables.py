@@ -1,0 +1,156 @@
+"""Turn one simulated step into the columnar tables a collector would record: the step row
+(work, memory), phase spans, collective rows and a device/host sample per rank."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rankscope.collector import schema
+
+if TYPE_CHECKING:
+    from rankscope.sim.engine import Cluster, StepTables, _Records
+    from rankscope.sim.workload import Work
+
+MIB = 1 << 20
+ACT_BYTES_PER_TOKEN_LAYER_HIDDEN = 34.0
+"""Activation memory per token, per layer, per hidden unit (bf16, no recomputation)."""
+HOST_RSS = 30 * (1 << 30)
+
+
+def _times(values: np.ndarray, t0_ns: int, offset: np.ndarray) -> np.ndarray:
+    return np.rint(values).astype(np.int64) + np.int64(t0_ns) + offset
+
+
+def _concat(
+    cluster: Cluster, k: int, recs: list[_Records], table: str
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Stack each stage's records rank-major and join the stages (they are rank-contiguous)."""
+    _, dp, tp = cluster.shape
+    dtypes = schema.TABLES[table]
+    parts = [r.stack((dp, tp), dtypes) for r in recs]
+    counts = np.repeat([len(r.rows) for r in recs], dp * tp)
+    offsets = np.zeros(counts.shape[0] + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    cols: dict[str, np.ndarray] = {}
+    rank = np.repeat(np.arange(counts.shape[0]), counts)
+    offset = cluster.clock_offset[rank]
+    for name in recs[0].names:
+        joined = np.concatenate([p[name] for p in parts])
+        if name.startswith("t"):
+            cols[name] = _times(joined, cluster.t0_ns, offset)
+        else:
+            cols[name] = joined.astype(dtypes[name], copy=False)
+    n = int(offsets[-1])
+    cols["step"] = np.full(n, k, dtype=np.int64)
+    cols["rank"] = rank
+    return cols, offsets
+
+
+def assemble(
+    cluster: Cluster,
+    k: int,
+    t_start: np.ndarray,
+    t_end: np.ndarray,
+    compute: np.ndarray,
+    work: Work,
+    colls: list[_Records],
+    phases: list[_Records],
+) -> StepTables:
+    """Build the `StepTables` of step ``k``.
+
+    Args:
+        cluster: the simulated job (layout, hardware, clock offsets).
+        k: the step.
+        t_start, t_end: float64 ``(pp, dp, tp)`` step bounds, relative ns.
+        compute: float64 ``(pp, dp, tp)`` compute time in the step.
+        work: the step's packed work, ``(dp, grad_accum)``.
+        colls, phases: per-stage records.
+
+    Returns:
+        The step's tables.
+    """
+    from rankscope.sim.engine import StepTables
+
+    sc, lay, hw = cluster.scenario, cluster.layout, cluster.hardware
+    f = sc.fault
+    shape = cluster.shape
+    world = lay.world_size
+    ranks = np.arange(world)
+    offset = cluster.clock_offset
+    rng = np.random.default_rng([sc.seed & 0xFFFFFFFF, k, 3])
+
+    def per_rank(dp_values: np.ndarray) -> np.ndarray:
+        return np.broadcast_to(dp_values[None, :, None], shape).ravel()
+
+    tokens = work.tokens.sum(axis=1)
+    attn = work.attn_cost.sum(axis=1)
+    peak_micro = work.tokens.max(axis=1)
+    steps = schema.empty_table("steps", world)
+    steps["step"][:] = k
+    steps["t_start"][:] = _times(t_start.ravel(), cluster.t0_ns, offset)
+    steps["t_end"][:] = _times(t_end.ravel(), cluster.t0_ns, offset)
+    steps["tokens"][:] = np.rint(per_rank(tokens))
+    steps["valid_tokens"][:] = np.rint(per_rank(work.valid_tokens.sum(axis=1)))
+    steps["samples"][:] = np.rint(per_rank(work.samples.sum(axis=1)))
+    steps["attn_cost"][:] = per_rank(attn)
+    steps["flops"][:] = per_rank(3.0 * (cluster.flops_token * tokens + cluster.flops_attn * attn))
+    act = (
+        peak_micro
+        * sc.model.hidden
+        * cluster.layers
+        * ACT_BYTES_PER_TOKEN_LAYER_HIDDEN
+        / sc.layout.tp
+    )
+    growth = 0.0
+    retries = np.zeros(world, dtype=np.int32)
+    if f.mechanism == "allocator_growth":
+        # Fragmentation: the caching allocator reserves more each step and retries more.
+        growth = f.magnitude * (k + 1) * 48.0 * MIB
+        retries[:] = int(f.magnitude * (k + 1) / 8.0)
+    peak = cluster.static_bytes + per_rank(act)
+    steps["mem_allocated"][:] = np.full(world, cluster.static_bytes, dtype=np.int64)
+    steps["mem_peak"][:] = peak.astype(np.int64)
+    steps["mem_reserved"][:] = (peak * 1.04 + growth).astype(np.int64)
+    steps["alloc_retries"][:] = retries
+    steps["rank"] = ranks
+
+    phase_cols, phase_off = _concat(cluster, k, phases, "phases")
+    coll_cols, coll_off = _concat(cluster, k, colls, "colls")
+
+    topo = sc.topology
+    dur = np.maximum(t_end - t_start, 1.0).ravel()
+    util = np.clip(compute.ravel() / dur, 0.0, 1.0)
+    dev = lay.device
+    host = lay.host
+    slow_input = hw.input_extra_ms[host] > 0
+    samples = schema.empty_table("samples", world)
+    samples["t"][:] = _times(((t_start + t_end) / 2).ravel(), cluster.t0_ns, offset)
+    samples["sm_clock_mhz"][:] = (
+        topo.sm_clock_mhz
+        * np.minimum(hw.speed[dev], 1.0)
+        * (1.0 + 0.002 * rng.standard_normal(world))
+    )
+    samples["mem_clock_mhz"][:] = topo.mem_clock_mhz
+    throttled = hw.throttle[dev] != 0
+    power = topo.power_limit_w * (0.35 + 0.55 * util) * (1.0 + 0.02 * rng.standard_normal(world))
+    samples["power_w"][:] = np.where(throttled, topo.power_limit_w * 0.99, power)
+    samples["temp_c"][:] = hw.temp_c[dev] + 0.5 * rng.standard_normal(world)
+    samples["throttle"][:] = hw.throttle[dev]
+    samples["gpu_util"][:] = 100.0 * util
+    samples["cpu_pct"][:] = np.where(slow_input, 97.0, 38.0) + 3.0 * rng.standard_normal(world)
+    samples["load1"][:] = np.where(slow_input, 70.0, 22.0) + rng.standard_normal(world)
+    samples["rss_bytes"][:] = HOST_RSS + (ranks % 7) * 64 * MIB
+    samples["rank"] = ranks
+    sample_off = np.arange(world + 1, dtype=np.int64)
+    return StepTables(
+        step=k,
+        steps=steps,
+        phases=phase_cols,
+        phase_offsets=phase_off,
+        colls=coll_cols,
+        coll_offsets=coll_off,
+        samples=samples,
+        sample_offsets=sample_off,
+    )
