@@ -228,8 +228,8 @@ class RecordingWriter:
             self._buf += frame
             self._session["messages"] += 1
             self._session["bytes"] += len(payload)
-            big = len(self._buf) >= 8 << 20
-        if big:
+            due = len(self._buf) >= 8 << 20 or time.monotonic() - self._last_flush >= self.flush_s
+        if due:
             self.flush()
 
     def maybe_flush(self, counters: dict[str, Any] | None = None) -> bool:

@@ -27,7 +27,8 @@ from zmq.utils.monitor import recv_monitor_message
 
 from rankscope.collector import schema
 from rankscope.hub.intake import Intake
-from rankscope.hub.recording import RecordingWriter
+from rankscope.hub.recording import ReadReport, RecordingWriter, segments
+from rankscope.hub.replay import load
 from rankscope.hub.store import Store
 
 log = logging.getLogger("rankscope.hub")
@@ -79,6 +80,7 @@ class Hub:
         settle_s: float = 0.1,
         flush_s: float = 0.5,
         rcvhwm: int = 10_000,
+        resume: bool = True,
     ) -> None:
         """Configure (nothing is bound until `start`).
 
@@ -90,6 +92,9 @@ class Hub:
             flush_s: longest time a received message waits before it is on disk.
             rcvhwm: messages ZeroMQ queues for the hub before pushing back on senders
                 (which then drop and count, never block).
+            resume: when ``record_dir`` already holds a recording, replay it into the
+                store before listening, so a restarted hub knows the runs, ranks and steps
+                it had (ranks need not say hello again).
         """
         self.bind = bind
         self.transport, self.host, self.port = parse_bind(bind)
@@ -98,6 +103,8 @@ class Hub:
         self.settle_s = settle_s
         self.flush_s = flush_s
         self.rcvhwm = rcvhwm
+        self.resume = resume
+        self.resumed_frames = 0
         self.recorder: RecordingWriter | None = None
         self.intake: Intake | None = None
         self._ctx: zmq.Context | None = None
@@ -122,6 +129,10 @@ class Hub:
         with self._lock:
             if self._started:
                 return self
+            if self.resume and self.record_dir is not None and segments(self.record_dir):
+                report = ReadReport()
+                load(self.record_dir, store=self.store, report=report)
+                self.resumed_frames = report.frames
             self._ctx = zmq.Context()
             try:
                 self._bind()
