@@ -101,7 +101,8 @@ class WorkCorrelation:
     r2: float
     """R² of compute on tokens and Σseq² within steps (least squares, step means removed)."""
     slowest_is_heaviest: float
-    """Share of steps whose slowest rank also had the largest Σseq² (or tokens)."""
+    """Share of steps whose slowest rank also had the largest Σseq² (or tokens; ties with
+    the largest count)."""
     attn_max_ratio: float
     """Median over steps of max/median Σseq² across ranks (1 = balanced)."""
     tokens_max_ratio: float
@@ -367,8 +368,11 @@ def work_correlation(
     has = np.isfinite(compute).any(axis=0) & np.isfinite(heavy_src).any(axis=0)
     if has.any():
         slow = np.argmax(np.where(np.isfinite(compute), compute, -np.inf), axis=0)
-        heavy = np.argmax(np.where(np.isfinite(heavy_src), heavy_src, -np.inf), axis=0)
-        same = float(np.mean((slow == heavy)[has]))
+        filled = np.where(np.isfinite(heavy_src), heavy_src, -np.inf)
+        top = filled.max(axis=0)
+        # Ties count: tensor-parallel peers share their work exactly.
+        at_top = filled[slow, np.arange(filled.shape[1])] >= top
+        same = float(np.mean(at_top[has]))
     else:
         same = float("nan")
     return WorkCorrelation(

@@ -39,6 +39,8 @@ class GroupSkew:
     transfer_max: np.ndarray
     skew_share: np.ndarray
     """``skew_p50 / (skew_p50 + transfer_p50)``: above 0.5 waiting dominates the collective."""
+    row_of_instance: np.ndarray
+    """int64 per instance of the window: its row here, -1 when left out (incomplete)."""
 
     def __len__(self) -> int:
         return int(self.group.shape[0])
@@ -121,6 +123,8 @@ def group_skew(window: Window) -> GroupSkew:
     tr = group_quantiles(inv, transfer_time(inst)[ok], k, (0.5, 0.99, 1.0))
     with np.errstate(invalid="ignore", divide="ignore"):
         share = skew[0] / (skew[0] + tr[0])
+    row_of = np.full(len(inst), -1, dtype=np.int64)
+    row_of[ok] = inv
     return GroupSkew(
         group=(keys // (64 * (len(OPS) + 1))).astype(np.int32),
         op=((keys // 64) % (len(OPS) + 1)).astype(np.int8),
@@ -133,6 +137,7 @@ def group_skew(window: Window) -> GroupSkew:
         transfer_p99=tr[1],
         transfer_max=tr[2],
         skew_share=share,
+        row_of_instance=row_of,
     )
 
 

@@ -95,11 +95,14 @@ class Decomposition:
         return {c: float(nanmean(nanmax(self.ns[i], axis=0))) for i, c in enumerate(CATEGORIES)}
 
 
-def decompose(window: Window) -> Decomposition:
+def decompose(window: Window, exposed: dict[str, np.ndarray] | None = None) -> Decomposition:
     """Split every rank's step time into ``CATEGORIES`` (rule in the module docstring).
 
     Args:
         window: the window.
+        exposed: ``exposed_wait_ns`` / ``exposed_transfer_ns`` (R, S) to use instead of the
+            window's per-row sums (`exposure.exposed_union`, which counts overlapping
+            asynchronous collectives once).
 
     Returns:
         The decomposition; categories sum to ``t_end - t_start`` on every present rank-step.
@@ -116,8 +119,9 @@ def decompose(window: Window) -> Decomposition:
             return np.zeros(shape)
         return np.nan_to_num(np.maximum(arr, 0.0), nan=0.0)
 
-    wait = np.nan_to_num(np.maximum(window.coll["exposed_wait_ns"], 0.0), nan=0.0)
-    transfer = np.nan_to_num(np.maximum(window.coll["exposed_transfer_ns"], 0.0), nan=0.0)
+    src = window.coll if exposed is None else exposed
+    wait = np.nan_to_num(np.maximum(src["exposed_wait_ns"], 0.0), nan=0.0)
+    transfer = np.nan_to_num(np.maximum(src["exposed_transfer_ns"], 0.0), nan=0.0)
     measured = {
         "exposed_comm": transfer,
         "arrival_wait": wait,
@@ -129,7 +133,7 @@ def decompose(window: Window) -> Decomposition:
     coll = wait + transfer
     measured_sum = sum(measured.values())
     assert isinstance(measured_sum, np.ndarray)
-    covered = np.clip(compute_phases + measured_sum - step, 0.0, coll)
+    covered = np.clip(compute_phases + measured_sum - step, 0.0, np.minimum(coll, compute_phases))
     compute = np.where(has_phases, compute_phases - covered, 0.0)
     total = compute + measured_sum
     overlap = np.maximum(total - step, 0.0)

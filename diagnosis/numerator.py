@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rankscope.diagnosis.robust import nanmedian, robust_scale
+from rankscope.diagnosis.robust import robust_scale
 from rankscope.diagnosis.window import Window
 
 FIELDS = ("tokens", "valid_tokens", "padding_fraction", "attn_cost", "samples", "flops")
@@ -54,14 +54,15 @@ class NumeratorCheck:
     changed: tuple[str, ...]
     """Names of the fields that changed."""
     executed_ratio: float
-    """Largest ratio among executed-work fields that changed (1.0 when none)."""
+    """Largest ratio among executed-work fields that grew (1.0 when none grew)."""
     useful_ratio: float
     """valid_tokens (or samples) ratio: useful work per step (NaN when unknown)."""
 
     @property
     def numerator_changed(self) -> bool:
-        """Executed work per step moved (before any systems claim can be made)."""
-        return any(f in EXECUTED for f in self.changed)
+        """Executed work per step grew: part of a slowdown is more work, not a systems loss.
+        (Less executed work cannot explain a slowdown; it is still listed in ``changed``.)"""
+        return self.executed_ratio > 1.0
 
 
 def per_step_work(window: Window) -> dict[str, np.ndarray]:
@@ -128,7 +129,7 @@ def check_numerator(window: Window, baseline: Window | None = None) -> Numerator
             changed.append(name)
         fields.append(WorkField(name, c, b, float(ratio), float(z), is_changed))
     by_name = {f.name: f for f in fields}
-    executed = [by_name[n].ratio for n in EXECUTED if n in changed]
+    executed = [by_name[n].ratio for n in EXECUTED if n in changed and by_name[n].ratio > 1.0]
     useful = by_name["valid_tokens"].ratio
     if not np.isfinite(useful):
         useful = by_name["samples"].ratio
@@ -136,26 +137,6 @@ def check_numerator(window: Window, baseline: Window | None = None) -> Numerator
         fields=tuple(fields),
         has_baseline=base is not None,
         changed=tuple(changed),
-        executed_ratio=float(max(executed, key=lambda r: abs(r - 1.0))) if executed else 1.0,
+        executed_ratio=float(max(executed)) if executed else 1.0,
         useful_ratio=float(useful),
     )
-
-
-def work_per_rank(window: Window) -> dict[str, np.ndarray]:
-    """Per rank and step work, present steps only (NaN elsewhere).
-
-    Args:
-        window: the window.
-
-    Returns:
-        ``tokens``, ``valid_tokens``, ``attn_cost``, ``samples``, ``flops`` -> (R, S).
-    """
-    return {
-        k: np.where(window.present & (window.work[k] >= 0), window.work[k], np.nan)
-        for k in ("tokens", "valid_tokens", "attn_cost", "samples", "flops")
-    }
-
-
-def step_median(x: np.ndarray) -> np.ndarray:
-    """Median over ranks of a (R, S) array, per step."""
-    return nanmedian(x, axis=0)

@@ -327,3 +327,76 @@ def test_no_stall_in_steady_run() -> None:
     w = steady(4, 10, ranks=rank_layout(4))
     st = detect_stall(w)
     assert not st.stalled and st.pending == () and st.silent_ranks == ()
+
+
+def test_less_executed_work_is_not_a_numerator_change() -> None:
+    rng = np.random.default_rng(4)
+    chk = check_numerator(_work_window(800, 780, rng), _work_window(1000, 980, rng))
+    assert "tokens" in chk.changed
+    assert not chk.numerator_changed
+    assert chk.executed_ratio == 1.0
+
+
+# --- exposure -----------------------------------------------------------------------------
+
+
+def _bucket_rows(cut_enter: list[float], exits: list[float], lasts: list[float]):
+    """One rank, one step, async buckets entering at ``cut_enter`` and leaving at ``exits``;
+    the instance of bucket i completed (last arrival) at ``lasts[i]``."""
+    n = len(exits)
+    flags = np.full(n, schema.FLAG_ASYNC | schema.FLAG_DDP_BUCKET, np.int32)
+    rows = CollRows(
+        rank=np.zeros(n, np.int64),
+        step=np.zeros(n, np.int64),
+        op=np.full(n, schema.OP_INDEX["all_reduce"]),
+        group=np.zeros(n, np.int32),
+        seq=np.arange(n),
+        nbytes=np.full(n, 1 << 20),
+        t_enter=np.array(cut_enter, float),
+        t_start=np.full(n, np.nan),
+        t_end=np.full(n, np.nan),
+        t_exit=np.array(exits, float),
+        flags=flags,
+    )
+    inst = instance_table(
+        group=np.zeros(n),
+        seq=np.arange(n),
+        op=np.full(n, schema.OP_INDEX["all_reduce"]),
+        nbytes=np.full(n, 1 << 20),
+        n_members=np.full(n, 2),
+        first=np.array(cut_enter, float),
+        last=np.array(lasts, float),
+    )
+    ranks = rank_layout(1, ranks_per_host=1)
+    w = make_window(
+        np.array([[0.0]]),
+        np.array([[1000.0]]),
+        ranks=ranks,
+        instances=inst,
+        coll={"n": np.array([[float(n)]])},
+    )
+    return type(w)(**{**w.__dict__, "rows": rows})
+
+
+def test_exposure_union_counts_nested_async_buckets_once() -> None:
+    from rankscope.diagnosis.exposure import exposed_union, rows_cover_window
+
+    # Three buckets issued at 100, 200, 300 (cut = 300); they leave at 400, 500, 600.
+    # Bucket 2's instance completed at 450 (others still arriving until then).
+    w = _bucket_rows([100, 200, 300], [400, 500, 600], [150, 450, 300])
+    assert rows_cover_window(w)
+    e = exposed_union(w)
+    # Union after the cut: [300, 600] = 300 ns, not 100 + 200 + 300 = 600.
+    # Pieces: [300, 400] bucket 0 (complete at 150: transfer 100);
+    #         [400, 500] bucket 1 (complete at 450: wait 50, transfer 50);
+    #         [500, 600] bucket 2 (complete at 300: transfer 100).
+    assert e["exposed_wait_ns"][0, 0] == pytest.approx(50.0)
+    assert e["exposed_transfer_ns"][0, 0] == pytest.approx(250.0)
+
+
+def test_exposure_needs_rows_for_every_rank_step() -> None:
+    from rankscope.diagnosis.exposure import rows_cover_window
+
+    w = _bucket_rows([100], [400], [150])
+    w2 = type(w)(**{**w.__dict__, "rows": None})
+    assert not rows_cover_window(w2)

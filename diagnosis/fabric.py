@@ -1,0 +1,276 @@
+"""Which links are slow: a host's local fabric, a network rail, misplaced groups, bursts.
+
+Collective transfer (post-arrival service) is compared with **peers**: rows of the
+per-(group, op, size bucket) table that do the same job — same kind of group (the name's
+leading letters: ``tp``, ``dp``, ``pp``...), op, size bucket, group size and host-crossing.
+A ratio of 1 is "as fast as its peers"; the analyses never compare a 1 KiB all-reduce over
+NVLink with a 256 MiB one over the network.
+
+- **host**: intra-host groups grouped by their host — a slow local fabric (NVLink/PCIe)
+  shows as one host whose intra-host collectives are slower than everyone else's.
+- **rail**: cross-host groups whose members all sit on one rail, grouped by that rail — a
+  degraded NIC or rail switch slows exactly the groups that cross it.
+- **placement**: groups that cross hosts although most groups of their kind do not (a
+  tensor-parallel group split over two hosts), against their kind's intra-host peers.
+- **bursts**: per step, the geometric mean over cross-host instances of transfer relative
+  to its row's median — a congestion burst lifts a whole step's transfers at once.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from rankscope.diagnosis.critical import GroupSkew
+from rankscope.diagnosis.curves import transfer_time
+from rankscope.diagnosis.robust import nanmedian, robust_z
+from rankscope.diagnosis.window import Window
+
+
+@dataclass(frozen=True)
+class LinkFinding:
+    """A host, rail or set of groups whose collectives are slower than their peers'."""
+
+    kind: str
+    """``host``, ``rail`` or ``placement``."""
+    code: int
+    """Host code or rail (-1 for placement)."""
+    label: str
+    slowdown: float
+    """Median transfer over the peers' median (1 = as fast as peers)."""
+    z: float
+    """Robust z of ``slowdown`` among the candidates of the same kind (hosts, rails)."""
+    extra_ns_per_step: float
+    """Σ over its rows of (transfer − peer transfer) × instances, per step of the window."""
+    groups: tuple[str, ...]
+    hosts: tuple[str, ...]
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class FabricView:
+    """Slow-link findings, worst first within each kind."""
+
+    hosts: tuple[LinkFinding, ...]
+    rails: tuple[LinkFinding, ...]
+    placement: tuple[LinkFinding, ...]
+    row_ratio: np.ndarray
+    """float64 per `GroupSkew` row: median transfer over its peers' median."""
+    inflation_cross: np.ndarray
+    """float64 (S,) per step geometric-mean transfer ratio of cross-host instances."""
+    inflation_intra: np.ndarray
+    """float64 (S,) the same for intra-host instances."""
+
+
+_KIND = re.compile(r"^[A-Za-z_]+")
+
+
+def group_kind(name: str) -> str:
+    """The kind of a group from its name: leading letters (``tp0.3`` -> ``tp``)."""
+    m = _KIND.match(name)
+    return m.group(0).rstrip("_") if m else name
+
+
+def _row_attrs(window: Window, skew: GroupSkew) -> dict[str, np.ndarray]:
+    n = len(skew)
+    kind = np.empty(n, dtype=object)
+    crosses = np.zeros(n, dtype=np.int64)
+    members = np.zeros(n, dtype=np.int64)
+    rail = np.full(n, -1, dtype=np.int64)
+    host = np.full(n, -1, dtype=np.int64)
+    cache: dict[int, tuple[str, int, int, int, int]] = {}
+    r_rail = window.ranks.rail
+    r_host = window.ranks.host
+    for i, gid in enumerate(skew.group.tolist()):
+        if gid not in cache:
+            g = window.groups.get(gid)
+            if g is None:
+                cache[gid] = (f"group{gid}", 0, 0, -1, -1)
+            else:
+                m = np.asarray([r for r in g.ranks if 0 <= r < window.world_size], np.int64)
+                rails = np.unique(r_rail[m]) if m.size else np.zeros(0)
+                hosts = np.unique(r_host[m]) if m.size else np.zeros(0)
+                cache[gid] = (
+                    group_kind(g.name),
+                    int(g.crosses_hosts),
+                    len(g.ranks),
+                    int(rails[0]) if rails.size == 1 else -1,
+                    int(hosts[0]) if hosts.size == 1 else -1,
+                )
+        kind[i], crosses[i], members[i], rail[i], host[i] = cache[gid]
+    return {"kind": kind, "crosses": crosses, "members": members, "rail": rail, "host": host}
+
+
+def _peer_ratio(t: np.ndarray, cls: list[tuple]) -> np.ndarray:
+    """t over the median t of the rows sharing its class tuple."""
+    out = np.full(t.shape[0], np.nan)
+    index: dict[tuple, list[int]] = {}
+    for i, c in enumerate(cls):
+        index.setdefault(c, []).append(i)
+    for rows in index.values():
+        sel = np.asarray(rows)
+        med = nanmedian(t[sel]) if np.isfinite(t[sel]).any() else np.nan
+        if med > 0:
+            out[sel] = t[sel] / med
+    return out
+
+
+def _extra(t: np.ndarray, ratio: np.ndarray, count: np.ndarray, sel: np.ndarray, steps: int):
+    with np.errstate(invalid="ignore", divide="ignore"):
+        peer = t[sel] / ratio[sel]
+    extra = np.nansum((t[sel] - peer) * count[sel])
+    return float(extra / max(steps, 1))
+
+
+def _findings(
+    kind: str,
+    codes: np.ndarray,
+    valid: np.ndarray,
+    window: Window,
+    skew: GroupSkew,
+    ratio: np.ndarray,
+    label,
+) -> tuple[LinkFinding, ...]:
+    sel_codes = np.unique(codes[valid & (codes >= 0) & np.isfinite(ratio)])
+    if sel_codes.size == 0:
+        return ()
+    med = np.array([nanmedian(ratio[valid & (codes == c)]) for c in sel_codes])
+    z = robust_z(np.log(med)) if sel_codes.size >= 3 else np.zeros(sel_codes.size)
+    n_steps = int(window.steps.shape[0])
+    out = []
+    for c, m, zc in zip(sel_codes, med, z):
+        sel = valid & (codes == c)
+        gids = np.unique(skew.group[sel])
+        names = tuple(window.groups[g].name if g in window.groups else f"group{g}" for g in gids)
+        ranks = sorted({r for g in gids if g in window.groups for r in window.groups[g].ranks})
+        host_codes = sorted(
+            {int(window.ranks.host[r]) for r in ranks if 0 <= r < window.world_size}
+        )
+        out.append(
+            LinkFinding(
+                kind=kind,
+                code=int(c),
+                label=label(int(c)),
+                slowdown=float(m),
+                z=float(zc),
+                extra_ns_per_step=_extra(
+                    skew.transfer_p50, ratio, skew.count.astype(float), sel, n_steps
+                ),
+                groups=names,
+                hosts=tuple(_host_name(window, h) for h in host_codes),
+                ranks=tuple(int(r) for r in ranks),
+            )
+        )
+    out.sort(key=lambda f: -f.slowdown)
+    return tuple(out)
+
+
+def _host_name(window: Window, code: int) -> str:
+    hosts = window.ranks.hosts
+    return hosts[code] if 0 <= code < len(hosts) else f"host{code}"
+
+
+def _inflation(window: Window, skew: GroupSkew, row_ratio_of: np.ndarray, cross: np.ndarray):
+    """Per step, exp(mean log(transfer / row median)) over instances in ``cross`` rows."""
+    inst = window.instances
+    n_steps = int(window.steps.shape[0])
+    out = np.full(n_steps, np.nan)
+    row = skew.row_of_instance
+    if row.shape[0] != len(inst) or n_steps == 0:
+        return out
+    ok = row >= 0
+    ok[ok] = cross[row[ok]]
+    t = transfer_time(inst)
+    med = skew.transfer_p50
+    idx = np.flatnonzero(ok)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        lr = np.log(t[idx] / med[row[idx]])
+    good = np.isfinite(lr)
+    idx, lr = idx[good], lr[good]
+    j = np.searchsorted(window.steps, inst.step[idx])
+    inside = (j < n_steps) & (window.steps[np.minimum(j, n_steps - 1)] == inst.step[idx])
+    j, lr = j[inside], lr[inside]
+    sums = np.bincount(j, weights=lr, minlength=n_steps)
+    counts = np.bincount(j, minlength=n_steps)
+    has = counts > 0
+    out[has] = np.exp(sums[has] / counts[has])
+    return out
+
+
+def fabric_view(window: Window, skew: GroupSkew) -> FabricView:
+    """Slow hosts, rails and misplaced groups, and per-step transfer inflation.
+
+    Args:
+        window: the window.
+        skew: its `critical.group_skew` table.
+
+    Returns:
+        The findings (empty tuples where the window has no such groups).
+    """
+    n_steps = int(window.steps.shape[0])
+    if len(skew) == 0:
+        nan = np.full(n_steps, np.nan)
+        return FabricView((), (), (), np.zeros(0), nan, nan.copy())
+    a = _row_attrs(window, skew)
+    t = skew.transfer_p50
+    op, bucket = skew.op.tolist(), skew.bucket.tolist()
+    kinds, members, crosses = a["kind"].tolist(), a["members"].tolist(), a["crosses"].tolist()
+    cls = [(k, o, b, m, c) for k, o, b, m, c in zip(kinds, op, bucket, members, crosses)]
+    ratio = _peer_ratio(t, cls)
+
+    intra = a["crosses"] == 0
+    hosts = _findings(
+        "host", a["host"], intra, window, skew, ratio, lambda c: _host_name(window, c)
+    )
+    rails = _findings("rail", a["rail"], ~intra, window, skew, ratio, lambda c: f"rail {c}")
+
+    # Kinds whose groups mostly stay inside a host; their crossing groups are misplaced.
+    placement: list[LinkFinding] = []
+    kind_arr = a["kind"]
+    for k in sorted(set(kinds)):
+        of_kind = kind_arr == k
+        n_cross = int((of_kind & ~intra).sum())
+        n_intra = int((of_kind & intra).sum())
+        if n_cross == 0 or n_intra <= n_cross:
+            continue
+        # Compare the crossing rows with the same kind's intra-host rows (op, size, members).
+        cls_k = [(o, b, m) for o, b, m in zip(op, bucket, members)]
+        ref: dict[tuple, list[float]] = {}
+        for i in np.flatnonzero(of_kind & intra):
+            ref.setdefault(cls_k[i], []).append(t[i])
+        sel = of_kind & ~intra
+        r = np.full(len(skew), np.nan)
+        for i in np.flatnonzero(sel):
+            peers = ref.get(cls_k[i])
+            if peers:
+                r[i] = t[i] / float(np.median(peers))
+        if not np.isfinite(r[sel]).any():
+            continue
+        gids = np.unique(skew.group[sel])
+        names = tuple(window.groups[g].name for g in gids if g in window.groups)
+        ranks = sorted({rk for g in gids if g in window.groups for rk in window.groups[g].ranks})
+        hc = sorted({int(window.ranks.host[rk]) for rk in ranks if 0 <= rk < window.world_size})
+        placement.append(
+            LinkFinding(
+                kind="placement",
+                code=-1,
+                label=f"{len(names)} {k} group(s) crossing hosts",
+                slowdown=float(nanmedian(r[sel])),
+                z=float("nan"),
+                extra_ns_per_step=_extra(t, r, skew.count.astype(float), sel, n_steps),
+                groups=names,
+                hosts=tuple(_host_name(window, h) for h in hc),
+                ranks=tuple(int(x) for x in ranks),
+            )
+        )
+    cross_rows = a["crosses"] == 1
+    return FabricView(
+        hosts=hosts,
+        rails=rails,
+        placement=tuple(placement),
+        row_ratio=ratio,
+        inflation_cross=_inflation(window, skew, ratio, cross_rows),
+        inflation_intra=_inflation(window, skew, ratio, ~cross_rows),
+    )
