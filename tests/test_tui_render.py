@@ -81,6 +81,18 @@ def test_slowest_ranks() -> None:
     assert slowest_ranks(w, 2, keep) == [11, 2]
 
 
+def test_slowest_ranks_look_past_the_wait() -> None:
+    # Synchronous steps: every rank's step is 150 ms, but all except rank 5 spent 50 ms of
+    # it waiting for rank 5 in a collective.
+    world, steps = 16, 4
+    wait = np.full((world, steps), 50 * MS)
+    wait[5] = 0.0
+    coll = {"exposed_wait_ns": wait, "wait_ns": wait}
+    t_start = np.zeros((world, steps))
+    w = make_window(t_start, t_start + 150 * MS, coll=coll)
+    assert slowest_ranks(w, 1) == [5]
+
+
 def test_small_world_one_row_per_rank_pins_first() -> None:
     w = _window(16, 6, slow={9: 40})
     spec = METRIC_SPECS["step"]

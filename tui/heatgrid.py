@@ -116,6 +116,7 @@ def build_grid(
     keep: np.ndarray | None = None,
     zoom: int | None = None,
     rank_rows_max: int = 64,
+    blame: np.ndarray | None = None,
 ) -> HeatGrid:
     """Arrange a metric's ``(R, S)`` values into heatmap rows.
 
@@ -128,6 +129,10 @@ def build_grid(
         keep: bool (R,) ranks the filter keeps (default all); pins are always shown.
         zoom: show only the ranks of this group code, one row each.
         rank_rows_max: most ranks shown one row each before rows become groups.
+        blame: float (R,) score naming each group's worst rank (highest wins); default
+            the metric's mean over the window in its bad direction. The step time needs
+            another score: in a synchronous job every rank's step is as long as the
+            straggler's, so its busy time (``metrics.busy_mean``) names it.
 
     Returns:
         The grid; its colour scale spans the shown values.
@@ -176,9 +181,12 @@ def build_grid(
         reduce = np.fmax if spec.higher_is_worse else np.fmin
         with np.errstate(invalid="ignore"):
             worst = reduce.reduceat(sub, starts, axis=0)
-        mean = _window_mean(sub)
-        # Worst rank of each group over the window: the largest (or smallest) mean.
-        key = np.nan_to_num(mean if spec.higher_is_worse else -mean, nan=-np.inf)
+        if blame is not None:
+            key = np.nan_to_num(np.asarray(blame, dtype=np.float64)[order], nan=-np.inf)
+        else:
+            # Worst rank of each group over the window: the largest (or smallest) mean.
+            mean = _window_mean(sub)
+            key = np.nan_to_num(mean if spec.higher_is_worse else -mean, nan=-np.inf)
         member_group = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, order.size]))
         best = np.lexsort((order, -key, member_group))
         first_of_group = best[np.r_[True, member_group[best][1:] != member_group[best][:-1]]]

@@ -172,8 +172,31 @@ def filter_mask(window: Window, text: str) -> np.ndarray:
     return keep
 
 
+def busy_mean(window: Window) -> np.ndarray:
+    """Mean busy time of each rank over the window: step time minus arrival wait and
+    pipeline idle (``diagnosis.critical.busy_ns``), in ns; NaN for a rank with no step.
+
+    Args:
+        window: the window.
+
+    Returns:
+        float64 (R,).
+    """
+    from rankscope.diagnosis.critical import busy_ns
+    from rankscope.diagnosis.decomposition import decompose
+
+    busy = np.where(window.present, busy_ns(window, decompose(window)), np.nan)
+    counts = np.sum(np.isfinite(busy), axis=1)
+    with np.errstate(all="ignore"):
+        return np.where(counts > 0, np.nansum(busy, axis=1) / np.maximum(counts, 1), np.nan)
+
+
 def slowest_ranks(window: Window, k: int, candidates: np.ndarray | None = None) -> list[int]:
-    """The ``k`` ranks with the largest mean step time over the window.
+    """The ``k`` ranks with the largest mean busy time over the window.
+
+    Busy time is the step time minus arrival wait and pipeline idle (``diagnosis.critical
+    .busy_ns``): in a synchronous job every rank's step lasts as long as the slowest one's,
+    so the step time alone cannot tell the straggler from the ranks waiting for it.
 
     Args:
         window: the window.
@@ -183,10 +206,7 @@ def slowest_ranks(window: Window, k: int, candidates: np.ndarray | None = None) 
     Returns:
         Ranks, slowest first (ties: lower rank first).
     """
-    step = np.where(window.present, window.step_ns, np.nan)
-    with np.errstate(all="ignore"):
-        counts = np.sum(np.isfinite(step), axis=1)
-        mean = np.where(counts > 0, np.nansum(step, axis=1) / np.maximum(counts, 1), -np.inf)
+    mean = np.nan_to_num(busy_mean(window), nan=-np.inf)
     if candidates is not None:
         mean = np.where(candidates, mean, -np.inf)
     order = np.lexsort((np.arange(mean.size), -mean))

@@ -63,7 +63,8 @@ class ViewSettings:
     """Up to this many ranks each get their own heatmap row; above it, rows are groups
     showing their worst rank (zoom into a group with ``enter``)."""
     pin_slowest: int = 4
-    """How many ranks ``P`` pins (the slowest by mean step time over the window)."""
+    """How many ranks ``P`` pins: the slowest by mean busy time (step time minus the
+    time spent waiting for other ranks) over the window."""
     last_arrivals: int = 6
     """Collective instances listed in the last-arriving ranks panel."""
 

@@ -1,0 +1,345 @@
+"""Pilot tests: press the keys, then check the app's state, its screens and the files it
+writes. Every app comes from `make_app` with a static seeded source and fixed settings."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rankscope.tui.app import RankscopeApp, make_app
+from rankscope.tui.detail_screen import RankDetailScreen
+from rankscope.tui.dialogs import BaselinePicker, FilterDialog, HelpScreen, key_rows
+from rankscope.tui.heatgrid import GROUP, PIN, RANK
+from rankscope.tui.heatmap import Heatmap
+from rankscope.tui.main_screen import MainScreen
+from rankscope.tui.report_screens import (
+    CurvesScreen,
+    ManifestScreen,
+    StallScreen,
+    StructureScreen,
+)
+from rankscope.tui.scenes import Fault, synthetic_run
+from rankscope.tui.settings import GROUP_BY, METRICS, deterministic_settings
+from rankscope.tui.sources import StaticSource
+from rankscope.tui.viewstate import state_path
+
+SIZE = (120, 36)
+
+
+def run_async(fn):
+    """Run an async test body on a fresh event loop (no asyncio plugin needed)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return asyncio.run(fn(*args, **kwargs))
+
+    return wrapper
+
+
+@pytest.fixture(scope="module")
+def slow13():
+    return synthetic_run(64, 40, fault=Fault("slow_device", rank=13), run="run-b")
+
+
+@pytest.fixture(scope="module")
+def healthy():
+    return synthetic_run(
+        64,
+        40,
+        run="run-a",
+        seed=1,
+        manifest={
+            "versions": {"torch": "2.13.0", "nccl": "2.26.2"},
+            "config": {"global_batch": 4096, "micro_batch": 4, "seq_len": 8192},
+        },
+    )
+
+
+async def settle(pilot, app: RankscopeApp, analysis: bool = True) -> None:
+    """Wait until the model (and the diagnosis) for the current view have arrived."""
+    for _ in range(400):
+        await pilot.pause(0.02)
+        busy = any(w.is_running for w in app.workers)
+        ready = app.model is not None and (not analysis or app.analysis is not None)
+        if ready and not busy and not app._sampling:
+            await pilot.pause(0.02)
+            return
+    raise AssertionError("the app did not settle")
+
+
+def _app(windows, tmp_path: Path | None = None, **kw) -> RankscopeApp:
+    settings = deterministic_settings(tmp_path or "")
+    return make_app(settings, StaticSource(windows, health={"events_per_s": 12000}), **kw)
+
+
+@run_async
+async def test_startup_shows_the_run_and_its_straggler(slow13, healthy) -> None:
+    app = _app([healthy, slow13])
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app)
+        assert isinstance(app.screen, MainScreen)
+        header = app.model.header
+        assert header.run == "run-b"  # the newest run is shown
+        assert header.world_size == 64 and header.hosts == 8 and header.step == 1039
+        grid = app.screen.query_one(Heatmap).grid
+        assert grid.spec.name == "step" and len(grid) == 64
+        top = app.model.ranking[0]
+        assert top.rank == 13 and top.times_last == 80
+        assert app.model.arrivals[0].last_rank == 13
+        assert app.analysis is not None and app.analysis.structure[0].metric == "lateness"
+
+
+@run_async
+async def test_metric_and_group_keys_cycle(slow13) -> None:
+    app = _app([slow13])
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app)
+        await pilot.press("m")
+        await settle(pilot, app, analysis=False)
+        assert app.metric == METRICS[1]
+        assert app.screen.query_one(Heatmap).grid.spec.name == METRICS[1]
+        for _ in range(len(METRICS) - 2):
+            await pilot.press("m")
+        await settle(pilot, app, analysis=False)
+        assert app.metric == "temperature"
+        await pilot.press("m")
+        assert app.metric == "step"
+        await pilot.press("g")
+        await settle(pilot, app, analysis=False)
+        assert app.group_by == GROUP_BY[1]
+        assert app.screen.query_one(Heatmap).grid.dimension == "rack"
+
+
+@run_async
+async def test_space_pins_and_pins_persist_per_job(slow13, tmp_path: Path) -> None:
+    app = _app([slow13], tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app)
+        heatmap = app.screen.query_one(Heatmap)
+        for _ in range(13):
+            await pilot.press("down")
+        assert heatmap.selected().rank == 13
+        await pilot.press("space")
+        await settle(pilot, app, analysis=False)
+        assert app.pins == (13,)
+        grid = heatmap.grid
+        assert grid.kinds[0] == PIN and grid.rank[0] == 13
+        assert heatmap.selected().rank == 13  # the selection follows the rank
+        await pilot.press("m")
+        await settle(pilot, app, analysis=False)
+    saved = json.loads(state_path(tmp_path, "demo-llm").read_text())
+    assert saved["pins"] == [13] and saved["metric"] == "compute"
+
+    again = _app([slow13], tmp_path)
+    async with again.run_test(size=SIZE) as pilot:
+        await settle(pilot, again)
+        assert again.pins == (13,) and again.metric == "compute"
+        assert again.screen.query_one(Heatmap).grid.rank[0] == 13
+        await pilot.press("home", "space")  # the pinned row is the first: unpin it
+        await settle(pilot, again, analysis=False)
+        assert again.pins == ()
+    assert json.loads(state_path(tmp_path, "demo-llm").read_text())["pins"] == []
+
+
+@run_async
+async def test_pin_slowest(slow13) -> None:
+    app = _app([slow13])
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app)
+        await pilot.press("P")
+        await settle(pilot, app, analysis=False)
+        assert len(app.pins) == 4 and app.pins[0] == 13
+        grid = app.screen.query_one(Heatmap).grid
+        assert list(grid.rank[:4]) == list(app.pins)
+
+
+@run_async
+async def test_filter_dialog_and_escape(slow13) -> None:
+    app = _app([slow13])
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app)
+        await pilot.press("slash")
+        assert isinstance(app.screen, FilterDialog)
+        await pilot.press(*"8-10,r13", "enter")
+        await settle(pilot, app, analysis=False)
+        assert isinstance(app.screen, MainScreen)
+        assert app.filter_text == "8-10,r13"
+        grid = app.screen.query_one(Heatmap).grid
+        assert grid.rank.tolist() == [8, 9, 10, 13] and grid.hidden == 60
+        await pilot.press("slash", "escape")  # cancelled: filter unchanged
+        assert app.filter_text == "8-10,r13"
+        await pilot.press("escape")
+        await settle(pilot, app, analysis=False)
+        assert app.filter_text == "" and len(app.screen.query_one(Heatmap).grid) == 64
+
+
+@run_async
+async def test_enter_zooms_into_a_group_then_opens_a_rank(tmp_path: Path) -> None:
+    big = synthetic_run(128, 20, fault=Fault("slow_device", rank=77), run="big")
+    app = _app([big])
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app)
+        heatmap = app.screen.query_one(Heatmap)
+        assert (heatmap.grid.kinds == GROUP).all() and len(heatmap.grid) == 16
+        for _ in range(9):
+            await pilot.press("down")
+        row = heatmap.selected()
+        assert row.kind == GROUP and row.group == 9 and row.rank == 77
+        await pilot.press("enter")
+        await settle(pilot, app, analysis=False)
+        assert app.zoom == 9
+        assert heatmap.grid.rank.tolist() == list(range(72, 80))
+        assert heatmap.selected().kind == RANK
+        for _ in range(5):
+            await pilot.press("down")
+        assert heatmap.selected().rank == 77
+        await pilot.press("enter")
+        await settle(pilot, app, analysis=False)
+        assert isinstance(app.screen, RankDetailScreen) and app.screen.rank == 77
+        assert app.detail is not None and app.detail.rank == 77
+        step = app.detail.series[0]
+        assert np.nanmean(step.rank) > np.nanmean(step.median)
+        sm = next(c for c in app.detail.samples if c.label == "SM clock")
+        assert sm.rank < 1500 < sm.median
+        await pilot.press("space")
+        assert 77 in app.pins
+        await pilot.press("escape")
+        assert isinstance(app.screen, MainScreen) and app.zoom == 9
+        await pilot.press("escape")
+        await settle(pilot, app, analysis=False)
+        assert app.zoom is None and len(heatmap.grid) == 17  # 16 hosts + the pin
+
+
+@run_async
+async def test_pause_stops_sampling_but_keeps_view_changes(slow13) -> None:
+    calls = []
+
+    class Counting(StaticSource):
+        def window(self, run, last):
+            calls.append(run)
+            return super().window(run, last)
+
+    app = make_app(deterministic_settings(), Counting([slow13]))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app)
+        await pilot.press("p")
+        assert app.paused
+        await settle(pilot, app, analysis=False)
+        before = len(calls)
+        await pilot.pause(0.8)  # three sampling periods at 4 Hz
+        assert len(calls) == before
+        header = app.screen.query_one("#header").content
+        assert "PAUSED" in header.renderables[0].plain
+        await pilot.press("m")
+        await settle(pilot, app, analysis=False)
+        assert app.screen.query_one(Heatmap).grid.spec.name == "compute"
+        await pilot.press("p")
+        await pilot.pause(0.6)
+        assert not app.paused and len(calls) > before
+
+
+@run_async
+async def test_baseline_picker_sets_the_comparison(slow13, healthy) -> None:
+    app = _app([healthy, slow13])
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app)
+        assert app.analysis.baseline_run is None
+        await pilot.press("b")
+        assert isinstance(app.screen, BaselinePicker)
+        await pilot.press("down", "enter")
+        await settle(pilot, app)
+        assert app.baseline_run == "run-a"
+        for _ in range(100):
+            if app.analysis.baseline_run == "run-a":
+                break
+            await settle(pilot, app)
+        assert app.model.header.baseline_run == "run-a"
+        assert app.model.header.baseline.p50 < app.model.header.stats.p50
+        assert app.analysis.baseline_run == "run-a"
+        rows = {r.category: r for r in app.analysis.decomposition}
+        assert np.isfinite(rows["compute"].baseline_ms)
+        fields = {m.field for m in app.analysis.manifest}
+        assert fields == {"versions.nccl"}
+        await pilot.press("d")
+        assert isinstance(app.screen, ManifestScreen)
+        assert app.screen.query_one("DataTable").row_count == 1
+        await pilot.press("escape", "b", "home", "enter")  # "(no baseline)" is first
+        await settle(pilot, app)
+        assert app.baseline_run is None
+
+
+@run_async
+async def test_report_screens_and_help(slow13) -> None:
+    app = _app([slow13])
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app)
+        for key, screen in (("s", StructureScreen), ("c", CurvesScreen)):
+            await pilot.press(key)
+            assert isinstance(app.screen, screen)
+            assert app.screen.query_one("DataTable").row_count > 0
+            await pilot.press("escape")
+            assert isinstance(app.screen, MainScreen)
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        text = app.screen.query_one("#keys").content.plain
+        for _, _keys, description in key_rows(app.help_sections()):
+            assert description in text
+        for binding_key in ("space", "P", "/", "m", "g", "enter", "esc", "p", "b", "q", "?"):
+            assert f"  {binding_key} " in text
+        await pilot.press("escape")
+        assert isinstance(app.screen, MainScreen)
+        await pilot.press("q")
+    assert app.return_code == 0
+
+
+@run_async
+async def test_stall_view_opens_when_steps_stop_and_closes_when_they_resume(slow13) -> None:
+    now = [0.0]
+    early = synthetic_run(64, 39, fault=Fault("slow_device", rank=13), run="run-b")
+
+    class Live(StaticSource):
+        live = True
+
+        def __init__(self):
+            super().__init__([early])
+
+        def advance(self):
+            self._windows = {"run-b": slow13}
+
+    source = Live()
+    settings = deterministic_settings()
+    app = make_app(settings, source, clock=lambda: now[0])
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app)
+        assert isinstance(app.screen, MainScreen)
+        now[0] = settings.refresh.stall_s + 1
+        for _ in range(50):
+            await pilot.pause(0.05)
+            if isinstance(app.screen, StallScreen):
+                break
+        assert isinstance(app.screen, StallScreen)
+        source.advance()
+        for _ in range(50):
+            await pilot.pause(0.05)
+            if isinstance(app.screen, MainScreen):
+                break
+        assert isinstance(app.screen, MainScreen)
+        assert app.model.header.step == 1039
+
+
+@run_async
+async def test_narrow_terminal_hides_structure_and_keeps_the_heatmap(slow13) -> None:
+    app = _app([slow13])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        screen = app.screen
+        assert screen.has_class("-narrow")
+        assert not screen.query_one("#structure").display
+        heatmap = screen.query_one(Heatmap)
+        assert heatmap.size.height >= 8 and heatmap.dense
+        assert heatmap.size.width >= 60

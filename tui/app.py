@@ -1,0 +1,490 @@
+"""The rankscope TUI: composition, bindings and routing.
+
+`make_app(settings, source)` is the one way to build it, for the CLI and for every test.
+Two clocks drive it: the sampling clock (``refresh.sample_hz``) asks the source for the
+latest window in a worker thread and builds the main-screen model there; the diagnosis
+clock (``refresh.diagnosis_s``) runs the analysis in another worker. Both finish by
+posting a message; only the event loop touches widgets. Neither clock runs while the view
+is paused or a dialog is open, and view changes (metric, grouping, pins, filter, zoom)
+rebuild the model from the last sample without waiting for the next one.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from typing import ClassVar
+
+from textual import work
+from textual.app import App
+from textual.binding import Binding, BindingType
+from textual.reactive import reactive
+from textual.screen import ModalScreen
+
+from rankscope.diagnosis.window import Window
+from rankscope.tui.analysis import AnalysisView, analyse
+from rankscope.tui.detail_screen import RankDetailScreen
+from rankscope.tui.detailmodel import RankDetail, rank_detail
+from rankscope.tui.dialogs import NO_BASELINE, BaselinePicker, FilterDialog, HelpScreen
+from rankscope.tui.heatmap import Heatmap
+from rankscope.tui.main_screen import MainScreen
+from rankscope.tui.mainmodel import MainModel, ViewState, build_main_model
+from rankscope.tui.messages import AnalysisReady, ModelReady
+from rankscope.tui.metrics import filter_mask, slowest_ranks
+from rankscope.tui.report_screens import (
+    CurvesScreen,
+    ManifestScreen,
+    StallScreen,
+    StructureScreen,
+)
+from rankscope.tui.settings import GROUP_BY, METRICS, Settings
+from rankscope.tui.sources import Sample, Source, sample
+from rankscope.tui.viewstate import SavedView, load_view, save_view
+
+REPORTS = {"structure": StructureScreen, "curves": CurvesScreen, "manifest": ManifestScreen}
+
+
+class RankscopeApp(App[int]):
+    """Live view of a distributed training job; see the module docstring."""
+
+    TITLE = "rankscope"
+    ENABLE_COMMAND_PALETTE = False
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit", "Quit", tooltip="Quit (the hub and recording are not affected)"),
+        Binding("question_mark", "help", "Help", tooltip="This list of keys"),
+        Binding("p", "pause", "Pause", tooltip="Freeze the view (data keeps being recorded)"),
+        Binding("b", "baseline", "Baseline", tooltip="Choose the baseline run"),
+    ]
+    """
+    | Key(s) | Description |
+    | :- | :- |
+    | q | Quit (the hub and the recording are not affected). |
+    | ? | The list of keys. |
+    | p | Pause or resume the view; data keeps being received and recorded. |
+    | b | Choose the baseline run. |
+    """
+
+    metric: reactive[str] = reactive("step")
+    """Heatmap metric (``settings.METRICS``)."""
+    group_by: reactive[str] = reactive("host")
+    """Row grouping dimension (``settings.GROUP_BY``)."""
+    paused: reactive[bool] = reactive(False)
+    """The view is frozen; the source keeps receiving."""
+    pins: reactive[tuple[int, ...]] = reactive(())
+    """Pinned ranks, shown first in the heatmap."""
+    filter_text: reactive[str] = reactive("")
+    """Rank/host filter (see ``metrics.filter_mask``)."""
+    zoom: reactive[int | None] = reactive(None)
+    """Group code zoomed into (ranks of that group, one row each)."""
+    baseline_run: reactive[str | None] = reactive(None)
+    """Run the header, decomposition and manifest compare against."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        source: Source,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        run: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.settings = settings
+        self.source = source
+        self.clock = clock
+        self.run_id = run
+        self.model: MainModel | None = None
+        self.analysis: AnalysisView | None = None
+        self.detail: RankDetail | None = None
+        self.diagnosing = False
+        self._sample: Sample | None = None
+        self._baseline: Window | None = None
+        self._baseline_for: str | None = None
+        self._generation = 0
+        self._sampling = False
+        self._analysed: tuple | None = None
+        self._restored_job: str | None = None
+        self._last_step: int | None = None
+        self._last_progress = clock()
+        self._stall_dismissed = False
+        self.set_reactive(RankscopeApp.metric, settings.view.metric)
+        self.set_reactive(RankscopeApp.group_by, settings.view.group_by)
+        if not settings.display.animation:
+            self.animation_level = "none"
+
+    # ----------------------------------------------------------------- lifecycle
+
+    @property
+    def color_system(self) -> str:
+        """The palette family to draw with (settings, else what the terminal reports)."""
+        chosen = self.settings.display.color
+        if chosen != "auto":
+            return chosen
+        return self.console.color_system or "truecolor"
+
+    def on_mount(self) -> None:
+        self.theme = self.settings.display.theme
+        self.source.start()
+        self.push_screen(MainScreen())
+        self.set_interval(1.0 / self.settings.refresh.sample_hz, self.sample_tick)
+        self.set_interval(self.settings.refresh.diagnosis_s, self.diagnosis_tick)
+        self.sample_tick()
+
+    def on_unmount(self) -> None:
+        self.source.stop()
+
+    def header_extra(self) -> str:
+        """Clock and machine name for the header, as the settings allow."""
+        parts = [self.source.label]
+        if self.settings.display.show_machine:
+            parts.append(socket.gethostname())
+        if self.settings.display.show_clock:
+            parts.append(time.strftime("%H:%M:%S"))
+        return " · ".join(p for p in parts if p)
+
+    @property
+    def view(self) -> ViewState:
+        """The current view choices."""
+        return ViewState(
+            metric=self.metric,
+            group_by=self.group_by,
+            pins=self.pins,
+            filter=self.filter_text,
+            zoom=self.zoom,
+            rank_rows_max=self.settings.view.rank_rows_max,
+            last_arrivals=self.settings.view.last_arrivals,
+        )
+
+    def _detail_rank(self) -> int | None:
+        for screen in reversed(self.screen_stack):
+            if isinstance(screen, RankDetailScreen):
+                return screen.rank
+        return None
+
+    def _blocked(self) -> bool:
+        return self.paused or isinstance(self.screen, ModalScreen)
+
+    # ----------------------------------------------------------------- sampling clock
+
+    def sample_tick(self) -> None:
+        """Ask the source for the latest window, unless paused, under a dialog, or a
+        previous sample is still being built."""
+        if self._blocked() or self._sampling:
+            return
+        self._sampling = True
+        self._sample_worker(self.view, self._generation, self._detail_rank(), self.baseline_run)
+
+    @work(thread=True, group="sample", exit_on_error=False)
+    def _sample_worker(
+        self, view: ViewState, generation: int, detail_rank: int | None, baseline: str | None
+    ) -> None:
+        try:
+            smp = sample(self.source, self.run_id, self.settings.view.window_steps)
+            self._build(smp, view, generation, detail_rank, baseline, fetch_baseline=True)
+        finally:
+            self._sampling = False
+
+    @work(thread=True, group="rebuild", exclusive=True, exit_on_error=False)
+    def _rebuild_worker(
+        self,
+        smp: Sample,
+        view: ViewState,
+        generation: int,
+        detail_rank: int | None,
+        baseline: str | None,
+    ) -> None:
+        self._build(smp, view, generation, detail_rank, baseline, fetch_baseline=False)
+
+    def _build(
+        self,
+        smp: Sample,
+        view: ViewState,
+        generation: int,
+        detail_rank: int | None,
+        baseline_run: str | None,
+        *,
+        fetch_baseline: bool,
+    ) -> None:
+        baseline = self._baseline if baseline_run is not None else None
+        if baseline_run is not None and (
+            fetch_baseline or baseline is None or baseline.run != baseline_run
+        ):
+            try:
+                baseline = self.source.window(baseline_run, self.settings.view.window_steps)
+            except Exception:  # a baseline that cannot be read is shown as none
+                baseline = None
+        model = build_main_model(smp, view, baseline)
+        detail = None
+        w = smp.window
+        if detail_rank is not None and w is not None and 0 <= detail_rank < w.world_size:
+            detail = rank_detail(w, detail_rank)
+        self.post_message(ModelReady(model, generation, smp, baseline_run, baseline, detail))
+
+    def rebuild(self) -> None:
+        """Rebuild the model from the last sample with the current view."""
+        self._generation += 1
+        if self._sample is not None:
+            self._rebuild_worker(
+                self._sample, self.view, self._generation, self._detail_rank(), self.baseline_run
+            )
+
+    def on_model_ready(self, message: ModelReady) -> None:
+        if message.generation < self._generation:
+            return
+        self._sample = message.sample
+        self._baseline = message.baseline
+        self._baseline_for = message.baseline_run
+        self.model = message.model
+        if message.model.window is not None and self.run_id is None:
+            # Stay on this run when reruns of it start reporting.
+            self.run_id = message.model.window.run
+        if message.detail is not None:
+            self.detail = message.detail
+        self._restore_view(message.model)
+        self._check_stall(message.model)
+        self._show_model()
+        if self._analysed is None:
+            # The first window (or a new baseline) should not wait a full diagnosis period.
+            self.diagnosis_tick()
+
+    def _show_model(self) -> None:
+        screen = self.screen
+        if isinstance(screen, MainScreen) and self.model is not None:
+            screen.show_model(self.model)
+        elif isinstance(screen, RankDetailScreen) and self.detail is not None:
+            screen.show_detail(self.detail)
+
+    # ----------------------------------------------------------------- diagnosis clock
+
+    def diagnosis_tick(self, force: bool = False) -> None:
+        """Run a diagnosis pass on the latest window when it changed."""
+        smp = self._sample
+        if smp is None or smp.window is None or self.diagnosing:
+            return
+        if self._blocked() and not force:
+            return
+        w = smp.window
+        if self._baseline_for != self.baseline_run:
+            return  # the new baseline's window is still being fetched
+        baseline = self._baseline if self.baseline_run is not None else None
+        stalled = isinstance(self.screen, StallScreen)
+        key = (w.run, int(w.steps[-1]) if w.steps.size else -1, w.steps.size, self.baseline_run)
+        if key == self._analysed and not stalled and not force:
+            return
+        self._analysed = key
+        now_ns = None
+        if stalled:
+            from rankscope.diagnosis.stall import latest_time
+
+            now_ns = latest_time(w) + (self.clock() - self._last_progress) * 1e9
+        self.diagnosing = True
+        self._diagnosis_worker(w, baseline, now_ns)
+
+    @work(thread=True, group="diagnosis", exit_on_error=False)
+    def _diagnosis_worker(self, window: Window, baseline: Window | None, now_ns: float | None):
+        try:
+            result = analyse(window, baseline, now_ns)
+        except Exception as exc:  # the view must outlive a bug in one analysis
+            result = AnalysisView(
+                run=window.run,
+                baseline_run=baseline.run if baseline is not None else None,
+                note=f"diagnosis failed: {type(exc).__name__}: {exc}",
+            )
+        self.post_message(AnalysisReady(result))
+
+    def on_analysis_ready(self, message: AnalysisReady) -> None:
+        self.diagnosing = False
+        self.analysis = message.analysis
+        show = getattr(self.screen, "show_analysis", None)
+        if show is not None:
+            show(message.analysis)
+
+    # ----------------------------------------------------------------- stall view
+
+    def _check_stall(self, model: MainModel) -> None:
+        if model.header is None or not self.source.live:
+            return
+        now = self.clock()
+        if model.header.step != self._last_step:
+            self._last_step = model.header.step
+            self._last_progress = now
+            self._stall_dismissed = False
+            if isinstance(self.screen, StallScreen):
+                self.pop_screen()
+            return
+        idle = now - self._last_progress
+        if (
+            idle >= self.settings.refresh.stall_s
+            and not self._stall_dismissed
+            and isinstance(self.screen, MainScreen)
+        ):
+            self._stall_dismissed = True
+            self.push_screen(StallScreen())
+            self.diagnosis_tick(force=True)
+
+    # ----------------------------------------------------------------- view state
+
+    def _restore_view(self, model: MainModel) -> None:
+        if model.header is None or self._restored_job == model.header.job:
+            return
+        self._restored_job = model.header.job
+        if not self.settings.state.persist:
+            return
+        saved = load_view(self.settings.state_dir(), model.header.job)
+        if saved is None:
+            return
+        world = model.header.world_size
+        self.metric = saved.metric
+        self.group_by = saved.group_by
+        self.pins = tuple(p for p in saved.pins if p < world)
+        known = {r.run for r in model.runs}
+        if saved.baseline_run in known and saved.baseline_run != model.header.run:
+            self.baseline_run = saved.baseline_run
+
+    def _persist(self) -> None:
+        job = self._restored_job
+        if job is None or not self.settings.state.persist:
+            return
+        view = SavedView(self.metric, self.group_by, self.pins, self.baseline_run)
+        try:
+            save_view(self.settings.state_dir(), job, view)
+        except OSError as exc:
+            self.notify(f"cannot save the view: {exc}", severity="warning")
+
+    def _view_changed(self) -> None:
+        self.rebuild()
+
+    def watch_metric(self) -> None:
+        self._persist()
+        self._view_changed()
+
+    def watch_group_by(self) -> None:
+        self.zoom = None
+        self._persist()
+        self._view_changed()
+
+    def watch_pins(self) -> None:
+        self._persist()
+        self._view_changed()
+
+    def watch_filter_text(self) -> None:
+        self._view_changed()
+
+    def watch_zoom(self) -> None:
+        self._view_changed()
+
+    def watch_baseline_run(self) -> None:
+        self._persist()
+        self._analysed = None
+        self._view_changed()
+
+    def watch_paused(self, paused: bool) -> None:
+        if self.model is not None:
+            self._show_model()
+        if not paused:
+            self.sample_tick()
+
+    # ----------------------------------------------------------------- commands
+
+    def toggle_pin(self, rank: int) -> None:
+        """Pin ``rank``, or unpin it when pinned."""
+        if rank in self.pins:
+            self.pins = tuple(p for p in self.pins if p != rank)
+            self.notify(f"unpinned r{rank}", timeout=2)
+        else:
+            self.pins = (*self.pins, rank)
+            self.notify(f"pinned r{rank}", timeout=2)
+
+    def pin_slowest(self) -> None:
+        """Pin the slowest ranks among those the filter keeps."""
+        w = self.model.window if self.model is not None else None
+        if w is None:
+            return
+        k = self.settings.view.pin_slowest
+        slow = slowest_ranks(w, k, filter_mask(w, self.filter_text))
+        new = [r for r in slow if r not in self.pins]
+        if new:
+            self.pins = (*self.pins, *new)
+        self.notify("pinned " + ", ".join(f"r{r}" for r in slow) if slow else "no steps yet")
+
+    def cycle_metric(self) -> None:
+        """Next heatmap metric."""
+        self.metric = METRICS[(METRICS.index(self.metric) + 1) % len(METRICS)]
+
+    def cycle_group_by(self) -> None:
+        """Next grouping dimension."""
+        self.group_by = GROUP_BY[(GROUP_BY.index(self.group_by) + 1) % len(GROUP_BY)]
+
+    def ask_filter(self) -> None:
+        """Open the filter dialog."""
+
+        def done(text: str | None) -> None:
+            if text is not None:
+                self.filter_text = text
+
+        self.push_screen(FilterDialog(self.filter_text), done)
+
+    def open_detail(self, rank: int) -> None:
+        """Open the rank-detail screen."""
+        self.detail = None
+        self.push_screen(RankDetailScreen(rank))
+        self.rebuild()
+
+    def open_report(self, name: str) -> None:
+        """Open the structure, curves or manifest screen."""
+        self.push_screen(REPORTS[name]())
+
+    def action_pause(self) -> None:
+        """Pause or resume the view."""
+        self.paused = not self.paused
+
+    def action_baseline(self) -> None:
+        """Choose the baseline run."""
+        runs = self.model.runs if self.model is not None else ()
+        current = self.model.window.run if self.model and self.model.window else None
+
+        def done(choice: str | None) -> None:
+            if choice is None:
+                return
+            self.baseline_run = None if choice == NO_BASELINE else choice
+
+        self.push_screen(BaselinePicker(runs, current, self.baseline_run), done)
+
+    def help_sections(self) -> list[tuple[str, list[BindingType]]]:
+        """Every screen's bindings, for the help screen."""
+        return [
+            ("Everywhere", list(self.BINDINGS)),
+            ("Main screen", list(MainScreen.BINDINGS)),
+            ("Heatmap", list(Heatmap.BINDINGS)),
+            ("Rank detail", list(RankDetailScreen.BINDINGS)),
+            ("Structure, curves, manifest, stall", list(StructureScreen.BINDINGS)),
+            ("Dialogs", list(BaselinePicker.BINDINGS)),
+        ]
+
+    def action_help(self) -> None:
+        """Show every key."""
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(self.help_sections()))
+
+
+def make_app(
+    settings: Settings,
+    source: Source,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    run: str | None = None,
+) -> RankscopeApp:
+    """Build the TUI. The CLI and every test call this.
+
+    Args:
+        settings: typed settings (``settings.load_settings`` or ``deterministic_settings``).
+        source: where the data comes from (``LiveSource``, ``RecordingSource``,
+            ``StaticSource``).
+        clock: monotonic seconds, for stall detection (tests pass a fake one).
+        run: the run to show (default: the newest run that is not a rerun).
+
+    Returns:
+        The app, not yet running.
+    """
+    return RankscopeApp(settings, source, clock=clock, run=run)

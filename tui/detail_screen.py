@@ -1,0 +1,171 @@
+"""Rank detail: one rank against the median rank over time."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import ClassVar
+
+import numpy as np
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Static
+
+from rankscope.tui.charts import sparkline
+from rankscope.tui.detailmodel import Compare, RankDetail
+from rankscope.tui.panels import fmt_ms, sync_table
+
+
+def _fmt(value: float, unit: str) -> str:
+    if not math.isfinite(value):
+        return "–"
+    if unit in ("ms", "MHz", "W", "°C", "%", "GiB"):
+        return fmt_ms(value)
+    if abs(value) >= 1e6:
+        return f"{value:.3g}"
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def _ratio(c: Compare) -> str:
+    r = c.ratio
+    return "–" if not math.isfinite(r) else f"×{r:.2f}"
+
+
+def compare_table(title: str, table_id: str) -> DataTable:
+    """A keyed table for `Compare` rows."""
+    table: DataTable = DataTable(id=table_id, cursor_type="none")
+    for i, label in enumerate((title, "rank", "median", "rank/median")):
+        table.add_column(label, key=f"c{i}")
+    return table
+
+
+def compare_rows(rows: Sequence[Compare]) -> list[tuple[str, tuple[str, ...]]]:
+    """Rows for `sync_table` from comparisons."""
+    return [
+        (
+            c.label,
+            (
+                f"{c.label} ({c.unit})" if c.unit else c.label,
+                _fmt(c.rank, c.unit),
+                _fmt(c.median, c.unit),
+                _ratio(c),
+            ),
+        )
+        for c in rows
+    ]
+
+
+def series_text(detail: RankDetail, width: int) -> Text:
+    """Per series: the rank's and the median rank's sparklines on one shared scale."""
+    text = Text()
+    spark_w = max(width - 38, 8)
+    for s in detail.series:
+        both = np.concatenate([s.rank, s.median])
+        finite = both[np.isfinite(both)]
+        if finite.size == 0:
+            continue
+        lo, hi = float(finite.min()), float(finite.max())
+        r_mean = s.rank[np.isfinite(s.rank)].mean() if np.isfinite(s.rank).any() else math.nan
+        m_mean = s.median[np.isfinite(s.median)].mean() if np.isfinite(s.median).any() else math.nan
+        if text:
+            text.append("\n")
+        text.append(f"{s.label:<14}", style="bold")
+        text.append(f"rank   {sparkline(s.rank, spark_w, lo, hi)} ", style="yellow")
+        text.append(f"{fmt_ms(r_mean)} {s.unit}\n")
+        text.append(" " * 14)
+        text.append(f"median {sparkline(s.median, spark_w, lo, hi)} ", style="cyan")
+        text.append(f"{fmt_ms(m_mean)} {s.unit}")
+    return text
+
+
+class RankDetailScreen(Screen):
+    """One rank against the median rank: over time, phases, collectives, device and host
+    samples, work per step."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "app.pop_screen", "Back", tooltip="Back to the main screen"),
+        Binding("space", "pin", "Pin", tooltip="Pin or unpin this rank"),
+    ]
+    """
+    | Key(s) | Description |
+    | :- | :- |
+    | escape | Back to the main screen. |
+    | space | Pin or unpin this rank. |
+    """
+
+    DEFAULT_CSS = """
+    RankDetailScreen #title { height: 1; background: $panel; padding: 0 1; }
+    RankDetailScreen #series { height: auto; padding: 0 1; }
+    RankDetailScreen DataTable { height: auto; margin: 0 1 1 0; }
+    RankDetailScreen Horizontal { height: auto; }
+    RankDetailScreen Horizontal > DataTable { width: 1fr; }
+    """
+
+    def __init__(self, rank: int) -> None:
+        super().__init__()
+        self.rank = rank
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="title")
+        with VerticalScroll():
+            yield Static(id="series")
+            with Horizontal():
+                yield compare_table("phase", "phases")
+                yield compare_table("collectives per step", "collectives")
+            with Horizontal():
+                yield compare_table("device / host", "samples")
+                yield compare_table("work per step", "work")
+            table: DataTable = DataTable(id="calls", cursor_type="none")
+            for i, label in enumerate(("group", "op", "calls", "bytes", "wait ms", "transfer ms")):
+                table.add_column(label, key=f"c{i}")
+            yield table
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(Static).update(Text(f"rank {self.rank}: waiting for data", style="italic"))
+        detail = getattr(self.app, "detail", None)
+        if detail is not None and detail.rank == self.rank:
+            self.show_detail(detail)
+
+    def action_pin(self) -> None:
+        """Pin or unpin this rank."""
+        self.app.toggle_pin(self.rank)  # type: ignore[attr-defined]
+
+    def show_detail(self, detail: RankDetail) -> None:
+        """Draw a new detail of this screen's rank."""
+        if detail.rank != self.rank:
+            return
+        title = Text()
+        title.append(f"rank {detail.rank}", style="bold")
+        title.append(" · " + " · ".join(f"{k} {v}" for k, v in detail.identity.items() if v))
+        pins = getattr(self.app, "pins", ())
+        if self.rank in pins:
+            title.append("  ● pinned", style="bold yellow")
+        self.query_one("#title", Static).update(title)
+        self.query_one("#series", Static).update(series_text(detail, self.size.width or 80))
+        sync_table(self.query_one("#phases", DataTable), compare_rows(detail.phases))
+        sync_table(self.query_one("#collectives", DataTable), compare_rows(detail.collectives))
+        sync_table(self.query_one("#samples", DataTable), compare_rows(detail.samples))
+        sync_table(self.query_one("#work", DataTable), compare_rows(detail.work))
+        calls = self.query_one("#calls", DataTable)
+        calls.display = bool(detail.coll_rows)
+        sync_table(
+            calls,
+            [
+                (
+                    f"{r.group}/{r.op}",
+                    (
+                        r.group,
+                        r.op,
+                        str(r.calls),
+                        f"{r.bytes_per_call:,.0f}",
+                        fmt_ms(r.wait_ms),
+                        fmt_ms(r.transfer_ms),
+                    ),
+                )
+                for r in detail.coll_rows
+            ],
+        )

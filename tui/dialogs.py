@@ -1,0 +1,206 @@
+"""Modal dialogs: choose the baseline run, filter ranks, and the key help."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Input, OptionList, Static
+from textual.widgets.option_list import Option
+
+from rankscope.tui.sources import RunEntry
+
+NO_BASELINE = ""
+"""What `BaselinePicker` returns to clear the baseline (None means cancelled)."""
+
+DIALOG_CSS = """
+{name} {{ align: center middle; }}
+{name} > Vertical {{
+    width: 72; max-width: 95%; height: auto; max-height: 90%;
+    border: thick $primary; background: $surface; padding: 0 1;
+}}
+{name} .title {{ text-style: bold; height: 1; }}
+{name} .hint {{ color: $text-muted; height: auto; }}
+"""
+
+
+class BaselinePicker(ModalScreen[str | None]):
+    """Pick the healthy run to compare against. Dismisses with the run id, `NO_BASELINE`
+    to clear, or None when cancelled."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "cancel", "Cancel", tooltip="Close the dialog, changing nothing"),
+        Binding("enter", "select", "Choose", show=False, tooltip="Choose the highlighted run"),
+    ]
+    """
+    | Key(s) | Description |
+    | :- | :- |
+    | up, down | Move in the run list. |
+    | enter | Use the highlighted run as the baseline. |
+    | escape | Close without changing the baseline. |
+    """
+
+    DEFAULT_CSS = DIALOG_CSS.format(name="BaselinePicker")
+
+    def __init__(self, runs: Sequence[RunEntry], current: str | None, baseline: str | None):
+        super().__init__()
+        self.runs = [r for r in runs if r.run != current]
+        self.baseline = baseline
+
+    def compose(self) -> ComposeResult:
+        options = [Option(Text("(no baseline)", style="italic"), id="\0none")]
+        for r in self.runs:
+            label = Text()
+            label.append(r.run, style="bold")
+            label.append(f"  {r.job} · {r.scope} · {r.world_size} ranks · {r.steps} steps")
+            if r.parent_run:
+                label.append(f" · rerun of {r.parent_run}", style="dim")
+            if r.run == self.baseline:
+                label.append("  (current baseline)", style="yellow")
+            options.append(Option(label, id=r.run))
+        with Vertical():
+            yield Static("Baseline run", classes="title")
+            yield OptionList(*options, id="runs")
+            yield Static(
+                "The healthy run the header, decomposition and manifest compare against.",
+                classes="hint",
+            )
+
+    def on_mount(self) -> None:
+        ol = self.query_one(OptionList)
+        ids = ["\0none", *[r.run for r in self.runs]]
+        ol.highlighted = ids.index(self.baseline) if self.baseline in ids else 0
+        ol.focus()
+
+    def action_select(self) -> None:
+        """Choose the highlighted run."""
+        self.query_one(OptionList).action_select()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        option_id = event.option.id
+        self.dismiss(NO_BASELINE if option_id in (None, "\0none") else option_id)
+
+    def action_cancel(self) -> None:
+        """Close without a change."""
+        self.dismiss(None)
+
+
+class FilterDialog(ModalScreen[str | None]):
+    """Ask for a rank/host filter. Dismisses with the text (empty clears), or None when
+    cancelled."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "cancel", "Cancel", tooltip="Close the dialog, changing nothing"),
+    ]
+    """
+    | Key(s) | Description |
+    | :- | :- |
+    | enter | Apply the filter (empty shows every rank). |
+    | escape | Close without changing the filter. |
+    """
+
+    DEFAULT_CSS = DIALOG_CSS.format(name="FilterDialog")
+
+    def __init__(self, current: str) -> None:
+        super().__init__()
+        self.current = current
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static("Filter ranks / hosts", classes="title")
+            yield Input(value=self.current, placeholder="12, 8-15, node0003", id="filter")
+            yield Static(
+                "Comma-separated: a rank (12 or r12), a range (8-15), or text matched "
+                "against host and rack names. Pinned ranks always stay.",
+                classes="hint",
+            )
+
+    def on_mount(self) -> None:
+        self.query_one(Input).focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value.strip())
+
+    def action_cancel(self) -> None:
+        """Close without a change."""
+        self.dismiss(None)
+
+
+KEY_NAMES = {
+    "escape": "esc",
+    "question_mark": "?",
+    "slash": "/",
+    "up": "↑",
+    "down": "↓",
+    "pageup": "pgup",
+    "pagedown": "pgdn",
+    "ctrl+s": "ctrl+s",
+}
+"""How keys are named in the help (anything else is shown as bound)."""
+
+
+def key_rows(sections: Iterable[tuple[str, Sequence[BindingType]]]) -> list[tuple[str, str, str]]:
+    """Flatten binding lists into ``(section, keys, description)`` rows.
+
+    Args:
+        sections: ``(title, BINDINGS)`` pairs.
+
+    Returns:
+        One row per binding; keys joined by ", ", the description is the binding's
+        tooltip (or its short description).
+    """
+    rows = []
+    for title, bindings in sections:
+        for b in bindings:
+            if not isinstance(b, Binding):
+                b = Binding(*b)
+            keys = ", ".join(KEY_NAMES.get(k.strip(), k.strip()) for k in b.key.split(","))
+            rows.append((title, keys, b.tooltip or b.description))
+    return rows
+
+
+class HelpScreen(ModalScreen[None]):
+    """Every key of every screen, generated from their bindings."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,question_mark,q", "close", "Close", tooltip="Close the help"),
+    ]
+    """
+    | Key(s) | Description |
+    | :- | :- |
+    | escape, ?, q | Close the help. |
+    """
+
+    DEFAULT_CSS = (
+        DIALOG_CSS.format(name="HelpScreen")
+        + "HelpScreen > Vertical { width: 80; } HelpScreen VerticalScroll { height: auto; }"
+    )
+
+    def __init__(self, sections: Sequence[tuple[str, Sequence[BindingType]]]) -> None:
+        super().__init__()
+        self.sections = sections
+
+    def compose(self) -> ComposeResult:
+        text = Text()
+        last = None
+        for section, keys, desc in key_rows(self.sections):
+            if section != last:
+                if last is not None:
+                    text.append("\n")
+                text.append(f"{section}\n", style="bold underline")
+                last = section
+            text.append(f"  {keys:<16}", style="bold cyan")
+            text.append(f"{desc}\n")
+        with Vertical():
+            yield Static("Keys", classes="title")
+            with VerticalScroll():
+                yield Static(text, id="keys")
+
+    def action_close(self) -> None:
+        """Close the help."""
+        self.dismiss(None)

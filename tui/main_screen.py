@@ -1,0 +1,196 @@
+"""The main screen: header, verdict, per-rank heatmap and the diagnosis panels."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from rankscope.tui.analysis import AnalysisView
+from rankscope.tui.heatgrid import GROUP
+from rankscope.tui.heatmap import Heatmap
+from rankscope.tui.heatmap_render import legend
+from rankscope.tui.mainmodel import MainModel
+from rankscope.tui.panels import (
+    DecompositionPanel,
+    HeaderBar,
+    LastArrivalsPanel,
+    StructurePanel,
+    VerdictLine,
+)
+
+if TYPE_CHECKING:
+    from rankscope.tui.app import RankscopeApp
+
+
+class MainScreen(Screen):
+    """Everything an engineer needs in the first ten seconds of an incident."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("space", "pin", "Pin", tooltip="Pin or unpin the selected rank"),
+        Binding("P", "pin_slowest", "Pin slowest", tooltip="Pin the slowest ranks"),
+        Binding("slash", "filter", "Filter", tooltip="Filter ranks and hosts"),
+        Binding("m", "metric", "Metric", tooltip="Next heatmap metric"),
+        Binding("g", "group_by", "Group by", tooltip="Next grouping dimension"),
+        Binding("enter", "open", "Detail/zoom", tooltip="Zoom into a group, or a rank's detail"),
+        Binding("escape", "back", "Back", show=False, tooltip="Leave the zoom, then the filter"),
+        Binding("s", "structure", "Structure", show=False, tooltip="Every dimension's effect"),
+        Binding("c", "curves", "Curves", show=False, tooltip="Message-size curves"),
+        Binding("d", "manifest", "Manifest", show=False, tooltip="Manifest diff vs baseline"),
+    ]
+    """
+    | Key(s) | Description |
+    | :- | :- |
+    | space | Pin or unpin the selected rank (a group row pins its worst rank). |
+    | P | Pin the slowest ranks (``view.pin_slowest`` of them). |
+    | / | Filter ranks and hosts (``12``, ``8-15``, ``node0003``; comma-separated). |
+    | m | Next heatmap metric. |
+    | g | Next grouping dimension. |
+    | enter | Zoom into the selected group, or open the selected rank's detail. |
+    | escape | Leave the zoom, then clear the filter. |
+    | s | Structure: every dimension's effect on every metric. |
+    | c | Message-size curves. |
+    | d | Manifest diff against the baseline. |
+    """
+
+    DEFAULT_CSS = """
+    MainScreen { layout: vertical; }
+    MainScreen #body { height: 1fr; }
+    MainScreen #left { width: 1fr; }
+    MainScreen #legend { height: 1; padding: 0 1; }
+    MainScreen #side { width: 50; height: 1fr; }
+    MainScreen.-narrow #body { layout: vertical; }
+    MainScreen.-narrow #side { width: 1fr; height: auto; max-height: 10; layout: horizontal; }
+    MainScreen.-narrow #side > * { width: 1fr; }
+    MainScreen.-narrow StructurePanel { display: none; }
+    """
+
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]  # noqa: RUF012
+
+    @property
+    def rs_app(self) -> RankscopeApp:
+        """The app, typed."""
+        return self.app  # type: ignore[return-value]
+
+    def compose(self) -> ComposeResult:
+        yield HeaderBar(id="header")
+        yield VerdictLine(id="verdict")
+        with Horizontal(id="body"):
+            with Vertical(id="left"):
+                yield Static(id="legend")
+                yield Heatmap(id="heatmap", color_system=self.rs_app.color_system)
+            with Vertical(id="side"):
+                yield LastArrivalsPanel(id="arrivals")
+                yield StructurePanel(id="structure")
+                yield DecompositionPanel(id="decomposition")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(Heatmap).focus()
+        app = self.rs_app
+        if app.model is not None:
+            self.show_model(app.model)
+        self.show_analysis(app.analysis)
+
+    def on_screen_resume(self) -> None:
+        # Models that arrived while another screen was on top were not drawn here.
+        app = self.rs_app
+        if app.model is not None:
+            self.show_model(app.model)
+        self.show_analysis(app.analysis)
+
+    @property
+    def heatmap(self) -> Heatmap:
+        """The heatmap widget."""
+        return self.query_one(Heatmap)
+
+    def show_model(self, model: MainModel) -> None:
+        """Draw a new model (called by the app on every sample or view change)."""
+        app = self.rs_app
+        self.query_one(HeaderBar).show(
+            model.header,
+            paused=app.paused,
+            source=app.source.label,
+            live=app.source.live,
+            extra=app.header_extra(),
+            message=model.message,
+        )
+        legend_widget = self.query_one("#legend", Static)
+        if model.grid is None:
+            legend_widget.update(Text(model.message, style="italic"))
+            return
+        grid = model.grid
+        text = legend(grid, self.heatmap.palette, self.heatmap.missing_colour, width=400)
+        extra = []
+        if grid.zoom is not None:
+            extra.append(f"zoom: {grid.zoom_name} (esc)")
+        if model.view.filter:
+            extra.append(f"filter: {model.view.filter} ({grid.hidden} hidden)")
+        if extra:
+            text = Text(" · ".join(extra) + "  ", style="bold yellow") + text
+        legend_widget.update(text)
+        self.heatmap.set_grid(grid)
+        self.query_one(LastArrivalsPanel).show(model.arrivals, model.ranking)
+
+    def show_analysis(self, analysis: AnalysisView | None) -> None:
+        """Draw a new diagnosis."""
+        self.query_one(VerdictLine).show(analysis, busy=self.rs_app.diagnosing)
+        self.query_one(StructurePanel).show(analysis)
+        self.query_one(DecompositionPanel).show(analysis)
+
+    def action_pin(self) -> None:
+        """Pin or unpin the selected rank."""
+        row = self.heatmap.selected()
+        if row is not None:
+            self.rs_app.toggle_pin(row.rank)
+
+    def action_pin_slowest(self) -> None:
+        """Pin the slowest ranks."""
+        self.rs_app.pin_slowest()
+
+    def action_filter(self) -> None:
+        """Ask for a rank/host filter."""
+        self.rs_app.ask_filter()
+
+    def action_metric(self) -> None:
+        """Next heatmap metric."""
+        self.rs_app.cycle_metric()
+
+    def action_group_by(self) -> None:
+        """Next grouping dimension."""
+        self.rs_app.cycle_group_by()
+
+    def action_open(self) -> None:
+        """Zoom into a group row, or open a rank's detail."""
+        row = self.heatmap.selected()
+        if row is None:
+            return
+        if row.kind == GROUP:
+            self.rs_app.zoom = row.group
+        else:
+            self.rs_app.open_detail(row.rank)
+
+    def action_back(self) -> None:
+        """Leave the zoom, else clear the filter."""
+        app = self.rs_app
+        if app.zoom is not None:
+            app.zoom = None
+        elif app.filter_text:
+            app.filter_text = ""
+
+    def action_structure(self) -> None:
+        """Open the structure screen."""
+        self.rs_app.open_report("structure")
+
+    def action_curves(self) -> None:
+        """Open the message-size curves."""
+        self.rs_app.open_report("curves")
+
+    def action_manifest(self) -> None:
+        """Open the manifest diff."""
+        self.rs_app.open_report("manifest")

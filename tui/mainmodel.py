@@ -1,0 +1,315 @@
+"""The main screen's data, computed from a sample in the sampling thread.
+
+Everything here is numpy and frozen dataclasses: the widgets only format what they get.
+The diagnosis (verdict, structure, decomposition) runs on its own slower clock and is not
+part of this model (see ``analysis``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rankscope.collector.schema import OPS
+from rankscope.diagnosis.window import Window
+from rankscope.tui.heatgrid import HeatGrid, build_grid
+from rankscope.tui.metrics import (
+    METRIC_SPECS,
+    NS_PER_MS,
+    busy_mean,
+    dimension,
+    filter_mask,
+    metric_values,
+)
+from rankscope.tui.sources import RunEntry, Sample
+
+
+@dataclass(frozen=True)
+class ViewState:
+    """The user's view choices that shape the model (the app keeps them in reactives)."""
+
+    metric: str = "step"
+    group_by: str = "host"
+    pins: tuple[int, ...] = ()
+    filter: str = ""
+    zoom: int | None = None
+    rank_rows_max: int = 64
+    last_arrivals: int = 6
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """Job step time over the window: per step the median over ranks (ranks of a
+    synchronous job finish together, the median ignores one rank's boundary jitter), then
+    percentiles over the steps. Milliseconds."""
+
+    p50: float
+    p90: float
+    max: float
+    steps: int
+    series: np.ndarray = field(repr=False)
+    """float64 (S,) per-step job step time (ms)."""
+
+
+@dataclass(frozen=True)
+class HeaderModel:
+    """What the header shows."""
+
+    job: str
+    run: str
+    scope: str
+    world_size: int
+    hosts: int
+    step: int
+    """Latest step in the window (-1 when none)."""
+    stats: StepStats | None
+    baseline_run: str | None
+    baseline: StepStats | None
+    tokens_per_s: float | None
+    """Valid tokens per second over the window (None when the run does not report them)."""
+    health: dict[str, Any]
+    clock_error_ms: float | None
+    """Largest clock-alignment uncertainty among ranks."""
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """The most recent complete instance of one process group."""
+
+    group: str
+    op: str
+    seq: int
+    step: int
+    last_rank: int
+    last_host: str
+    margin_ms: float
+    """How much later the last arriver came than the runner-up."""
+    skew_ms: float
+    """Last entry minus first entry."""
+
+
+@dataclass(frozen=True)
+class LastRank:
+    """One rank in the ranking of last arrivers."""
+
+    rank: int
+    host: str
+    times_last: int
+    late_ms: float
+    """Mean lateness per collective (entry minus the first entry)."""
+
+
+@dataclass(frozen=True)
+class MainModel:
+    """Everything the main screen draws from one sample."""
+
+    header: HeaderModel | None
+    grid: HeatGrid | None
+    arrivals: tuple[Arrival, ...]
+    ranking: tuple[LastRank, ...]
+    runs: tuple[RunEntry, ...]
+    window: Window | None = field(repr=False)
+    view: ViewState = field(default_factory=ViewState)
+    message: str = ""
+    """Why there is nothing to show (waiting for data, an error)."""
+
+
+def step_stats(window: Window) -> StepStats | None:
+    """Job step-time percentiles over the window (see `StepStats`).
+
+    Args:
+        window: the window.
+
+    Returns:
+        The statistics, or None when no step is complete.
+    """
+    step = np.where(window.present, window.step_ns, np.nan)
+    ok = np.isfinite(step).any(axis=0)
+    if not ok.any():
+        return None
+    with np.errstate(all="ignore"):
+        per_step = np.full(step.shape[1], np.nan)
+        per_step[ok] = np.nanmedian(step[:, ok], axis=0) / NS_PER_MS
+    finite = per_step[np.isfinite(per_step)]
+    p50, p90 = np.percentile(finite, [50, 90])
+    return StepStats(float(p50), float(p90), float(finite.max()), int(finite.size), per_step)
+
+
+def tokens_per_second(window: Window, stats: StepStats | None) -> float | None:
+    """Valid tokens per second: valid tokens of all ranks over the window's job time.
+
+    Args:
+        window: the window.
+        stats: its step statistics.
+
+    Returns:
+        Tokens per second, or None without ``valid_tokens`` or steps.
+    """
+    valid = np.where(window.present, window.work["valid_tokens"], np.nan)
+    if stats is None or not np.isfinite(valid).any():
+        return None
+    per_step = np.nansum(valid, axis=0)
+    ok = np.isfinite(stats.series) & (np.isfinite(valid).any(axis=0))
+    seconds = float(np.sum(stats.series[ok])) / 1e3
+    return float(np.sum(per_step[ok])) / seconds if seconds > 0 else None
+
+
+def latest_arrivals(window: Window, limit: int) -> tuple[Arrival, ...]:
+    """Per process group, its most recent complete instance; the ``limit`` with the
+    largest skew, largest first.
+
+    Args:
+        window: the window.
+        limit: most rows returned.
+
+    Returns:
+        The rows.
+    """
+    inst = window.instances
+    if len(inst) == 0:
+        return ()
+    ok = np.flatnonzero((inst.n_arrived >= inst.n_members) & (inst.n_members >= 2))
+    if ok.size == 0:
+        return ()
+    order = ok[np.lexsort((inst.seq[ok], inst.group[ok]))]
+    groups = inst.group[order]
+    is_last = np.r_[groups[1:] != groups[:-1], True]
+    latest = order[is_last]
+    latest = latest[np.argsort(-np.nan_to_num(inst.skew[latest], nan=-1.0), kind="stable")]
+    info = window.ranks
+    out = []
+    for i in latest[:limit].tolist():
+        gid = int(inst.group[i])
+        g = window.groups.get(gid)
+        r = int(inst.last_rank[i])
+        op = int(inst.op[i])
+        host_code = int(info.host[r]) if 0 <= r < info.world_size else -1
+        out.append(
+            Arrival(
+                group=g.name if g is not None else f"g{gid}",
+                op=OPS[op] if 0 <= op < len(OPS) else "?",
+                seq=int(inst.seq[i]),
+                step=int(inst.step[i]),
+                last_rank=r,
+                last_host=info.hosts[host_code] if 0 <= host_code < len(info.hosts) else "?",
+                margin_ms=float(inst.margin[i]) / NS_PER_MS,
+                skew_ms=float(inst.skew[i]) / NS_PER_MS,
+            )
+        )
+    return tuple(out)
+
+
+def last_ranking(window: Window, limit: int = 5) -> tuple[LastRank, ...]:
+    """Ranks that arrived last most often, then by mean lateness.
+
+    Args:
+        window: the window.
+        limit: most rows returned.
+
+    Returns:
+        The rows (ranks never last and never late are left out).
+    """
+    times = np.nansum(window.coll["times_last"], axis=1)
+    n = np.nansum(window.coll["n"], axis=1)
+    late = np.nansum(window.coll["late_ns"], axis=1)
+    with np.errstate(all="ignore"):
+        late_mean = np.where(n > 0, late / np.maximum(n, 1), 0.0)
+    order = np.lexsort((np.arange(times.size), -late_mean, -times))
+    info = window.ranks
+    out = []
+    for r in order[:limit].tolist():
+        if times[r] <= 0 and late_mean[r] <= 0:
+            break
+        code = int(info.host[r])
+        out.append(
+            LastRank(
+                rank=r,
+                host=info.hosts[code] if 0 <= code < len(info.hosts) else "?",
+                times_last=int(times[r]),
+                late_ms=float(late_mean[r]) / NS_PER_MS,
+            )
+        )
+    return tuple(out)
+
+
+def header_model(
+    window: Window,
+    health: dict[str, Any],
+    baseline: Window | None = None,
+) -> HeaderModel:
+    """The header's numbers.
+
+    Args:
+        window: the current window.
+        health: the source's health counters.
+        baseline: the baseline run's window, when one is chosen.
+
+    Returns:
+        The header model.
+    """
+    stats = step_stats(window)
+    hosts = len(np.unique(window.ranks.host[window.ranks.host >= 0]))
+    err = window.clock_error_ns
+    clock = (
+        float(np.nanmax(err)) / NS_PER_MS if err is not None and np.isfinite(err).any() else None
+    )
+    return HeaderModel(
+        job=window.job,
+        run=window.run,
+        scope=window.scope,
+        world_size=window.world_size,
+        hosts=hosts,
+        step=int(window.steps[-1]) if window.steps.size else -1,
+        stats=stats,
+        baseline_run=baseline.run if baseline is not None else None,
+        baseline=step_stats(baseline) if baseline is not None else None,
+        tokens_per_s=tokens_per_second(window, stats),
+        health=dict(health),
+        clock_error_ms=clock,
+    )
+
+
+def build_main_model(
+    sample: Sample,
+    view: ViewState,
+    baseline: Window | None = None,
+) -> MainModel:
+    """Compute the main screen's model from one sample and the view choices.
+
+    Args:
+        sample: the latest sample.
+        view: metric, grouping, pins, filter and zoom.
+        baseline: the baseline run's window, if chosen.
+
+    Returns:
+        The model (with ``message`` set and nothing else when there is no window).
+    """
+    w = sample.window
+    if w is None:
+        return MainModel(
+            None, None, (), (), sample.runs, None, view, sample.error or "waiting for data"
+        )
+    spec = METRIC_SPECS[view.metric]
+    values = metric_values(w, view.metric)
+    grid = build_grid(
+        values,
+        w.steps,
+        spec,
+        dimension(w, view.group_by),
+        pins=view.pins,
+        keep=filter_mask(w, view.filter),
+        zoom=view.zoom,
+        rank_rows_max=view.rank_rows_max,
+        blame=busy_mean(w) if view.metric == "step" else None,
+    )
+    return MainModel(
+        header=header_model(w, sample.health, baseline),
+        grid=grid,
+        arrivals=latest_arrivals(w, view.last_arrivals),
+        ranking=last_ranking(w),
+        runs=sample.runs,
+        window=w,
+        view=view,
+    )

@@ -1,0 +1,375 @@
+"""The main screen's panels: header, verdict line, last arrivers, structure, decomposition.
+
+Each widget formats a model it is handed; none of them reads a source or runs analysis.
+Tables are keyed (by rank, by metric and dimension) and updated cell by cell.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+from rich.console import Group
+from rich.style import Style
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import DataTable, Static
+
+from rankscope.tui.analysis import AnalysisView
+from rankscope.tui.charts import sparkline, stacked_bar
+from rankscope.tui.mainmodel import Arrival, HeaderModel, LastRank
+
+CATEGORY_COLOURS = {
+    "compute": "#4e79a7",
+    "exposed_comm": "#b07aa1",
+    "arrival_wait": "#e15759",
+    "pipeline_idle": "#f28e2b",
+    "input": "#edc948",
+    "memory": "#76b7b2",
+    "checkpoint": "#59a14f",
+    "recovery": "#ff9da7",
+    "other": "#9c9c9c",
+}
+"""Colour of each decomposition category in the stacked bars."""
+
+
+def fmt_ms(value: float | None) -> str:
+    """Milliseconds with precision that suits their size ("–" when unknown)."""
+    if value is None or not math.isfinite(value):
+        return "–"
+    mag = abs(value)
+    if mag >= 1000:
+        return f"{value:,.0f}"
+    if mag >= 100:
+        return f"{value:.0f}"
+    if mag >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def fmt_rate(value: float | None) -> str:
+    """A per-second rate with a k/M/G suffix ("–" when unknown)."""
+    if value is None or not math.isfinite(value):
+        return "–"
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= div:
+            return f"{value / div:.1f}{suffix}"
+    return f"{value:.0f}"
+
+
+def _first(health: dict[str, Any], *names: str) -> Any:
+    for name in names:
+        if health.get(name) is not None:
+            return health[name]
+    return None
+
+
+def sync_table(
+    table: DataTable,
+    rows: Sequence[tuple[Hashable, Sequence[Any]]],
+) -> None:
+    """Make a keyed table show ``rows`` in order without rebuilding it.
+
+    New keys are added, changed cells updated in place, vanished keys removed; the rows
+    are then sorted into the given order.
+
+    Args:
+        table: a table whose columns were added with keys ``c0``, ``c1``...
+        rows: ``(key, cells)`` in display order.
+    """
+    wanted = {str(k): cells for k, cells in rows}
+    for row_key in list(table.rows):
+        if row_key.value not in wanted:
+            table.remove_row(row_key)
+    existing = {k.value for k in table.rows}
+    for key, cells in wanted.items():
+        if key in existing:
+            for i, cell in enumerate(cells):
+                if table.get_cell(key, f"c{i}") != cell:
+                    table.update_cell(key, f"c{i}", cell)
+        else:
+            table.add_row(*cells, key=key)
+    if [r.key.value for r in table.ordered_rows] != list(wanted) and len(wanted) > 1:
+        # The sort key sees cell values, not row keys; each row's cells are distinct
+        # because its key is derived from them.
+        position = {tuple(cells): i for i, cells in enumerate(wanted.values())}
+        table.sort(key=lambda values: position.get(tuple(values), len(position)))
+
+
+class HeaderBar(Static):
+    """Two lines: who and where (job, run, scope, size, step, live/paused), then how fast
+    (step time against the baseline, valid tokens/s, hub health)."""
+
+    DEFAULT_CSS = """
+    HeaderBar {
+        height: 2;
+        background: $panel;
+        padding: 0 1;
+    }
+    """
+
+    def show(
+        self,
+        header: HeaderModel | None,
+        *,
+        paused: bool,
+        source: str,
+        live: bool,
+        extra: str = "",
+        message: str = "",
+    ) -> None:
+        """Format the header.
+
+        Args:
+            header: the numbers (None while waiting for data).
+            paused: the view is frozen.
+            source: where the data comes from.
+            live: the source keeps receiving.
+            extra: right-hand text (clock, machine), already formatted.
+            message: shown instead of numbers while ``header`` is None.
+        """
+        top = Text()
+        top.append("rankscope ", style="bold")
+        if paused:
+            state, style = "‖ PAUSED", "bold black on yellow"
+        elif live:
+            state, style = "● LIVE", "bold green"
+        else:
+            state, style = "○ STATIC", "bold cyan"
+        bottom = Text()
+        if header is None:
+            top.append(f"│ {source} ", style="dim")
+            top.append(state, style=style)
+            bottom.append(message or "waiting for data", style="italic")
+            self.update(Group(top, bottom))
+            return
+        top.append(f"│ {header.job} · {header.run} · {header.scope} ")
+        top.append(f"│ {header.world_size} ranks on {header.hosts} hosts ")
+        top.append(f"│ step {header.step:,} ", style="bold")
+        top.append(state, style=style)
+        if extra:
+            top.append(f"  {extra}", style="dim")
+        s = header.stats
+        if s is None:
+            bottom.append("step –")
+        else:
+            bottom.append("step ", style="bold")
+            bottom.append(f"p50 {fmt_ms(s.p50)} p90 {fmt_ms(s.p90)} max {fmt_ms(s.max)} ms ")
+            bottom.append(sparkline(s.series, 12), style="cyan")
+        b = header.baseline
+        if b is not None and s is not None:
+            change = (s.p50 / b.p50 - 1) * 100 if b.p50 > 0 else math.nan
+            worse = math.isfinite(change) and change > 2
+            bottom.append(f" │ base {header.baseline_run} p50 {fmt_ms(b.p50)} ")
+            if math.isfinite(change):
+                bottom.append(f"{change:+.0f}%", style="bold red" if worse else "green")
+        elif s is not None:
+            bottom.append(" │ no baseline (b)", style="dim")
+        bottom.append(f" │ {fmt_rate(header.tokens_per_s)} tok/s")
+        h = header.health
+        rate = _first(h, "events_per_s", "events_s", "ingest_events_per_s")
+        drops = _first(h, "dropped", "drops", "dropped_events", "dropped_batches")
+        hub = []
+        if rate is not None:
+            hub.append(f"{fmt_rate(float(rate))} ev/s")
+        if drops is not None:
+            hub.append(f"drops {drops:,}" if isinstance(drops, int) else f"drops {drops}")
+        if header.clock_error_ms is not None:
+            hub.append(f"clock ±{fmt_ms(header.clock_error_ms)} ms")
+        if hub:
+            bottom.append(" │ hub " + " · ".join(hub))
+        self.update(Group(top, bottom))
+
+
+class VerdictLine(Static):
+    """The top hypothesis, its evidence in a phrase and the next experiment."""
+
+    DEFAULT_CSS = """
+    VerdictLine {
+        height: auto;
+        max-height: 3;
+        padding: 0 1;
+        background: $boost;
+    }
+    """
+
+    def show(self, analysis: AnalysisView | None, busy: bool = False) -> None:
+        """Format the verdict.
+
+        Args:
+            analysis: the latest diagnosis (None before the first pass).
+            busy: a pass is running.
+        """
+        text = Text()
+        if analysis is None:
+            text.append("verdict: ", style="bold")
+            text.append("diagnosing…" if busy else "waiting for data", style="italic")
+            self.update(text)
+            return
+        if not analysis.hypotheses:
+            text.append("verdict: ", style="bold")
+            text.append(analysis.note or "no hypothesis yet", style="italic")
+            self.update(text)
+            return
+        top = analysis.hypotheses[0]
+        healthy = top.mechanism == "healthy"
+        text.append("▶ ", style="bold green" if healthy else "bold red")
+        text.append(top.mechanism, style="bold green" if healthy else "bold red")
+        text.append(f" ({top.score:.2f}) ", style="dim")
+        text.append(top.evidence)
+        if top.next_experiment:
+            text.append("  → next: ", style="bold")
+            text.append(top.next_experiment)
+        self.update(text)
+
+
+class LastArrivalsPanel(Vertical):
+    """Per process group the latest collective with who arrived last and by how much, and
+    the ranks that arrived last most often."""
+
+    DEFAULT_CSS = """
+    LastArrivalsPanel {
+        height: auto;
+        border: round $primary 50%;
+        border-title-color: $text;
+    }
+    LastArrivalsPanel > Static { height: auto; }
+    LastArrivalsPanel > DataTable { height: auto; max-height: 7; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="instances")
+        table: DataTable = DataTable(id="ranking", cursor_type="none", zebra_stripes=False)
+        for i, label in enumerate(("rank", "host", "×last", "late ms")):
+            table.add_column(label, key=f"c{i}")
+        yield table
+
+    def on_mount(self) -> None:
+        self.border_title = "last to arrive"
+
+    def show(self, arrivals: Sequence[Arrival], ranking: Sequence[LastRank]) -> None:
+        """Format the latest instances and update the ranking table."""
+        text = Text()
+        if not arrivals:
+            text.append("no complete collectives in the window", style="dim italic")
+        for a in arrivals:
+            if text:
+                text.append("\n")
+            text.append(f"{a.group} {a.op} ", style="bold")
+            text.append(f"#{a.seq} ")
+            text.append(f"r{a.last_rank}", style="bold yellow")
+            text.append(f" {a.last_host} +{fmt_ms(a.margin_ms)} ms", style="")
+            text.append(f" skew {fmt_ms(a.skew_ms)}", style="dim")
+        text.no_wrap = True
+        text.overflow = "ellipsis"
+        self.query_one("#instances", Static).update(text)
+        sync_table(
+            self.query_one("#ranking", DataTable),
+            [
+                (r.rank, (f"r{r.rank}", r.host, str(r.times_last), fmt_ms(r.late_ms)))
+                for r in ranking
+            ],
+        )
+
+
+class StructurePanel(Vertical):
+    """Which placement dimension explains a per-rank metric, and the group that stands
+    out (effect size ε²)."""
+
+    DEFAULT_CSS = """
+    StructurePanel {
+        height: auto;
+        border: round $primary 50%;
+    }
+    StructurePanel > DataTable { height: auto; max-height: 9; }
+    """
+
+    def compose(self) -> ComposeResult:
+        table: DataTable = DataTable(id="structure", cursor_type="none")
+        for i, label in enumerate(("metric", "dimension", "ε²", "stands out")):
+            table.add_column(label, key=f"c{i}")
+        yield table
+
+    def on_mount(self) -> None:
+        self.border_title = "structure"
+
+    def show(self, analysis: AnalysisView | None, limit: int = 6) -> None:
+        """Update the correlation table from the latest diagnosis."""
+        rows = analysis.structure[:limit] if analysis is not None else ()
+        sync_table(
+            self.query_one(DataTable),
+            [
+                (
+                    f"{r.metric}/{r.dimension}",
+                    (r.metric, r.dimension, f"{r.effect:.2f}", f"{r.standout} (z {r.z:+.1f})"),
+                )
+                for r in rows
+            ],
+        )
+
+
+class DecompositionPanel(Static):
+    """Stacked wall-time categories of the window against the baseline, and where the
+    missing time first appears."""
+
+    DEFAULT_CSS = """
+    DecompositionPanel {
+        height: auto;
+        border: round $primary 50%;
+        padding: 0 1;
+    }
+    """
+
+    _analysis: AnalysisView | None = None
+
+    def on_mount(self) -> None:
+        self.border_title = "decomposition (mean ms per rank-step)"
+
+    def on_resize(self) -> None:
+        self.show(self._analysis)
+
+    def show(self, analysis: AnalysisView | None, width: int | None = None) -> None:
+        """Draw the bars for the latest diagnosis."""
+        self._analysis = analysis
+        if analysis is None or not analysis.decomposition:
+            self.update(Text("waiting for the first diagnosis", style="dim italic"))
+            return
+        rows = analysis.decomposition
+        bar_width = max((width or self.size.width or 40) - 16, 10)
+        cur = [(r.category, r.current_ms) for r in rows]
+        base = [(r.category, r.baseline_ms) for r in rows]
+        has_base = any(math.isfinite(v) for _, v in base)
+        total_cur = sum(v for _, v in cur if math.isfinite(v))
+        total_base = sum(v for _, v in base if math.isfinite(v)) if has_base else 0.0
+        full = max(total_cur, total_base)
+        lines = []
+        now = Text("now  ", style="bold")
+        now.append_text(stacked_bar(cur, CATEGORY_COLOURS, bar_width, full))
+        now.append(f" {fmt_ms(total_cur)}")
+        lines.append(now)
+        if has_base:
+            b = Text("base ", style="bold")
+            b.append_text(stacked_bar(base, CATEGORY_COLOURS, bar_width, full))
+            b.append(f" {fmt_ms(total_base)}")
+            lines.append(b)
+        key = Text()
+        shown = [r for r in rows if math.isfinite(r.current_ms) and r.current_ms > 0]
+        for r in sorted(shown, key=lambda r: -r.current_ms):
+            key.append("■", style=Style(color=CATEGORY_COLOURS.get(r.category, "white")))
+            delta = f" {r.delta_ms:+.0f}" if has_base and math.isfinite(r.delta_ms) else ""
+            key.append(f"{r.category} {fmt_ms(r.current_ms)}{delta}  ")
+        lines.append(key)
+        verdict = Text()
+        if not has_base:
+            verdict.append("no baseline: press b to choose one", style="dim italic")
+        elif analysis.first_appears is None:
+            verdict.append("no category grew against the baseline", style="green")
+        else:
+            row = next(r for r in rows if r.category == analysis.first_appears)
+            verdict.append("missing time appears in ", style="bold")
+            verdict.append(analysis.first_appears, style="bold red")
+            verdict.append(f" (+{fmt_ms(row.delta_ms)} ms)")
+        lines.append(verdict)
+        self.update(Group(*lines))

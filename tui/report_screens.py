@@ -1,0 +1,189 @@
+"""Screens that show one part of the diagnosis in full: structure, message-size curves,
+manifest diff and the stall view."""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Static
+
+from rankscope.tui.analysis import AnalysisView
+from rankscope.tui.panels import fmt_ms, sync_table
+
+REPORT_CSS = """
+{name} #title {{ height: auto; background: $panel; padding: 0 1; }}
+{name} #note {{ height: auto; padding: 0 1; color: $text-muted; }}
+{name} DataTable {{ height: 1fr; }}
+"""
+
+
+class ReportScreen(Screen):
+    """A title, one keyed table and a note, redrawn on every diagnosis pass."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "app.pop_screen", "Back", tooltip="Back to the main screen"),
+    ]
+    """
+    | Key(s) | Description |
+    | :- | :- |
+    | escape | Back to the main screen. |
+    """
+
+    TITLE_TEXT = ""
+    COLUMNS: tuple[str, ...] = ()
+
+    def compose(self) -> ComposeResult:
+        yield Static(Text(self.TITLE_TEXT, style="bold"), id="title")
+        table: DataTable = DataTable(id="table", cursor_type="row", zebra_stripes=True)
+        for i, label in enumerate(self.COLUMNS):
+            table.add_column(label, key=f"c{i}")
+        yield table
+        yield Static(id="note")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.show_analysis(getattr(self.app, "analysis", None))
+        self.query_one(DataTable).focus()
+
+    def show_analysis(self, analysis: AnalysisView | None) -> None:
+        """Redraw from the latest diagnosis."""
+        note = self.query_one("#note", Static)
+        if analysis is None:
+            note.update(Text("waiting for the first diagnosis", style="italic"))
+            return
+        rows, text = self.rows(analysis)
+        sync_table(self.query_one(DataTable), rows)
+        note.update(text)
+
+    def rows(self, analysis: AnalysisView) -> tuple[list, Text]:
+        """``(key, cells)`` rows and the note for one analysis."""
+        raise NotImplementedError
+
+
+class StructureScreen(ReportScreen):
+    """Every dimension's effect size on every per-rank metric (ε², strongest first)."""
+
+    DEFAULT_CSS = REPORT_CSS.format(name="StructureScreen")
+    TITLE_TEXT = "Structure: which placement dimension explains each per-rank metric"
+    COLUMNS = ("metric", "dimension", "ε²", "stands out", "z")
+
+    def rows(self, analysis: AnalysisView) -> tuple[list, Text]:
+        rows = [
+            (
+                f"{r.metric}/{r.dimension}",
+                (r.metric, r.dimension, f"{r.effect:.3f}", r.standout, f"{r.z:+.1f}"),
+            )
+            for r in analysis.structure
+        ]
+        note = Text(
+            "ε²: share of the metric's variance across ranks that the dimension explains, "
+            "corrected for the number of groups (≈0 for a random grouping). Metrics are "
+            "relative to each step's median rank."
+        )
+        return rows, note
+
+
+class CurvesScreen(ReportScreen):
+    """Message-size curves: transfer time and bus bandwidth per group, op and size."""
+
+    DEFAULT_CSS = REPORT_CSS.format(name="CurvesScreen")
+    TITLE_TEXT = "Message-size curves (post-arrival transfer)"
+    COLUMNS = ("group", "op", "size", "count", "time ms", "busbw GB/s", "baseline", "ratio")
+
+    def rows(self, analysis: AnalysisView) -> tuple[list, Text]:
+        rows = []
+        for c in analysis.curves:
+            base = c.baseline_busbw_gbps
+            ratio = c.busbw_gbps / base if math.isfinite(base) and base > 0 else math.nan
+            rows.append(
+                (
+                    f"{c.group}/{c.op}/{c.size}",
+                    (
+                        c.group,
+                        c.op,
+                        c.size,
+                        str(c.count),
+                        fmt_ms(c.time_ms),
+                        f"{c.busbw_gbps:.2f}" if math.isfinite(c.busbw_gbps) else "–",
+                        f"{base:.2f}" if math.isfinite(base) else "–",
+                        f"×{ratio:.2f}" if math.isfinite(ratio) else "–",
+                    ),
+                )
+            )
+        note = Text(analysis.curves_convention or "")
+        if not rows:
+            note = Text("no complete collectives with sizes in the window", style="italic")
+        return rows, note
+
+
+class ManifestScreen(ReportScreen):
+    """The manifest field by field against the baseline's."""
+
+    DEFAULT_CSS = REPORT_CSS.format(name="ManifestScreen")
+    TITLE_TEXT = "Manifest: what differs from the baseline"
+    COLUMNS = ("field", "baseline", "current")
+
+    def rows(self, analysis: AnalysisView) -> tuple[list, Text]:
+        if analysis.baseline_run is None:
+            rows = [(f, (f, "", v)) for f, v in analysis.manifest_fields]
+            return rows, Text("no baseline: press b to choose one; showing this run's manifest")
+        rows = [(m.field, (m.field, m.baseline, m.current)) for m in analysis.manifest]
+        if not rows:
+            return rows, Text(f"identical to {analysis.baseline_run}", style="green")
+        return rows, Text(f"{len(rows)} fields differ from {analysis.baseline_run}")
+
+
+class StallScreen(ReportScreen):
+    """No progress: which collectives are half-entered and which ranks they wait for."""
+
+    DEFAULT_CSS = REPORT_CSS.format(name="StallScreen") + (
+        "StallScreen #title { background: $error 40%; }"
+    )
+    TITLE_TEXT = "STALLED: no step is completing"
+    COLUMNS = ("group", "op", "seq", "entered", "missing ranks", "waiting ms")
+
+    def rows(self, analysis: AnalysisView) -> tuple[list, Text]:
+        stall = analysis.stall
+        if stall is None:
+            return [], Text("no stall information", style="italic")
+        rows = []
+        for p in stall.pending:
+            missing = ", ".join(f"r{r}" for r in p.missing[:12])
+            if len(p.missing) > 12:
+                missing += f" … (+{len(p.missing) - 12})"
+            waited = stall.now_ns - p.waiting_since_ns
+            rows.append(
+                (
+                    f"{p.group}/{p.seq}",
+                    (
+                        p.group_name,
+                        p.op,
+                        str(p.seq),
+                        f"{p.entered}/{p.members}",
+                        missing,
+                        fmt_ms(waited / 1e6),
+                    ),
+                )
+            )
+        note = Text()
+        culprits = stall.culprits()
+        if culprits:
+            note.append("likely holding the job: ", style="bold")
+            note.append(", ".join(f"r{r}" for r in culprits), style="bold red")
+            note.append("  (missing from the most pending collectives: attach py-spy there)\n")
+        if stall.silent_ranks:
+            silent = ", ".join(f"r{r}" for r in stall.silent_ranks[:16])
+            note.append(f"silent since the last step: {silent}\n")
+        idle = stall.idle_steps
+        note.append(
+            f"last step ended {fmt_ms((stall.now_ns - stall.last_step_end_ns) / 1e6)} ms ago "
+            f"({idle:.1f} median steps)"
+            if math.isfinite(idle)
+            else "no step has ended yet"
+        )
+        return rows, note

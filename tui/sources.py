@@ -1,0 +1,285 @@
+"""Where the TUI's data comes from.
+
+A `Source` hands out the run list, the latest `Window` of a run and the hub's health. The
+app calls it from a worker thread on its sampling clock, never from the event loop, so a
+source may block briefly (a store lock, a file read) but must be safe to call from a thread
+other than the one that created it.
+
+- `LiveSource` reads the store of a hub running in this process (``rankscope watch``).
+- `RecordingSource` replays a recording into a private store and, with ``follow``, keeps
+  reading it as it grows, in its own thread (``rankscope open``); any number of viewers can
+  follow the same file without touching the hub that writes it.
+- `StaticSource` serves fixed windows (tests, screenshots, a snapshot's saved window).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from rankscope.diagnosis.window import Window
+
+
+@dataclass(frozen=True)
+class RunEntry:
+    """One run as the run picker and the header show it."""
+
+    job: str
+    run: str
+    scope: str = "full"
+    parent_run: str | None = None
+    world_size: int = 0
+    """Ranks that said hello."""
+    steps: int = 0
+    """Steps received (the latest step id + 1 when the store does not count them)."""
+    last_step: int = -1
+    """Most recent step id (-1 before the first)."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What one tick of the sampling clock got from a source."""
+
+    runs: tuple[RunEntry, ...]
+    run: str | None
+    """The run the window belongs to (the requested one, or the newest run)."""
+    window: Window | None
+    health: dict[str, Any] = field(default_factory=dict)
+    """Hub counters: ``events_per_s``, ``dropped``, ``rejected``... (keys vary by source)."""
+    error: str = ""
+    """Why no window came back (an exception from the store, a missing run)."""
+
+
+class Source(Protocol):
+    """The data the TUI shows; see the module docstring."""
+
+    label: str
+    """Where the data comes from, for the header (``live tcp://*:5555``, a path...)."""
+    live: bool
+    """Whether new data keeps arriving (a live hub or a followed recording)."""
+
+    def start(self) -> None:
+        """Begin receiving or following (idempotent)."""
+
+    def stop(self) -> None:
+        """Stop threads this source started (idempotent)."""
+
+    def runs(self) -> list[RunEntry]:
+        """Known runs, oldest first."""
+
+    def window(self, run: str, last: int) -> Window | None:
+        """The last ``last`` steps of ``run`` (None when the run has no steps yet)."""
+
+    def health(self) -> dict[str, Any]:
+        """Hub and collector counters."""
+
+
+def sample(source: Source, run: str | None, last: int) -> Sample:
+    """Take one sample: the run list, the window of ``run`` (default: the newest run that
+    is not a rerun, else the newest) and the health counters.
+
+    Errors raised by the source are caught and reported in ``Sample.error`` so a bad
+    moment in the store never kills the sampling thread.
+
+    Args:
+        source: where to read.
+        run: the run to show, or None to choose.
+        last: steps of history.
+
+    Returns:
+        The sample.
+    """
+    try:
+        runs = tuple(source.runs())
+        health = dict(source.health())
+    except Exception as exc:  # a store mid-update must not kill the sampler
+        return Sample((), run, None, {}, f"{type(exc).__name__}: {exc}")
+    if run is None and runs:
+        full = [r for r in runs if r.parent_run is None]
+        run = (full or list(runs))[-1].run
+    if run is None:
+        return Sample(runs, None, None, health, "no runs yet")
+    try:
+        window = source.window(run, last)
+    except Exception as exc:
+        return Sample(runs, run, None, health, f"{type(exc).__name__}: {exc}")
+    return Sample(runs, run, window, health, "" if window is not None else "no steps yet")
+
+
+def run_entry(summary: Any) -> RunEntry:
+    """Convert a store's run summary (any object or mapping with the usual names).
+
+    Args:
+        summary: an object with ``job``, ``run`` and optionally ``scope``, ``parent_run``,
+            ``world_size``, ``steps``/``n_steps``, ``last_step``.
+
+    Returns:
+        The entry.
+    """
+
+    def get(name: str, default: Any = None) -> Any:
+        if isinstance(summary, dict):
+            return summary.get(name, default)
+        return getattr(summary, name, default)
+
+    last = get("last_step", -1)
+    steps = get("steps", get("n_steps", None))
+    if steps is None or not isinstance(steps, int):
+        steps = (last + 1) if isinstance(last, int) and last >= 0 else 0
+    return RunEntry(
+        job=str(get("job", "")),
+        run=str(get("run", "")),
+        scope=str(get("scope", "full") or "full"),
+        parent_run=get("parent_run"),
+        world_size=int(get("world_size", 0) or 0),
+        steps=int(steps),
+        last_step=int(last if isinstance(last, int) else -1),
+    )
+
+
+class StoreSource:
+    """Reads a store object with ``runs()``, ``window(run, last=N)`` and ``health``."""
+
+    live = True
+
+    def __init__(self, store: Any, label: str) -> None:
+        self.store = store
+        self.label = label
+
+    def start(self) -> None:
+        """Nothing to start: the store is fed elsewhere."""
+
+    def stop(self) -> None:
+        """Nothing to stop."""
+
+    def runs(self) -> list[RunEntry]:
+        """Known runs."""
+        return [run_entry(s) for s in self.store.runs()]
+
+    def window(self, run: str, last: int) -> Window | None:
+        """The latest ``last`` steps of ``run``."""
+        return self.store.window(run, last=last)
+
+    def health(self) -> dict[str, Any]:
+        """The store's health counters (a dict, or an object's public attributes)."""
+        h = self.store.health
+        h = h() if callable(h) else h
+        if isinstance(h, dict):
+            return dict(h)
+        if hasattr(h, "__dataclass_fields__"):
+            return {k: getattr(h, k) for k in h.__dataclass_fields__}
+        return {k: v for k, v in vars(h).items() if not k.startswith("_")} if h else {}
+
+
+class LiveSource(StoreSource):
+    """The store of a hub running in this process; the hub's own threads feed it."""
+
+    def __init__(self, hub: Any, label: str | None = None) -> None:
+        super().__init__(hub.store, label or f"live {getattr(hub, 'bind', '')}".strip())
+        self.hub = hub
+
+
+class RecordingSource(StoreSource):
+    """A recording replayed into a private store, optionally followed as it grows.
+
+    Args:
+        path: the recording (a file or a recording folder).
+        follow: keep reading new data in a background thread.
+        opener: ``opener(path, follow, stop_event) -> (store, thread_body | None)``; the
+            default uses ``rankscope.hub.replay`` (injectable so tests can stand in for a
+            hub that is not part of this build).
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        follow: bool = True,
+        opener: Callable[[Path, bool, threading.Event], tuple[Any, Callable[[], None] | None]]
+        | None = None,
+    ) -> None:
+        self.path = Path(path)
+        if not self.path.exists():
+            raise FileNotFoundError(f"recording {self.path} does not exist")
+        self._stop = threading.Event()
+        store, body = (opener or _open_recording)(self.path, follow, self._stop)
+        super().__init__(store, str(self.path))
+        self.live = follow
+        self._body = body
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start following the file (once)."""
+        if self._body is not None and self._thread is None:
+            self._thread = threading.Thread(target=self._body, name="rankscope-follow", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stop following; waits briefly for the follower thread."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+
+
+def _open_recording(
+    path: Path, follow: bool, stop: threading.Event
+) -> tuple[Any, Callable[[], None] | None]:
+    from rankscope.hub import replay
+
+    if not follow:
+        return replay.load(path), None
+    store, body = replay.follow(path, stop)
+    return store, body
+
+
+class StaticSource:
+    """Fixed windows, one per run (tests, screenshots, saved windows).
+
+    Args:
+        windows: the windows, in run order (oldest first).
+        health: counters shown in the header.
+        label: where the data is said to come from.
+    """
+
+    live = False
+
+    def __init__(
+        self,
+        windows: Sequence[Window],
+        health: dict[str, Any] | None = None,
+        label: str = "static",
+    ) -> None:
+        self._windows = {w.run: w for w in windows}
+        self._health = dict(health or {})
+        self.label = label
+
+    def start(self) -> None:
+        """Nothing to start."""
+
+    def stop(self) -> None:
+        """Nothing to stop."""
+
+    def runs(self) -> list[RunEntry]:
+        """One entry per window."""
+        return [
+            RunEntry(
+                job=w.job,
+                run=w.run,
+                scope=w.scope,
+                parent_run=w.parent_run,
+                world_size=w.world_size,
+                steps=int(w.steps.size),
+                last_step=int(w.steps[-1]) if w.steps.size else -1,
+            )
+            for w in self._windows.values()
+        ]
+
+    def window(self, run: str, last: int) -> Window | None:
+        """The stored window of ``run`` (``last`` is ignored: it is already cut)."""
+        return self._windows.get(run)
+
+    def health(self) -> dict[str, Any]:
+        """The fixed counters."""
+        return dict(self._health)
