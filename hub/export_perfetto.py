@@ -17,10 +17,20 @@ Timestamps are microseconds (with nanosecond decimals) relative to the window or
 do not fit a float64 microsecond value exactly.
 
 The trace-event format requires slices on one thread to nest. Steps contain phases, and a
-blocking collective sits inside the phase that issued it, but asynchronous collectives (DDP
-buckets) overlap each other and the phase boundaries. Such a slice is never clipped: it goes
-to an extra thread of the same rank (``rank N · overlap K``), placed right under it, so
-every measured interval appears exactly as recorded.
+blocking collective sits inside the phase that issued it, so they share the rank's thread.
+Asynchronous collectives (DDP buckets, ``async_op=True``) overlap each other and the phase
+boundaries, so they get companion threads of the same rank, sorted right under it:
+
+- ``rank N · stream``: device-timed asynchronous collectives drawn over their device
+  interval (``t_start``..``t_end``), which a stream runs one after the other, as a GPU
+  stream row of a profiler shows them; host issue and completion stay in the args;
+- ``rank N · async``: asynchronous collectives without device times, over their host
+  interval.
+
+Whatever still overlaps without nesting is never clipped: it goes to one more thread of
+that kind (``rank N · overlap K``, ``rank N · stream K``, ``rank N · async K``), so every
+measured interval appears exactly as recorded. The last-arrival mark always sits on the
+rank's own thread, at its host entry.
 """
 
 from __future__ import annotations
@@ -57,6 +67,16 @@ _FLAG_NAMES = (
 # Slice kinds, in the order a tie (same start and end) nests: the step holds its phases,
 # a phase holds the collectives it issued.
 _STEP, _PHASE, _COLL = 0, 1, 2
+# Thread families of a rank, in display order.
+_MAIN, _STREAM, _ASYNC = 0, 1, 2
+_FAMILY = ("", "stream", "async")
+
+
+def _thread_label(rank: int, family: int, lane: int) -> str:
+    if family == _MAIN:
+        return f"rank {rank}" if lane == 0 else f"rank {rank} · overlap {lane}"
+    name = _FAMILY[family]
+    return f"rank {rank} · {name}" if lane == 0 else f"rank {rank} · {name} {lane + 1}"
 
 
 @dataclass(frozen=True)
@@ -135,8 +155,8 @@ class TraceSummary:
     """Processes (one per host)."""
     ranks: int
     """Ranks with at least one slice."""
-    overlap_tracks: int
-    """Extra threads needed for slices that overlap without nesting."""
+    threads: int
+    """Rank threads, companions (stream, async, overlap) included."""
 
 
 def _us(ns: np.ndarray) -> list[float]:
@@ -149,27 +169,27 @@ def _flag_names(flags: int) -> list[str]:
 
 
 def _assign_lanes(
-    rank: np.ndarray, start: np.ndarray, end: np.ndarray, kind: np.ndarray
+    track: np.ndarray, start: np.ndarray, end: np.ndarray, kind: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Place slices on per-rank lanes so each lane's slices nest properly.
+    """Place slices on lanes of their track so each lane's slices nest properly.
 
     Args:
-        rank, start, end, kind: one entry per slice.
+        track, start, end, kind: one entry per slice; a track is one rank's thread family.
 
     Returns:
-        ``(order, lane)``: the slice indices sorted by rank, start, longest first and kind,
-        and the lane of each slice in that order (0 is the rank's own thread).
+        ``(order, lane)``: the slice indices sorted by track, start, longest first and kind,
+        and the lane of each slice in that order (0 is the track's own thread).
     """
-    order = np.lexsort((kind, -end, start, rank))
-    ranks = rank[order].tolist()
+    order = np.lexsort((kind, -end, start, track))
+    tracks = track[order].tolist()
     starts = start[order].tolist()
     ends = end[order].tolist()
     lanes = np.zeros(order.shape[0], dtype=np.int32)
     stacks: list[list[float]] = []
     current = None
-    for i, (r, a, b) in enumerate(zip(ranks, starts, ends)):
-        if r != current:
-            current = r
+    for i, (t, a, b) in enumerate(zip(tracks, starts, ends)):
+        if t != current:
+            current = t
             stacks = []
         placed = -1
         for k, stack in enumerate(stacks):
@@ -328,7 +348,7 @@ def build_trace(window: Window, phases: PhaseSpans | None = None) -> dict[str, A
     # Every slice as columns: rank, start, end, kind and its row in its own table.
     ok = window.present & np.isfinite(window.t_start) & np.isfinite(window.t_end)
     st_rank, st_col = np.nonzero(ok)
-    parts = [(st_rank, window.t_start[ok], window.t_end[ok], _STEP)]
+    parts: list[tuple[Any, ...]] = [(st_rank, window.t_start[ok], window.t_end[ok], _STEP)]
     ph_idx = np.zeros(0, dtype=np.int64)
     if phases is not None and len(phases):
         p_rank = np.asarray(phases.rank, dtype=np.int64)
@@ -347,26 +367,49 @@ def build_trace(window: Window, phases: PhaseSpans | None = None) -> dict[str, A
             & (rows.rank < n_ranks)
         )
         c_idx = np.nonzero(keep)[0]
-        parts.append((rows.rank[c_idx], rows.t_enter[c_idx], rows.t_exit[c_idx], _COLL))
+        flags = rows.flags[c_idx].astype(np.int64)
+        is_async = (flags & (FLAG_ASYNC | FLAG_DDP_BUCKET)) != 0
+        d0, d1 = rows.t_start[c_idx], rows.t_end[c_idx]
+        on_device = (
+            is_async
+            & ((flags & FLAG_DEVICE_TIMED) != 0)
+            & np.isfinite(d0)
+            & np.isfinite(d1)
+            & (d1 >= d0)
+        )
+        fam = np.where(on_device, _STREAM, np.where(is_async, _ASYNC, _MAIN))
+        c0 = np.where(on_device, d0, rows.t_enter[c_idx])
+        c1 = np.where(on_device, d1, rows.t_exit[c_idx])
+        parts.append((rows.rank[c_idx], c0, c1, _COLL, fam))
     rank = np.concatenate([np.asarray(p[0], dtype=np.int64) for p in parts])
     start = np.concatenate([np.asarray(p[1], dtype=np.float64) for p in parts])
     end = np.maximum(np.concatenate([np.asarray(p[2], dtype=np.float64) for p in parts]), start)
     kind = np.concatenate([np.full(len(p[0]), p[3], dtype=np.int8) for p in parts])
+    family = np.concatenate(
+        [p[4] if len(p) > 4 else np.full(len(p[0]), _MAIN) for p in parts]  # type: ignore[misc]
+    ).astype(np.int64)
     src = np.concatenate([np.arange(len(p[0])) for p in parts])
-    order, lanes = _assign_lanes(rank, start, end, kind)
+    order, lanes = _assign_lanes(rank * 3 + family, start, end, kind)
     cols = _collective_columns(window, c_idx) if c_idx.shape[0] else {}
 
     # tids start above every pid, so no rank thread is taken for a host's main thread.
-    tid_base = len(hosts) + 1
+    threads: dict[tuple[int, int, int], int] = {}
+
+    def tid_of(r: int, fam: int, lane: int) -> int:
+        key = (r, fam, lane)
+        if key not in threads:
+            threads[key] = len(hosts) + 1 + len(threads)
+        return threads[key]
+
     events: list[dict[str, Any]] = []
-    threads: dict[tuple[int, int], int] = {}
     ts_all = _us(start[order])
     dur_all = _us(end[order] - start[order])
+    enter_us = _us(rows.t_enter[c_idx]) if rows is not None and c_idx.shape[0] else []
+    exit_us = _us(rows.t_exit[c_idx]) if rows is not None and c_idx.shape[0] else []
     for j, (i, lane) in enumerate(zip(order.tolist(), lanes.tolist())):
         r = int(rank[i])
         pid = int(host_of[r]) + 1
-        tid = tid_base + lane * n_ranks + r
-        threads[(r, lane)] = pid
+        tid = tid_of(r, int(family[i]), lane)
         s = int(src[i])
         ev: dict[str, Any] = {"ph": "X", "pid": pid, "tid": tid, "ts": ts_all[j], "dur": dur_all[j]}
         k = int(kind[i])
@@ -382,29 +425,39 @@ def build_trace(window: Window, phases: PhaseSpans | None = None) -> dict[str, A
             ev.update(name=name, cat="phase", args={"step": int(phases.step[row]), "rank": r})
         else:
             op, args, mark = _collective_event(window, cols, s, r)
+            if family[i] == _STREAM:
+                args["drawn"] = "device interval"
+                args["host_enter_us"] = enter_us[s]
+                args["host_exit_us"] = exit_us[s]
             ev.update(name=op, cat="collective", args=args)
             if mark is not None:
                 events.append(ev)
                 ev = {"ph": "i", "s": "t", "name": "last arrival", "cat": "collective"}
-                ev.update(pid=pid, tid=tid, ts=ts_all[j], args=mark)
+                ev.update(pid=pid, tid=tid_of(r, _MAIN, 0), ts=enter_us[s], args=mark)
         events.append(ev)
 
-    max_lanes = int(lanes.max()) + 1 if lanes.shape[0] else 1
     meta: list[dict[str, Any]] = []
-    for pid in sorted(set(threads.values())):
+    for pid in sorted({int(host_of[r]) + 1 for r, _, _ in threads}):
         for key, value in (
             ("process_name", {"name": hosts[pid - 1]}),
             ("process_sort_index", {"sort_index": pid - 1}),
         ):
             meta.append({"ph": "M", "name": key, "pid": pid, "tid": 0, "args": value})
-    for (r, lane), pid in sorted(threads.items()):
-        tid = tid_base + lane * n_ranks + r
-        label = f"rank {r}" if lane == 0 else f"rank {r} · overlap {lane}"
+    for position, (r, fam_code, lane) in enumerate(sorted(threads)):
+        pid = int(host_of[r]) + 1
         for key, value in (
-            ("thread_name", {"name": label}),
-            ("thread_sort_index", {"sort_index": r * max_lanes + lane}),
+            ("thread_name", {"name": _thread_label(r, fam_code, lane)}),
+            ("thread_sort_index", {"sort_index": position}),
         ):
-            meta.append({"ph": "M", "name": key, "pid": pid, "tid": tid, "args": value})
+            meta.append(
+                {
+                    "ph": "M",
+                    "name": key,
+                    "pid": pid,
+                    "tid": threads[(r, fam_code, lane)],
+                    "args": value,
+                }
+            )
 
     other = {
         "producer": f"rankscope {__version__}",
@@ -443,7 +496,7 @@ def summarize(doc: dict[str, Any], path: str | None = None) -> TraceSummary:
         last_arrivals=sum(1 for e in evs if e["ph"] == "i"),
         hosts=sum(1 for e in evs if e["ph"] == "M" and e["name"] == "process_name"),
         ranks=len({e["args"]["name"].split(" ·")[0] for e in names}),
-        overlap_tracks=sum(1 for e in names if "overlap" in e["args"]["name"]),
+        threads=len(names),
     )
 
 

@@ -11,6 +11,7 @@ import pytest
 from rankscope.collector.schema import (
     FLAG_ASYNC,
     FLAG_DDP_BUCKET,
+    FLAG_DEVICE_TIMED,
     NO_TIME,
     OP_INDEX,
     PHASE_INDEX,
@@ -32,11 +33,12 @@ from rankscope.hub.export_perfetto import PhaseSpans, build_trace, phase_spans, 
 MS = 1_000_000.0
 
 
-def toy_window(with_rows: bool = True) -> tuple[Window, PhaseSpans]:
+def toy_window(with_rows: bool = True, device: bool = False) -> tuple[Window, PhaseSpans]:
     """Four ranks on two hosts, two steps. Each step: forward, backward, optimizer; two
     overlapping DDP buckets on the intra-host group {0, 1} during backward (the second runs
     past the end of backward); one blocking all_reduce over everyone in the optimizer phase,
-    which rank 2 enters 0.5 ms late."""
+    which rank 2 enters 0.5 ms late. With ``device``, the buckets carry device times that
+    a stream runs back to back: 5.0-6.0 ms and 6.0-7.0 ms into the step."""
     n, steps = 4, np.array([10, 11])
     t_start = np.array([[j * 10 * MS for j in range(2)]] * n)
     t_end = t_start + 9 * MS
@@ -60,7 +62,7 @@ def toy_window(with_rows: bool = True) -> tuple[Window, PhaseSpans]:
     )
     rows: dict[str, list[float]] = defaultdict(list)
 
-    def call(r, j, op, g, seq, nbytes, enter, exit_, flags=0):
+    def call(r, j, op, g, seq, nbytes, enter, exit_, flags=0, dev=(np.nan, np.nan)):
         rows["rank"].append(r)
         rows["step"].append(int(steps[j]))
         rows["op"].append(OP_INDEX[op])
@@ -70,15 +72,17 @@ def toy_window(with_rows: bool = True) -> tuple[Window, PhaseSpans]:
         rows["t_enter"].append(t_start[r, j] + enter * MS)
         rows["t_exit"].append(t_start[r, j] + exit_ * MS)
         rows["flags"].append(flags)
+        rows["d0"].append(t_start[r, j] + dev[0] * MS)
+        rows["d1"].append(t_start[r, j] + dev[1] * MS)
 
-    bucket = FLAG_ASYNC | FLAG_DDP_BUCKET
+    bucket = FLAG_ASYNC | FLAG_DDP_BUCKET | (FLAG_DEVICE_TIMED if device else 0)
     for j in range(2):
         for r in range(n):
             call(r, j, "all_reduce", 0, j, 4096, 7.6 + (0.5 if r == 2 else 0.0), 8.3)
         for r in (0, 1):
-            call(r, j, "all_reduce", 1, 2 * j, 1 << 20, 4.0 + 0.1 * r, 6.0, bucket)
-            call(r, j, "all_reduce", 1, 2 * j + 1, 1 << 20, 5.0, 7.2, bucket)
-    m = len(rows["rank"])
+            dev = ((5.0, 6.0), (6.0, 7.0)) if device else ((np.nan,) * 2,) * 2
+            call(r, j, "all_reduce", 1, 2 * j, 1 << 20, 4.0 + 0.1 * r, 6.0, bucket, dev[0])
+            call(r, j, "all_reduce", 1, 2 * j + 1, 1 << 20, 5.0, 7.2, bucket, dev[1])
     coll_rows = CollRows(
         rank=np.array(rows["rank"], dtype=np.int32),
         step=np.array(rows["step"], dtype=np.int64),
@@ -87,8 +91,8 @@ def toy_window(with_rows: bool = True) -> tuple[Window, PhaseSpans]:
         seq=np.array(rows["seq"], dtype=np.int64),
         nbytes=np.array(rows["nbytes"], dtype=np.int64),
         t_enter=np.array(rows["t_enter"]),
-        t_start=np.full(m, np.nan),
-        t_end=np.full(m, np.nan),
+        t_start=np.array(rows["d0"]),
+        t_end=np.array(rows["d1"]),
         t_exit=np.array(rows["t_exit"]),
         flags=np.array(rows["flags"], dtype=np.int32),
     )
@@ -237,8 +241,17 @@ def test_one_process_per_host_and_one_thread_per_rank() -> None:
             assert threads[e["tid"]][1] == f"rank {e['args']['rank']}"
 
 
-def test_every_interval_is_kept_exactly_and_overlaps_get_their_own_thread() -> None:
-    window, phases = toy_window()
+def _thread_names(doc: dict) -> dict[int, str]:
+    return {
+        e["tid"]: e["args"]["name"]
+        for e in doc["traceEvents"]
+        if e["ph"] == "M" and e["name"] == "thread_name"
+    }
+
+
+@pytest.mark.parametrize("device", [False, True])
+def test_every_interval_is_kept_exactly(device: bool) -> None:
+    window, phases = toy_window(device=device)
     doc = build_trace(window, phases)
     slices = [e for e in doc["traceEvents"] if e["ph"] == "X"]
     got = sorted(
@@ -251,24 +264,64 @@ def test_every_interval_is_kept_exactly_and_overlaps_get_their_own_thread() -> N
     for r, a, b in zip(phases.rank, phases.t0, phases.t1):
         want.append(("phase", int(r), a / 1e3, (b - a) / 1e3))
     rows = window.rows
-    for r, a, b in zip(rows.rank, rows.t_enter, rows.t_exit):
-        want.append(("collective", int(r), a / 1e3, (b - a) / 1e3))
+    for i in range(len(rows)):
+        # Device-timed asynchronous collectives are drawn over their device interval.
+        a, b = (
+            (rows.t_start[i], rows.t_end[i])
+            if device and rows.group[i] == 1
+            else (
+                rows.t_enter[i],
+                rows.t_exit[i],
+            )
+        )
+        want.append(("collective", int(rows.rank[i]), a / 1e3, (b - a) / 1e3))
     assert got == sorted((c, r, round(a, 3), round(d, 3)) for c, r, a, d in want)
-    names = {
-        e["tid"]: e["args"]["name"]
-        for e in doc["traceEvents"]
-        if e["ph"] == "M" and e["name"] == "thread_name"
-    }
-    # The second DDP bucket overlaps the first and crosses the end of backward.
-    late_buckets = [
-        e
-        for e in slices
-        if e["cat"] == "collective" and e["args"]["group"] == 1 and e["dur"] > 2000
-    ]
-    assert late_buckets and all("overlap" in names[e["tid"]] for e in late_buckets)
+
+
+def test_async_collectives_get_companion_threads_of_their_rank() -> None:
+    window, phases = toy_window()
+    doc = build_trace(window, phases)
+    names = _thread_names(doc)
+    colls = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "collective"]
     # The blocking all_reduce nests inside optimizer on the rank's own thread.
-    blocking = [e for e in slices if e["cat"] == "collective" and e["args"]["group"] == 0]
-    assert all(names[e["tid"]] == f"rank {e['args']['rank']}" for e in blocking)
+    for e in colls:
+        r = e["args"]["rank"]
+        if e["args"]["group"] == 0:
+            assert names[e["tid"]] == f"rank {r}"
+        else:
+            assert names[e["tid"]].startswith(f"rank {r} · async")
+    # The second bucket overlaps the first without nesting: a second async thread.
+    late = [e for e in colls if e["args"]["group"] == 1 and e["dur"] > 2000]
+    assert late and all(names[e["tid"]] == f"rank {e['args']['rank']} · async 2" for e in late)
+    # Companions sort right under their rank.
+    order = sorted(
+        (e["args"]["sort_index"], names[e["tid"]])
+        for e in doc["traceEvents"]
+        if e["ph"] == "M" and e["name"] == "thread_sort_index"
+    )
+    assert [n for _, n in order][:4] == ["rank 0", "rank 0 · async", "rank 0 · async 2", "rank 1"]
+
+
+def test_device_timed_async_collectives_run_on_one_stream_thread() -> None:
+    window, phases = toy_window(device=True)
+    doc = build_trace(window, phases)
+    names = _thread_names(doc)
+    buckets = [
+        e for e in doc["traceEvents"] if e["ph"] == "X" and e.get("args", {}).get("group") == 1
+    ]
+    assert {names[e["tid"]] for e in buckets} == {"rank 0 · stream", "rank 1 · stream"}
+    first = next(e for e in buckets if e["args"]["rank"] == 1 and e["args"]["seq"] == 0)
+    assert first["ts"] == pytest.approx(window.t_start[1, 0] / 1e3 + 5_000.0)
+    assert first["args"]["host_enter_us"] == pytest.approx(window.t_start[1, 0] / 1e3 + 4_100.0)
+    assert first["args"]["host_exit_us"] == pytest.approx(window.t_start[1, 0] / 1e3 + 6_000.0)
+    assert first["args"]["device_us"] == pytest.approx(1_000.0)
+    # The last-arrival mark stays on the rank's own thread, at its host entry.
+    mark = next(
+        e
+        for e in doc["traceEvents"]
+        if e["ph"] == "i" and e["args"]["group"] == 1 and e["args"]["seq"] == 0
+    )
+    assert names[mark["tid"]] == "rank 1" and mark["ts"] == first["args"]["host_enter_us"]
 
 
 def test_collective_args_and_last_arriver_marks() -> None:
@@ -327,7 +380,8 @@ def test_write_trace_reports_counts_and_rejects_a_missing_folder(tmp_path) -> No
     assert summary.collectives == len(window.rows)
     assert summary.last_arrivals == len(window.instances)
     assert (summary.hosts, summary.ranks) == (2, 4)
-    assert summary.overlap_tracks == 2
+    # Four rank threads, and two async threads for each of ranks 0 and 1.
+    assert summary.threads == 8
     with pytest.raises(ValueError, match="nope"):
         write_trace(tmp_path / "nope" / "t.json", window, phases)
 

@@ -1,0 +1,156 @@
+"""``rankscope export PATH``: a recording into the tools teams already run.
+
+``--perfetto OUT.json`` writes a Chrome / Perfetto trace (open it at ui.perfetto.dev);
+``--csv DIR`` writes per-rank-step and per-collective tables. Both read the last ``--steps``
+steps of one run of the recording.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rankscope.collector import schema
+from rankscope.diagnosis.window import Window
+
+HELP = "Export a recording as a Perfetto trace (--perfetto) or CSV tables (--csv)"
+DEFAULT_STEPS = 100
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", metavar="PATH", help="recording directory (rankscope hub --record)")
+    p.add_argument("--perfetto", metavar="OUT.json", help="write a Chrome/Perfetto trace")
+    p.add_argument("--csv", metavar="DIR", help="write CSV tables into DIR")
+    p.add_argument("--run", default=None, help="run id (default: the most recent run)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=DEFAULT_STEPS,
+        help=f"most recent steps to export (default {DEFAULT_STEPS})",
+    )
+
+
+def load_run(path: str, run: str | None, steps: int) -> tuple[Any, Window]:
+    """Replay a recording and take the window of one run, keeping raw collective rows for
+    every step of it.
+
+    Args:
+        path: recording directory.
+        run: run id, or None for the most recent run.
+        steps: steps in the window.
+
+    Returns:
+        ``(store, window)``.
+
+    Raises:
+        ValueError: naming what is wrong (no recording, unknown run, bad step count).
+    """
+    from rankscope.hub import replay
+    from rankscope.hub.recording import RecordingError
+
+    if steps < 1:
+        raise ValueError(f"--steps must be at least 1, got {steps}")
+    if not Path(path).exists():
+        raise ValueError(f"no recording at {path!r}")
+    try:
+        store = replay.load(path, history_steps=steps, raw_steps=steps)
+    except RecordingError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    if not store.run_ids():
+        raise ValueError(f"{path}: the recording holds no run")
+    try:
+        window = store.window(run, last=steps)
+    except KeyError as exc:
+        raise ValueError(f"{path}: {exc.args[0]}") from None
+    return store, window
+
+
+def recorded_phases(path: str, window: Window) -> tuple[dict[str, np.ndarray], list[str]]:
+    """The raw phase spans of a window's run, read from the recording's ``steps`` messages.
+
+    The store keeps only per-step phase totals, so the spans come from the frames. Phase
+    codes are per message (``PHASES`` + that sender's ``phase_names``); they are mapped to
+    one shared list of user names here.
+
+    Args:
+        path: recording directory.
+        window: the window (its run and steps select the spans).
+
+    Returns:
+        ``(table, user_phase_names)``: a phases table with a ``rank`` column.
+    """
+    from rankscope.hub.recording import read_frames
+
+    names: list[str] = []
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("rank", "step", "phase", "t0", "t1")}
+    wanted = set(window.steps.tolist())
+    for frame in read_frames(path):
+        try:
+            msg = schema.decode(frame.payload)
+        except schema.SchemaError:
+            continue  # the hub recorded only accepted messages; a damaged one adds nothing
+        if msg.kind != "steps" or msg.header.get("run") != window.run:
+            continue
+        ph = msg.tables.get("phases")
+        if ph is None or not ph["step"].shape[0]:
+            continue
+        keep = np.isin(ph["step"], list(wanted))
+        if not keep.any():
+            continue
+        own = [str(n) for n in msg.header.get("phase_names") or []]
+        codes = ph["phase"].astype(np.int64)[keep]
+        mapped = codes.copy()
+        for i, name in enumerate(own):
+            if name not in names:
+                names.append(name)
+            mapped[codes == len(schema.PHASES) + i] = len(schema.PHASES) + names.index(name)
+        n = int(keep.sum())
+        parts["rank"].append(np.full(n, int(msg.header["rank"]), dtype=np.int64))
+        parts["step"].append(ph["step"][keep].astype(np.int64))
+        parts["phase"].append(mapped)
+        parts["t0"].append(ph["t0"][keep].astype(np.int64))
+        parts["t1"].append(ph["t1"][keep].astype(np.int64))
+    table = {k: (np.concatenate(v) if v else np.zeros(0, dtype=np.int64)) for k, v in parts.items()}
+    return table, names
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.perfetto and not args.csv:
+        print("rankscope export: give --perfetto OUT.json and/or --csv DIR", file=sys.stderr)
+        return 2
+    try:
+        _, window = load_run(args.path, args.run, args.steps)
+    except ValueError as exc:
+        print(f"rankscope export: {exc}", file=sys.stderr)
+        return 2
+    span = (
+        f"steps {int(window.steps[0])}-{int(window.steps[-1])}" if window.steps.size else "no step"
+    )
+    print(f"run {window.run} ({window.scope}, {window.world_size} ranks), {span}")
+    try:
+        if args.perfetto:
+            from rankscope.hub.export_perfetto import phase_spans, write_trace
+
+            table, names = recorded_phases(args.path, window)
+            spans = phase_spans(window, table, names) if table["step"].shape[0] else None
+            s = write_trace(args.perfetto, window, spans)
+            print(
+                f"perfetto: {s.path}: {s.slices} slices ({s.collectives} collectives, "
+                f"{s.last_arrivals} last arrivals marked) on {s.ranks} ranks, {s.hosts} hosts"
+                + f" ({s.threads} threads)"
+                + " — open it at ui.perfetto.dev"
+            )
+        if args.csv:
+            from rankscope.hub.export_csv import write_csv
+
+            c = write_csv(args.csv, window)
+            tables = ", ".join(f"{name} ({n} rows)" for name, n in c.rows.items())
+            print(f"csv: {c.folder}: {tables}")
+    except (ValueError, OSError) as exc:
+        print(f"rankscope export: {exc}", file=sys.stderr)
+        return 1
+    return 0
