@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -205,6 +206,9 @@ class Monitor:
         self._closed = True
         if not self.enabled:
             return
+        hooks = sys.modules.get("rankscope.collector.torch_hooks")
+        if hooks is not None and hooks._state.mon is self:
+            hooks.uninstall()
         try:
             if self._open:
                 if self._activity_since_begin():

@@ -272,8 +272,24 @@ def start(
     return mon
 
 
+def instrument(model: Any, monitor: Monitor | None = None) -> Any:
+    """Instrument a torch model (forward phase; DDP gradient buckets). See
+    ``rankscope.collector.torch_hooks.instrument``.
+
+    Args:
+        model: the (DDP-wrapped) model.
+        monitor: the monitor (the active one by default).
+
+    Returns:
+        The model.
+    """
+    from rankscope.collector import torch_hooks
+
+    return torch_hooks.instrument(model, monitor)
+
+
 def close() -> None:
-    """Close the active monitor (ships what is buffered)."""
+    """Close the active monitor (ships what is buffered) and remove the torch hooks."""
     global _active
     with _lock:
         mon, _active = _active, None

@@ -1,0 +1,143 @@
+"""``rankscope run``: instrument an unmodified training command (zero-code).
+
+    rankscope run --hub tcp://HUB:5555 --job llm -- torchrun --nproc_per_node=8 train.py
+
+Puts a generated ``sitecustomize.py`` first on ``PYTHONPATH`` (any existing one still
+runs), sets the ``RANKSCOPE_*`` environment and replaces itself with the command. Every
+rank starts its collector when it initialises its process group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import sys
+
+from rankscope.collector import schema
+
+HELP = "run a training command with zero-code instrumentation (rankscope run -- torchrun ...)"
+
+_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--hub",
+        default=None,
+        help="hub address tcp://HOST:PORT (default: $RANKSCOPE_HUB or tcp://127.0.0.1:5555)",
+    )
+    parser.add_argument("--job", default=None, help="job name (default: the script name)")
+    parser.add_argument(
+        "--scope", default=None, choices=schema.SCOPES, help="scope of this run (default: full)"
+    )
+    parser.add_argument("--run", default=None, help="run id shared by all ranks (default: new)")
+    parser.add_argument("--parent-run", default=None, help="run this one is a reduced rerun of")
+    parser.add_argument("--topology", default=None, help="topology TOML (racks, NIC/rail per GPU)")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the environment and command instead of running them",
+    )
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+
+
+def _check(value: str | None, what: str) -> str | None:
+    if value is not None and not _LABEL.match(value):
+        raise SystemExit(
+            f"rankscope run: {what} {value!r} must be 1-128 characters of letters, digits, ._:@+-"
+        )
+    return value
+
+
+def _multi_node(command: list[str]) -> bool:
+    """True for a torchrun command that spans several nodes (each node runs its own
+    ``rankscope run``, so a run id generated here would differ between nodes)."""
+    for i, arg in enumerate(command):
+        value = None
+        if arg.startswith("--nnodes="):
+            value = arg.split("=", 1)[1]
+        elif arg == "--nnodes" and i + 1 < len(command):
+            value = command[i + 1]
+        if value is not None:
+            return value.strip() not in ("1", "1:1")
+    return False
+
+
+def build_env(args: argparse.Namespace, base: dict[str, str], site_dir: str) -> dict[str, str]:
+    """The environment the command runs in.
+
+    Args:
+        args: parsed arguments.
+        base: the current environment.
+        site_dir: directory holding the bootstrap ``sitecustomize.py``.
+
+    Returns:
+        A new environment map.
+    """
+    from rankscope.collector.clock import clock_endpoint
+    from rankscope.collector.runtime import DEFAULT_HUB, new_run_id
+    from rankscope.collector.sender import check_endpoint
+
+    env = dict(base)
+    hub = args.hub or env.get("RANKSCOPE_HUB") or DEFAULT_HUB
+    try:
+        clock_endpoint(check_endpoint(hub))
+    except ValueError as exc:
+        raise SystemExit(f"rankscope run: --hub: {exc}") from None
+    env["RANKSCOPE_HUB"] = hub
+    job = _check(args.job, "--job")
+    if job:
+        env["RANKSCOPE_JOB"] = job
+    if args.scope:
+        env["RANKSCOPE_SCOPE"] = args.scope
+    if _check(args.parent_run, "--parent-run"):
+        env["RANKSCOPE_PARENT_RUN"] = args.parent_run
+    run = _check(args.run, "--run")
+    if run is None and not _multi_node(args.command) and not env.get("RANKSCOPE_RUN"):
+        # One launcher on one node: name the run here, so it survives elastic restarts.
+        script = next((a for a in args.command if a.endswith(".py")), "job")
+        run = new_run_id(job or os.path.splitext(os.path.basename(script))[0] or "job")
+    if run:
+        env["RANKSCOPE_RUN"] = run
+    if args.topology:
+        path = os.path.abspath(args.topology)
+        if not os.path.isfile(path):
+            raise SystemExit(f"rankscope run: --topology {args.topology!r} is not a file")
+        env["RANKSCOPE_TOPOLOGY"] = path
+    env["RANKSCOPE_ZERO_CODE"] = "1"
+    old = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = site_dir + (os.pathsep + old if old else "")
+    return env
+
+
+def run(args: argparse.Namespace) -> int:
+    from rankscope.collector.autostart import prepare_site_dir
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    args.command = command
+    if not command:
+        print(
+            "rankscope run: no command given (rankscope run [options] -- COMMAND ...)",
+            file=sys.stderr,
+        )
+        return 2
+    exe = shutil.which(command[0])
+    if exe is None:
+        print(f"rankscope run: command not found: {command[0]!r}", file=sys.stderr)
+        return 127
+    site_dir = prepare_site_dir()
+    env = build_env(args, dict(os.environ), site_dir)
+    if args.dry_run:
+        for key in sorted(env):
+            if key.startswith("RANKSCOPE_") or key == "PYTHONPATH":
+                print(f"{key}={env[key]}")
+        print(" ".join(command))
+        return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(exe, command, env)
+    return 0  # not reached
