@@ -192,6 +192,8 @@ class Cluster:
         self.clock_error_ns = err
         self._t = rng.uniform(0.0, 2e6, shape)
         self._ckpt_count = 0
+        self.reserved_bytes = np.zeros(lay.world_size)
+        """Allocator reserve of each rank so far (it only grows)."""
         self.next_step = 0
 
     # -- per-step inputs --------------------------------------------------------------

@@ -415,6 +415,12 @@ def _apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str
             else:
                 topo["hosts"] = value // gph
             continue
+        if key == "fault":
+            # the scenario's twin with another fault (or none): same seed, same draws
+            if value not in MECHANISMS:
+                raise ScenarioError(f"fault override {value!r} is not one of {list(MECHANISMS)}")
+            raw["fault"] = {"mechanism": value}
+            continue
         section, _, name = key.partition("__")
         if not name:
             if section not in ("seed", "description", "job"):
@@ -491,9 +497,11 @@ def load_scenario(name_or_path: str | Path, **overrides: Any) -> Scenario:
 
     Args:
         name_or_path: a name from `list_scenarios` or a path to a ``.toml`` file.
-        **overrides: ``seed=``, ``ranks=`` (sets the host count), ``job=``, or
-            ``section__key=value`` (e.g. ``workload__packer="token_balanced"``,
-            ``fault__host=2``); ``None`` values are ignored.
+        **overrides: ``seed=``, ``ranks=`` (sets the host count), ``job=``,
+            ``fault="healthy"`` (the same scenario and draws with another mechanism and its
+            default parameters: the healthy twin), or ``section__key=value`` (e.g.
+            ``workload__packer="token_balanced"``, ``fault__host=2``); ``None`` values are
+            ignored.
 
     Returns:
         The resolved scenario.

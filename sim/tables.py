@@ -110,9 +110,12 @@ def assemble(
         growth = f.magnitude * (k + 1) * 48.0 * MIB
         retries[:] = int(f.magnitude * (k + 1) / 8.0)
     peak = cluster.static_bytes + per_rank(act)
+    # The caching allocator keeps what it reserved: reserve follows the highest peak so far
+    # (plus what fragmentation adds).
+    cluster.reserved_bytes = np.maximum(cluster.reserved_bytes, peak * 1.04)
     steps["mem_allocated"][:] = np.full(world, cluster.static_bytes, dtype=np.int64)
     steps["mem_peak"][:] = peak.astype(np.int64)
-    steps["mem_reserved"][:] = (peak * 1.04 + growth).astype(np.int64)
+    steps["mem_reserved"][:] = (cluster.reserved_bytes + growth).astype(np.int64)
     steps["alloc_retries"][:] = retries
     steps["rank"] = ranks
 

@@ -43,7 +43,8 @@ def effective_workload(scenario: Scenario) -> WorkloadSpec:
     """The workload the job really runs: the scenario's, with workload faults applied.
 
     ``data_imbalance`` switches to the token-balanced packer; ``numerator_change`` adds
-    padding (``padding``) or lengthens documents (``longer``); ``checkpoint`` sets the
+    padding (``padding``: same valid tokens, more executed ones) or lengthens sequences
+    (``longer``: longer rows and documents, more tokens per step); ``checkpoint`` sets the
     checkpoint period and write time.
 
     Args:
@@ -58,10 +59,14 @@ def effective_workload(scenario: Scenario) -> WorkloadSpec:
     if f.mechanism == "numerator_change" and f.variant == "padding":
         return dataclasses.replace(wl, pad_fraction=wl.pad_fraction + f.magnitude)
     if f.mechanism == "numerator_change":
+        # Longer sequences at the same global batch (in sequences): longer rows and longer
+        # documents, so more tokens and more attention per step.
+        grow = 1.0 + f.magnitude
         return dataclasses.replace(
             wl,
-            length_median=wl.length_median * (1.0 + 3.0 * f.magnitude),
-            tail_fraction=min(0.9, wl.tail_fraction * (1.0 + 2.0 * f.magnitude)),
+            seq_len=round(wl.seq_len * grow / 128.0) * 128,
+            length_median=wl.length_median * grow,
+            tail_min=wl.tail_min * grow,
         )
     if f.mechanism == "checkpoint":
         return dataclasses.replace(wl, checkpoint_every=f.every, checkpoint_s=f.magnitude)
