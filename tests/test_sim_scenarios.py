@@ -1,0 +1,133 @@
+"""Scenario files: every shipped scenario loads, ranges are drawn per seed, overrides work,
+and a bad file or value gets an error naming it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rankscope.sim import MECHANISMS, Cluster, ScenarioError, list_scenarios, load_scenario
+from rankscope.sim.spec import build_scenario
+
+
+def test_every_mechanism_has_a_shipped_scenario() -> None:
+    names = dict(list_scenarios())
+    assert "_base" not in names
+    found = {load_scenario(n).fault.mechanism for n in names}
+    assert found == set(MECHANISMS)
+    assert {"healthy", "seed-example", "seed-example-baseline"} <= set(names)
+    assert all(desc and len(desc) < 120 for desc in names.values())
+
+
+def test_seed_example_and_its_baseline_differ_only_in_the_packer() -> None:
+    new, old = load_scenario("seed-example"), load_scenario("seed-example-baseline")
+    assert new.world_size == old.world_size == 512
+    assert (new.layout.tp, new.layout.pp) == (1, 1)
+    assert new.job == old.job
+    m_new = Cluster(new, "one-node").manifest
+    m_old = Cluster(old, "one-node").manifest
+    diff = {
+        (section, key)
+        for section in m_new
+        if section != "sim"
+        for key in m_new[section]
+        if m_new[section][key] != m_old[section][key]
+    }
+    assert diff == {("job_config", "packer")}
+    assert m_new["job_config"]["packer"] == "token_balanced"
+    assert m_old["job_config"]["packer"] == "attn_balanced"
+    assert m_new["sim"]["truth"]["mechanism"] == "data_imbalance"
+    assert m_old["sim"]["truth"]["mechanism"] == "healthy"
+
+
+def test_ranges_are_drawn_per_seed_and_stay_inside() -> None:
+    mags = {load_scenario("slow-device", seed=s).fault.magnitude for s in range(8)}
+    assert len(mags) == 8 and all(0.55 <= m <= 0.85 for m in mags)
+    devices = {load_scenario("slow-device", seed=s).fault.device for s in range(8)}
+    assert len(devices) > 1
+    a, b = load_scenario("slow-device", seed=5), load_scenario("slow-device", seed=5)
+    assert a == b
+    tps = {load_scenario("healthy", seed=s).layout.tp for s in range(12)}
+    assert tps == {4, 8}
+
+
+def test_each_field_draws_from_its_own_stream() -> None:
+    base = {
+        "seed": 4,
+        "noise": {"chunk_sigma": [0.0, 1.0]},
+        "workload": {"pad_fraction": [0.0, 1.0]},
+    }
+    one = build_scenario(base)
+    more = build_scenario({**base, "topology": {"nic_gbps": [10.0, 20.0]}})
+    assert one.noise.chunk_sigma == more.noise.chunk_sigma
+    assert one.workload.pad_fraction == more.workload.pad_fraction
+
+
+def test_overrides() -> None:
+    sc = load_scenario("healthy", ranks=16, seed=3, workload__packer="token_balanced")
+    assert (sc.topology.hosts, sc.topology.gpus_per_host, sc.seed) == (2, 8, 3)
+    assert sc.workload.packer == "token_balanced"
+    small = load_scenario("healthy", ranks=4, layout__tp=2)
+    assert (small.topology.hosts, small.topology.gpus_per_host) == (1, 4)
+    twin = load_scenario("network-rail", fault="healthy")
+    rail = load_scenario("network-rail")
+    assert twin.fault.mechanism == "healthy"
+    assert (twin.topology, twin.workload, twin.noise) == (rail.topology, rail.workload, rail.noise)
+    pinned = load_scenario("slow-host-input", fault__host=2)
+    assert pinned.fault.host == 2
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"ranks": 12}, "not a multiple of gpus_per_host"),
+        ({"ranks": 4, "layout__tp": 8}, "world size 4 is not divisible by tp"),
+        ({"topology__hostz": 3}, r"unknown key\(s\) \['hostz'\]"),
+        ({"workload__packer": "greedy"}, "packer 'greedy' is not one of"),
+        ({"layout__tp": 3}, "not divisible by tp\\*pp"),
+        ({"noise__jitter": 1}, "unknown key"),
+        ({"fault": "broken_gpu"}, "not one of"),
+        ({"fault__host": 99}, "fault.host = 99 is outside 0..7"),
+        ({"fault__speed": 0.5}, "does not take \\['speed'\\]"),
+        ({"model__layers": "many"}, "expected int"),
+        ({"bogus": 1}, "unknown override"),
+    ],
+)
+def test_bad_overrides_are_named(overrides: dict, message: str) -> None:
+    with pytest.raises(ScenarioError, match=message):
+        load_scenario("slow-host-input", **overrides)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("seed = -1", "seed must be a non-negative int"),
+        ("[topology]\nhosts = [4, 2]", "lo > hi"),
+        ("[topology]\nhosts = [2.5, 4]", "whole numbers"),
+        ("[model]\nmfu = [0.1, 0.2, 0.3]", r"\[lo, hi\]"),
+        ("[layout]\ntp = {pick = [1, 2]}", "choice"),
+        ("[fault]\nmechanism = 'gremlins'", "fault.mechanism 'gremlins' is not one of"),
+        ("colour = 'red'", r"unknown key\(s\) \['colour'\]"),
+        ("base = 'nope'", "does not exist"),
+        ("[topology\nhosts = 2", "not valid TOML"),
+    ],
+)
+def test_bad_files_are_named(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "broken.toml"
+    path.write_text(text)
+    with pytest.raises(ScenarioError, match=message):
+        load_scenario(path)
+
+
+def test_unknown_name_lists_the_shipped_ones() -> None:
+    with pytest.raises(ScenarioError, match=r"no scenario named 'nope'.*healthy"):
+        load_scenario("nope")
+
+
+def test_a_file_can_start_from_a_shipped_scenario(tmp_path: Path) -> None:
+    (tmp_path / "_mine.toml").write_text("seed = 5\n[topology]\nhosts = 2\n")
+    (tmp_path / "big.toml").write_text("base = '_mine'\n[topology]\ngpus_per_host = 4\n")
+    sc = load_scenario(tmp_path / "big.toml")
+    assert (sc.seed, sc.topology.hosts, sc.topology.gpus_per_host) == (5, 2, 4)
+    assert sc.name == "big"
