@@ -1,0 +1,235 @@
+"""Real torchrun gloo jobs, instrumented zero-code and explicitly, reporting to a real hub.
+
+Rank 2 of ``examples/tiny_ddp.py`` sleeps a known delay before each of its collectives;
+the hub must name it the last arriver with about that lateness. Two torchrun agents on
+loopback stand in for two nodes; a hub killed and restarted on the same port must lose
+nothing it had recorded while the job carries on.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch", reason="torch is not installed")
+
+from rankscope.hub import replay
+from rankscope.hub.server import Hub
+
+pytestmark = pytest.mark.torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = str(ROOT / "examples" / "tiny_ddp.py")
+DELAY_MS = 50.0
+STEPS = 12
+
+
+def free_port_pair() -> int:
+    """A port P with P and P + 1 free (hub data and clock)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port >= 65534:
+            continue
+        with socket.socket() as s2:
+            try:
+                s2.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANKSCOPE_", "TORCHELASTIC_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+def torchrun(*args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *args]
+
+
+def zero_code(hub: str, *cmd: str, job: str = "tiny") -> list[str]:
+    return [sys.executable, "-m", "rankscope", "run", "--hub", hub, "--job", job, "--", *cmd]
+
+
+def run_job(cmd: list[str], env: dict[str, str], timeout: float = 120) -> None:
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, f"job failed ({out.returncode}):\n{out.stderr[-4000:]}"
+
+
+def wait_for(pred, timeout: float = 20.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.1)
+    return pred()
+
+
+def check_straggler(window, delayed: int = 2, delay_ms: float = DELAY_MS) -> None:
+    assert window.world_size == 4
+    inst = window.instances
+    complete = inst.n_arrived == inst.n_members
+    assert complete.sum() >= STEPS * 3, f"only {complete.sum()} complete instances"
+    share = float(np.mean(inst.last_rank[complete] == delayed))
+    assert share >= 0.9, f"rank {delayed} last in only {share:.0%} of collectives"
+    late = window.coll["late_ns"][delayed]
+    n_coll = window.coll["n"][delayed]
+    mean_late_ms = np.nansum(late) / np.nansum(n_coll) / 1e6
+    assert abs(mean_late_ms - delay_ms) <= 0.2 * delay_ms, f"mean lateness {mean_late_ms:.1f} ms"
+    # All four ranks reported every step.
+    assert window.present.all(), f"missing rank-steps: {np.argwhere(~window.present)[:8]}"
+    assert len(window.steps) >= STEPS
+
+
+@pytest.mark.parametrize("mode", ["zero-code", "explicit"])
+def test_straggler_named_by_the_hub(tmp_path: Path, mode: str) -> None:
+    port = free_port_pair()
+    record = tmp_path / "rec"
+    hub = Hub(bind=f"tcp://127.0.0.1:{port}", record_dir=str(record)).start()
+    try:
+        job = [
+            "--standalone",
+            "--nproc_per_node=4",
+            SCRIPT,
+            f"--steps={STEPS}",
+            "--delay-rank=2",
+            f"--delay-ms={DELAY_MS}",
+        ]
+        if mode == "explicit":
+            env = clean_env(RANKSCOPE_HUB=hub.endpoint)
+            run_job(torchrun(*job, "--rankscope=explicit"), env)
+        else:
+            run_job(zero_code(hub.endpoint, *torchrun(*job)), clean_env())
+        assert wait_for(lambda: any(r.steps_complete >= STEPS for r in hub.store.runs()))
+        time.sleep(0.5)  # the final stats messages
+        runs = hub.store.runs()
+        assert len(runs) == 1, runs
+        run = runs[0]
+        assert run.job == "tiny_ddp" if mode == "explicit" else run.job == "tiny"
+        assert run.n_ranks_seen == 4
+        window = hub.store.window(run.run)
+        check_straggler(window)
+        assert window.clock_error_ns is not None and np.all(window.clock_error_ns < 5e6)
+        if mode == "explicit":
+            assert window.manifest["job_config"]["global_batch"] == 32
+    finally:
+        hub.stop()
+    # The recording replays to the same conclusion.
+    replayed = replay.load(record)
+    check_straggler(replayed.window(run.run))
+
+
+def test_two_nodes_on_loopback(tmp_path: Path) -> None:
+    port = free_port_pair()
+    rdzv = free_port_pair()
+    hub = Hub(bind=f"tcp://127.0.0.1:{port}").start()
+    procs = []
+    try:
+        for node, host in enumerate(("nodeA", "nodeB")):
+            cmd = zero_code(
+                hub.endpoint,
+                *torchrun(
+                    "--nnodes=2",
+                    f"--node_rank={node}",
+                    "--nproc_per_node=2",
+                    "--rdzv_backend=c10d",
+                    f"--rdzv_endpoint=127.0.0.1:{rdzv}",
+                    "--rdzv_id=two-nodes",
+                    SCRIPT,
+                    "--steps=6",
+                ),
+            )
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    env=clean_env(RANKSCOPE_HOST=host),
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        for p in procs:
+            _, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err[-4000:]
+        assert wait_for(lambda: any(r.steps_complete >= 6 for r in hub.store.runs()))
+        runs = hub.store.runs()
+        # No --run given on a multi-node command: the ranks agreed on one run id through
+        # the process group's store.
+        assert len(runs) == 1, runs
+        window = hub.store.window(runs[0].run)
+    finally:
+        hub.stop()
+    info = window.ranks
+    hosts = [info.hosts[c] for c in info.host]
+    assert sorted(hosts) == ["nodeA", "nodeA", "nodeB", "nodeB"]
+    node_ranks = info.node_rank.tolist()
+    assert sorted(node_ranks) == [0, 0, 1, 1]
+    for r in range(4):
+        # torchrun numbers ranks node by node; each host holds one node rank.
+        assert node_ranks[r] == r // 2
+        assert hosts[r] == hosts[(r // 2) * 2]
+        assert info.local_rank[r] == r % 2
+    assert window.present.all()
+
+
+def test_hub_killed_and_restarted_mid_run(tmp_path: Path) -> None:
+    port = free_port_pair()
+    record = tmp_path / "rec"
+    hub = Hub(bind=f"tcp://127.0.0.1:{port}", record_dir=str(record)).start()
+    steps = 80
+    job = torchrun(
+        "--standalone",
+        "--nproc_per_node=4",
+        SCRIPT,
+        f"--steps={steps}",
+        "--step-sleep-ms=60",
+        "--rankscope=explicit",
+    )
+    proc = subprocess.Popen(
+        job,
+        env=clean_env(RANKSCOPE_HUB=hub.endpoint),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+
+        def last_step(h: Hub) -> int:
+            runs = h.store.runs()
+            return max((r.last_step or -1) for r in runs) if runs else -1
+
+        assert wait_for(lambda: last_step(hub) >= 10, timeout=90), "no steps before the kill"
+        hub.stop()
+        before = replay.load(record)
+        run_id = before.run_ids()[0]
+        w_before = before.window(run_id)
+        steps_before = set(w_before.steps[w_before.present.all(axis=0)].tolist())
+        assert steps_before
+        assert proc.poll() is None, "the job should still be running"
+        time.sleep(1.0)
+        hub = Hub(bind=f"tcp://127.0.0.1:{port}", record_dir=str(record)).start()
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-4000:]
+        assert wait_for(lambda: last_step(hub) >= steps - 1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        hub.stop()
+    after = replay.load(record)
+    w = after.window(run_id)
+    complete = set(w.steps[w.present.all(axis=0)].tolist())
+    assert steps_before <= complete, "steps recorded before the restart were lost"
+    assert max(complete) >= steps - 1, "no data after the restart"
+    assert len(complete) > len(steps_before)
