@@ -42,6 +42,7 @@ from rankscope.collector.schema import OPS
 from rankscope.diagnosis.baseline import Distribution, distribution, job_step_ns
 from rankscope.diagnosis.curves import bucket_label, message_curves
 from rankscope.diagnosis.decomposition import CATEGORIES, Decomposition, decompose
+from rankscope.diagnosis.exposure import exposed_union, rows_cover_window
 from rankscope.diagnosis.robust import nanmax, nanmedian
 from rankscope.diagnosis.window import Window
 from rankscope.launch.scopes import (
@@ -53,7 +54,7 @@ from rankscope.launch.scopes import (
     scope_index,
 )
 
-__all__ = ["CommCheck", "Ladder", "Rung", "build_ladder", "local_ns"]
+__all__ = ["CommCheck", "Ladder", "Rung", "build_ladder", "decomposition", "local_ns"]
 
 LOCAL_TOLERANCE = 0.10
 """A rung's slowest-rank local time may exceed the healthy median rank by this much."""
@@ -138,6 +139,19 @@ class Ladder:
     rule: str = RULE
 
 
+def decomposition(window: Window) -> Decomposition:
+    """The window's decomposition as the diagnosis engine computes it: overlapping
+    asynchronous collectives counted once when the raw rows cover the window.
+
+    Args:
+        window: the run.
+
+    Returns:
+        Its decomposition.
+    """
+    return decompose(window, exposed_union(window) if rows_cover_window(window) else None)
+
+
 def local_ns(decomp: Decomposition) -> np.ndarray:
     """Per rank and step, the time not spent waiting for others or in exposed communication.
 
@@ -173,7 +187,7 @@ def _points(window: Window) -> dict[tuple[str, int, int], list[tuple[str, float,
 
 
 def _reference(window: Window) -> tuple[float, dict[tuple[str, int, int], float]]:
-    local = local_ns(decompose(window))
+    local = local_ns(decomposition(window))
     per_rank = nanmedian(local, axis=1)
     ref_local = float(nanmedian(per_rank))
     ref_bw = {
@@ -203,7 +217,7 @@ def _rung(
     comm_tol: float,
     verdict: Any,
 ) -> Rung:
-    decomp = decompose(window)
+    decomp = decomposition(window)
     local = local_ns(decomp)
     slowest = nanmax(local, axis=0)
     value = float(nanmedian(slowest)) if np.isfinite(slowest).any() else float("nan")

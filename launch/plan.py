@@ -10,7 +10,7 @@ The choice of hosts follows the method's reduction:
   of the slowest rank;
 - ``two-node``: for a rail hypothesis, the pair across the suspect rail (the suspect host
   and the next host the hypothesis names, else the healthiest other host with a rank on that
-  rail); otherwise the suspect with a healthy peer (the host with the smallest median busy
+  rail); for a placement hypothesis, the two hosts the misplaced group spans; otherwise the suspect with a healthy peer (the host with the smallest median busy
   time among those not under suspicion, same rack first);
 - ``full``: every host.
 
@@ -26,7 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from rankscope.diagnosis.critical import busy_ns as critical_busy_ns
 from rankscope.diagnosis.window import Window
+from rankscope.launch.ladder import decomposition
 from rankscope.launch.scopes import (
     ABSENT_MEANS,
     APPEARS_MEANS,
@@ -174,8 +176,9 @@ def job_config(manifest: Mapping[str, Any]) -> dict[str, int]:
 
 
 def busy_ns(window: Window) -> np.ndarray:
-    """Median per rank of step time minus arrival wait: how long each rank works when it
-    is not waiting for the others (NaN for ranks that never reported).
+    """Median per rank of the time it does not spend waiting for the others (step minus
+    arrival wait and pipeline idle, ``diagnosis.critical.busy_ns``); NaN for ranks that
+    never reported.
 
     Args:
         window: the run.
@@ -183,8 +186,8 @@ def busy_ns(window: Window) -> np.ndarray:
     Returns:
         float64 (R,) ns.
     """
-    wait = np.nan_to_num(window.coll.get("exposed_wait_ns", 0.0), nan=0.0)
-    busy = np.where(window.present, window.step_ns - wait, np.nan)
+    busy = critical_busy_ns(window, decomposition(window))
+    busy = np.where(window.present, busy, np.nan)
     out = np.full(window.world_size, np.nan)
     seen = np.isfinite(busy).any(axis=1)
     if seen.any():
@@ -236,18 +239,26 @@ def _host_busy(window: Window) -> np.ndarray:
     return out
 
 
+_PAIR_MECHANISMS = {
+    "network_rail": "across the suspect rail",
+    "placement": "the misplaced group spans",
+}
+
+
 def _peer_host(window: Window, suspect: int, top: Suspect | None) -> tuple[int, str]:
     n_hosts = len(window.ranks.hosts)
     if n_hosts < 2:
         raise ValueError(f"run {window.run!r} has one host; a two-node rerun needs two")
     names = window.ranks.hosts
     rail = top.rails[0] if top is not None and top.rails else None
-    if top is not None and (rail is not None or top.mechanism == "network_rail"):
-        # The pair the diagnosis saw on the rail, when it named one.
+    if top is not None and top.mechanism in _PAIR_MECHANISMS:
+        # The pair the diagnosis saw: the hosts across the suspect rail, or the two hosts a
+        # misplaced group spans. The mechanism only shows between those two.
         for name in top.hosts:
             h = _host_index(window, name)
             if h is not None and h != suspect:
-                return h, f"{names[h]} is the peer across the suspect rail named by the verdict"
+                what = _PAIR_MECHANISMS[top.mechanism]
+                return h, f"{names[h]} is the peer {what} named by the verdict"
     suspected = {h for n in (top.hosts if top else ()) if (h := _host_index(window, n)) is not None}
     busy = _host_busy(window)
     size = _ranks_on(window, suspect).shape[0]

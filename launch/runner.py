@@ -143,6 +143,8 @@ def plan_values(
         script, args = settings.script, ()
     if settings.script_args is not None:
         args = settings.script_args
+    sim = (manifest or {}).get("sim")
+    sim = sim if isinstance(sim, Mapping) else {}
     names = set(local) if local is not None else None
     all_local = all((h in names) if names is not None else is_local_host(h) for h in plan.hosts)
     values: dict[str, Any] = {
@@ -156,6 +158,7 @@ def plan_values(
         "nnodes": plan.nnodes,
         "nproc_per_node": plan.nproc_per_node,
         "world_size": plan.world_size,
+        "parent_world_size": plan.parent_world_size,
         "ranks": ",".join(map(str, plan.ranks)),
         "gpus": ",".join(map(str, plan.gpus)) if plan.gpus else None,
         # On one machine the loopback address always resolves; a host name may not.
@@ -163,8 +166,9 @@ def plan_values(
         "master_port": settings.master_port,
         "script": script,
         "script_args": list(args),
-        "scenario": settings.scenario,
-        "seed": settings.seed,
+        # A simulated parent names its scenario and seed in the manifest.
+        "scenario": settings.scenario if settings.scenario is not None else sim.get("scenario"),
+        "seed": settings.seed if settings.seed is not None else sim.get("seed"),
         "steps": settings.steps,
         "record": str(record) if record is not None else None,
         "log": str(log) if log is not None else None,

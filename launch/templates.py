@@ -73,6 +73,7 @@ PLACEHOLDERS: dict[str, tuple[str, str]] = {
     "nnodes": ("int", "number of hosts"),
     "nproc_per_node": ("int", "processes per host"),
     "world_size": ("int", "ranks in the rerun"),
+    "parent_world_size": ("int", "ranks in the parent run"),
     "ranks": ("list", "parent-run global ranks the rerun keeps, comma-separated"),
     "gpus": ("list", "GPU indices to use on each host, comma-separated (CUDA_VISIBLE_DEVICES)"),
     "master_addr": ("host", "rendezvous host (the first host)"),

@@ -97,6 +97,13 @@ def test_two_node_for_a_rail_takes_the_pair_across_it() -> None:
     assert "rail 3" in plan.reason
 
 
+def test_two_node_for_placement_takes_the_hosts_the_group_spans() -> None:
+    hyp = Suspect("placement", 0.7, ranks=(20, 21, 28, 29), hosts=("node0002", "node0003"))
+    plan = propose(_window(), [hyp], "two-node")
+    assert plan.hosts == ("node0002", "node0003")
+    assert "misplaced group" in plan.reason
+
+
 def test_full_keeps_everything_suspect_first() -> None:
     plan = propose(_window(), [Suspect("slow_device", 0.9, ranks=(27,))], "full")
     assert plan.hosts[0] == "node0003"
