@@ -55,7 +55,7 @@ def next_experiment(
         The experiment.
     """
     r, h, g = _list(ranks), _list(hosts), _list(groups)
-    rail = _list(rails)
+    rail = _list([f"rail {x}" for x in rails])
     if mechanism == "data_imbalance":
         return NextExperiment(
             scope="one-node",

@@ -54,9 +54,16 @@ class NumeratorCheck:
     changed: tuple[str, ...]
     """Names of the fields that changed."""
     executed_ratio: float
-    """Largest ratio among executed-work fields that grew (1.0 when none grew)."""
+    """Largest growth among executed-work fields that changed, per unit of useful work
+    (1.0 when none grew)."""
     useful_ratio: float
     """valid_tokens (or samples) ratio: useful work per step (NaN when unknown)."""
+
+    @property
+    def comparable(self) -> bool:
+        """The baseline does the same useful work per step (valid tokens or samples within
+        ``MIN_CHANGE``); otherwise it is a different global batch or job."""
+        return not np.isfinite(self.useful_ratio) or abs(self.useful_ratio - 1.0) < MIN_CHANGE
 
     @property
     def numerator_changed(self) -> bool:
@@ -66,7 +73,12 @@ class NumeratorCheck:
 
 
 def per_step_work(window: Window) -> dict[str, np.ndarray]:
-    """Per-step totals over ranks of every work field.
+    """Per-step totals of every work field, counting each data shard once.
+
+    Ranks that share a data shard (tensor-parallel peers, pipeline stages) process the
+    same tokens; summing them would count a batch ``tp × pp`` times and make runs with
+    different layouts look like different work. When every rank reports its shard, each
+    shard contributes the mean of its ranks; otherwise every rank counts.
 
     Args:
         window: the window.
@@ -76,10 +88,25 @@ def per_step_work(window: Window) -> dict[str, np.ndarray]:
     """
     out = {}
     present = window.present
+    shard = window.ranks.shard.astype(np.int64)
+    by_shard = bool(shard.size) and bool((shard >= 0).all())
+    if by_shard:
+        _, inv = np.unique(shard, return_inverse=True)
+        n_shards = int(inv.max()) + 1
     for name in ("tokens", "valid_tokens", "attn_cost", "samples", "flops"):
         arr = np.where(present, window.work[name], np.nan)
         known = np.isfinite(arr) & (arr >= 0)
-        total = np.where(known, arr, 0.0).sum(axis=0)
+        vals = np.where(known, arr, 0.0)
+        if by_shard and name != "flops":
+            sums = np.zeros((n_shards, arr.shape[1]))
+            cnts = np.zeros((n_shards, arr.shape[1]))
+            np.add.at(sums, inv, vals)
+            np.add.at(cnts, inv, known.astype(np.float64))
+            with np.errstate(invalid="ignore", divide="ignore"):
+                total = np.where(cnts > 0, sums / np.where(cnts > 0, cnts, 1.0), 0.0).sum(axis=0)
+        else:
+            # FLOPs are each rank's own share of the model: they add up across ranks.
+            total = vals.sum(axis=0)
         out[name] = np.where(known.any(axis=0), total, np.nan)
     tok = out["tokens"]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -129,10 +156,20 @@ def check_numerator(window: Window, baseline: Window | None = None) -> Numerator
             changed.append(name)
         fields.append(WorkField(name, c, b, float(ratio), float(z), is_changed))
     by_name = {f.name: f for f in fields}
-    executed = [by_name[n].ratio for n in EXECUTED if n in changed and by_name[n].ratio > 1.0]
     useful = by_name["valid_tokens"].ratio
     if not np.isfinite(useful):
         useful = by_name["samples"].ratio
+    # Executed work per unit of useful work: a larger global batch is not a numerator
+    # change, the same batch costing more is.
+    per_useful = useful if np.isfinite(useful) and useful > 0 else 1.0
+    executed = []
+    for n in EXECUTED:
+        f = by_name[n]
+        if n not in changed:
+            continue
+        r = f.ratio if n == "padding_fraction" else f.ratio / per_useful
+        if r >= 1.0 + MIN_CHANGE:
+            executed.append(r)
     return NumeratorCheck(
         fields=tuple(fields),
         has_baseline=base is not None,

@@ -190,7 +190,12 @@ def _slow_device(ev: Evidence) -> _Candidate:
     if ev.trends.thermal_ranks.size and set(ev.trends.thermal_ranks.tolist()) & set(cands.tolist()):
         evidence.append("its SM clock fell over the window (thermal drift)")
     ranks = tuple(int(r) for r in cands)
-    return _Candidate(impact, strength, ranks, _hosts_of(ev, ranks), evidence=tuple(evidence))
+    rails = tuple(
+        sorted({int(ev.window.ranks.rail[r]) for r in ranks if ev.window.ranks.rail[r] >= 0})
+    )
+    return _Candidate(
+        impact, strength, ranks, _hosts_of(ev, ranks), rails=rails, evidence=tuple(evidence)
+    )
 
 
 def _data_imbalance(ev: Evidence) -> _Candidate:
@@ -429,7 +434,10 @@ def _numerator_change(ev: Evidence) -> _Candidate:
         if f.name in num.changed
     ]
     if np.isfinite(num.useful_ratio):
-        evidence.append(f"useful work per step (valid tokens) {num.useful_ratio:.2f}x the baseline")
+        evidence.append(
+            f"useful work per step (valid tokens) {num.useful_ratio:.2f}x the baseline; "
+            f"executed work per useful token {num.executed_ratio:.2f}x"
+        )
     if ev.delta is not None:
         comp = next(r for r in ev.delta.rows if r.category == "compute")
         evidence.append(f"compute per rank-step {_ms(comp.baseline_ns)} -> {_ms(comp.current_ns)}")
@@ -469,10 +477,16 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
     """
     cur = candidates(ev)
     base = candidates(baseline) if baseline is not None else {}
+    shared: list[str] = []
+    if baseline is not None and not ev.numerator.comparable:
+        shared.append(
+            f"useful work per step is {ev.numerator.useful_ratio:.2f}x the baseline's: not an "
+            "equivalent job, so comparisons with it are indicative only"
+        )
     hyps = []
     for mech, c in cur.items():
         impact = c.impact
-        caveats = list(c.caveats)
+        caveats = list(c.caveats) + shared
         if mech in base and mech != "numerator_change" and base[mech].impact > 0:
             impact = max(0.0, c.impact - base[mech].impact)
             if base[mech].impact >= 0.5 * c.impact and c.impact > 0:
