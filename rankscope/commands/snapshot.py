@@ -1,0 +1,125 @@
+"""``rankscope snapshot PATH``: write a snapshot bundle of a recording without the TUI.
+
+The screen of a CLI snapshot is the ``rankscope report`` rendering of the same content.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+HELP = "Write a snapshot bundle (Markdown, JSON, screen, raw window, manifests) of a recording"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from rankscope.snapshot import DEFAULT_STEPS
+
+    p.add_argument("path", metavar="PATH", help="recording directory (rankscope hub --record)")
+    p.add_argument(
+        "--out", metavar="DIR", default=None, help="bundle folder (default: snapshot-RUN-TIME)"
+    )
+    p.add_argument("--tar", action="store_true", help="also write DIR.tar.gz")
+    p.add_argument(
+        "--steps", type=int, default=DEFAULT_STEPS, help=f"steps in the window ({DEFAULT_STEPS})"
+    )
+    p.add_argument(
+        "--run", default=None, help="run id (default: the most recent run that is not a rerun)"
+    )
+    p.add_argument("--baseline", metavar="PATH", default=None, help="recording of a healthy run")
+    p.add_argument(
+        "--baseline-run",
+        default=None,
+        help="baseline run id (in --baseline, or in PATH when --baseline is not given)",
+    )
+    p.add_argument("--pin", type=int, action="append", default=[], help="pin a rank (repeat)")
+    p.add_argument("--metric", default="step", help="heatmap metric to restore (step)")
+    p.add_argument("--group-by", default="host", help="rank grouping to restore (host)")
+
+
+def _main_run(store: Any) -> str | None:
+    runs = store.runs()
+    roots = [r for r in runs if not r.parent_run]
+    pick = (roots or runs)[-1:] if runs else []
+    return pick[0].run if pick else None
+
+
+def _load(path: str, run: str | None, steps: int) -> tuple[Any, Any]:
+    from rankscope.commands.export import load_run
+
+    store, window = load_run(path, run, steps)
+    if run is None:
+        main = _main_run(store)
+        if main is not None and main != window.run:
+            window = store.window(main, last=steps)
+    return store, window
+
+
+def run(args: argparse.Namespace) -> int:
+    from rankscope.commands.report import render_svg
+    from rankscope.snapshot import SnapshotError, View, take_snapshot
+
+    try:
+        store, window = _load(args.path, args.run, args.steps)
+        baseline = None
+        if args.baseline or args.baseline_run:
+            where = args.baseline or args.path
+            if where == args.path:
+                try:
+                    baseline = store.window(args.baseline_run, last=args.steps)
+                except KeyError as exc:
+                    raise ValueError(f"{args.path}: {exc.args[0]}") from None
+            else:
+                from rankscope.commands.export import load_run
+
+                _, baseline = load_run(where, args.baseline_run, args.steps)
+    except ValueError as exc:
+        print(f"rankscope snapshot: {exc}", file=sys.stderr)
+        return 2
+    if args.pin and any(not 0 <= p < window.world_size for p in args.pin):
+        bad = [p for p in args.pin if not 0 <= p < window.world_size]
+        print(
+            f"rankscope snapshot: --pin {bad} outside the run's ranks 0..{window.world_size - 1}",
+            file=sys.stderr,
+        )
+        return 2
+    reruns = []
+    for summary in store.runs():
+        if summary.parent_run == window.run:
+            reruns.append(store.window(summary.run, last=args.steps))
+    out = args.out or time.strftime(f"snapshot-{window.run}-%Y%m%d-%H%M%S")
+    view = View(
+        run=window.run,
+        metric=args.metric,
+        group_by=args.group_by,
+        pins=tuple(args.pin),
+        baseline_run=baseline.run if baseline is not None else None,
+    )
+    try:
+        bundle = take_snapshot(
+            out,
+            window,
+            recording=args.path,
+            baseline=baseline,
+            baseline_recording=args.baseline,
+            reruns=reruns,
+            view=view,
+            screen_svg=render_svg,
+            tar=args.tar,
+        )
+    except (SnapshotError, OSError) as exc:
+        print(f"rankscope snapshot: {exc}", file=sys.stderr)
+        return 1
+    c = bundle.content
+    top = (c["diagnosis"].get("verdict") or {}).get("top")
+    print(
+        f"snapshot of {c['run']} ({c['scope']}, steps {'-'.join(map(str, c['window']['steps']))}): "
+        f"{bundle.folder}" + (f" and {bundle.tarball}" if bundle.tarball else "")
+    )
+    print(
+        f"verdict: {top}; {c['window']['frames']} messages in window/; "
+        + ("screen.png written" if "png" in c["files"] else c["files"].get("png_note", ""))
+    )
+    print(f"reopen: {c['reopen']}  ·  read: rankscope report {bundle.folder}")
+    return 0

@@ -1,0 +1,244 @@
+"""``snapshot.md``: a snapshot's content as a comment to paste into a ticket.
+
+Rendered from the ``snapshot.json`` content only, so the Markdown and the JSON never
+disagree. Times are shown in milliseconds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _ms(ns: Any, digits: int = 1) -> str:
+    return "–" if ns is None else f"{ns / 1e6:,.{digits}f}"
+
+
+def _cell(v: Any) -> str:
+    text = "–" if v is None else str(v)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return [*out, ""]
+
+
+def _verdict_md(diag: dict[str, Any]) -> list[str]:
+    hyps = diag.get("verdict", {}).get("hypotheses", [])
+    if not hyps:
+        return ["No verdict.", ""]
+    top = hyps[0]
+    where = ", ".join(
+        f"{k} {', '.join(map(str, top[k][:8]))}"
+        for k in ("ranks", "hosts", "rails", "groups")
+        if top.get(k)
+    )
+    out = [
+        f"**{top['mechanism']}** — score {top['score']:.2f}"
+        + (f", {top['impact']:.0%} of the step" if top.get("impact") is not None else "")
+        + (f" ({where})" if where else ""),
+        "",
+    ]
+    out += [f"- {e}" for e in top.get("evidence", [])]
+    out += [f"- caveat: {c}" for c in top.get("caveats", [])]
+    nxt = top.get("next_experiment")
+    if nxt:
+        out += [
+            "",
+            f"### Next experiment ({nxt.get('scope')})",
+            "",
+            f"- **Change:** {nxt.get('change')}",
+            f"- **Predicted:** {nxt.get('metric')} goes {nxt.get('direction')}",
+            f"- **Supports it:** {nxt.get('supports')}",
+            f"- **Rejected if:** {nxt.get('rejects')}",
+        ]
+    if len(hyps) > 1:
+        out += ["", "Other hypotheses:", ""]
+        out += _table(
+            ["mechanism", "score", "impact"],
+            [
+                [
+                    h["mechanism"],
+                    f"{h['score']:.2f}",
+                    "–" if h.get("impact") is None else f"{h['impact']:.0%}",
+                ]
+                for h in hyps[1:5]
+            ],
+        )
+    return [*out, ""]
+
+
+def render_markdown(content: dict[str, Any]) -> str:
+    """``snapshot.md``: the snapshot as a ticket comment.
+
+    Args:
+        content: ``snapshot.json`` content.
+
+    Returns:
+        Markdown text.
+    """
+    c = content
+    diag = c.get("diagnosis") or {}
+    win = c["window"]
+    base = c.get("baseline")
+    lines = [f"# rankscope snapshot — {c['job']} / {c['run']}", ""]
+    lines += [
+        f"- **When:** {c['created']}",
+        f"- **Job / run / scope:** {c['job']} / {c['run']} / {c['scope']}"
+        + (f" (rerun of {c['parent_run']})" if c.get("parent_run") else ""),
+        f"- **Ranks:** {c['world_size']} on {c['hosts']} hosts",
+        f"- **Window:** steps {'–'.join(map(str, win['steps'])) or 'none'}"
+        f" ({win['n_steps']} steps)",
+        f"- **Baseline:** {base['run'] + ' (' + base['scope'] + ')' if base else 'none'}",
+        "",
+    ]
+    lines += ["## Verdict", "", *_verdict_md(diag)]
+    dist = diag.get("distributions", {})
+    cur, ref = dist.get("current") or {}, dist.get("baseline") or {}
+    lines += ["## Step time (job step: median over ranks, per step; ms)", ""]
+    rows: list[list[Any]] = []
+    for k in ("p50", "p90", "p99", "max", "mean"):
+        a, b = cur.get(k), ref.get(k)
+        ratio = f"{a / b:.2f}x" if a is not None and b else "–"
+        rows.append([k, _ms(a), _ms(b), ratio])
+    rows.append(["tail stalls", cur.get("tail_stalls"), ref.get("tail_stalls"), ""])
+    lines += _table(["", "current", "baseline", "ratio"], rows)
+    dec = diag.get("decomposition", {})
+    lines += ["## Where the step time goes (mean per rank-step; ms)", ""]
+    lines += _table(
+        ["category", "current", "baseline", "delta", "slowest rank"],
+        [
+            [
+                r["category"],
+                _ms(r["current_ns"]),
+                _ms(r["baseline_ns"]),
+                _ms(r["delta_ns"]),
+                _ms(r["max_rank_current_ns"]),
+            ]
+            for r in dec.get("categories", [])
+        ],
+    )
+    if dec.get("first_appears"):
+        lines += [f"The missing time first appears in **{dec['first_appears']}**.", ""]
+    lines += ["## Last-arriving ranks", ""]
+    crit = diag.get("critical_path", {})
+    if c["last_arrivers"]:
+        lines += _table(
+            ["rank", "host", "times last", "decisive"],
+            [[a["rank"], a["host"], a["count"], a["decisive"]] for a in c["last_arrivers"][:10]],
+        )
+        lines += [
+            f"Out of {crit.get('complete')} complete collectives; clock error "
+            f"{_ms(crit.get('clock_error_ns'), 3)} ms.",
+            "",
+        ]
+    else:
+        lines += ["No complete collective in the window.", ""]
+    corr = diag.get("correlations", {})
+    lines += ["## Correlation with structure", ""]
+    effects = sorted(corr.get("effects", []), key=lambda e: -(e.get("epsilon2") or 0))[:8]
+    if effects:
+        lines += _table(
+            ["metric", "dimension", "ε²", "stands out"],
+            [
+                [
+                    e["metric"],
+                    e["dimension"],
+                    f"{e['epsilon2']:.2f}" if e.get("epsilon2") is not None else "–",
+                    e["standout"],
+                ]
+                for e in effects
+            ],
+        )
+    sr = corr.get("slow_rank") or {}
+    if sr:
+        kind = "stays on the same rank" if sr.get("stable") else "moves between ranks"
+        lines += [
+            f"The slowest rank {kind}: {sr.get('distinct')} distinct, most frequent "
+            f"rank {sr.get('modal_rank')}.",
+            "",
+        ]
+    lines += ["## Pinned ranks", ""]
+    lines += (
+        _table(
+            ["rank", "host", "step p50 ms", "times last", "mean lateness ms"],
+            [
+                [
+                    p["rank"],
+                    p["host"],
+                    _ms(None if p["step_p50_ms"] is None else p["step_p50_ms"] * 1e6),
+                    p["times_last"],
+                    "–" if p["late_mean_ms"] is None else f"{p['late_mean_ms']:.3f}",
+                ]
+                for p in c["pins"]
+            ],
+        )
+        if c["pins"]
+        else ["None.", ""]
+    )
+    man = c["manifest"]
+    lines += ["## Manifest", ""]
+    lines += [f"- `{k}`: {v}" for k, v in man["highlights"].items()] + [""]
+    if base:
+        lines += [f"Differences from the baseline ({len(man['diff'])}):", ""]
+        lines += (
+            _table(
+                ["field", "baseline", "current"],
+                [[f"`{d['field']}`", d["baseline"], d["current"]] for d in man["diff"][:40]],
+            )
+            if man["diff"]
+            else ["None.", ""]
+        )
+    lad = c.get("ladder")
+    lines += ["## Ladder", ""]
+    if lad:
+        lines += _table(
+            ["scope", "run", "ranks", "step p50 ms", "regression", "why"],
+            [
+                [
+                    r["scope"],
+                    r["run"],
+                    r["world_size"],
+                    _ms(r["step"]["p50"]),
+                    "yes" if r["regression"] else "no",
+                    r["why"],
+                ]
+                for r in lad["rungs"]
+            ],
+        )
+        lines += [f"First scope: **{lad.get('first_scope') or 'none'}** — {lad.get('meaning')}", ""]
+    else:
+        lines += ["No reduced-scope rerun yet.", ""]
+    lines += ["## Experiments", ""]
+    lines += (
+        _table(
+            ["id", "hypothesis", "change", "predicted", "rejected if", "status"],
+            [
+                [
+                    e.get("id"),
+                    e.get("hypothesis"),
+                    e.get("change"),
+                    f"{e.get('metric')} {e.get('direction')}",
+                    e.get("rejection"),
+                    (e.get("evaluation") or {}).get("verdict", "recorded"),
+                ]
+                for e in c["experiments"]
+            ],
+        )
+        if c["experiments"]
+        else ["None recorded.", ""]
+    )
+    lines += [
+        "## Reopen",
+        "",
+        "```",
+        c.get("reopen") or "rankscope open DIR",
+        "rankscope report " + (c.get("reopen") or "DIR").split()[-1],
+        "```",
+        "",
+    ]
+    files = c.get("files") or {}
+    if files:
+        lines += ["Files: " + ", ".join(f"`{v}`" for k, v in files.items() if k != "png_note"), ""]
+    return "\n".join(lines)

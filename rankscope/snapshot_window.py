@@ -1,0 +1,92 @@
+"""The ``window/`` of a snapshot: the recorded messages of the window's steps.
+
+Copied from the recording message by message, so ``rankscope open`` replays the very data
+the hub received (through the same validation), not a reconstruction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+
+import numpy as np
+
+from rankscope.collector import schema
+
+
+def _slice_table(cols: Mapping[str, np.ndarray], keep: np.ndarray) -> dict[str, np.ndarray]:
+    return {k: np.asarray(v)[keep] for k, v in cols.items()}
+
+
+def window_frames(path: str | Path, run: str, steps: Iterable[int]) -> Iterator[tuple[bytes, int]]:
+    """The recorded messages of one run restricted to some steps, as ``(payload, t_recv)``.
+
+    ``hello``, ``groups`` and ``stats`` messages are kept whole; ``steps`` messages keep
+    the rows of the wanted steps (re-encoded only when some rows go); ``samples`` keep the
+    samples taken between the first wanted step's start and the last one's end.
+
+    Args:
+        path: recording directory.
+        run: run id.
+        steps: step ids to keep.
+
+    Returns:
+        An iterator of messages in recorded order.
+    """
+    from rankscope.hub.recording import read_frames
+
+    wanted = np.asarray(sorted(set(int(s) for s in steps)), dtype=np.int64)
+    held: list[tuple[schema.Message, int]] = []
+    t_lo, t_hi = None, None
+    for frame in read_frames(path):
+        try:
+            msg = schema.decode(frame.payload)
+        except schema.SchemaError:
+            continue
+        if msg.header.get("run") != run:
+            continue
+        if msg.kind in ("hello", "groups", "stats"):
+            yield frame.payload, frame.t_recv_ns
+            continue
+        if msg.kind == "samples":
+            held.append((msg, frame.t_recv_ns))  # judged once the window's time span is known
+            continue
+        tables = msg.tables
+        keep = np.isin(tables["steps"]["step"], wanted)
+        if not keep.any():
+            continue
+        st = tables["steps"]
+        starts = st["t_start"][keep]
+        ends = st["t_end"][keep]
+        starts, ends = starts[starts != schema.NO_TIME], ends[ends != schema.NO_TIME]
+        if starts.size:
+            t_lo = int(starts.min()) if t_lo is None else min(t_lo, int(starts.min()))
+        if ends.size:
+            t_hi = int(ends.max()) if t_hi is None else max(t_hi, int(ends.max()))
+        if keep.all() and all(
+            np.isin(tables[t]["step"], wanted).all() for t in ("phases", "colls") if t in tables
+        ):
+            yield frame.payload, frame.t_recv_ns
+            continue
+        header = {k: v for k, v in msg.header.items() if k not in ("kind", "v", "phase_names")}
+        part = {
+            t: _slice_table(tables[t], np.isin(tables[t]["step"], wanted))
+            for t in ("phases", "colls")
+            if t in tables
+        }
+        payload = schema.steps_message(
+            header,
+            _slice_table(st, keep),
+            part.get("phases"),
+            part.get("colls"),
+            list(msg.header.get("phase_names") or []),
+        )
+        yield payload, frame.t_recv_ns
+    for msg, t_recv in held:
+        s = msg.tables["samples"]
+        if t_lo is None or t_hi is None:
+            break
+        keep = (s["t"] >= t_lo) & (s["t"] <= t_hi)
+        if keep.any():
+            header = {k: v for k, v in msg.header.items() if k not in ("kind", "v")}
+            yield schema.samples_message(header, _slice_table(s, keep)), t_recv
