@@ -118,6 +118,7 @@ class Pump:
         self._closed = threading.Event()
         self._wake_now = False
         self._resend_hello = False
+        self._linger_ms = 1000
         self._thread: threading.Thread | None = None
         self._groups_sent = -1
         self._ctx: zmq.Context | None = None
@@ -134,6 +135,8 @@ class Pump:
 
     def stop(self, timeout_s: float = 3.0) -> None:
         """Final flush, stats, close the sockets; waits at most ``timeout_s``."""
+        # Half the budget may go to flushing what ZeroMQ still holds for an absent hub.
+        self._linger_ms = int(min(1.0, max(0.0, timeout_s) / 2) * 1000)
         self._stop.set()
         t = self._thread
         if t is not None and t.is_alive() and t is not threading.current_thread():
@@ -210,7 +213,7 @@ class Pump:
         try:
             self.clock.close()
             if self.sender is not None:
-                self.sender.close()
+                self.sender.close(linger_ms=self._linger_ms)
             if self._ctx is not None:
                 self._ctx.term()
         except Exception as exc:

@@ -1,0 +1,223 @@
+"""Torch auto-instrumentation in one real gloo process (world size 1): what each hook
+records, that results are unchanged, and that uninstalling restores torch."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from rankscope.collector import schema, torch_hooks  # noqa: E402
+from rankscope.collector.identity import Identity  # noqa: E402
+from rankscope.collector.monitor import Monitor  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+OP = schema.OP_INDEX
+PH = schema.PHASE_INDEX
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def world():
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture
+def mon(world):
+    m = Monitor(
+        job="t",
+        run="r",
+        identity=Identity(rank=0, world_size=1, local_rank=0, host="h", node_rank=0, pid=1),
+        hub=f"tcp://127.0.0.1:{_free_port()}",
+        flush_interval_s=3600,  # rows stay in the rings for the test to read
+        sample_interval_s=0,
+        clock_sync=False,
+    ).start()
+    torch_hooks.install(m)
+    yield m
+    torch_hooks.uninstall()
+    m.close(timeout_s=0.2)
+
+
+def _colls(m: Monitor) -> np.ndarray:
+    return m._colls.unread()
+
+
+def test_collectives_are_recorded_and_results_unchanged(mon: Monitor) -> None:
+    x = torch.arange(8, dtype=torch.float32)
+    dist.all_reduce(x)
+    assert x.tolist() == list(range(8))  # world of one: the sum is the input
+    out = torch.zeros(8)
+    dist.all_gather_into_tensor(out, x)
+    dist.broadcast(x, src=0)
+    dist.barrier()
+    lst = [torch.zeros(8)]
+    dist.all_gather(lst, x)
+    dist.reduce_scatter_tensor(torch.zeros(8), torch.ones(8))
+    rows = _colls(mon)
+    assert rows["op"].tolist() == [
+        OP["all_reduce"],
+        OP["all_gather"],
+        OP["broadcast"],
+        OP["barrier"],
+        OP["all_gather"],
+        OP["reduce_scatter"],
+    ]
+    assert rows["nbytes"].tolist() == [32, 32, 32, 0, 32, 32]
+    assert rows["group"].tolist() == [0] * 6
+    assert rows["seq"].tolist() == list(range(6))
+    assert np.all(rows["t_exit"] >= rows["t_enter"]) and np.all(rows["flags"] == 0)
+
+
+def test_async_collective_gets_its_exit_from_the_future(mon: Monitor) -> None:
+    x = torch.ones(1000)
+    work = dist.all_reduce(x, async_op=True)
+    work.wait()
+    deadline = time.monotonic() + 5
+    while _colls(mon)["t_exit"][0] == schema.NO_TIME and time.monotonic() < deadline:
+        time.sleep(0.01)
+    row = _colls(mon)[0]
+    assert row["flags"] & schema.FLAG_ASYNC
+    assert row["t_exit"] >= row["t_enter"] and row["nbytes"] == 4000
+    # The internal pending bit is cleared once the completion is seen.
+    from rankscope.collector.pump import FLAG_PENDING
+
+    assert not row["flags"] & FLAG_PENDING
+
+
+def test_subgroups_get_stable_ids_and_are_registered(mon: Monitor) -> None:
+    g = dist.new_group([0])
+    dist.all_reduce(torch.ones(2), group=g)
+    dist.all_reduce(torch.ones(2), group=g)
+    dist.all_reduce(torch.ones(2))
+    rows = _colls(mon)
+    gid = int(g.group_name)
+    assert rows["group"].tolist() == [gid, gid, 0]
+    assert rows["seq"].tolist() == [0, 1, 0]  # one sequence per group
+    _, groups = mon._groups_snapshot()
+    assert {g["id"]: g["ranks"] for g in groups} == {0: [0], gid: [0]}
+    assert next(x for x in groups if x["id"] == gid)["backend"] == "gloo"
+
+
+def test_training_loop_auto_steps_phases_and_ddp_buckets(mon: Monitor) -> None:
+    model = DDP(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(12, 4), torch.randn(12, 2)), batch_size=4)
+    for x, y in loader:
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    # Three optimizer steps: three step rows, and a fourth step opened for what follows.
+    steps = mon._steps.unread()
+    assert steps["step"].tolist() == [0, 1, 2]
+    assert np.all(steps["t_end"] > steps["t_start"])
+    assert np.all(steps["t_start"][1:] == steps["t_end"][:-1])  # continuous
+    phases = mon._phases.unread()
+    names = phases["phase"].tolist()
+    assert names.count(PH["input"]) == 3
+    assert names.count(PH["forward"]) == 3
+    assert names.count(PH["optimizer"]) == 3
+    for k in range(3):
+        in_step = phases["step"] == k
+        assert {PH["input"], PH["forward"], PH["optimizer"]} <= set(phases["phase"][in_step])
+    rows = _colls(mon)
+    deadline = time.monotonic() + 5
+    while np.any(_colls(mon)["t_exit"] == schema.NO_TIME) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    rows = _colls(mon)
+    bucket = (rows["flags"] & schema.FLAG_DDP_BUCKET) != 0
+    assert bucket.sum() == 3 and np.all(rows["op"][bucket] == OP["all_reduce"])
+    assert np.all(rows["flags"][bucket] & schema.FLAG_ASYNC)
+    assert rows["step"][bucket].tolist() == [0, 1, 2]
+    assert np.all(rows["t_exit"][bucket] >= rows["t_enter"][bucket])
+    n_params = sum(p.numel() for p in model.parameters())
+    assert rows["nbytes"][bucket].tolist() == [4 * n_params] * 3
+
+
+def test_ddp_gradients_match_without_instrumentation(mon: Monitor) -> None:
+    torch.manual_seed(0)
+    base = nn.Linear(4, 2)
+    ref = nn.Linear(4, 2)
+    ref.load_state_dict(base.state_dict())
+    x = torch.randn(5, 4)
+    model = DDP(base)
+    model(x).sum().backward()
+    torch_hooks.uninstall()
+    plain = DDP(ref)
+    plain(x).sum().backward()
+    for a, b in zip(model.parameters(), plain.parameters()):
+        assert torch.allclose(a.grad, b.grad)
+
+
+def test_user_comm_hook_wins_and_its_collectives_are_seen(mon: Monitor) -> None:
+    calls = []
+
+    def my_hook(state, bucket):
+        calls.append(1)
+        return (
+            dist.all_reduce(bucket.buffer(), async_op=True)
+            .get_future()
+            .then(lambda f: f.value()[0])
+        )
+
+    model = DDP(nn.Linear(4, 2))
+    model.register_comm_hook(None, my_hook)
+    model(torch.randn(3, 4)).sum().backward()
+    assert calls == [1]
+    rows = _colls(mon)
+    assert len(rows) == 1
+    assert rows["flags"][0] & schema.FLAG_ASYNC and not rows["flags"][0] & schema.FLAG_DDP_BUCKET
+
+
+def test_explicit_steps_turn_auto_steps_off(mon: Monitor) -> None:
+    p = nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([p], lr=0.1)
+    for k in (10, 11):
+        mon.begin_step(k)
+        p.grad = torch.ones(2)
+        opt.step()
+        dist.all_reduce(torch.ones(1))
+        mon.end_step()
+    assert mon._steps.unread()["step"].tolist() == [10, 11]
+    assert _colls(mon)["step"].tolist() == [10, 11]
+
+
+def test_uninstall_restores_torch(mon: Monitor) -> None:
+    assert hasattr(dist.all_reduce, "__rankscope_original__")
+    torch_hooks.uninstall()
+    assert not hasattr(dist.all_reduce, "__rankscope_original__")
+    from torch.utils.data import dataloader
+
+    assert not hasattr(dataloader._BaseDataLoaderIter.__next__, "__wrapped__")
+    dist.all_reduce(torch.ones(1))
+    assert len(_colls(mon)) == 0
+
+
+def test_device_mesh_coordinates_and_group_names(mon: Monitor) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
+    assert mon.identity.mesh == {"dp": 0, "tp": 0}
+    dist.all_reduce(torch.ones(1), group=mesh.get_group("tp"))
+    gid = int(_colls(mon)["group"][0])
+    _, groups = mon._groups_snapshot()
+    assert next(g for g in groups if g["id"] == gid)["name"] == "tp"
