@@ -9,7 +9,7 @@ through the same `Sender`, so the hub cannot tell them apart. The scenario's gro
 """
 
 from rankscope.sim.emit import PACES, RunInfo, iter_messages, run
-from rankscope.sim.engine import Cluster, StepTables
+from rankscope.sim.engine import Cluster
 from rankscope.sim.spec import (
     MECHANISMS,
     Scenario,
@@ -18,6 +18,7 @@ from rankscope.sim.spec import (
     list_scenarios,
     load_scenario,
 )
+from rankscope.sim.tables import StepTables, merge_steps
 from rankscope.sim.topology import ScopeSpec
 
 __all__ = [
@@ -33,5 +34,6 @@ __all__ = [
     "iter_messages",
     "list_scenarios",
     "load_scenario",
+    "merge_steps",
     "run",
 ]

@@ -19,8 +19,9 @@ from typing import Any
 
 from rankscope.collector import schema
 from rankscope.collector.sender import Sender
-from rankscope.sim.engine import Cluster, StepTables
+from rankscope.sim.engine import Cluster
 from rankscope.sim.spec import Scenario
+from rankscope.sim.tables import StepTables, merge_steps
 from rankscope.sim.topology import ScopeSpec
 
 PACES = ("realtime", "fast")
@@ -106,7 +107,7 @@ def emit_start(
 
 
 def emit_step(emit: _Emitter, headers: list[dict[str, Any]], tables: StepTables) -> None:
-    """Send one step: a steps message and a samples message per rank."""
+    """Send one step (or a few, merged): a steps message and a samples message per rank."""
     for r, header in enumerate(headers):
         t = tables.rank_tables(r)
         header["batch"] += 1
@@ -137,6 +138,7 @@ def run(
     *,
     t0_ns: int | None = None,
     senders: int = 1,
+    steps_per_message: int = 1,
     hwm: int = 2000,
     send_timeout_s: float = 10.0,
     stop: threading.Event | None = None,
@@ -157,10 +159,12 @@ def run(
         t0_ns: hub-clock time of simulated time 0 (default: now). Same scenario, scope and
             ``t0_ns`` give byte-identical tables.
         senders: PUSH sockets shared by all ranks.
+        steps_per_message: steps each rank batches into one message (as a collector may
+            do); fewer, larger messages cost the hub less, at the price of latency.
         hwm: high-water mark of each socket, in messages.
         send_timeout_s: how long one message may wait for room before it is dropped.
         stop: set it to end the run after the current step.
-        on_step: called with each step's tables after they are sent.
+        on_step: called with each message batch's tables after they are sent.
         argv: command line recorded in the manifest.
 
     Returns:
@@ -173,6 +177,8 @@ def run(
         raise ValueError(f"steps must be a non-negative int, got {steps!r}")
     if not isinstance(senders, int) or senders < 1:
         raise ValueError(f"senders must be a positive int, got {senders!r}")
+    if not isinstance(steps_per_message, int) or steps_per_message < 1:
+        raise ValueError(f"steps_per_message must be a positive int, got {steps_per_message!r}")
     per_step = _parse_pace(pace)
     t0 = time.time_ns() if t0_ns is None else int(t0_ns)
     cluster = Cluster(scenario, scope, t0_ns=t0, argv=argv)
@@ -189,10 +195,15 @@ def run(
             for r in range(cluster.layout.world_size)
         ]
         emit_start(emit, headers, cluster, spec.scope, parent_run)
+        batch: list[StepTables] = []
         for k in range(steps):
             if stop is not None and stop.is_set():
                 break
-            tables = cluster.step(k)
+            batch.append(cluster.step(k))
+            if len(batch) < steps_per_message and k < steps - 1:
+                continue
+            tables = merge_steps(batch)
+            batch = []
             if per_step is not None:
                 if per_step == 0.0:
                     due = (int(tables.steps["t_end"].max()) - t0) / 1e9
@@ -200,9 +211,9 @@ def run(
                     due = (k + 1) * per_step
                 _sleep_until(wall0 + due, stop)
             emit_step(emit, headers, tables)
-            done = k + 1
-            if done % STATS_EVERY == 0:
+            if (k + 1) // STATS_EVERY > done // STATS_EVERY:
                 _send_stats(emit, headers, cluster)
+            done = k + 1
             if on_step is not None:
                 on_step(tables)
         _send_stats(emit, headers, cluster)

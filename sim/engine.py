@@ -18,7 +18,6 @@ their signatures appear exactly where their mechanisms reach.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,7 +27,7 @@ from rankscope.sim import program as P
 from rankscope.sim.hardware import build_hardware
 from rankscope.sim.identity import identities, manifest, truth
 from rankscope.sim.spec import Scenario
-from rankscope.sim.tables import assemble
+from rankscope.sim.tables import StepTables, assemble
 from rankscope.sim.topology import ScopeSpec, build_layout, group_links
 from rankscope.sim.workload import effective_workload, pack_step
 
@@ -44,44 +43,6 @@ ISSUE_NS = 3_000.0
 """Host cost of issuing an asynchronous bucket (the DDP comm hook)."""
 STEP_GAP_NS = 40_000.0
 """Host time between one step's end and the next step's start."""
-
-
-@dataclass(frozen=True)
-class StepTables:
-    """Everything every rank records in one step, concatenated in rank order.
-
-    ``steps`` has one row per rank (row = rank). ``phases``, ``colls`` and ``samples`` hold
-    each rank's rows contiguously; rank ``r``'s rows are ``offsets[r]:offsets[r + 1]``.
-    Columns follow ``schema.TABLES`` (times int64 ns on the hub clock) plus ``rank``.
-    """
-
-    step: int
-    steps: dict[str, np.ndarray]
-    phases: dict[str, np.ndarray]
-    phase_offsets: np.ndarray
-    colls: dict[str, np.ndarray]
-    coll_offsets: np.ndarray
-    samples: dict[str, np.ndarray]
-    sample_offsets: np.ndarray
-
-    def rank_tables(self, rank: int) -> dict[str, dict[str, np.ndarray]]:
-        """One rank's tables (views), ready for ``schema.steps_message``.
-
-        Args:
-            rank: the rank.
-
-        Returns:
-            ``{"steps", "phases", "colls", "samples"}`` -> column dict.
-        """
-        out = {"steps": {k: v[rank : rank + 1] for k, v in self.steps.items()}}
-        for name, cols, off in (
-            ("phases", self.phases, self.phase_offsets),
-            ("colls", self.colls, self.coll_offsets),
-            ("samples", self.samples, self.sample_offsets),
-        ):
-            a, b = int(off[rank]), int(off[rank + 1])
-            out[name] = {k: v[a:b] for k, v in cols.items()}
-        return out
 
 
 class _Records:

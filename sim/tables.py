@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -10,13 +11,97 @@ import numpy as np
 from rankscope.collector import schema
 
 if TYPE_CHECKING:
-    from rankscope.sim.engine import Cluster, StepTables, _Records
+    from rankscope.sim.engine import Cluster, _Records
     from rankscope.sim.workload import Work
 
 MIB = 1 << 20
 ACT_BYTES_PER_TOKEN_LAYER_HIDDEN = 34.0
 """Activation memory per token, per layer, per hidden unit (bf16, no recomputation)."""
 HOST_RSS = 30 * (1 << 30)
+
+
+@dataclass(frozen=True)
+class StepTables:
+    """Everything every rank records in one step (or a few), concatenated in rank order.
+
+    Each table holds each rank's rows contiguously: rank ``r``'s rows of table ``name`` are
+    ``offsets[name][r]:offsets[name][r + 1]``. Columns follow ``schema.TABLES`` (times int64
+    ns on the hub clock) plus ``rank``. For one step, ``steps`` has one row per rank.
+    """
+
+    step: int
+    """The (first) step."""
+    steps: dict[str, np.ndarray]
+    phases: dict[str, np.ndarray]
+    colls: dict[str, np.ndarray]
+    samples: dict[str, np.ndarray]
+    offsets: dict[str, np.ndarray]
+    """Table name -> int64 (world + 1,) row offsets per rank."""
+
+    @property
+    def coll_offsets(self) -> np.ndarray:
+        return self.offsets["colls"]
+
+    @property
+    def phase_offsets(self) -> np.ndarray:
+        return self.offsets["phases"]
+
+    def table(self, name: str) -> dict[str, np.ndarray]:
+        """A table by name (``steps``, ``phases``, ``colls``, ``samples``)."""
+        return getattr(self, name)
+
+    def rank_tables(self, rank: int) -> dict[str, dict[str, np.ndarray]]:
+        """One rank's tables (views), ready for ``schema.steps_message``.
+
+        Args:
+            rank: the rank.
+
+        Returns:
+            ``{"steps", "phases", "colls", "samples"}`` -> column dict.
+        """
+        out = {}
+        for name in TABLE_NAMES:
+            off = self.offsets[name]
+            a, b = int(off[rank]), int(off[rank + 1])
+            out[name] = {k: v[a:b] for k, v in self.table(name).items()}
+        return out
+
+
+TABLE_NAMES = ("steps", "phases", "colls", "samples")
+
+
+def merge_steps(parts: list[StepTables]) -> StepTables:
+    """Join consecutive steps so that each rank's rows of all of them are contiguous, in
+    step order: one message per rank can then carry several steps.
+
+    Args:
+        parts: tables of consecutive steps of one run.
+
+    Returns:
+        The joined tables; ``step`` is the first step's.
+    """
+    if len(parts) == 1:
+        return parts[0]
+    world = parts[0].offsets["steps"].shape[0] - 1
+    tables: dict[str, dict[str, np.ndarray]] = {}
+    offsets: dict[str, np.ndarray] = {}
+    for name in TABLE_NAMES:
+        offs = [p.offsets[name] for p in parts]
+        counts = np.stack([np.diff(o) for o in offs], axis=1)  # (world, steps)
+        bases = np.cumsum([0] + [int(o[-1]) for o in offs[:-1]])
+        starts = np.stack([o[:-1] for o in offs], axis=1) + bases[None, :]
+        flat = counts.ravel()
+        out = np.zeros(world + 1, dtype=np.int64)
+        np.cumsum(counts.sum(axis=1), out=out[1:])
+        # row i of the joined table comes from (its block's start) + (i - block's new start)
+        gather = np.repeat(starts.ravel() - (np.cumsum(flat) - flat), flat)
+        gather += np.arange(int(out[-1]))
+        tables[name] = {
+            k: np.concatenate([p.table(name)[k] for p in parts])[gather]
+            for k in parts[0].table(name)
+        }
+        offsets[name] = out
+    return StepTables(step=parts[0].step, offsets=offsets, **tables)
 
 
 def _times(values: np.ndarray, t0_ns: int, offset: np.ndarray) -> np.ndarray:
@@ -146,14 +231,12 @@ def assemble(
     samples["load1"][:] = np.where(slow_input, 70.0, 22.0) + rng.standard_normal(world)
     samples["rss_bytes"][:] = HOST_RSS + (ranks % 7) * 64 * MIB
     samples["rank"] = ranks
-    sample_off = np.arange(world + 1, dtype=np.int64)
+    one_each = np.arange(world + 1, dtype=np.int64)
     return StepTables(
         step=k,
         steps=steps,
         phases=phase_cols,
-        phase_offsets=phase_off,
         colls=coll_cols,
-        coll_offsets=coll_off,
         samples=samples,
-        sample_offsets=sample_off,
+        offsets={"steps": one_each, "phases": phase_off, "colls": coll_off, "samples": one_each},
     )

@@ -223,3 +223,18 @@ def test_packers_balance_what_they_promise() -> None:
     # attention cost is what the token-balanced packer leaves unbalanced
     assert tok.attn_cost.sum(axis=1).max() > 1.3 * att.attn_cost.sum(axis=1).max()
     assert att.valid_tokens.sum(axis=1).max() / att.valid_tokens.sum(axis=1).mean() < 1.1
+
+
+def test_merged_steps_keep_each_ranks_rows_in_order() -> None:
+    from rankscope.sim import merge_steps
+
+    cluster = Cluster(load_scenario("checkpoint", ranks=16))
+    parts = _steps(cluster, 5)
+    merged = merge_steps(parts)
+    for r in (0, 7, 15):
+        got = merged.rank_tables(r)
+        for name in ("steps", "phases", "colls", "samples"):
+            for col in got[name]:
+                want = np.concatenate([p.rank_tables(r)[name][col] for p in parts])
+                np.testing.assert_array_equal(got[name][col], want)
+    assert merged.rank_tables(3)["steps"]["step"].tolist() == [0, 1, 2, 3, 4]
