@@ -25,32 +25,17 @@ A minimal file::
 from __future__ import annotations
 
 import dataclasses
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from rankscope.sim.draw import ScenarioError, draw
+from rankscope.sim.faults import MECHANISMS, FaultSpec, resolve_fault
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
-
-MECHANISMS = (
-    "data_imbalance",
-    "slow_device",
-    "slow_host_input",
-    "local_fabric",
-    "network_rail",
-    "placement",
-    "checkpoint",
-    "allocator_growth",
-    "intermittent_congestion",
-    "numerator_change",
-    "healthy",
-)
-"""Fault vocabulary, shared with the diagnosis verdicts (ARCHITECTURE §6)."""
 
 PACKERS = ("token_balanced", "attn_balanced")
 
@@ -156,49 +141,6 @@ class NoiseSpec:
 
 
 @dataclass(frozen=True)
-class FaultSpec:
-    """One fault, resolved to concrete values. Targets index the full cluster: host index,
-    device index ``host * gpus_per_host + gpu``, rail = GPU/NIC index; -1 when unused."""
-
-    mechanism: str = "healthy"
-    magnitude: float = 1.0
-    """Meaning depends on the mechanism (speed factor, bandwidth factor, extra ms...)."""
-    host: int = -1
-    peer_host: int = -1
-    device: int = -1
-    rail: int = -1
-    extent: str = "rail"
-    """network_rail: ``rail`` (that rail's NICs on every host) or ``nic`` (one host's NIC)."""
-    every: int = 0
-    """checkpoint: steps between checkpoints."""
-    prob: float = 0.0
-    """intermittent_congestion: chance that a step has a congestion burst."""
-    variant: str = ""
-    """numerator_change: ``padding`` or ``longer``."""
-
-
-_FAULT_DEFAULTS: dict[str, dict[str, Any]] = {
-    "healthy": {},
-    "data_imbalance": {},
-    "slow_device": {"magnitude": [0.55, 0.85], "device": "random"},
-    "slow_host_input": {"magnitude": [120.0, 400.0], "host": "random"},
-    "local_fabric": {"magnitude": [0.04, 0.2], "host": "random"},
-    "network_rail": {
-        "magnitude": [0.08, 0.3],
-        "rail": "random",
-        "extent": "rail",
-        "host": "random",
-    },
-    "placement": {"magnitude": 0.5, "host": "random", "peer_host": "random"},
-    "checkpoint": {"magnitude": [0.8, 2.5], "every": [4, 6]},
-    "allocator_growth": {"magnitude": [6.0, 15.0]},
-    "intermittent_congestion": {"magnitude": [0.08, 0.25], "prob": [0.2, 0.4]},
-    "numerator_change": {"magnitude": [0.25, 0.5], "variant": ["padding", "longer"]},
-}
-"""Per mechanism: the keys its ``[fault]`` table may set, with default values or ranges."""
-
-
-@dataclass(frozen=True)
 class Scenario:
     """A resolved scenario: every range drawn, every target chosen."""
 
@@ -236,10 +178,6 @@ _SECTIONS: dict[str, type] = {
 _TOP_KEYS = {"description", "seed", "job", "fault", "base", *_SECTIONS}
 
 
-class ScenarioError(ValueError):
-    """A scenario file or override is wrong; the message names the file and the key."""
-
-
 def scenario_dir() -> Path:
     """The folder of the shipped scenarios (``config/scenarios``)."""
     from rankscope.config import CONFIG_DIR
@@ -265,45 +203,6 @@ def list_scenarios() -> list[tuple[str, str]]:
     return out
 
 
-def _field_rng(seed: int, key: str) -> np.random.Generator:
-    return np.random.default_rng([seed & 0xFFFFFFFF, zlib.crc32(key.encode())])
-
-
-def _draw(where: str, value: Any, default: Any, seed: int) -> Any:
-    """Resolve a value written as a scalar, a ``[lo, hi]`` range, or a list of choices."""
-    rng = _field_rng(seed, where)
-    kind = type(default)
-    if isinstance(value, dict):
-        if set(value) != {"choice"} or not isinstance(value["choice"], list) or not value["choice"]:
-            raise ScenarioError(f"{where}: a table value must be {{choice = [...]}}, got {value!r}")
-        pick = value["choice"][int(rng.integers(len(value["choice"])))]
-        return _draw(where, pick, default, seed)
-    if isinstance(value, list):
-        if not value:
-            raise ScenarioError(f"{where}: empty list")
-        if all(isinstance(v, str) for v in value):
-            if kind is not str:
-                raise ScenarioError(f"{where}: expected a {kind.__name__}, got choices {value}")
-            return value[int(rng.integers(len(value)))]
-        if len(value) != 2 or not all(
-            isinstance(v, int | float) and not isinstance(v, bool) for v in value
-        ):
-            raise ScenarioError(f"{where}: a range is [lo, hi] of two numbers, got {value!r}")
-        lo, hi = value
-        if lo > hi:
-            raise ScenarioError(f"{where}: range [{lo}, {hi}] has lo > hi")
-        if kind is int:
-            if not (float(lo).is_integer() and float(hi).is_integer()):
-                raise ScenarioError(f"{where}: integer range needs whole numbers, got {value}")
-            return int(rng.integers(int(lo), int(hi) + 1))
-        return float(rng.uniform(lo, hi))
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, kind) or isinstance(value, bool) != isinstance(default, bool):
-        raise ScenarioError(f"{where}: expected {kind.__name__}, got {value!r}")
-    return value
-
-
 def _section(name: str, cls: type, table: Any, seed: int) -> Any:
     if not isinstance(table, dict):
         raise ScenarioError(f"[{name}] must be a table")
@@ -315,7 +214,7 @@ def _section(name: str, cls: type, table: Any, seed: int) -> Any:
     values = {}
     for f in dataclasses.fields(cls):
         default = getattr(defaults, f.name)
-        values[f.name] = _draw(f"{name}.{f.name}", table.get(f.name, default), default, seed)
+        values[f.name] = draw(f"{name}.{f.name}", table.get(f.name, default), default, seed)
     return cls(**values)
 
 
@@ -339,61 +238,6 @@ def _read(path: Path, seen: tuple[str, ...] = ()) -> dict[str, Any]:
         else:
             merged[key] = value
     return merged
-
-
-def _target(where: str, value: Any, n: int, seed: int, avoid: int = -1) -> int:
-    """A target index: an int, or ``"random"`` drawn from ``range(n)`` (skipping ``avoid``)."""
-    if value == "random":
-        rng = _field_rng(seed, where)
-        pick = int(rng.integers(n - (1 if 0 <= avoid < n else 0)))
-        return pick + 1 if 0 <= avoid <= pick else pick
-    if isinstance(value, int) and not isinstance(value, bool):
-        if not 0 <= value < n:
-            raise ScenarioError(f"{where} = {value} is outside 0..{n - 1}")
-        return value
-    raise ScenarioError(f'{where} must be an index or "random", got {value!r}')
-
-
-def _fault(table: Any, topo: TopologySpec, seed: int) -> FaultSpec:
-    if table is None:
-        return FaultSpec()
-    if not isinstance(table, dict):
-        raise ScenarioError("[fault] must be a table")
-    mech = table.get("mechanism")
-    if mech not in MECHANISMS:
-        raise ScenarioError(f"fault.mechanism {mech!r} is not one of {list(MECHANISMS)}")
-    allowed = _FAULT_DEFAULTS[mech]
-    unknown = sorted(set(table) - set(allowed) - {"mechanism"})
-    if unknown:
-        raise ScenarioError(f"[fault] {mech} does not take {unknown}; it takes {sorted(allowed)}")
-    spec = {**allowed, **table}
-    base = FaultSpec()
-    kw: dict[str, Any] = {"mechanism": mech}
-    for key in ("magnitude", "every", "prob", "extent", "variant"):
-        if key in spec:
-            kw[key] = _draw(f"fault.{key}", spec[key], getattr(base, key), seed)
-    n_dev = topo.hosts * topo.gpus_per_host
-    if "device" in spec:
-        kw["device"] = _target("fault.device", spec["device"], n_dev, seed)
-    if "rail" in spec:
-        kw["rail"] = _target("fault.rail", spec["rail"], topo.gpus_per_host, seed)
-    if "host" in spec:
-        kw["host"] = _target("fault.host", spec["host"], topo.hosts, seed)
-    if "peer_host" in spec:
-        if topo.hosts < 2:
-            raise ScenarioError("fault placement needs at least 2 hosts")
-        kw["peer_host"] = _target(
-            "fault.peer_host", spec["peer_host"], topo.hosts, seed, kw["host"]
-        )
-        if kw["peer_host"] == kw["host"]:
-            raise ScenarioError("fault.peer_host must differ from fault.host")
-    if kw.get("extent", "rail") not in ("rail", "nic"):
-        raise ScenarioError(f"fault.extent must be 'rail' or 'nic', got {kw['extent']!r}")
-    if mech == "network_rail" and kw["extent"] == "rail":
-        kw["host"] = -1  # every host's NIC on that rail
-    if kw.get("variant", "") not in ("", "padding", "longer"):
-        raise ScenarioError(f"fault.variant must be 'padding' or 'longer', got {kw['variant']!r}")
-    return FaultSpec(**kw)
 
 
 def _apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -456,7 +300,7 @@ def build_scenario(raw: dict[str, Any], name: str = "custom", source: str = "") 
         raise ScenarioError(f"{where}: seed must be a non-negative int, got {seed!r}")
     try:
         parts = {k: _section(k, cls, raw.get(k, {}), seed) for k, cls in _SECTIONS.items()}
-        fault = _fault(raw.get("fault"), parts["topology"], seed)
+        fault = resolve_fault(raw.get("fault"), parts["topology"], seed)
     except ScenarioError as exc:
         raise ScenarioError(f"{where}: {exc}") from None
     topo, layout, wl = parts["topology"], parts["layout"], parts["workload"]

@@ -238,3 +238,17 @@ def test_merged_steps_keep_each_ranks_rows_in_order() -> None:
                 want = np.concatenate([p.rank_tables(r)[name][col] for p in parts])
                 np.testing.assert_array_equal(got[name][col], want)
     assert merged.rank_tables(3)["steps"]["step"].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_sim_imports_only_the_collector_and_numpy() -> None:
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "import rankscope.sim as s\n"
+        "for m in pkgutil.iter_modules(s.__path__):\n"
+        "    importlib.import_module('rankscope.sim.' + m.name)\n"
+        "bad = sorted(k for k in sys.modules if k.split('.')[0] == 'torch' or k.startswith("
+        "('rankscope.hub', 'rankscope.diagnosis', 'rankscope.tui', 'rankscope.launch')))\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

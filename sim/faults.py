@@ -1,0 +1,134 @@
+"""The fault catalog: which mechanisms exist, what a ``[fault]`` table may set, and how it
+resolves to concrete targets and magnitudes for one seed.
+
+``magnitude`` means, per mechanism: ``slow_device`` the GPU's speed factor (0.55 = 45 %
+slower); ``slow_host_input`` extra data-loader ms per step on the host; ``local_fabric`` and
+``network_rail`` the factor on NVLink or NIC bandwidth; ``placement`` the share of a
+tensor-parallel group moved to the other host; ``checkpoint`` the write time in seconds;
+``allocator_growth`` ms of allocator time added per step; ``intermittent_congestion`` the
+cross-host bandwidth factor during a burst; ``numerator_change`` the added padding share or
+the sequence-length growth. ``data_imbalance`` only switches the packer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rankscope.sim.draw import ScenarioError, draw, pick_target
+
+if TYPE_CHECKING:
+    from rankscope.sim.spec import TopologySpec
+
+MECHANISMS = (
+    "data_imbalance",
+    "slow_device",
+    "slow_host_input",
+    "local_fabric",
+    "network_rail",
+    "placement",
+    "checkpoint",
+    "allocator_growth",
+    "intermittent_congestion",
+    "numerator_change",
+    "healthy",
+)
+"""Fault vocabulary, shared with the diagnosis verdicts (ARCHITECTURE §6)."""
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """One fault, resolved to concrete values. Targets index the full cluster: host index,
+    device index ``host * gpus_per_host + gpu``, rail = GPU/NIC index; -1 when unused."""
+
+    mechanism: str = "healthy"
+    magnitude: float = 1.0
+    """Meaning depends on the mechanism (speed factor, bandwidth factor, extra ms...)."""
+    host: int = -1
+    peer_host: int = -1
+    device: int = -1
+    rail: int = -1
+    extent: str = "rail"
+    """network_rail: ``rail`` (that rail's NICs on every host) or ``nic`` (one host's NIC)."""
+    every: int = 0
+    """checkpoint: steps between checkpoints."""
+    prob: float = 0.0
+    """intermittent_congestion: chance that a step has a congestion burst."""
+    variant: str = ""
+    """numerator_change: ``padding`` or ``longer``."""
+
+
+FAULT_DEFAULTS: dict[str, dict[str, Any]] = {
+    "healthy": {},
+    "data_imbalance": {},
+    "slow_device": {"magnitude": [0.55, 0.85], "device": "random"},
+    "slow_host_input": {"magnitude": [120.0, 400.0], "host": "random"},
+    "local_fabric": {"magnitude": [0.04, 0.2], "host": "random"},
+    "network_rail": {
+        "magnitude": [0.08, 0.3],
+        "rail": "random",
+        "extent": "rail",
+        "host": "random",
+    },
+    "placement": {"magnitude": 0.5, "host": "random", "peer_host": "random"},
+    "checkpoint": {"magnitude": [0.8, 2.5], "every": [4, 6]},
+    "allocator_growth": {"magnitude": [6.0, 15.0]},
+    "intermittent_congestion": {"magnitude": [0.08, 0.25], "prob": [0.2, 0.4]},
+    "numerator_change": {"magnitude": [0.25, 0.5], "variant": ["padding", "longer"]},
+}
+"""Per mechanism: the keys its ``[fault]`` table may set, with default values or ranges."""
+
+
+def resolve_fault(table: Any, topo: TopologySpec, seed: int) -> FaultSpec:
+    """Resolve a scenario's ``[fault]`` table for one seed.
+
+    Args:
+        table: the table (None: healthy).
+        topo: the full cluster, to draw targets from.
+        seed: the scenario seed.
+
+    Returns:
+        The fault with every range drawn and every target chosen.
+
+    Raises:
+        ScenarioError: an unknown mechanism, a key the mechanism does not take, a bad value.
+    """
+    if table is None:
+        return FaultSpec()
+    if not isinstance(table, dict):
+        raise ScenarioError("[fault] must be a table")
+    mech = table.get("mechanism")
+    if mech not in MECHANISMS:
+        raise ScenarioError(f"fault.mechanism {mech!r} is not one of {list(MECHANISMS)}")
+    allowed = FAULT_DEFAULTS[mech]
+    unknown = sorted(set(table) - set(allowed) - {"mechanism"})
+    if unknown:
+        raise ScenarioError(f"[fault] {mech} does not take {unknown}; it takes {sorted(allowed)}")
+    spec = {**allowed, **table}
+    base = FaultSpec()
+    kw: dict[str, Any] = {"mechanism": mech}
+    for key in ("magnitude", "every", "prob", "extent", "variant"):
+        if key in spec:
+            kw[key] = draw(f"fault.{key}", spec[key], getattr(base, key), seed)
+    n_dev = topo.hosts * topo.gpus_per_host
+    if "device" in spec:
+        kw["device"] = pick_target("fault.device", spec["device"], n_dev, seed)
+    if "rail" in spec:
+        kw["rail"] = pick_target("fault.rail", spec["rail"], topo.gpus_per_host, seed)
+    if "host" in spec:
+        kw["host"] = pick_target("fault.host", spec["host"], topo.hosts, seed)
+    if "peer_host" in spec:
+        if topo.hosts < 2:
+            raise ScenarioError("fault placement needs at least 2 hosts")
+        kw["peer_host"] = pick_target(
+            "fault.peer_host", spec["peer_host"], topo.hosts, seed, kw["host"]
+        )
+        if kw["peer_host"] == kw["host"]:
+            raise ScenarioError("fault.peer_host must differ from fault.host")
+    if kw.get("extent", "rail") not in ("rail", "nic"):
+        raise ScenarioError(f"fault.extent must be 'rail' or 'nic', got {kw['extent']!r}")
+    if mech == "network_rail" and kw["extent"] == "rail":
+        kw["host"] = -1  # every host's NIC on that rail
+    if kw.get("variant", "") not in ("", "padding", "longer"):
+        raise ScenarioError(f"fault.variant must be 'padding' or 'longer', got {kw['variant']!r}")
+    return FaultSpec(**kw)
