@@ -143,6 +143,10 @@ class RerunPlan:
         return len(self.hosts)
 
 
+MIN_EXPECTATION_SCORE = 0.05
+"""Hypotheses below this score (other than the top one) get no expectation in the plan."""
+MAX_EXPECTATIONS = 4
+
 _CONFIG_KEYS = ("config", "job_config", "job")
 _ALIASES = {
     "micro_batch": ("micro_batch", "micro_batch_size", "per_rank_batch", "batch_size"),
@@ -329,15 +333,17 @@ def _software(manifest: Mapping[str, Any]) -> str:
 def _batch_changes(
     cfg: Mapping[str, int], world: int, parent_world: int, keep_global: bool
 ) -> tuple[list[Change], dict[str, int], list[str]]:
+    # Ranks that share a data-parallel replica (tensor/pipeline parallel) do not multiply
+    # the batch, so the global batch scales with the world size, not as micro x world.
     warnings: list[str] = []
     micro = cfg.get("micro_batch")
-    accum = cfg.get("grad_accum", 1 if ("micro_batch" in cfg and "global_batch" in cfg) else None)
+    accum = cfg.get("grad_accum", 1)
     glob = cfg.get("global_batch")
-    if micro and glob and "grad_accum" not in cfg and glob % (micro * parent_world) == 0:
-        accum = glob // (micro * parent_world)
+    if glob is None and micro is not None:
+        glob = micro * accum * parent_world
     changes = [Change("world size", str(parent_world), str(world))]
     batch: dict[str, int] = {}
-    if micro is None:
+    if micro is None or glob is None:
         warnings.append(
             "the manifest has no micro_batch: check that the rerun keeps the per-rank batch"
         )
@@ -346,10 +352,9 @@ def _batch_changes(
         )
         return changes, batch, warnings
     batch["micro_batch"] = micro
-    accum = accum or 1
     if keep_global and (accum * parent_world) % world == 0:
         new_accum = accum * parent_world // world
-        batch.update(grad_accum=new_accum, global_batch=micro * new_accum * world)
+        batch.update(grad_accum=new_accum, global_batch=glob)
         changes.append(
             Change(
                 "gradient accumulation",
@@ -358,22 +363,26 @@ def _batch_changes(
                 "keeps the global batch; each step runs more micro-steps",
             )
         )
-    else:
-        if keep_global:
-            warnings.append(
-                f"grad accumulation {accum} x {parent_world} ranks is not divisible by "
-                f"{world}: the global batch cannot be kept exactly"
-            )
-        batch.update(grad_accum=accum, global_batch=micro * accum * world)
-        before = str(glob) if glob else str(micro * accum * parent_world)
-        changes.append(
-            Change(
-                "global batch",
-                before,
-                str(batch["global_batch"]),
-                f"gradient accumulation kept at {accum} so a step's local work is unchanged",
-            )
+        return changes, batch, warnings
+    if keep_global:
+        warnings.append(
+            f"grad accumulation {accum} x {parent_world} ranks is not divisible by {world}: "
+            "the global batch cannot be kept exactly"
         )
+    if (glob * world) % parent_world:
+        warnings.append(
+            f"global batch {glob} x {world}/{parent_world} ranks is not whole: check the "
+            "data-parallel size of the rerun"
+        )
+    batch.update(grad_accum=accum, global_batch=max(glob * world // parent_world, micro))
+    changes.append(
+        Change(
+            "global batch",
+            str(glob),
+            str(batch["global_batch"]),
+            f"gradient accumulation kept at {accum} so a step's local work is unchanged",
+        )
+    )
     return changes, batch, warnings
 
 
@@ -407,6 +416,9 @@ def propose(
         raise ValueError(f"unknown rerun scope {scope!r}; expected one of {', '.join(LADDER)}")
     suspects = [Suspect.of(h) for h in hypotheses]
     suspects = [s for s in suspects if s.mechanism != "healthy"]
+    # Expectations for the top hypothesis and the runners-up with a real score; listing
+    # every mechanism at score 0 would bury the ones that matter.
+    shown = [s for i, s in enumerate(suspects) if i == 0 or s.score >= MIN_EXPECTATION_SCORE]
     top = suspects[0] if suspects else None
     info = window.ranks
     if (info.host < 0).all():
@@ -481,7 +493,7 @@ def propose(
         reason=reason,
         preserved=tuple(preserved),
         changes=tuple(changes),
-        expectations=_expectations(scope, suspects),
+        expectations=_expectations(scope, shown[:MAX_EXPECTATIONS]),
         batch=batch,
         warnings=tuple(warnings),
     )

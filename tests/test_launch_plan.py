@@ -125,6 +125,10 @@ def test_batch_changes_keep_local_work_or_the_global_batch() -> None:
     assert kept.batch == {"micro_batch": 4, "grad_accum": 8, "global_batch": 256}
     assert kept.changes[1].name == "gradient accumulation"
     # Not divisible: the plan says so instead of pretending.
+    # Tensor parallel: 32 ranks are 4 replicas; the global batch scales with the world.
+    tp = {"job_config": {"micro_batch": 1, "grad_accum": 3, "global_batch": 12}}
+    plan = propose(_window(manifest=tp), [], "two-node")
+    assert plan.batch == {"micro_batch": 1, "grad_accum": 3, "global_batch": 6}
     odd = {"config": {"micro_batch": 4, "grad_accum": 1}}
     plan = propose(_window(manifest=odd), [Suspect("slow_device", ranks=(1,))], "one-rank")
     assert plan.batch["global_batch"] == 4
@@ -141,9 +145,14 @@ def test_data_imbalance_keeps_the_very_same_batches() -> None:
 
 
 def test_expectations_follow_each_mechanisms_smallest_scope() -> None:
-    hyps = [Suspect("slow_device", 0.7), Suspect("network_rail", 0.2), Suspect("healthy", 0.1)]
+    hyps = [
+        Suspect("slow_device", 0.7),
+        Suspect("network_rail", 0.2),
+        Suspect("healthy", 0.1),
+        Suspect("checkpoint", 0.0),
+    ]
     exp = {e.mechanism: e for e in propose(_window(), hyps, "one-node").expectations}
-    assert set(exp) == {"slow_device", "network_rail"}
+    assert set(exp) == {"slow_device", "network_rail"}  # healthy and score-0 ones left out
     assert exp["slow_device"].should_reproduce
     assert not exp["network_rail"].should_reproduce
     assert "two-node" in exp["network_rail"].if_absent
