@@ -7,21 +7,25 @@ wall-time decomposition, the verdict when given, and whether the regression is t
 **When does a rung show the regression?** It is compared with the *healthy expectation*,
 taken from a reference run: the baseline run when one is given (all its ranks healthy),
 else the parent (full) run itself, where the median rank and the median group of each kind
-stand for healthy — a fault on a minority of ranks or groups does not move a median. Two
+stand for healthy — a fault on a minority of ranks or groups does not move a median. Three
 things are compared, because a rerun keeps the local shapes but not the communication
-pattern:
+pattern (tolerances in `Tolerances`):
 
 - **local time**: per rank and step, the step minus what it spent waiting for others or
   in exposed communication (``compute + input + memory + checkpoint + recovery + other``
   of the decomposition). The rung's value is the p50 over steps of the *slowest* rank
-  (synchronous progress follows maxima); the expectation is the p50 over steps of the
-  median rank of the reference. The rung regresses when it exceeds the expectation by more
-  than ``local_tolerance``.
+  (synchronous progress follows maxima); the expectation is the median over ranks of each
+  rank's p50 in the reference. The rung regresses when it exceeds the expectation by more
+  than ``local``.
+- **local spread**: per step, the slowest rank's local time minus the rung's median rank's,
+  p50 over steps, as a fraction of the expectation. Ranks given different work diverge and
+  the slowest sets the step; this shows only where several ranks meet, and it regresses
+  above ``spread``.
 - **collective bandwidth**: the bus bandwidth of each (group, op, message-size bucket)
   point of the rung (``diagnosis.curves``), against the median over the reference's
   groups of the same kind (the group name without its trailing index: ``tp3`` -> ``tp``),
   op and bucket. The rung regresses when its worst point falls short by more than
-  ``comm_tolerance``. Points without a comparable reference are left out and counted.
+  ``comm``. Points without a comparable reference are left out and counted.
 
 The **first scope** is the smallest scope of ``one-rank, one-node, two-node, full`` with a
 regressing rung. A clean rung at a scope eliminates every mechanism that would have shown
@@ -54,21 +58,45 @@ from rankscope.launch.scopes import (
     scope_index,
 )
 
-__all__ = ["CommCheck", "Ladder", "Rung", "build_ladder", "decomposition", "local_ns"]
+__all__ = [
+    "CommCheck",
+    "Ladder",
+    "Rung",
+    "Tolerances",
+    "build_ladder",
+    "decomposition",
+    "local_ns",
+]
 
-LOCAL_TOLERANCE = 0.10
-"""A rung's slowest-rank local time may exceed the healthy median rank by this much."""
-COMM_TOLERANCE = 0.25
-"""A rung's worst collective point may fall this far below the healthy busbw."""
 MIN_POINT_COUNT = 2
 """Instances a curve point needs before it is judged."""
 
 RULE = (
-    "regression = slowest-rank local time (p50 over steps) > (1 + local_tolerance) x the "
-    "reference's median rank, or the worst (group kind, op, size) busbw < (1 - comm_tolerance) "
-    "x the reference's median group of that kind; reference = the baseline run when given, "
-    "else the parent run"
+    "regression = slowest-rank local time (p50 over steps) > (1 + local) x the reference's "
+    "median rank, or slowest minus median rank of the rung (p50 over steps) > spread x that, "
+    "or the worst (group kind, op, size) busbw < (1 - comm) x the reference's median group of "
+    "that kind; reference = the baseline run when given, else the parent run"
 )
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """How far a rung may stray from the healthy expectation before it counts as the
+    regression."""
+
+    local: float = 0.10
+    """Slowest-rank local time above the healthy median rank, as a fraction."""
+    spread: float = 0.05
+    """Slowest minus median rank of the rung, as a fraction of the healthy median rank."""
+    comm: float = 0.25
+    """Worst collective point's busbw below the healthy reference, as a fraction."""
+
+    def __post_init__(self) -> None:
+        for name in ("local", "spread", "comm"):
+            value = getattr(self, name)
+            if not 0 < value < 1:
+                raise ValueError(f"tolerance {name}={value!r} must be within (0, 1)")
+
 
 _NOT_LOCAL = ("exposed_comm", "arrival_wait", "pipeline_idle")
 
@@ -104,6 +132,9 @@ class Rung:
     """p50 over steps of the slowest rank's local time."""
     local_ratio: float
     """``local_ns`` / the reference's median-rank local time."""
+    spread_ratio: float
+    """p50 over steps of (slowest - median rank) local time / the reference's median rank;
+    0 for one rank."""
     comm: CommCheck | None
     """Worst collective point with a reference; None when none is comparable."""
     unmatched_points: int
@@ -134,8 +165,7 @@ class Ladder:
     """Mechanisms whose smallest scope is the first scope and that no clean rung ruled out."""
     missing: tuple[str, ...]
     """Ladder scopes with no run."""
-    local_tolerance: float
-    comm_tolerance: float
+    tolerances: Tolerances
     rule: str = RULE
 
 
@@ -213,8 +243,7 @@ def _rung(
     window: Window,
     ref_local: float,
     ref_bw: Mapping[tuple[str, int, int], float],
-    local_tol: float,
-    comm_tol: float,
+    tol: Tolerances,
     verdict: Any,
 ) -> Rung:
     decomp = decomposition(window)
@@ -222,6 +251,8 @@ def _rung(
     slowest = nanmax(local, axis=0)
     value = float(nanmedian(slowest)) if np.isfinite(slowest).any() else float("nan")
     ratio = value / ref_local if ref_local > 0 else float("nan")
+    gap = slowest - nanmedian(local, axis=0)
+    spread = float(nanmedian(gap)) / ref_local if np.isfinite(gap).any() else float("nan")
     worst: CommCheck | None = None
     unmatched = 0
     for key, pts in _points(window).items():
@@ -236,9 +267,11 @@ def _rung(
             if worst is None or check.ratio < worst.ratio:
                 worst = check
     reasons = []
-    if np.isfinite(ratio) and ratio > 1.0 + local_tol:
+    if np.isfinite(ratio) and ratio > 1.0 + tol.local:
         reasons.append(f"slowest-rank local time {ratio:.2f}x the healthy median rank")
-    if worst is not None and worst.ratio < 1.0 - comm_tol:
+    if np.isfinite(spread) and spread > tol.spread:
+        reasons.append(f"slowest rank {spread:.0%} of a healthy step above the rung's median rank")
+    if worst is not None and worst.ratio < 1.0 - tol.comm:
         reasons.append(
             f"{worst.group} {worst.op} {worst.size}: busbw {worst.busbw_gbps:.1f} GB/s, "
             f"{worst.ratio:.2f}x the healthy {worst.reference_gbps:.1f} GB/s"
@@ -247,7 +280,7 @@ def _rung(
         why = "; ".join(reasons)
     else:
         comm = f", worst busbw {worst.ratio:.2f}x" if worst is not None else ""
-        why = f"within tolerance (local {ratio:.2f}x{comm})"
+        why = f"within tolerance (local {ratio:.2f}x, spread {spread:.0%}{comm})"
     steps = job_step_ns(window)
     hosts_idx = np.unique(window.ranks.host[window.present.any(axis=1) & (window.ranks.host >= 0)])
     mech, score = _verdict_of(verdict)
@@ -260,6 +293,7 @@ def _rung(
         decomposition=decomp.mean_per_step(),
         local_ns=value,
         local_ratio=ratio,
+        spread_ratio=spread,
         comm=worst,
         unmatched_points=unmatched,
         regression=bool(reasons),
@@ -275,8 +309,7 @@ def build_ladder(
     *,
     baseline: Window | None = None,
     verdicts: Mapping[str, Any] | None = None,
-    local_tolerance: float = LOCAL_TOLERANCE,
-    comm_tolerance: float = COMM_TOLERANCE,
+    tolerances: Tolerances | None = None,
 ) -> Ladder:
     """Line up a run and its reruns and find the first scope where the regression appears.
 
@@ -286,16 +319,12 @@ def build_ladder(
             ignored). Runs at ``custom`` scope are left off the ladder.
         baseline: a healthy run of the same job, when there is one.
         verdicts: run id -> the diagnosis verdict of that run (optional, shown per rung).
-        local_tolerance: see the module docstring.
-        comm_tolerance: see the module docstring.
+        tolerances: how far a rung may stray from healthy (default `Tolerances()`).
 
     Returns:
         The ladder (rule in the module docstring).
     """
-    if not 0 < local_tolerance < 10 or not 0 < comm_tolerance < 1:
-        raise ValueError(
-            f"tolerances out of range: local {local_tolerance} (0..10), comm {comm_tolerance} (0..1)"
-        )
+    tol = tolerances if tolerances is not None else Tolerances()
     ref_window = baseline if baseline is not None else parent
     ref_local, ref_bw = _reference(ref_window)
     if baseline is not None:
@@ -306,10 +335,7 @@ def build_ladder(
     windows = [parent] + [w for w in children if w.parent_run == parent.run]
     windows = [w for w in windows if w.scope in LADDER]
     windows.sort(key=lambda w: (scope_index(w.scope), w is not parent, w.run))
-    rungs = tuple(
-        _rung(w, ref_local, ref_bw, local_tolerance, comm_tolerance, verdicts.get(w.run))
-        for w in windows
-    )
+    rungs = tuple(_rung(w, ref_local, ref_bw, tol, verdicts.get(w.run)) for w in windows)
     first = next((r for r in rungs if r.regression), None)
     # Only clean rungs below the first regressing scope eliminate anything: that is the
     # ordered reduction. A clean rung above it (a rerun that left the suspect out) does not.
@@ -338,6 +364,5 @@ def build_ladder(
         eliminated=eliminated,
         implicated=implicated,
         missing=tuple(s for s in LADDER if s not in present),
-        local_tolerance=local_tolerance,
-        comm_tolerance=comm_tolerance,
+        tolerances=tol,
     )

@@ -90,14 +90,15 @@ def ladder_text(ladder: Ladder) -> list[str]:
     lines = [
         f"ladder of {ladder.parent_run} (healthy expectation: {ladder.reference})",
         f"{'scope':<9} {'run':<24} {'ranks':>5} {'p50 ms':>8} {'p90 ms':>8} {'max ms':>8} "
-        f"{'local':>6} {'busbw':>6}  {'verdict':<16} regression",
+        f"{'local':>6} {'spread':>6} {'busbw':>6}  {'verdict':<16} regression",
     ]
     for r in ladder.rungs:
         bw = f"{r.comm.ratio:.2f}x" if r.comm is not None else "-"
         verdict = r.verdict or "-"
         lines.append(
             f"{r.scope:<9} {r.run[:24]:<24} {r.world_size:>5} {_ms(r.step.p50):>8} "
-            f"{_ms(r.step.p90):>8} {_ms(r.step.max):>8} {r.local_ratio:>5.2f}x {bw:>6}  "
+            f"{_ms(r.step.p90):>8} {_ms(r.step.max):>8} {r.local_ratio:>5.2f}x "
+            f"{r.spread_ratio:>6.0%} {bw:>6}  "
             f"{verdict[:16]:<16} {'YES' if r.regression else 'no'}: {r.why}"
         )
     lines.append("decomposition (mean ms per rank-step):")
@@ -139,10 +140,10 @@ def ladder_dict(ladder: Ladder) -> dict[str, Any]:
         Keys: ``parent_run``, ``reference``, ``reference_local_ns``, ``rungs`` (each with
         ``scope``, ``run``, ``world_size``, ``hosts``, ``step`` {n, mean, p50, p90, p99, max,
         tail_stalls, stall_threshold} in ns, ``decomposition`` (ns), ``local_ns``,
-        ``local_ratio``, ``comm`` {group, op, size, busbw_gbps, reference_gbps, ratio} or
+        ``local_ratio``, ``spread_ratio``, ``comm`` {group, op, size, busbw_gbps, reference_gbps, ratio} or
         null, ``unmatched_points``, ``regression``, ``why``, ``verdict``, ``verdict_score``),
         ``first_scope``, ``first_run``, ``meaning``, ``eliminated``, ``implicated``,
-        ``missing``, ``local_tolerance``, ``comm_tolerance``, ``rule``.
+        ``missing``, ``tolerances`` {local, spread, comm}, ``rule``.
     """
     out = asdict(ladder)
     for rung, obj in zip(out["rungs"], ladder.rungs):

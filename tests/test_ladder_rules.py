@@ -9,7 +9,7 @@ import pytest
 
 from rankscope.collector.schema import OP_INDEX
 from rankscope.diagnosis.synthetic import instance_table, make_groups, make_window, rank_layout
-from rankscope.launch.ladder import build_ladder
+from rankscope.launch.ladder import Tolerances, build_ladder
 
 MS = 1e6
 STEPS = 8
@@ -206,5 +206,5 @@ def test_decomposition_and_distribution_per_rung() -> None:
     assert sum(rung.decomposition.values()) == pytest.approx(rung.step.mean, rel=1e-9)
     assert rung.step.p50 <= rung.step.p90 <= rung.step.max
     assert rung.hosts == ("node0000", "node0001")
-    with pytest.raises(ValueError, match="tolerance"):
-        build_ladder(_window(full, run="full", scope="full", parent=None), [], comm_tolerance=2)
+    with pytest.raises(ValueError, match="tolerance comm"):
+        Tolerances(comm=2)

@@ -52,6 +52,7 @@ def test_ladder_json_round_trips_without_nan() -> None:
     assert [r["scope"] for r in data["rungs"]] == ["one-node", "full"]
     assert data["rungs"][0]["step"]["p50"] == 1e8
     assert data["first_scope"] is None
-    assert "rule" in data and "tolerance" in data["rule"]
+    assert "reference" in data["rule"]
+    assert data["tolerances"] == {"local": 0.1, "spread": 0.05, "comm": 0.25}
     text = "\n".join(ladder_text(ladder))
     assert "first scope with the regression: none" in text
