@@ -147,3 +147,32 @@ def _wait(cond, timeout: float = 20.0) -> None:
             return
         done.wait(0.05)
     raise AssertionError("condition not reached")
+
+
+def test_demo_tui_shows_the_simulated_straggler(tmp_path: Path) -> None:
+    import asyncio
+
+    from rankscope.commands.demo import make_demo_app
+    from rankscope.tui.settings import deterministic_settings
+
+    handles = start_demo(load_scenario("slow-device", ranks=16), 4, pace="fast")
+    try:
+        handles.wait(timeout=30)
+        assert handles.wait_ingested(timeout=30)
+        (slow,) = handles.info.truth["ranks"]
+        app = make_demo_app(handles, settings=deterministic_settings(tmp_path))
+
+        async def drive() -> None:
+            async with app.run_test(size=(120, 36)) as pilot:
+                for _ in range(400):
+                    await pilot.pause(0.02)
+                    if app.model is not None and not any(w.is_running for w in app.workers):
+                        break
+                assert app.model.header.run == handles.run_id
+                assert app.model.header.world_size == 16
+                assert app.model.ranking[0].rank == slow
+                await pilot.press("q")
+
+        asyncio.run(drive())
+    finally:
+        handles.stop()

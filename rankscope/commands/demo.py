@@ -1,8 +1,9 @@
 """``rankscope demo``: a hub and a simulated training cluster in one process.
 
 No GPU and no torch needed: the simulated ranks emit through the real collector path to a
-real hub. Interactive, it prints a live summary every second; ``--headless`` writes a
-recording and exits. `start_demo` is the reusable part (a view only needs its handles).
+real hub. Interactive, it opens the TUI on the hub's live store (or, with ``--view text`` or
+without a terminal, prints a summary every second); ``--headless`` writes a recording and
+exits. `start_demo` is the reusable part: a view only needs its handles.
 """
 
 from __future__ import annotations
@@ -71,6 +72,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-id", default=None, help="run id (default: scenario-seed-scope-xxxx)")
     p.add_argument("--bind", default="tcp://127.0.0.1:0", help="hub data address")
     p.add_argument("--json", action="store_true", help="headless: print the result as JSON")
+    p.add_argument(
+        "--view",
+        choices=("tui", "text"),
+        default=None,
+        help="interactive view (default: tui on a terminal, text otherwise)",
+    )
+    p.add_argument("--config", default=None, help="TUI settings file (see config/default.toml)")
 
 
 @dataclass
@@ -220,6 +228,26 @@ def text_view(handles: DemoHandles, out: TextIO = sys.stdout, every_s: float = 1
         print(summary_line(handles), file=out, flush=True)
 
 
+def make_demo_app(handles: DemoHandles, config: str | None = None, settings: Any = None) -> Any:
+    """The TUI on the demo hub's live store, showing the simulated run.
+
+    Args:
+        handles: the running demo.
+        config: settings file (``--config``); the usual discovery order otherwise.
+        settings: ready settings instead (tests pass deterministic ones).
+
+    Returns:
+        The Textual app, not yet running.
+    """
+    from rankscope.tui.app import make_app
+    from rankscope.tui.settings import load_settings
+    from rankscope.tui.sources import LiveSource
+
+    label = f"demo {handles.scenario.name} @ {handles.hub.endpoint}"
+    settings = settings if settings is not None else load_settings(config)
+    return make_app(settings, LiveSource(handles.hub, label), run=handles.run_id)
+
+
 def _scenario_from_args(args: argparse.Namespace) -> Scenario:
     ranks = DEFAULT_RANKS if args.ranks is None else args.ranks
     return load_scenario(args.scenario, seed=args.seed, ranks=ranks or None)
@@ -247,6 +275,7 @@ def run(args: argparse.Namespace) -> int:
     headless = args.headless
     steps = args.steps or (HEADLESS_STEPS if headless else 10**9)
     pace = args.pace or ("fast" if headless else "realtime")
+    view = args.view or ("tui" if sys.stdout.isatty() else "text")
     argv = ["rankscope", "demo", *sys.argv[2:]] if sys.argv[1:2] == ["demo"] else None
     try:
         handles = start_demo(
@@ -265,6 +294,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         if headless:
+            handles.wait()
+        elif view == "tui":
+            make_demo_app(handles, args.config).run()
+            handles.stop_event.set()
             handles.wait()
         else:
             print(
