@@ -50,94 +50,49 @@ Times inside ``diagnosis`` are ns; the Markdown shows ms.
 from __future__ import annotations
 
 import datetime as _dt
-import json
-import re
-import shutil
-import subprocess
-import tarfile
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from rankscope.diagnosis.window import Window
+from rankscope.snapshot_files import (
+    SCHEMA,
+    Bundle,
+    OpenedSnapshot,
+    SnapshotError,
+    View,
+    load_snapshot,
+    open_snapshot,
+    write_bundle,
+)
 from rankscope.version import __version__
 
-SCHEMA = "rankscope.snapshot/1"
+__all__ = [
+    "DEFAULT_STEPS",
+    "SCHEMA",
+    "Bundle",
+    "OpenedSnapshot",
+    "SnapshotError",
+    "View",
+    "build_content",
+    "load_snapshot",
+    "manifest_highlights",
+    "open_snapshot",
+    "pin_rows",
+    "snapshot_from_source",
+    "take_snapshot",
+    "write_bundle",
+]
+
 DEFAULT_STEPS = 50
 """Steps in a snapshot's window unless told otherwise."""
 
 HIGHLIGHT_SECTIONS = ("versions", "gpu", "job_config", "launcher.kind", "git")
 """Manifest fields (or whole sections) shown as highlights."""
-
-
-class SnapshotError(ValueError):
-    """A snapshot cannot be written or read as asked."""
-
-
-@dataclass(frozen=True)
-class View:
-    """The view a snapshot restores: the TUI's choices when it was taken."""
-
-    run: str | None = None
-    metric: str = "step"
-    group_by: str = "host"
-    pins: tuple[int, ...] = ()
-    baseline_run: str | None = None
-    filter: str = ""
-    zoom: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["pins"] = list(self.pins)
-        return out
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> View:
-        """Read a ``view`` map, rejecting wrongly typed fields by name.
-
-        Raises:
-            SnapshotError: naming the field.
-        """
-
-        def opt_str(key: str) -> str | None:
-            v = data.get(key)
-            if v is not None and not isinstance(v, str):
-                raise SnapshotError(f"view.{key} must be a string, got {type(v).__name__}")
-            return v
-
-        pins = data.get("pins", [])
-        if not isinstance(pins, list) or not all(
-            isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in pins
-        ):
-            raise SnapshotError(f"view.pins must be a list of ranks, got {pins!r}")
-        zoom = data.get("zoom")
-        if zoom is not None and (not isinstance(zoom, int) or isinstance(zoom, bool)):
-            raise SnapshotError(f"view.zoom must be an integer or null, got {zoom!r}")
-        return cls(
-            run=opt_str("run"),
-            metric=opt_str("metric") or "step",
-            group_by=opt_str("group_by") or "host",
-            pins=tuple(pins),
-            baseline_run=opt_str("baseline_run"),
-            filter=opt_str("filter") or "",
-            zoom=zoom,
-        )
-
-
-@dataclass(frozen=True)
-class Bundle:
-    """A written snapshot."""
-
-    folder: Path
-    content: dict[str, Any]
-    """What ``snapshot.json`` holds."""
-    tarball: Path | None = None
-    files: dict[str, str] = field(default_factory=dict)
 
 
 # -- content ------------------------------------------------------------------------------
@@ -288,210 +243,6 @@ def build_content(
     }
 
 
-# -- writing and reading ------------------------------------------------------------------
-
-
-def _safe_name(run: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", run)[:120] or "run"
-
-
-def _png(svg: Path, png: Path) -> str | None:
-    """Convert with rsvg-convert; returns why not when it could not."""
-    exe = shutil.which("rsvg-convert")
-    if exe is None:
-        return "rsvg-convert is not installed (apt-get install librsvg2-bin); screen.svg only"
-    try:
-        done = subprocess.run(
-            [exe, "-o", str(png), str(svg)], capture_output=True, text=True, timeout=60
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"rsvg-convert failed: {exc}"
-    if done.returncode != 0 or not png.exists():
-        return f"rsvg-convert failed: {done.stderr.strip()[:200]}"
-    return None
-
-
-def write_bundle(
-    out: str | Path,
-    content: dict[str, Any],
-    *,
-    manifests: Mapping[str, Mapping[str, Any]],
-    frames: Iterable[tuple[bytes, int]] | None = None,
-    window_note: str | None = None,
-    screen_svg: str | Callable[[dict[str, Any]], str] | None = None,
-    tar: bool = False,
-) -> Bundle:
-    """Write a bundle folder (and optionally ``<folder>.tar.gz``).
-
-    The folder is assembled under a temporary name beside it and renamed at the end, so a
-    failed snapshot never leaves half a bundle under the asked name.
-
-    Args:
-        out: the bundle folder; it must not exist yet (or be empty).
-        content: from `build_content`; ``window``, ``files`` and ``reopen`` are filled here.
-        manifests: run id -> manifest, for every run involved (the first is the snapshot's).
-        frames: recorded messages for ``window/`` (see `window_frames`), or None.
-        window_note: why there is no ``window/`` when ``frames`` is None.
-        screen_svg: the screen as SVG text, or a function drawing it from the content.
-        tar: also write ``<folder>.tar.gz``.
-
-    Returns:
-        The bundle.
-
-    Raises:
-        SnapshotError: the folder exists and is not empty, or cannot be written.
-    """
-    from rankscope.hub.recording import RecordingWriter
-    from rankscope.snapshot_markdown import render_markdown
-
-    folder = Path(out)
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-        raise SnapshotError(f"snapshot folder {str(folder)!r} exists and is not empty")
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    content["reopen"] = f"rankscope open {folder}"
-    try:
-        files: dict[str, str] = {}
-        win = content["window"]
-        if frames is not None:
-            writer = RecordingWriter(work / "window", info={"snapshot_of": content["run"]})
-            n, runs = 0, set()
-            try:
-                for payload, t_recv in frames:
-                    writer.append(payload, t_recv)
-                    n += 1
-            finally:
-                writer.close()
-            (work / "window" / "lock").unlink(missing_ok=True)
-            runs = {content["run"]} | (
-                {content["baseline"]["run"]} if content["baseline"] else set()
-            )
-            win.update(path="window", frames=n, runs=sorted(runs))
-            files["window"] = "window/"
-        else:
-            win["note"] = window_note or "no recording was available to copy"
-        run_manifests = dict(manifests)
-        first = next(iter(run_manifests.values()), {})
-        (work / "manifest.json").write_text(json.dumps(first, indent=1, default=str) + "\n")
-        files["manifest"] = "manifest.json"
-        (work / "manifests").mkdir()
-        for run, man in run_manifests.items():
-            name = f"manifests/{_safe_name(run)}.json"
-            (work / name).write_text(json.dumps(man, indent=1, default=str) + "\n")
-            files[f"manifest:{run}"] = name
-        if callable(screen_svg):
-            screen_svg = screen_svg(content)
-        if screen_svg is not None:
-            (work / "screen.svg").write_text(screen_svg, encoding="utf-8")
-            files["svg"] = "screen.svg"
-            why = _png(work / "screen.svg", work / "screen.png")
-            if why is None:
-                files["png"] = "screen.png"
-            else:
-                files["png_note"] = why
-        else:
-            files["png_note"] = "no screen was given"
-        files["markdown"] = "snapshot.md"
-        files["json"] = "snapshot.json"
-        content["files"] = files
-        (work / "snapshot.json").write_text(
-            json.dumps(content, indent=1, allow_nan=False, default=str) + "\n"
-        )
-        (work / "snapshot.md").write_text(render_markdown(content), encoding="utf-8")
-        if folder.exists():
-            folder.rmdir()
-        work.chmod(0o755)  # mkdtemp makes it private; a bundle is meant to be shared
-        work.rename(folder)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    tarball = None
-    if tar:
-        tarball = folder.with_name(folder.name + ".tar.gz")
-        with tarfile.open(tarball, "w:gz") as tf:
-            tf.add(folder, arcname=folder.name)
-    return Bundle(folder=folder, content=content, tarball=tarball, files=files)
-
-
-def _extract(tarball: Path) -> Path:
-    """Unpack a bundle archive into a temporary folder, refusing paths that leave it."""
-    dest = Path(tempfile.mkdtemp(prefix="rankscope-snapshot-"))
-    with tarfile.open(tarball, "r:gz") as tf:
-        for m in tf.getmembers():
-            target = (dest / m.name).resolve()
-            if not (m.isfile() or m.isdir()) or not target.is_relative_to(dest.resolve()):
-                shutil.rmtree(dest, ignore_errors=True)
-                raise SnapshotError(f"{tarball}: refusing archive member {m.name!r}")
-        tf.extractall(dest)  # every member was checked above
-    tops = [p for p in dest.iterdir() if p.is_dir()]
-    return tops[0] if len(tops) == 1 else dest
-
-
-def load_snapshot(path: str | Path) -> tuple[dict[str, Any], Path]:
-    """Read a snapshot: its folder, its ``snapshot.json`` or its ``.tar.gz``.
-
-    Args:
-        path: where the snapshot is.
-
-    Returns:
-        ``(content, folder)``; a ``.tar.gz`` is unpacked into a temporary folder.
-
-    Raises:
-        SnapshotError: naming what is wrong (missing, not a snapshot, other version).
-    """
-    p = Path(path)
-    if not p.exists():
-        raise SnapshotError(f"no snapshot at {str(p)!r}")
-    if p.is_file() and p.name.endswith((".tar.gz", ".tgz")):
-        p = _extract(p)
-    folder = p.parent if p.is_file() else p
-    doc = folder / "snapshot.json"
-    try:
-        content = json.loads(doc.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SnapshotError(f"{str(folder)!r} is not a snapshot (no snapshot.json)") from None
-    except (OSError, ValueError) as exc:
-        raise SnapshotError(f"{doc}: cannot be read: {exc}") from None
-    if not isinstance(content, dict) or not str(content.get("schema", "")).startswith(
-        "rankscope.snapshot/"
-    ):
-        raise SnapshotError(f"{doc}: not a rankscope snapshot (schema {content.get('schema')!r})")
-    if content["schema"] != SCHEMA:
-        raise SnapshotError(f"{doc}: schema {content['schema']!r}, this rankscope reads {SCHEMA}")
-    return content, folder
-
-
-@dataclass(frozen=True)
-class OpenedSnapshot:
-    """What a viewer needs to reopen a snapshot as it was taken."""
-
-    content: dict[str, Any]
-    folder: Path
-    recording: Path | None
-    """The ``window/`` recording, or None when the bundle has none."""
-    view: View
-
-
-def open_snapshot(path: str | Path) -> OpenedSnapshot:
-    """Locate a snapshot's recording and view, for ``rankscope open SNAPSHOT``.
-
-    Args:
-        path: the snapshot folder, its ``snapshot.json`` or its ``.tar.gz``.
-
-    Returns:
-        The content, the ``window/`` recording and the `View` to restore.
-
-    Raises:
-        SnapshotError: naming what is wrong.
-    """
-    content, folder = load_snapshot(path)
-    rel = (content.get("window") or {}).get("path")
-    recording = folder / rel if rel else None
-    if recording is not None and not recording.is_dir():
-        raise SnapshotError(f"{folder}: snapshot.json names {rel!r}, which is missing")
-    return OpenedSnapshot(content, folder, recording, View.from_dict(content.get("view") or {}))
-
-
 def take_snapshot(
     out: str | Path,
     window: Window,
@@ -592,4 +343,63 @@ def take_snapshot(
         window_note=None if recording is not None else "the hub was not recording",
         screen_svg=screen_svg,
         tar=tar,
+    )
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "_.-" else "_" for c in text)[:80] or "run"
+
+
+def snapshot_from_source(
+    folder: str | Path,
+    source: Any,
+    view: View,
+    *,
+    last: int = DEFAULT_STEPS,
+    screen_svg: str | Callable[[dict[str, Any]], str] | None = None,
+    diagnosis: dict[str, Any] | None = None,
+    tar: bool = False,
+) -> Bundle:
+    """The TUI's ``ctrl+s``: snapshot what a viewer shows into a new folder under ``folder``.
+
+    Args:
+        folder: where bundles go; the bundle is ``snapshot-<run>-<UTC time>`` inside it.
+        source: the viewer's source (``runs()``, ``window(run, last)``); its recording is
+            ``source.path`` (a replayed recording) or ``source.hub.record_dir`` (a live hub,
+            whose recorder is flushed first).
+        view: the view to restore; ``view.run`` (default: the newest run) is snapshotted and
+            ``view.baseline_run`` is its baseline.
+        last: steps in the window.
+        screen_svg: the screen (``App.export_screenshot()``).
+        diagnosis: the viewer's latest diagnosis as ``serialize.to_dict`` data, if current.
+        tar: also write a ``.tar.gz``.
+
+    Returns:
+        The bundle.
+
+    Raises:
+        SnapshotError: no run to snapshot, or the bundle cannot be written.
+    """
+    runs = list(source.runs())
+    run = view.run or (runs[-1].run if runs else None)
+    window = source.window(run, last) if run is not None else None
+    if run is None or window is None:
+        raise SnapshotError("nothing to snapshot yet: no run has reported a step")
+    baseline = source.window(view.baseline_run, last) if view.baseline_run else None
+    reruns = [source.window(e.run, last) for e in runs if getattr(e, "parent_run", None) == run]
+    hub = getattr(source, "hub", None)
+    recording = getattr(source, "path", None) or getattr(hub, "record_dir", None)
+    recorder = getattr(hub, "recorder", None)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    return take_snapshot(
+        Path(folder) / f"snapshot-{_safe(run)}-{stamp}",
+        window,
+        recording=recording,
+        baseline=baseline,
+        diagnosis=diagnosis,
+        reruns=[w for w in reruns if w is not None],
+        view=View(**{**asdict(view), "run": run}),
+        screen_svg=screen_svg,
+        tar=tar,
+        flush=recorder.flush if recorder is not None else None,
     )
