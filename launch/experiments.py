@@ -18,12 +18,17 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from rankscope.diagnosis.experiment import METRICS, evaluate
+from rankscope.diagnosis.window import Window
 from rankscope.launch.safety import UnsafeValueError, check_value
 
 __all__ = [
     "DIRECTIONS",
     "ExperimentError",
     "ExperimentRecord",
+    "evaluate_experiment",
     "experiments_dir",
     "list_experiments",
     "load_experiment",
@@ -125,7 +130,7 @@ def record_experiment(
         record: the recording folder.
         hypothesis: mechanism under test.
         change: the one change.
-        metric: diagnostic metric predicted to move.
+        metric: diagnostic metric predicted to move (``diagnosis.experiment.METRICS``).
         direction: ``down`` or ``up``.
         rejection: the observation that would reject the hypothesis.
         id: record id (default ``NNN-<hypothesis>``, numbered after the existing ones).
@@ -150,6 +155,11 @@ def record_experiment(
             raise ExperimentError(f"{name} is empty: an experiment states it before the run")
     if direction not in DIRECTIONS:
         raise ExperimentError(f"direction {direction!r}: expected one of {', '.join(DIRECTIONS)}")
+    if metric.strip() not in METRICS:
+        # A prediction about something the diagnosis cannot measure can never be judged.
+        raise ExperimentError(
+            f"unknown metric {metric!r}; measurable: {', '.join(sorted(METRICS))}"
+        )
     folder = experiments_dir(record)
     folder.mkdir(parents=True, exist_ok=True)
     if id is None:
@@ -263,3 +273,47 @@ def save_evaluation(
     )
     _write(experiments_dir(record) / f"{id}.json", rec)
     return rec
+
+
+def _first_step_ns(window: Window) -> int | None:
+    t = np.where(window.present, window.t_start, np.nan)
+    if not np.isfinite(t).any():
+        return None
+    return int(window.t0_ns + float(np.nanmin(t)))
+
+
+def evaluate_experiment(
+    record: str | Path, id: str, before: Window, after: Window, *, now_ns: int | None = None
+) -> ExperimentRecord:
+    """Judge a recorded experiment from its before and after runs and save the result.
+
+    The judgement is `rankscope.diagnosis.experiment.evaluate` (verdict supported /
+    rejected / improved_other, distributions, closed accounting). Added here:
+    ``recorded_before_after_run`` — whether the prediction was written before the first
+    step of the after-run that was analysed, so a prediction fitted to its result shows.
+
+    Args:
+        record: the recording folder.
+        id: the experiment id.
+        before: window of the run before the change.
+        after: window of the run with the change.
+        now_ns: evaluation time (default: now).
+
+    Returns:
+        The updated record (``evaluation`` holds the plain-data result).
+
+    Raises:
+        ExperimentError: unknown id, or the record cannot be judged.
+    """
+    rec = load_experiment(record, id)
+    try:
+        result = evaluate(before, after, rec)
+    except ValueError as exc:
+        raise ExperimentError(f"experiment {id!r}: {exc}") from None
+    data = result.to_dict()
+    first = _first_step_ns(after)
+    data["recorded_before_after_run"] = None if first is None else bool(rec.created_ns < first)
+    data["after_first_step_ns"] = first
+    return save_evaluation(
+        record, id, before_run=before.run, after_run=after.run, evaluation=data, now_ns=now_ns
+    )

@@ -1,0 +1,131 @@
+"""``rankscope experiment``: write a falsifiable prediction before the run, judge it after.
+
+    rankscope experiment record PATH --hypothesis data_imbalance \\
+        --change "packer balances attention cost" --metric entry_spread --direction down \\
+        --rejection "entry spread unchanged while transfer stays flat"
+    rankscope experiment evaluate PATH --id 001-data_imbalance --before RUN --after RUN
+    rankscope experiment list PATH
+
+Records live beside the recording in ``PATH/experiments/<id>.json``; the evaluation
+(`rankscope.diagnosis.experiment`) is added to the same file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+
+from rankscope.commands.rerun import DEFAULT_LAST, load_store
+
+HELP = "Record an experiment's prediction before the run; evaluate it after; list them"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    rec = sub.add_parser("record", help="write the prediction (before the run)")
+    rec.add_argument("path", metavar="PATH", help="recording directory")
+    rec.add_argument("--hypothesis", required=True, help="mechanism under test")
+    rec.add_argument("--change", required=True, help="the one change the run makes")
+    rec.add_argument("--metric", required=True, help="diagnostic metric predicted to move")
+    rec.add_argument("--direction", required=True, choices=("down", "up"))
+    rec.add_argument("--rejection", required=True, help="the observation that would reject it")
+    rec.add_argument("--id", default=None, help="record id (default NNN-<hypothesis>)")
+    rec.add_argument("--run", default=None, help="the run the experiment starts from")
+    rec.add_argument("--scope", default=None, help="scope the experiment runs at")
+    rec.add_argument("--json", action="store_true")
+
+    ev = sub.add_parser("evaluate", help="judge a recorded prediction from two runs")
+    ev.add_argument("path", metavar="PATH", help="recording directory")
+    ev.add_argument("--id", required=True, help="experiment id")
+    ev.add_argument("--before", required=True, help="run without the change")
+    ev.add_argument("--after", required=True, help="run with the change")
+    ev.add_argument("--last", type=int, default=DEFAULT_LAST, help="steps of each run")
+    ev.add_argument("--json", action="store_true")
+
+    ls = sub.add_parser("list", help="list the experiments of a recording")
+    ls.add_argument("path", metavar="PATH", help="recording directory")
+    ls.add_argument("--json", action="store_true")
+
+
+def _print_record(rec, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(asdict(rec), indent=2, allow_nan=False))
+        return
+    print(f"experiment {rec.id} ({rec.status}), recorded {rec.created}")
+    print(f"  hypothesis: {rec.hypothesis}")
+    print(f"  change:     {rec.change}")
+    print(f"  predicts:   {rec.metric} goes {rec.direction}")
+    print(f"  rejected if: {rec.rejection}")
+    ev = rec.evaluation
+    if ev is None:
+        return
+    print(f"  before {rec.before_run} -> after {rec.after_run}: {ev.get('verdict')}")
+    before, after, change = ev.get("before"), ev.get("after"), ev.get("change")
+    if isinstance(before, (int, float)) and isinstance(after, (int, float)):
+        pct = f" ({change:+.1%})" if isinstance(change, (int, float)) else ""
+        print(f"  {rec.metric}: {before:.4g} -> {after:.4g}{pct}")
+    sb, sa = ev.get("step_before") or {}, ev.get("step_after") or {}
+    if sb.get("p50") is not None and sa.get("p50") is not None:
+        print(
+            f"  step p50 {sb['p50'] / 1e6:.1f} -> {sa['p50'] / 1e6:.1f} ms, "
+            f"p90 {sb['p90'] / 1e6:.1f} -> {sa['p90'] / 1e6:.1f} ms"
+        )
+    print(f"  accounting closed: {ev.get('accounting_closed')}")
+    if ev.get("recorded_before_after_run") is False:
+        print("  warning: the prediction was recorded after the after-run had started")
+    for note in ev.get("notes") or ():
+        print(f"  note: {note}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rankscope.launch.experiments import (
+        ExperimentError,
+        evaluate_experiment,
+        list_experiments,
+        record_experiment,
+    )
+
+    try:
+        if args.action == "record":
+            rec = record_experiment(
+                args.path,
+                hypothesis=args.hypothesis,
+                change=args.change,
+                metric=args.metric,
+                direction=args.direction,
+                rejection=args.rejection,
+                id=args.id,
+                parent_run=args.run,
+                scope=args.scope,
+            )
+            _print_record(rec, args.json)
+            return 0
+        if args.action == "list":
+            recs = list_experiments(args.path)
+            if args.json:
+                print(json.dumps([asdict(r) for r in recs], indent=2, allow_nan=False))
+            else:
+                for r in recs:
+                    runs = f"  {r.before_run} -> {r.after_run}" if r.after_run else ""
+                    print(
+                        f"{r.id:<28} {r.status:<15} {r.hypothesis}: {r.metric} {r.direction}{runs}"
+                    )
+            return 0
+        store = load_store(args.path, args.last)
+        known = {r.run for r in store.runs()}
+        for name in (args.before, args.after):
+            if name not in known:
+                raise ExperimentError(f"no run {name!r} in {args.path}; runs: {sorted(known)}")
+        rec = evaluate_experiment(
+            args.path,
+            args.id,
+            store.window(args.before, last=args.last),
+            store.window(args.after, last=args.last),
+        )
+        _print_record(rec, args.json)
+        return 0
+    except ExperimentError as exc:
+        print(f"rankscope experiment: {exc}", file=sys.stderr)
+        return 2
