@@ -121,3 +121,29 @@ def test_parse_listen(spec, want) -> None:
 def test_parse_listen_rejects_bad_specs(spec) -> None:
     with pytest.raises(ValueError, match="--prometheus"):
         parse_listen(spec)
+
+
+def test_endpoint_over_a_live_hub_store(tmp_path) -> None:
+    """The real Store (run summaries, settling) behind the endpoint, scraped over HTTP."""
+    from rankscope.commands.demo import start_demo
+    from rankscope.sim import load_scenario
+
+    handles = start_demo(load_scenario("network-rail", ranks=16, seed=2), 6, pace="fast")
+    try:
+        handles.wait(timeout=60)
+        assert handles.wait_ingested()
+        source = store_source(handles.hub.store, last=6)
+        with PrometheusEndpoint(source, port=0, addr="127.0.0.1") as ep:
+            url = f"http://127.0.0.1:{ep.port}/metrics"
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                got = _samples(resp.read().decode())
+    finally:
+        handles.stop()
+    steps = got["rankscope_rank_step_seconds"]
+    assert len(steps) == 16 and all(s.labels["run"] == handles.run_id for s in steps)
+    assert all(0 < s.value < 60 for s in steps)
+    assert got["rankscope_run_last_step"][0].value == 5
+    assert sum(s.value for s in got["rankscope_rank_times_last"]) == sum(
+        s.value for s in got["rankscope_group_instances"]
+    )
+    assert all(s.value > 0 for s in got["rankscope_group_busbw_bytes_per_second"])
