@@ -63,6 +63,10 @@ class Matched:
     """float64 per input row: ``last`` of its instance."""
     row_is_last: np.ndarray
     """bool per input row: this row is its instance's last arriver."""
+    row_enter: np.ndarray
+    """float64 per input row: ``t_enter`` relative to ``t0_ns``."""
+    row_exit: np.ndarray
+    """float64 per input row: ``t_exit`` relative to ``t0_ns`` (NaN unknown)."""
     t0_ns: int
     """Origin of the relative times above."""
 
@@ -146,6 +150,16 @@ def segment_nanmedian(values: np.ndarray, starts: np.ndarray, counts: np.ndarray
     out = np.full(n_seg, np.nan)
     if n_seg == 0:
         return out
+    c0 = int(counts[0])
+    if c0 * n_seg == values.shape[0] and (counts == c0).all():
+        # Every segment has the same size: one (segments, size) block, no index building.
+        block = np.sort(values.reshape(n_seg, c0), axis=1)
+        if not np.isnan(block[:, -1]).any():
+            return 0.5 * (block[:, (c0 - 1) // 2] + block[:, c0 // 2])
+        valid = c0 - np.isnan(block).sum(axis=1)
+        rows = np.arange(n_seg)
+        med = 0.5 * (block[rows, np.maximum((valid - 1) // 2, 0)] + block[rows, valid // 2])
+        return np.where(valid > 0, med, np.nan)
     sizes = np.unique(counts)
     if sizes.shape[0] <= _MEDIAN_BUCKETS:
         for c in sizes:
@@ -217,28 +231,40 @@ def match(
         raise ValueError("collective rows with unknown t_enter cannot be matched")
     if n == 0:
         return _empty_match(t0_ns)
-    parts = [group, seq] if epoch is None else [np.asarray(epoch, dtype=np.int64), group, seq]
+    parts = [group, seq]
+    if epoch is not None:
+        epoch = np.asarray(epoch, dtype=np.int64)
+        if epoch.min() != epoch.max():
+            parts.insert(0, epoch)
     order, new = _segment_keys(parts)
     starts = np.flatnonzero(new)
     counts = np.diff(np.append(starts, n))
-    inst_s = np.cumsum(new) - 1  # instance of each sorted row
+    k = starts.shape[0]
+    head = order[starts]  # original index of each instance's first sorted row
 
     enter_s = enter[order]
     rank_s = rank[order]
     first = np.minimum.reduceat(enter_s, starts)
     last = np.maximum.reduceat(enter_s, starts)
-    at_last = enter_s == last[inst_s]
-    big = np.iinfo(np.int64).max
-    last_rank = np.minimum.reduceat(np.where(at_last, rank_s, big), starts)
-    is_last_s = at_last & (rank_s == last_rank[inst_s])
-    # One row per instance is the last arriver; the runner-up is the max of the others.
-    dup = np.cumsum(is_last_s) - np.repeat(np.cumsum(is_last_s)[starts] - is_last_s[starts], counts)
-    is_last_s &= dup == 1
-    second = np.maximum.reduceat(np.where(is_last_s, -np.inf, enter_s), starts)
-    margin = np.where(counts > 1, last - second, np.nan)
+    last_b = np.repeat(last, counts)
+    at_last = enter_s == last_b
+    masked = rank_s.copy()
+    masked[~at_last] = np.iinfo(np.int64).max
+    last_rank = np.minimum.reduceat(masked, starts)
+    is_last_s = at_last & (rank_s == np.repeat(last_rank, counts))
+    if (np.add.reduceat(is_last_s, starts) > 1).any():
+        # The same rank twice at the latest entry: keep its first row as the last arriver.
+        run = np.cumsum(is_last_s)
+        before = np.repeat(run[starts] - is_last_s[starts], counts)
+        is_last_s &= run - before == 1
+    e2 = enter_s.copy()
+    e2[is_last_s] = -np.inf
+    margin = last - np.maximum.reduceat(e2, starts)
+    margin[counts == 1] = np.nan
 
-    exit_s = relative_ns(rows["t_exit"], t0_ns)[order]
-    transfer = segment_nanmedian(exit_s - last[inst_s], starts, counts)
+    exit_ = relative_ns(rows["t_exit"], t0_ns)
+    exit_s = exit_[order]
+    transfer = segment_nanmedian(exit_s - last_b, starts, counts)
     flags_s = _column(rows, "flags", n)[order]
     dev = (flags_s & FLAG_DEVICE_TIMED) != 0
     if dev.any():
@@ -246,23 +272,27 @@ def match(
         te = relative_ns(rows["t_end"], t0_ns)[order]
         ts_dev = np.where(dev & ~np.isnan(ts), ts, -np.inf)
         max_start = np.maximum.reduceat(ts_dev, starts)
-        y = np.where(dev, te - max_start[inst_s], np.nan)
+        y = np.where(dev, te - np.repeat(max_start, counts), np.nan)
         y[~np.isfinite(y)] = np.nan
         device_transfer = segment_nanmedian(y, starts, counts)
     else:
-        device_transfer = np.full(starts.shape[0], np.nan)
-    nbytes_s = _column(rows, "nbytes", n)[order].astype(np.float64)
-    nbytes = np.rint(segment_nanmedian(nbytes_s, starts, counts)).astype(np.int64)
-    step_s = _column(rows, "step", n)[order].astype(np.int64)
-    step = np.maximum.reduceat(np.where(is_last_s, step_s, np.iinfo(np.int64).min), starts)
+        device_transfer = np.full(k, np.nan)
+    nbytes_s = _column(rows, "nbytes", n)[order]
+    lo = np.minimum.reduceat(nbytes_s, starts)
+    if (lo == np.maximum.reduceat(nbytes_s, starts)).all():
+        nbytes = lo.astype(np.int64)  # the usual case: every member moves the same size
+    else:
+        med = segment_nanmedian(nbytes_s.astype(np.float64), starts, counts)
+        nbytes = np.rint(med).astype(np.int64)
+    last_row = order[np.flatnonzero(is_last_s)]  # one per instance, in instance order
 
-    g = group[order][starts].astype(np.int32)
-    n_members = _sizes_of(g.astype(np.int64), group_sizes)
+    g = group[head].astype(np.int32)
+    n_members = _sizes_of(group[head], group_sizes)
     instances = InstanceTable(
         group=g,
-        seq=seq[order][starts],
-        step=step,
-        op=_column(rows, "op", n)[order][starts].astype(np.int8),
+        seq=seq[head],
+        step=_column(rows, "step", n)[last_row].astype(np.int64),
+        op=_column(rows, "op", n)[head].astype(np.int8),
         nbytes=nbytes,
         n_members=n_members,
         n_arrived=counts.astype(np.int32),
@@ -275,9 +305,9 @@ def match(
         device_transfer=device_transfer,
     )
     row_instance = np.empty(n, dtype=np.int64)
-    row_instance[order] = inst_s
-    row_is_last = np.empty(n, dtype=bool)
-    row_is_last[order] = is_last_s
+    row_instance[order] = np.repeat(np.arange(k), counts)
+    row_is_last = np.zeros(n, dtype=bool)
+    row_is_last[last_row] = True
     return Matched(
         instances=instances,
         complete=(n_members > 0) & (counts >= n_members),
@@ -285,6 +315,8 @@ def match(
         row_first=first[row_instance],
         row_last=last[row_instance],
         row_is_last=row_is_last,
+        row_enter=enter,
+        row_exit=exit_,
         t0_ns=int(t0_ns),
     )
 
@@ -319,6 +351,8 @@ def _empty_match(t0_ns: int) -> Matched:
         row_first=e,
         row_last=e.copy(),
         row_is_last=np.zeros(0, dtype=bool),
+        row_enter=e.copy(),
+        row_exit=e.copy(),
         t0_ns=int(t0_ns),
     )
 
@@ -365,36 +399,43 @@ def row_contributions(
         cut: per-row :func:`async_cut` (relative to ``matched.t0_ns``); computed when None.
 
     Returns:
-        Name -> float64 per row.
+        Name -> float64 per row (entries may share one array: treat them as read-only).
     """
     n = _check_rows(rows)
-    t0 = matched.t0_ns
-    enter = relative_ns(rows["t_enter"], t0)
-    dur = np.nan_to_num(relative_ns(rows["t_exit"], t0) - enter)
-    dur = np.maximum(dur, 0.0)
+    enter = matched.row_enter
+    dur = matched.row_exit - enter
+    dur[~(dur > 0)] = 0.0  # unknown (NaN) or negative: no time inside
     exit_ = enter + dur
-    first, last = matched.row_first, matched.row_last
+    last = matched.row_last
     done = matched.complete[matched.row_instance]
-    wait = np.where(done, np.clip(last - enter, 0.0, dur), 0.0)
-    transfer = np.where(done, np.maximum(exit_ - np.maximum(enter, last), 0.0), 0.0)
+    wait = np.clip(last - enter, 0.0, dur)
+    transfer = exit_ - np.maximum(enter, last)
+    np.maximum(transfer, 0.0, out=transfer)
+    late = enter - matched.row_first
+    if not done.all():
+        for a in (wait, transfer, late):
+            a[~done] = 0.0
     flags = np.asarray(rows["flags"])
     is_async = (flags & ASYNC_FLAGS) != 0
-    if cut is None:
-        cut = async_cut(rows["rank"], rows["step"], rows["t_enter"], flags, t0)
-    c = np.where(is_async, np.nan_to_num(cut, nan=-np.inf), -np.inf)
-    # Wait occupies [enter, enter + wait] and transfer [exit - transfer, exit]; only what
-    # lies after the cut is exposed (a blocking row has cut -inf).
-    exposed_wait = np.maximum(enter + wait - np.maximum(enter, c), 0.0)
-    exposed_transfer = np.maximum(exit_ - np.maximum(exit_ - transfer, c), 0.0)
+    if is_async.any():
+        if cut is None:
+            cut = async_cut(rows["rank"], rows["step"], rows["t_enter"], flags, matched.t0_ns)
+        c = np.where(is_async, np.nan_to_num(cut, nan=-np.inf), -np.inf)
+        # Wait occupies [enter, enter + wait] and transfer [exit - transfer, exit]; only
+        # what lies after the cut is exposed (a blocking row has cut -inf).
+        exposed_wait = np.maximum(enter + wait - np.maximum(enter, c), 0.0)
+        exposed_transfer = np.maximum(exit_ - np.maximum(exit_ - transfer, c), 0.0)
+    else:
+        exposed_wait, exposed_transfer = wait, transfer  # blocking: all of it is exposed
     return {
         "n": np.ones(n),
         "coll_ns": dur,
         "wait_ns": wait,
         "transfer_ns": transfer,
-        "late_ns": np.where(done, enter - first, 0.0),
+        "late_ns": late,
         "times_last": (done & matched.row_is_last).astype(np.float64),
-        "exposed_wait_ns": np.where(done, exposed_wait, 0.0),
-        "exposed_transfer_ns": np.where(done, exposed_transfer, 0.0),
+        "exposed_wait_ns": exposed_wait,
+        "exposed_transfer_ns": exposed_transfer,
     }
 
 

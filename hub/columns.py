@@ -10,8 +10,8 @@ import numpy as np
 class Columns:
     """A table of equal-length numpy columns with amortised O(1) append of whole batches.
 
-    Capacity doubles when full and halves when a `keep` leaves it mostly empty, so memory
-    follows the live row count.
+    Capacity doubles when full and halves after many `keep` calls that left it mostly empty,
+    so memory follows the live row count without churning.
     """
 
     def __init__(self, dtypes: Mapping[str, np.dtype | type], capacity: int = 1024) -> None:
@@ -19,6 +19,7 @@ class Columns:
         self._min = max(int(capacity), 16)
         self._cols = {name: np.empty(self._min, dt) for name, dt in self.dtypes.items()}
         self.n = 0
+        self._quiet = 0
 
     def __len__(self) -> int:
         return self.n
@@ -73,9 +74,13 @@ class Columns:
         for col in self._cols.values():
             col[:m] = col[idx]
         self.n = m
+        # Give memory back only after a long quiet spell: shrinking and regrowing every
+        # pass would fault fresh pages in on every append.
         cap = self.capacity
-        if cap > self._min and m < cap // 4:
+        self._quiet = self._quiet + 1 if cap > self._min and m < cap // 8 else 0
+        if self._quiet >= 64:
             self._resize(max(self._min, cap // 2))
+            self._quiet = 0
 
     def clear(self) -> None:
         self.n = 0

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from rankscope.collector import schema
-from rankscope.diagnosis.arrivals import async_cut
+from rankscope.diagnosis.arrivals import ASYNC_FLAGS, async_cut
 from rankscope.diagnosis.window import (
     COLL_AGGREGATES,
     MEMORY_COLUMNS,
@@ -26,7 +26,6 @@ from rankscope.hub.columns import Columns
 
 _ROW_DTYPES = {"rank": np.dtype(np.int32), **schema.COLL_COLUMNS}
 _PENDING_DTYPES = {**_ROW_DTYPES, "epoch": np.dtype(np.int64), "cut": np.dtype(np.float64)}
-_RAW_DTYPES = {**_ROW_DTYPES}
 _INSTANCE_DTYPES = {
     "group": np.int32,
     "seq": np.int64,
@@ -104,14 +103,22 @@ class RunState:
         self.memory = {n: np.full((R, H), np.nan) for n in MEMORY_COLUMNS}
         self.phases = {n: np.zeros((R, H)) for n in schema.PHASES}
         self.coll = {n: np.zeros((R, H)) for n in COLL_AGGREGATES}
-        # Collectives.
+        # Ingest only records references to the message columns; the periodic pass
+        # (store.settle) and readers apply them in vectorized batches.
+        self._staged_steps: list[tuple[int, np.ndarray, Mapping[str, np.ndarray], Any]] = []
+        self._staged_phases: list[tuple[int, int, Mapping[str, np.ndarray], Any, np.ndarray]] = []
+        self._parts: list[tuple[int, int, Mapping[str, np.ndarray], np.ndarray | None]] = []
         self.pending = Columns(_PENDING_DTYPES, 4096)
-        self.pending_counted = 0
-        self.raw = Columns(_RAW_DTYPES, 4096)
+        """Collective rows left incomplete by the last pass."""
+        self.pending_rows = 0
+        """Rows waiting for the next pass (left over plus newly arrived)."""
+        self._raw_parts: list[tuple[int, int, Mapping[str, np.ndarray]]] = []
+        self._luts: dict[tuple[str, ...], np.ndarray] = {}
         self.instances = Columns(_INSTANCE_DTYPES, 1024)
         self.samples = Columns(_SAMPLE_DTYPES, 256)
         self.finished = Columns({"step": np.int64, "step_ns": np.float64, "nrep": np.int32}, 256)
         self._trimmed_at: int | None = None
+        self._raw_base = -(2**62)
         # Lifetime per-rank totals.
         self.life_rows = np.zeros(R, np.int64)
         self.life_done = np.zeros(R, np.int64)
@@ -186,6 +193,7 @@ class RunState:
         return out
 
     def _evict(self, slot: int) -> None:
+        self.flush()
         step = int(self.slot_step[slot])
         ns, nrep = self._slot_step_ns(np.array([slot]))
         self.finished.append({"step": step, "step_ns": ns[0], "nrep": nrep[0]}, 1)
@@ -222,11 +230,18 @@ class RunState:
             self._lookup_dirty = False
         if self._keys.shape[0] == 0:
             return np.full(steps.shape[0], -1, np.int64)
-        pos = np.clip(np.searchsorted(self._keys, steps), 0, self._keys.shape[0] - 1)
+        pos = np.minimum(np.searchsorted(self._keys, steps), self._keys.shape[0] - 1)
         return np.where(self._keys[pos] == steps, self._vals[pos], -1)
 
     def has_steps(self, rank: int, inc: int, steps: np.ndarray) -> np.ndarray:
         """Which of ``steps`` this rank's incarnation ``inc`` already reported."""
+        if steps.shape[0] <= 8:  # the usual message holds a step or a few: skip numpy
+            out = np.zeros(steps.shape[0], bool)
+            for i, s in enumerate(steps.tolist()):
+                slot = self.slot_of.get(s)
+                if slot is not None and self.present[rank, slot]:
+                    out[i] = self.cell_inc[rank, slot] >= inc
+            return out
         slots = self.lookup(np.asarray(steps, np.int64))
         ok = slots >= 0
         s = np.where(ok, slots, 0)
@@ -244,8 +259,9 @@ class RunState:
         ok &= self.present[r, s] & (self.cell_inc[r, s] == epoch)
         return r * self.H + s, ok
 
-    def fold(self, cell: np.ndarray, values: Mapping[str, np.ndarray]) -> None:
-        for name, v in values.items():
+    def fold(self, values: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> None:
+        """Add ``values[name] = (cells, amounts)`` into the collective aggregates."""
+        for name, (cell, v) in values.items():
             np.add.at(self.coll[name].reshape(-1), cell, v)
 
     def window_slots(self, last: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -273,103 +289,199 @@ class RunState:
         tables: Mapping[str, Mapping[str, np.ndarray]],
         keep: np.ndarray | None,
     ) -> tuple[int, int]:
-        """Apply a validated steps message. Returns (steps too old for the ring, rows)."""
+        """Take a validated steps message. Returns (steps too old for the ring, rows).
+
+        Presence is marked at once (duplicate detection needs it); values are staged and
+        written by `flush`, collective rows wait for the store's pass.
+        """
         r, inc = int(h["rank"]), int(h["inc"])
         if not self._t0_set:
             self._set_t0(tables)
         st = tables["steps"]
-        if keep is None:
-            keep = np.ones(st["step"].shape[0], bool)
-        idx = np.flatnonzero(keep)
-        # Steps none of whose rows survived: their phase and collective rows go too.
-        dropped = np.setdiff1d(st["step"][~keep], st["step"][keep])
-        slots = self._alloc(st["step"][idx])
-        ok = slots >= 0
-        late = int((~ok).sum())
-        idx, sl = idx[ok], slots[ok]
-        if sl.shape[0]:
-            old = self.present[r, sl] & (self.cell_inc[r, sl] != inc)
-            if old.any():
-                self._clear(r, sl[old])
-            self.present[r, sl] = True
-            self.cell_inc[r, sl] = inc
-            self.t_start[r, sl] = st["t_start"][idx]
-            self.t_end[r, sl] = st["t_end"][idx]
-            for grids in (self.work, self.memory):
-                for name, a in grids.items():
-                    col = st[name][idx]
-                    v = col.astype(np.float64)
-                    if col.dtype.kind != "f":
-                        v[col < 0] = np.nan
-                    a[r, sl] = v
-            ids = st["step"][idx]
-            top, low = int(ids.max()), int(ids.min())
-            self.max_step = top if self.max_step is None else max(self.max_step, top)
-            self.first_step = low if self.first_step is None else min(self.first_step, low)
+        steps = st["step"]
+        dropped = None
+        rows = None
+        if keep is not None and not keep.all():
+            rows = np.flatnonzero(keep)
+            # Steps none of whose rows survived: their phase and collective rows go too.
+            dropped = np.setdiff1d(steps[~keep], steps[keep])
+        ids = steps if rows is None else steps[rows]
+        late = 0
+        if ids.shape[0]:
+            slots = self._alloc(ids)
+            ok = slots >= 0
+            if not ok.all():
+                late = int((~ok).sum())
+                rows = (np.arange(steps.shape[0]) if rows is None else rows)[ok]
+                slots, ids = slots[ok], ids[ok]
+            if slots.shape[0]:
+                old = self.present[r, slots] & (self.cell_inc[r, slots] != inc)
+                if old.any():  # a restarted rank re-executes steps: its cells start over
+                    self.flush()
+                    self._clear(r, slots[old])
+                self.present[r, slots] = True
+                self.cell_inc[r, slots] = inc
+                self._staged_steps.append((r, slots, st, rows))
+                top, low = (
+                    (int(ids[0]),) * 2 if ids.shape[0] == 1 else (int(ids.max()), int(ids.min()))
+                )
+                self.max_step = top if self.max_step is None else max(self.max_step, top)
+                self.first_step = low if self.first_step is None else min(self.first_step, low)
         ph = tables.get("phases")
         if ph is not None and ph["step"].shape[0]:
-            self._add_phases(r, inc, ph, list(h.get("phase_names") or []), dropped)
+            sel = ~np.isin(ph["step"], dropped) if dropped is not None else None
+            lut = self._lut(tuple(h.get("phase_names") or ()))
+            self._staged_phases.append((r, inc, ph, sel, lut))
         co = tables.get("colls")
         n = 0
         if co is not None and co["step"].shape[0]:
-            sel = ~np.isin(co["step"], dropped) if dropped.shape[0] else None
-            cols = {k: v[sel] for k, v in co.items()} if sel is not None else dict(co)
-            n = cols["step"].shape[0]
-            cut = async_cut(
-                np.zeros(n, np.int64), cols["step"], cols["t_enter"], cols["flags"], self.t0
-            )
-            self.pending.append({**cols, "rank": r, "epoch": inc, "cut": cut}, n)
-            if self.raw_steps:
-                self.raw.append({**cols, "rank": r}, n)
-            self.life_rows[r] += n
+            if dropped is not None:
+                sel = ~np.isin(co["step"], dropped)
+                co = {k: v[sel] for k, v in co.items()}
+            n = co["step"].shape[0]
+            if n:
+                cut = None
+                if (co["flags"] & ASYNC_FLAGS).any():
+                    cut = async_cut(
+                        np.zeros(n, np.int64), co["step"], co["t_enter"], co["flags"], self.t0
+                    )
+                self._parts.append((r, inc, co, cut))
+                self.pending_rows += n
+                if self.raw_steps:
+                    self._raw_parts.append((int(co["step"].max()), r, co))
+                    self._trim_raw()
+                self.life_rows[r] += n
         return late, n
+
+    def _lut(self, names: tuple[str, ...]) -> np.ndarray:
+        """Message phase code -> run phase code (``PHASES`` then run-level user names)."""
+        lut = self._luts.get(names)
+        if lut is None:
+            for name in names:
+                if name not in schema.PHASES and name not in self.phase_names:
+                    self.phase_names.append(name)
+            run_names = (*schema.PHASES, *self.phase_names)
+            lut = np.array([run_names.index(n) for n in (*schema.PHASES, *names)], np.int64)
+            self._luts[names] = lut
+        return lut
 
     def phase_grid(self, name: str) -> np.ndarray:
         if name not in self.phases:
             self.phases[name] = np.zeros((self.world_size, self.H))
         return self.phases[name]
 
-    def _add_phases(
-        self,
-        r: int,
-        inc: int,
-        ph: Mapping[str, np.ndarray],
-        names: list[str],
-        dropped: np.ndarray,
-    ) -> None:
-        sel = (
-            ~np.isin(ph["step"], dropped)
-            if dropped.shape[0]
-            else np.ones(ph["step"].shape[0], bool)
-        )
-        t0, t1 = ph["t0"], ph["t1"]
-        sel &= (t0 != schema.NO_TIME) & (t1 != schema.NO_TIME)
-        code = ph["phase"].astype(np.int64)[sel]
-        step = ph["step"][sel].astype(np.int64)
-        dur = (t1[sel] - t0[sel]).astype(np.float64)
-        cell, ok = self.cells(np.full(step.shape[0], r), step, np.full(step.shape[0], inc))
-        all_names = (*schema.PHASES, *names)
-        for c in np.unique(code[ok]):
-            m = ok & (code == c)
-            np.add.at(self.phase_grid(all_names[int(c)]).reshape(-1), cell[m], dur[m])
+    def flush(self) -> None:
+        """Write staged step values and phase spans into the ring."""
+        if self._staged_steps:
+            staged, self._staged_steps = self._staged_steps, []
+            rank = np.concatenate([np.full(sl.shape[0], r, np.int64) for r, sl, _, _ in staged])
+            slot = np.concatenate([sl for _, sl, _, _ in staged])
+
+            def col(name: str) -> np.ndarray:
+                return np.concatenate(
+                    [t[name] if rows is None else t[name][rows] for _, _, t, rows in staged]
+                )
+
+            self.t_start[rank, slot] = col("t_start")
+            self.t_end[rank, slot] = col("t_end")
+            for grids in (self.work, self.memory):
+                for name, a in grids.items():
+                    c = col(name)
+                    v = c.astype(np.float64)
+                    if c.dtype.kind != "f":
+                        v[c < 0] = np.nan
+                    a[rank, slot] = v
+        if self._staged_phases:
+            staged_p, self._staged_phases = self._staged_phases, []
+            parts = [
+                (r, inc, {k: v if sel is None else v[sel] for k, v in ph.items()}, lut)
+                for r, inc, ph, sel, lut in staged_p
+            ]
+            n = [p["step"].shape[0] for _, _, p, _ in parts]
+            rank = np.repeat([r for r, _, _, _ in parts], n)
+            inc = np.repeat([i for _, i, _, _ in parts], n)
+            code = np.concatenate([lut[p["phase"]] for _, _, p, lut in parts])
+            step = np.concatenate([p["step"] for _, _, p, _ in parts]).astype(np.int64)
+            t0 = np.concatenate([p["t0"] for _, _, p, _ in parts])
+            t1 = np.concatenate([p["t1"] for _, _, p, _ in parts])
+            cell, ok = self.cells(rank, step, inc)
+            ok &= (t0 != schema.NO_TIME) & (t1 != schema.NO_TIME)
+            dur = (t1 - t0).astype(np.float64)
+            names = (*schema.PHASES, *self.phase_names)
+            for c in np.unique(code[ok]):
+                m = ok & (code == c)
+                np.add.at(self.phase_grid(names[int(c)]).reshape(-1), cell[m], dur[m])
+
+    def take_pending(self) -> tuple[dict[str, np.ndarray], int]:
+        """Collective rows for a matching pass: those left over, then the new ones.
+
+        Returns:
+            (columns of ``_PENDING_DTYPES``, number of left-over rows at the front).
+        """
+        parts, self._parts = self._parts, []
+        old = self.pending.view()
+        n_old = len(self.pending)
+        if not parts:
+            return {k: v.copy() for k, v in old.items()}, n_old
+        lens = [p[2]["step"].shape[0] for p in parts]
+        out: dict[str, np.ndarray] = {}
+        for c in schema.COLL_COLUMNS:
+            out[c] = np.concatenate([old[c], *[p[2][c] for p in parts]])
+        out["rank"] = np.concatenate([old["rank"], np.repeat([p[0] for p in parts], lens)])
+        out["epoch"] = np.concatenate([old["epoch"], np.repeat([p[1] for p in parts], lens)])
+        if all(p[3] is None for p in parts):
+            out["cut"] = np.concatenate([old["cut"], np.full(sum(lens), np.nan)])
+        else:
+            cuts = [np.full(m, np.nan) if p[3] is None else p[3] for p, m in zip(parts, lens)]
+            out["cut"] = np.concatenate([old["cut"], *cuts])
+        return out, n_old
+
+    def put_pending(self, rows: Mapping[str, np.ndarray], keep: np.ndarray) -> None:
+        """Keep ``rows[keep]`` for the next pass."""
+        self.pending.clear()
+        self.pending.append({k: v[keep] for k, v in rows.items()}, int(keep.sum()))
+        self.pending_rows = len(self.pending)
+
+    def raw_rows(self) -> dict[str, np.ndarray] | None:
+        """Raw collective rows of the last ``raw_steps`` steps (with ``rank``)."""
+        cutoff = self.raw_cutoff()
+        parts = [p for p in self._raw_parts if cutoff is None or p[0] >= cutoff]
+        if not parts:
+            return None
+        lens = [p[2]["step"].shape[0] for p in parts]
+        out = {c: np.concatenate([p[2][c] for p in parts]) for c in schema.COLL_COLUMNS}
+        out["rank"] = np.repeat([p[1] for p in parts], lens).astype(np.int32)
+        if cutoff is not None:
+            keep = out["step"] >= cutoff
+            out = {k: v[keep] for k, v in out.items()}
+        return out
 
     def add_instances(self, inst: InstanceTable, epoch: np.ndarray, mask: np.ndarray) -> None:
         cols = {k: getattr(inst, k)[mask] for k in _INSTANCE_DTYPES if k != "epoch"}
         cols["epoch"] = epoch[mask]
         self.instances.append(cols, int(mask.sum()))
 
+    def raw_cutoff(self) -> int | None:
+        """Oldest step whose raw rows are kept: the last ``raw_steps`` step ids."""
+        return None if self.max_step is None else self.max_step - self.raw_steps + 1
+
+    def _trim_raw(self) -> None:
+        # Filter once the parts span twice the steps to keep: each part is looked at a
+        # bounded number of times, and what is kept depends only on the message order.
+        cutoff = self.raw_cutoff()
+        if cutoff is None or cutoff - self._raw_base < self.raw_steps:
+            return
+        self._raw_parts = [p for p in self._raw_parts if p[0] >= cutoff]
+        self._raw_base = cutoff
+
     def trim(self) -> None:
-        """Drop raw rows, instances and samples older than what the ring still holds."""
+        """Drop instances and samples older than what the ring still holds."""
         oldest = self.oldest_step()
         if oldest is None or oldest == self._trimmed_at:
             return
         self._trimmed_at = oldest
         inst = self.instances.view()
         self.instances.keep(inst["step"] >= oldest)
-        used = np.sort(self.slot_step[self.slot_used])
-        if self.raw_steps and used.shape[0]:
-            cutoff = used[-min(self.raw_steps, used.shape[0])]
-            self.raw.keep(self.raw.view()["step"] >= cutoff)
         slots = np.flatnonzero(self.slot_used & (self.slot_step == oldest))
         ts = self.t_start[:, slots]
         known = self.present[:, slots] & (ts != schema.NO_TIME)

@@ -114,6 +114,11 @@ class Store:
         """Counters from outside the store (recording skips, transport, a recorded hub's
         rejects), merged into `health`."""
 
+    @property
+    def message_count(self) -> int:
+        """Messages accepted so far (cheap: no lock, no summary)."""
+        return int(self._counters["messages"])
+
     # -- ingest -------------------------------------------------------------------------
 
     def run_state(self, run: str) -> RunState | None:
@@ -161,7 +166,7 @@ class Store:
                 late, events = run.add_steps(h, msg.tables, keep_steps)
                 self._counters["late_steps"] += late
                 self._counters["events"] += events
-                if len(run.pending) >= self.settle_rows:
+                if run.pending_rows >= self.settle_rows:
                     self._settle_run(run)
             now = time.monotonic()
             if not self._rate or now - self._rate[-1][0] >= 0.25:
@@ -176,47 +181,48 @@ class Store:
                 self._settle_run(run)
 
     def _settle_run(self, run: RunState) -> None:
-        P = run.pending.view()
-        n = len(run.pending)
-        if n == 0:
+        run.flush()
+        if run.pending_rows == 0:
             return
+        P, n_old = run.take_pending()
+        n = P["step"].shape[0]
         sizes = {gid: len(g["ranks"]) for gid, g in run.groups.items()}
         m = match(P, sizes, t0_ns=run.t0, epoch=P["epoch"])
-        inst_epoch = np.empty(len(m.instances), np.int64)
-        inst_epoch[m.row_instance] = P["epoch"]
         contrib = row_contributions(P, m, cut=P["cut"])
+        # Rows arrive in runs of one (rank, step, epoch): fold run sums, not rows.
+        starts = _runs(n, n_old, P["rank"], P["step"], P["epoch"])
+        cell, valid = run.cells(P["rank"][starts], P["step"][starts], P["epoch"][starts])
+        fresh = starts >= n_old
+        sums = {k: np.add.reduceat(contrib[k], starts) for k in COLL_AGGREGATES}
+        # Calls and time inside count once, when a row is new; the arrival aggregates are
+        # zero until the instance completes, and a complete instance leaves the pending set.
+        counted = {k: (valid & fresh) if k in ("n", "coll_ns") else valid for k in sums}
+        run.fold({k: (cell[counted[k]], v[counted[k]]) for k, v in sums.items()})
         done = m.complete[m.row_instance]
-        fresh = np.arange(n) >= run.pending_counted
-        cell, valid = run.cells(P["rank"], P["step"], P["epoch"])
-        run.fold(cell[valid & fresh], {k: contrib[k][valid & fresh] for k in ("n", "coll_ns")})
-        sel = valid & done
-        run.fold(
-            cell[sel], {k: contrib[k][sel] for k in COLL_AGGREGATES if k not in ("n", "coll_ns")}
-        )
         R = run.world_size
-        rk = P["rank"][done].astype(np.int64)
-        run.life_done += np.bincount(rk, minlength=R)[:R]
-        run.life_last += np.bincount(rk, weights=contrib["times_last"][done], minlength=R)[
-            :R
-        ].astype(np.int64)
-        run.life_late += np.bincount(rk, weights=contrib["late_ns"][done], minlength=R)[:R]
+        rk = P["rank"][starts].astype(np.int64)
+        run.life_done += np.bincount(rk, np.add.reduceat(done, starts), minlength=R)[:R].astype(
+            np.int64
+        )
+        run.life_last += np.bincount(rk, sums["times_last"], minlength=R)[:R].astype(np.int64)
+        run.life_late += np.bincount(rk, sums["late_ns"], minlength=R)[:R]
         # Close instances that can no longer complete: their step left the ring, or they
         # are stale_steps behind the newest step.
-        horizon = run.max_step - self.stale_steps if run.max_step is not None else None
-        oldest = run.oldest_step()
         inst_step = m.instances.step
         stale = np.zeros(len(m.instances), bool)
-        if horizon is not None:
-            stale |= inst_step <= horizon
+        if run.max_step is not None:
+            stale |= inst_step <= run.max_step - self.stale_steps
+        oldest = run.oldest_step()
         if oldest is not None:
             stale |= inst_step < oldest
         stale &= ~m.complete
         closing = m.complete | stale
+        inst_epoch = np.empty(len(m.instances), np.int64)
+        inst_epoch[m.row_instance] = P["epoch"]
         run.add_instances(m.instances, inst_epoch, closing)
         run.life_complete += int(m.complete.sum())
         run.life_incomplete += int(stale.sum())
-        run.pending.keep(~closing[m.row_instance])
-        run.pending_counted = len(run.pending)
+        run.put_pending(P, ~closing[m.row_instance])
         run.trim()
 
     # -- reading --------------------------------------------------------------------------
@@ -301,9 +307,11 @@ class Store:
             return g
 
         instances = self._window_instances(r, steps, shift)
-        raw = r.raw.view()
-        sel = np.isin(raw["step"], steps)
-        rows = coll_rows(raw, t0, sel) if sel.any() else None
+        raw = r.raw_rows()
+        rows = None
+        if raw is not None:
+            sel = np.isin(raw["step"], steps)
+            rows = coll_rows(raw, t0, sel) if sel.any() else None
         rr, jj = np.nonzero(present)
         step_rows = {
             "rank": rr,
@@ -349,8 +357,8 @@ class Store:
         done = r.instances.view()
         keep = np.isin(done["step"], steps)
         parts.append({k: v[keep] for k, v in done.items()})
-        P = r.pending.view()
         if len(r.pending):
+            P = r.pending.view()
             sizes = {gid: len(g["ranks"]) for gid, g in r.groups.items()}
             m = match(P, sizes, t0_ns=r.t0, epoch=P["epoch"])
             ep = np.empty(len(m.instances), np.int64)
@@ -405,6 +413,17 @@ class Store:
             for k, v in self.extra_health.items():
                 out[k] = v
             return out
+
+
+def _runs(n: int, split: int, *keys: np.ndarray) -> np.ndarray:
+    """Start index of each run of rows with equal ``keys``; a run also starts at ``split``."""
+    new = np.zeros(n, bool)
+    new[0] = True
+    for k in keys:
+        new[1:] |= k[1:] != k[:-1]
+    if 0 < split < n:
+        new[split] = True
+    return np.flatnonzero(new)
 
 
 def merge_counts(into: dict[str, int], more: Mapping[str, int]) -> dict[str, int]:

@@ -236,3 +236,18 @@ def test_large_keys_fall_back_to_lexsort() -> None:
     assert m.instances.group.tolist() == [0, 2**30]
     assert m.instances.n_arrived.tolist() == [1, 2]
     assert m.instances.last_rank.tolist() == [0, 1]
+
+
+def test_segment_nanmedian_equal_sizes_with_and_without_nan() -> None:
+    rng = np.random.default_rng(7)
+    values = rng.normal(size=16 * 50)
+    starts = np.arange(0, values.shape[0], 16)
+    counts = np.full(50, 16)
+    np.testing.assert_array_equal(
+        segment_nanmedian(values, starts, counts), np.median(values.reshape(50, 16), axis=1)
+    )
+    values[rng.random(values.shape[0]) < 0.3] = np.nan
+    values[:16] = np.nan
+    got = segment_nanmedian(values, starts, counts)
+    assert np.isnan(got[0])
+    np.testing.assert_allclose(got[1:], np.nanmedian(values.reshape(50, 16)[1:], axis=1))

@@ -1,0 +1,201 @@
+"""Hub ingest: collective events per second through the hub, against the raw PULL+decode loop.
+
+Both loops receive the same pre-encoded ``steps`` batches from a sender process over tcp
+loopback. The raw loop only does ``recv`` + ``schema.decode``; the hub does everything it
+does live: decode, validation, store ingest, the periodic matching pass (instances of a
+16-rank all-reduce group) and, in a second variant, the recording. Time runs from the first
+message received to the last one processed, with the final matching pass included.
+
+    python benchmarks/bench_hub.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+import zmq
+
+from rankscope.collector import schema
+
+BASE = 1_700_000_000_000_000_000
+
+
+def _header(rank: int, batch: int = 0) -> dict:
+    return {"job": "bench", "run": "bench-run", "rank": rank, "inc": 0, "batch": batch}
+
+
+def make_messages(world: int, steps: int, colls: int) -> tuple[list[bytes], list[bytes]]:
+    """Hellos + groups, and one steps message per rank and step with ``colls`` rows."""
+    head = []
+    for r in range(world):
+        ident = {
+            "rank": r,
+            "world_size": world,
+            "local_rank": r % 8,
+            "host": f"n{r // 8}",
+            "node_rank": r // 8,
+            "pid": r,
+        }
+        head.append(schema.hello_message(_header(r), ident))
+    head.append(schema.groups_message(_header(0), [{"id": 0, "ranks": list(range(world))}]))
+    rng = np.random.default_rng(0)
+    body = []
+    for s in range(steps):
+        t = BASE + s * 100_000_000
+        enter = t + np.arange(colls)[None, :] * 20_000 + rng.integers(0, 5_000, (world, colls))
+        exit_ = enter.max(axis=0) + 8_000 + rng.integers(0, 500, (world, colls))
+        for r in range(world):
+            st = schema.empty_table("steps", 1)
+            st["step"][:] = s
+            st["t_start"][:] = t
+            st["t_end"][:] = t + 90_000_000
+            co = schema.empty_table("colls", colls)
+            co["step"][:] = s
+            co["op"][:] = 0
+            co["group"][:] = 0
+            co["seq"][:] = s * colls + np.arange(colls)
+            co["nbytes"][:] = 1 << 22
+            co["t_enter"][:] = enter[r]
+            co["t_exit"][:] = exit_[r]
+            co["flags"][:] = 0
+            body.append(schema.steps_message(_header(r, s), st, colls=co))
+    return head, body
+
+
+def _sender(endpoint: str, world: int, steps: int, colls: int, ready, go) -> None:
+    head, body = make_messages(world, steps, colls)
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.PUSH)
+    s.setsockopt(zmq.SNDHWM, 0)
+    s.connect(endpoint)
+    for m in head:
+        s.send(m)
+    ready.set()
+    go.wait()
+    for m in body:
+        s.send(m, copy=False)
+    s.close(linger=-1)
+    ctx.term()
+
+
+def _spawn(endpoint: str, world: int, steps: int, colls: int):
+    mpc = mp.get_context("spawn")
+    ready, go = mpc.Event(), mpc.Event()
+    p = mpc.Process(target=_sender, args=(endpoint, world, steps, colls, ready, go), daemon=True)
+    p.start()
+    return p, ready, go
+
+
+def raw_loop(world: int, steps: int, colls: int) -> tuple[float, float]:
+    """(wall, cpu) seconds to recv + decode every batch."""
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    pull.setsockopt(zmq.MAXMSGSIZE, schema.MAX_MESSAGE_BYTES)
+    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    p, ready, go = _spawn(f"tcp://127.0.0.1:{port}", world, steps, colls)
+    ready.wait()
+    for _ in range(world + 1):
+        schema.decode(pull.recv())
+    go.set()
+    n = world * steps
+    schema.decode(pull.recv())
+    t0, c0 = time.perf_counter(), time.thread_time()
+    for _ in range(n - 1):
+        schema.decode(pull.recv())
+    wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+    p.join()
+    pull.close(0)
+    ctx.term()
+    return wall * n / (n - 1), cpu * n / (n - 1)
+
+
+def _thread_cpu(thread) -> float:
+    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+
+
+def hub_loop(world: int, steps: int, colls: int, record: bool) -> tuple[float, float]:
+    """(wall, cpu) seconds for the hub to ingest, match (and record) every batch; cpu is
+    the receive thread's plus the final matching pass."""
+    from rankscope.hub.server import Hub
+
+    with tempfile.TemporaryDirectory() as tmp:
+        hub = Hub(record_dir=os.path.join(tmp, "rec") if record else None).start()
+        p, ready, go = _spawn(hub.endpoint, world, steps, colls)
+        ready.wait()
+        while hub.store.message_count < world + 1:
+            time.sleep(0.001)
+        go.set()
+        n = world * steps + world + 1
+        while hub.store.message_count < world + 2:
+            time.sleep(0.0002)
+        t0, c0 = time.perf_counter(), _thread_cpu(hub._threads[0])
+        while hub.store.message_count < n:
+            time.sleep(0.002)
+        c1 = _thread_cpu(hub._threads[0])
+        m0 = time.thread_time()
+        hub.store.settle()
+        wall = time.perf_counter() - t0
+        cpu = c1 - c0 + time.thread_time() - m0
+        health = hub.store.health
+        p.join()
+        hub.stop()
+        assert not health["rejects"], health["rejects"]
+        totals = hub.store.totals("bench-run")
+        assert totals.instances_complete == steps * colls, totals.instances_complete
+    m = world * steps
+    return wall * m / (m - 1), cpu * m / (m - 1)
+
+
+def run(quick: bool) -> str:
+    """Measure and return the Markdown section."""
+    world = 16
+    cases = [(1000, 20 if quick else 60), (250, 40 if quick else 200)]
+    reps = 1 if quick else 3
+    lines = [
+        "## Hub ingest",
+        "",
+        "Collective events per second on one hub thread, sender in another process over tcp "
+        f"loopback; {world} ranks, one all-reduce group, batches of one step per rank. "
+        "*raw* = `recv` + `schema.decode` only; *hub* = decode, validation, store, periodic "
+        "matching and folding of every instance; *hub+rec* adds the recording. "
+        f"Median of {reps} run(s).",
+        "",
+        "| rows/batch | events | raw loop | hub | hub / raw | hub+rec | hub+rec / raw |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for colls, steps in cases:
+        events = world * steps * colls
+        raw = [raw_loop(world, steps, colls) for _ in range(reps)]
+        hub = [hub_loop(world, steps, colls, False) for _ in range(reps)]
+        rec = [hub_loop(world, steps, colls, True) for _ in range(reps)]
+        for i, what in enumerate(("wall", "cpu")):
+            r = events / statistics.median(x[i] for x in raw) / 1e6
+            h = events / statistics.median(x[i] for x in hub) / 1e6
+            c = events / statistics.median(x[i] for x in rec) / 1e6
+            lines.append(
+                f"| {colls} ({what}) | {events:,} | {r:.2f} | {h:.2f} | {h / r:.2f} "
+                f"| {c:.2f} | {c / r:.2f} |"
+            )
+    lines += [
+        "",
+        "M events/s. *wall*: elapsed time; *cpu*: CPU time of the receiving thread (the "
+        "hub's receive thread plus the final matching pass), which is what one core "
+        "sustains when the machine is shared. Targets (ARCHITECTURE §9): ≥ 5 M events/s "
+        "and ≥ 0.5 of the raw loop.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    sys.stdout.write(run(args.quick))
