@@ -153,3 +153,22 @@ def test_ranks_table_and_bad_output(tmp_path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match="not a folder"):
         write_csv(tmp_path / "file", toy_run())
+
+
+def test_fixed_point_cells() -> None:
+    from rankscope.hub.export_csv import _floats
+
+    values = np.array([1.5, -0.25, np.nan, 1e20, 0.0, -0.0004, 123456.7891, np.inf])
+    assert _floats(values, 1.0, 3) == [
+        "1.500",
+        "-0.250",
+        "",
+        "1e+20",
+        "0.000",
+        "0.000",
+        "123456.789",
+        "",
+    ]
+    assert _floats(np.array([2.5e6]), 1e6, 6) == ["2.500000"]
+    assert _floats(np.array([np.nan, np.nan]), 1.0, 3) == ["", ""]
+    assert _floats(np.array([]), 1.0, 3) == []
