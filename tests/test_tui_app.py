@@ -60,9 +60,19 @@ def healthy():
     )
 
 
+async def wait_for(pilot, predicate, timeout: float = 30.0) -> None:
+    """Let the app run until ``predicate()`` holds (generous: the machine may be busy)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError("condition not reached")
+        await pilot.pause(0.05)
+
+
 async def settle(pilot, app: RankscopeApp, analysis: bool = True) -> None:
     """Wait until the model (and the diagnosis) for the current view have arrived."""
-    for _ in range(400):
+    for _ in range(1500):
         await pilot.pause(0.02)
         busy = any(w.is_running for w in app.workers)
         ready = app.model is not None and (not analysis or app.analysis is not None)
@@ -239,8 +249,8 @@ async def test_pause_stops_sampling_but_keeps_view_changes(slow13) -> None:
         await settle(pilot, app, analysis=False)
         assert app.screen.query_one(Heatmap).grid.spec.name == "compute"
         await pilot.press("p")
-        await pilot.pause(0.6)
-        assert not app.paused and len(calls) > before
+        assert not app.paused
+        await wait_for(pilot, lambda: len(calls) > before)
 
 
 @run_async
@@ -254,10 +264,7 @@ async def test_baseline_picker_sets_the_comparison(slow13, healthy) -> None:
         await pilot.press("down", "enter")
         await settle(pilot, app)
         assert app.baseline_run == "run-a"
-        for _ in range(100):
-            if app.analysis.baseline_run == "run-a":
-                break
-            await settle(pilot, app)
+        await wait_for(pilot, lambda: app.analysis.baseline_run == "run-a")
         assert app.model.header.baseline_run == "run-a"
         assert app.model.header.baseline.p50 < app.model.header.stats.p50
         assert app.analysis.baseline_run == "run-a"
@@ -318,17 +325,9 @@ async def test_stall_view_opens_when_steps_stop_and_closes_when_they_resume(slow
         await settle(pilot, app)
         assert isinstance(app.screen, MainScreen)
         now[0] = settings.refresh.stall_s + 1
-        for _ in range(50):
-            await pilot.pause(0.05)
-            if isinstance(app.screen, StallScreen):
-                break
-        assert isinstance(app.screen, StallScreen)
+        await wait_for(pilot, lambda: isinstance(app.screen, StallScreen))
         source.advance()
-        for _ in range(50):
-            await pilot.pause(0.05)
-            if isinstance(app.screen, MainScreen):
-                break
-        assert isinstance(app.screen, MainScreen)
+        await wait_for(pilot, lambda: isinstance(app.screen, MainScreen))
         assert app.model.header.step == 1039
 
 

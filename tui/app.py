@@ -162,8 +162,14 @@ class RankscopeApp(App[int]):
                 return screen.rank
         return None
 
+    def _top(self):
+        # Messages and timers can still arrive while the app shuts down and the screen
+        # stack is already empty.
+        return self.screen_stack[-1] if self.screen_stack else None
+
     def _blocked(self) -> bool:
-        return self.paused or isinstance(self.screen, ModalScreen)
+        top = self._top()
+        return top is None or self.paused or isinstance(top, ModalScreen)
 
     # ----------------------------------------------------------------- sampling clock
 
@@ -249,7 +255,7 @@ class RankscopeApp(App[int]):
             self.diagnosis_tick()
 
     def _show_model(self) -> None:
-        screen = self.screen
+        screen = self._top()
         if isinstance(screen, MainScreen) and self.model is not None:
             screen.show_model(self.model)
         elif isinstance(screen, RankDetailScreen) and self.detail is not None:
@@ -268,7 +274,7 @@ class RankscopeApp(App[int]):
         if self._baseline_for != self.baseline_run:
             return  # the new baseline's window is still being fetched
         baseline = self._baseline if self.baseline_run is not None else None
-        stalled = isinstance(self.screen, StallScreen)
+        stalled = isinstance(self._top(), StallScreen)
         key = (w.run, int(w.steps[-1]) if w.steps.size else -1, w.steps.size, self.baseline_run)
         if key == self._analysed and not stalled and not force:
             return
@@ -296,7 +302,7 @@ class RankscopeApp(App[int]):
     def on_analysis_ready(self, message: AnalysisReady) -> None:
         self.diagnosing = False
         self.analysis = message.analysis
-        show = getattr(self.screen, "show_analysis", None)
+        show = getattr(self._top(), "show_analysis", None)
         if show is not None:
             show(message.analysis)
 
@@ -310,14 +316,14 @@ class RankscopeApp(App[int]):
             self._last_step = model.header.step
             self._last_progress = now
             self._stall_dismissed = False
-            if isinstance(self.screen, StallScreen):
+            if isinstance(self._top(), StallScreen):
                 self.pop_screen()
             return
         idle = now - self._last_progress
         if (
             idle >= self.settings.refresh.stall_s
             and not self._stall_dismissed
-            and isinstance(self.screen, MainScreen)
+            and isinstance(self._top(), MainScreen)
         ):
             self._stall_dismissed = True
             self.push_screen(StallScreen())
@@ -464,7 +470,7 @@ class RankscopeApp(App[int]):
 
     def action_help(self) -> None:
         """Show every key."""
-        if not isinstance(self.screen, HelpScreen):
+        if not isinstance(self._top(), HelpScreen):
             self.push_screen(HelpScreen(self.help_sections()))
 
 
