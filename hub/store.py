@@ -258,6 +258,16 @@ class Store:
                 instances_incomplete=r.life_incomplete,
             )
 
+    def run_health(self, run: str) -> dict[str, Any]:
+        """Collector-reported figures of one run: ``drops``, ``collector_errors``,
+        ``clock_error_ns`` (rank -> ns).
+
+        Raises:
+            KeyError: unknown run.
+        """
+        with self._lock:
+            return self._get(run).health()
+
     def _get(self, run: str) -> RunState:
         r = self._runs.get(run)
         if r is None:

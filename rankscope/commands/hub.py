@@ -1,0 +1,125 @@
+"""``rankscope hub``: run the hub alone, next to the job; viewers attach with
+``rankscope open DIR`` to the recording it writes."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from typing import Any
+
+import zmq
+
+from rankscope.hub.recording import RecordingError
+from rankscope.hub.server import Hub
+from rankscope.hub.store import Store
+
+HELP = "Receive, validate, store and record what the collectors send (until Ctrl-C)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--bind",
+        default="tcp://*:5555",
+        help="data address tcp://HOST:PORT (clock on PORT+1; port 0 picks one) "
+        "[default: %(default)s]",
+    )
+    p.add_argument("--record", metavar="DIR", default=None, help="write the recording here")
+    p.add_argument(
+        "--status-every",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="seconds between status lines (0: none) [default: %(default)s]",
+    )
+    p.add_argument(
+        "--history",
+        type=int,
+        default=512,
+        metavar="STEPS",
+        help="steps per rank kept in memory for live views [default: %(default)s]",
+    )
+    p.add_argument(
+        "--no-resume",
+        action="store_true",
+        help="do not reload an existing recording in DIR into memory at start",
+    )
+    p.add_argument(
+        "--prometheus",
+        metavar="[ADDR:]PORT",
+        default=None,
+        help="also serve Prometheus metrics of the live store",
+    )
+
+
+def _count(d: dict[str, int]) -> str:
+    total = sum(d.values())
+    if not total:
+        return "0"
+    worst = sorted(d.items(), key=lambda kv: -kv[1])[:3]
+    return f"{total} (" + ", ".join(f"{k} {v}" for k, v in worst) + ")"
+
+
+def status_line(health: dict[str, Any], store: Store) -> str:
+    """One line: runs, ranks, steps, events/s, rejects, drops, connections."""
+    runs = store.runs()
+    ranks = sum(r.n_ranks_seen for r in runs)
+    world = sum(r.world_size for r in runs)
+    last = max((r.last_step for r in runs if r.last_step is not None), default=None)
+    t = health.get("transport", {})
+    drops = health["drops"]
+    return (
+        f"runs {len(runs)} | ranks {ranks}/{world} | last step {'-' if last is None else last}"
+        f" | {health['events_per_s'] / 1e6:.2f} M ev/s | messages {health['messages']}"
+        f" | rejects {_count(health['rejects'])}"
+        f" | drops {drops['batches']} batches/{drops['events']} events"
+        f" | connections {t.get('connects', 0) - t.get('disconnects', 0)}"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    try:
+        hub = Hub(
+            args.bind,
+            record_dir=args.record,
+            store=Store(history_steps=args.history),
+            resume=not args.no_resume,
+        )
+        hub.start()
+    except (ValueError, RecordingError, zmq.ZMQError) as exc:
+        print(f"rankscope hub: {exc}", file=sys.stderr)
+        return 2
+    endpoint = None
+    if args.prometheus:
+        from rankscope.hub.prometheus import PrometheusEndpoint, parse_listen, store_source
+
+        try:
+            addr, port = parse_listen(args.prometheus)
+            endpoint = PrometheusEndpoint(store_source(hub.store), port, addr)
+            print(f"prometheus metrics on http://{addr}:{endpoint.start()}/metrics", flush=True)
+        except (ValueError, OSError) as exc:
+            hub.stop()
+            print(f"rankscope hub: {exc}", file=sys.stderr)
+            return 2
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    where = f", recording to {args.record}" if args.record else ""
+    resumed = f" (resumed {hub.resumed_frames} messages)" if hub.resumed_frames else ""
+    print(
+        f"rankscope hub on {hub.endpoint} (clock {hub.clock_endpoint}){where}{resumed}",
+        flush=True,
+    )
+    try:
+        while not stop.wait(args.status_every if args.status_every > 0 else 3600):
+            if args.status_every > 0:
+                print(status_line(hub.health, hub.store), flush=True)
+    finally:
+        if endpoint is not None:
+            endpoint.close()
+        hub.stop()
+        print("stopped: " + status_line(hub.health, hub.store), flush=True)
+    return 0
