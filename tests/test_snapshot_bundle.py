@@ -137,6 +137,11 @@ def test_markdown_names_verdict_and_rejection(bundle) -> None:
     assert f"rankscope open {bundle}" in md
 
 
+def test_export_reads_a_snapshot_folder(bundle, tmp_path, capsys) -> None:
+    assert main(["export", str(bundle), "--csv", str(tmp_path / "csv")]) == 0
+    assert f"rank_steps.csv ({16 * STEPS} rows)" in capsys.readouterr().out
+
+
 def test_report_renders_the_snapshot(bundle, capsys) -> None:
     assert main(["report", str(bundle), "--width", "140"]) == 0
     out = capsys.readouterr().out

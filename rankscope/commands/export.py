@@ -22,7 +22,9 @@ DEFAULT_STEPS = 100
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", metavar="PATH", help="recording directory (rankscope hub --record)")
+    p.add_argument(
+        "path", metavar="PATH", help="recording directory, or a snapshot folder (its window/)"
+    )
     p.add_argument("--perfetto", metavar="OUT.json", help="write a Chrome/Perfetto trace")
     p.add_argument("--csv", metavar="DIR", help="write CSV tables into DIR")
     p.add_argument("--run", default=None, help="run id (default: the most recent run)")
@@ -118,10 +120,19 @@ def recorded_phases(path: str, window: Window) -> tuple[dict[str, np.ndarray], l
     return table, names
 
 
+def recording_of(path: str) -> str:
+    """A snapshot folder's ``window/`` recording, or ``path`` itself."""
+    p = Path(path)
+    if (p / "snapshot.json").is_file() and (p / "window").is_dir():
+        return str(p / "window")
+    return path
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.perfetto and not args.csv:
         print("rankscope export: give --perfetto OUT.json and/or --csv DIR", file=sys.stderr)
         return 2
+    args.path = recording_of(args.path)
     try:
         _, window = load_run(args.path, args.run, args.steps)
     except ValueError as exc:
