@@ -22,7 +22,7 @@ import time
 
 from rankscope.sim import Cluster, load_scenario
 from rankscope.sim import run as run_sim
-from rankscope.sim.emit import _Emitter, emit_step
+from rankscope.sim.emit import Emitter, RankStreams
 
 COLLS_PER_STEP = 200
 _SINK_CHILD = r"""
@@ -90,15 +90,15 @@ def _scenario(ranks: int):
 
 def _model_and_emit(ranks: int, steps: int) -> tuple[float, float, int]:
     cluster = Cluster(_scenario(ranks))
-    emit = _Emitter([_Null()], 0.0, None)  # type: ignore[list-item]
-    headers = [{"job": "b", "run": "b", "rank": r, "inc": 0, "batch": 0} for r in range(ranks)]
+    streams = RankStreams(cluster, Emitter([_Null()], 0.0, None), run_id="b", scope="full")
+    streams.start()
     model_s = emit_s = 0.0
     events = 0
     for k in range(steps):
         t0 = time.perf_counter()
         tables = cluster.step(k)
         t1 = time.perf_counter()
-        emit_step(emit, headers, tables)
+        streams.add(tables)
         t2 = time.perf_counter()
         model_s += t1 - t0
         emit_s += t2 - t0

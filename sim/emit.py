@@ -1,6 +1,6 @@
-"""Run a simulated job against a hub: every rank's hello, the group table, then one steps
-message and one samples message per rank and step, built with the wire schema's own
-builders and sent through the collector's `Sender`, exactly as a real rank would.
+"""Run a simulated job against a hub: every rank's hello, the group table, then its steps,
+samples and health messages, built with the wire schema's own builders and sent through the
+collector's `Sender`, exactly as a real rank would.
 
 All ranks share a few PUSH sockets (rank ``r`` always uses socket ``r % senders``, so each
 rank's messages stay in order). Unlike a training rank, the simulator prefers waiting to
@@ -21,12 +21,14 @@ from rankscope.collector import schema
 from rankscope.collector.sender import Sender
 from rankscope.sim.engine import Cluster
 from rankscope.sim.spec import Scenario
-from rankscope.sim.tables import StepTables, merge_steps
+from rankscope.sim.tables import StepTables, merge_rows, merge_steps
 from rankscope.sim.topology import ScopeSpec
 
 PACES = ("realtime", "fast")
 STATS_EVERY = 10
 """Steps between two collector-health (``stats``) messages of a rank."""
+SAMPLE_PERIOD_S = 1.0
+"""Simulated seconds between two samples messages of a rank (one sample row per step)."""
 
 
 @dataclass(frozen=True)
@@ -55,14 +57,23 @@ def default_run_id(scenario: Scenario, scope: str) -> str:
     return f"{scenario.name}-s{scenario.seed}-{scope}-{uuid.uuid4().hex[:6]}"
 
 
-class _Emitter:
-    def __init__(self, senders: list[Sender], timeout_s: float, stop: threading.Event | None):
+class Emitter:
+    """Sends each rank's messages through the shared sockets, waiting for room rather than
+    dropping (up to ``timeout_s`` per message), and counts what happened."""
+
+    def __init__(self, senders: list[Any], timeout_s: float, stop: threading.Event | None):
+        """Args:
+        senders: objects with ``send(bytes) -> bool`` (collector `Sender`s).
+        timeout_s: longest wait for room before a message is dropped.
+        stop: when set, waiting ends at once.
+        """
         self.senders = senders
         self.timeout_s = timeout_s
         self.stop = stop
         self.messages = self.bytes = self.dropped = self.retries = 0
 
     def send(self, rank: int, data: bytes) -> None:
+        """Send one message of ``rank`` on its socket (``rank % len(senders)``)."""
         sender = self.senders[rank % len(self.senders)]
         if sender.send(data):
             self.messages += 1
@@ -73,7 +84,7 @@ class _Emitter:
         while time.monotonic() < deadline and not (self.stop and self.stop.is_set()):
             self.retries += 1
             time.sleep(pause)
-            pause = min(pause * 2, 0.02)
+            pause = min(pause * 2, 0.005)
             if sender.send(data):
                 self.messages += 1
                 self.bytes += len(data)
@@ -81,39 +92,112 @@ class _Emitter:
         self.dropped += 1
 
 
-def emit_start(
-    emit: _Emitter,
-    headers: list[dict[str, Any]],
-    cluster: Cluster,
-    scope: str,
-    parent_run: str | None,
-) -> None:
-    """Send every rank's hello, then the group table."""
-    for r, ident in enumerate(cluster.identities):
-        emit.send(
-            r,
-            schema.hello_message(
-                headers[r],
-                ident,
-                scope=scope,
-                parent_run=parent_run,
-                manifest=cluster.manifest,
-                t_start_ns=cluster.t0_ns,
-            ),
-        )
-    # One table for the whole job, from rank 0 (the world group alone lists every rank).
-    headers[0]["batch"] += 1
-    emit.send(0, schema.groups_message(headers[0], cluster.groups))
+class RankStreams:
+    """What every simulated rank sends, in order: its hello, then (rank 0) the group table,
+    then steps messages (``steps_per_message`` steps each), samples messages (at most one
+    per ``sample_period_s`` of simulated time, like a collector's sampler thread) and, every
+    `STATS_EVERY` steps and at the end, its health counters."""
 
+    def __init__(
+        self,
+        cluster: Cluster,
+        emit: Emitter,
+        *,
+        run_id: str,
+        scope: str,
+        parent_run: str | None = None,
+        steps_per_message: int = 1,
+        sample_period_s: float = SAMPLE_PERIOD_S,
+    ) -> None:
+        self.cluster = cluster
+        self.emit = emit
+        self.scope = scope
+        self.parent_run = parent_run
+        self.steps_per_message = steps_per_message
+        self.sample_period_ns = int(sample_period_s * 1e9)
+        self.headers = [
+            {"job": cluster.scenario.job, "run": run_id, "rank": r, "inc": 0, "batch": 0}
+            for r in range(cluster.layout.world_size)
+        ]
+        self._steps: list[StepTables] = []
+        self._samples: list[StepTables] = []
+        self._last_samples_ns = cluster.t0_ns
+        self.steps_done = 0
 
-def emit_step(emit: _Emitter, headers: list[dict[str, Any]], tables: StepTables) -> None:
-    """Send one step (or a few, merged): a steps message and a samples message per rank."""
-    for r, header in enumerate(headers):
-        t = tables.rank_tables(r)
-        header["batch"] += 1
-        emit.send(r, schema.steps_message(header, t["steps"], t["phases"], t["colls"]))
-        header["batch"] += 1
-        emit.send(r, schema.samples_message(header, t["samples"]))
+    def _header(self, rank: int) -> dict[str, Any]:
+        h = self.headers[rank]
+        h["batch"] += 1
+        return h
+
+    def start(self) -> None:
+        """Send every rank's hello, then the group table."""
+        c = self.cluster
+        for r, ident in enumerate(c.identities):
+            self.emit.send(
+                r,
+                schema.hello_message(
+                    self._header(r),
+                    ident,
+                    scope=self.scope,
+                    parent_run=self.parent_run,
+                    manifest=c.manifest,
+                    t_start_ns=c.t0_ns,
+                ),
+            )
+        # One table for the whole job, from rank 0 (the world group alone lists every rank).
+        self.emit.send(0, schema.groups_message(self._header(0), c.groups))
+
+    def add(self, tables: StepTables) -> None:
+        """Take one simulated step; send whatever is due."""
+        self._steps.append(tables)
+        self._samples.append(tables)
+        self.steps_done += 1
+        if len(self._steps) >= self.steps_per_message:
+            self._send_steps()
+        if int(tables.steps["t_end"].max()) - self._last_samples_ns >= self.sample_period_ns:
+            self._send_samples()
+        if self.steps_done % STATS_EVERY == 0:
+            self._send_stats()
+
+    def finish(self) -> None:
+        """Send what is still pending, then every rank's final health counters."""
+        self._send_steps()
+        self._send_samples()
+        self._send_stats()
+
+    def _send_steps(self) -> None:
+        if not self._steps:
+            return
+        merged = merge_steps(self._steps)
+        self._steps = []
+        for r in range(len(self.headers)):
+            t = merged.rank_tables(r, ("steps", "phases", "colls"))
+            msg = schema.steps_message(self._header(r), t["steps"], t["phases"], t["colls"])
+            self.emit.send(r, msg)
+
+    def _send_samples(self) -> None:
+        if not self._samples:
+            return
+        cols, off = merge_rows(self._samples, "samples")
+        self._last_samples_ns = int(self._samples[-1].steps["t_end"].max())
+        self._samples = []
+        for r in range(len(self.headers)):
+            a, b = int(off[r]), int(off[r + 1])
+            rows = {k: v[a:b] for k, v in cols.items()}
+            self.emit.send(r, schema.samples_message(self._header(r), rows))
+
+    def _send_stats(self) -> None:
+        c = self.cluster
+        err = int(c.clock_error_ns)
+        for r in range(len(self.headers)):
+            stats = {
+                "dropped_batches": 0,
+                "dropped_events": 0,
+                "errors": {},
+                "clock_offset_ns": int(c.clock_offset[r]),
+                "clock_error_ns": err,
+            }
+            self.emit.send(r, schema.stats_message(self._header(r), stats))
 
 
 def _parse_pace(pace: str | float | None) -> float | None:
@@ -164,7 +248,7 @@ def run(
         hwm: high-water mark of each socket, in messages.
         send_timeout_s: how long one message may wait for room before it is dropped.
         stop: set it to end the run after the current step.
-        on_step: called with each message batch's tables after they are sent.
+        on_step: called with each step's tables once they are handed to the senders.
         argv: command line recorded in the manifest.
 
     Returns:
@@ -186,37 +270,32 @@ def run(
     run_name = run_id or default_run_id(scenario, spec.scope)
     job = scenario.job
     socks = [Sender(endpoint, hwm) for _ in range(senders)]
-    emit = _Emitter(socks, send_timeout_s, stop)
+    emit = Emitter(socks, send_timeout_s, stop)
+    streams = RankStreams(
+        cluster,
+        emit,
+        run_id=run_name,
+        scope=spec.scope,
+        parent_run=parent_run,
+        steps_per_message=steps_per_message,
+    )
     wall0 = time.monotonic()
-    done = 0
     try:
-        headers = [
-            {"job": job, "run": run_name, "rank": r, "inc": 0, "batch": 0}
-            for r in range(cluster.layout.world_size)
-        ]
-        emit_start(emit, headers, cluster, spec.scope, parent_run)
-        batch: list[StepTables] = []
+        streams.start()
         for k in range(steps):
             if stop is not None and stop.is_set():
                 break
-            batch.append(cluster.step(k))
-            if len(batch) < steps_per_message and k < steps - 1:
-                continue
-            tables = merge_steps(batch)
-            batch = []
+            tables = cluster.step(k)
             if per_step is not None:
                 if per_step == 0.0:
                     due = (int(tables.steps["t_end"].max()) - t0) / 1e9
                 else:
                     due = (k + 1) * per_step
                 _sleep_until(wall0 + due, stop)
-            emit_step(emit, headers, tables)
-            if (k + 1) // STATS_EVERY > done // STATS_EVERY:
-                _send_stats(emit, headers, cluster)
-            done = k + 1
+            streams.add(tables)
             if on_step is not None:
                 on_step(tables)
-        _send_stats(emit, headers, cluster)
+        streams.finish()
     finally:
         for s in socks:
             s.close(linger_ms=int(send_timeout_s * 1000))
@@ -226,7 +305,7 @@ def run(
         scope=spec.scope,
         parent_run=parent_run,
         world_size=cluster.layout.world_size,
-        steps=done,
+        steps=streams.steps_done,
         messages=emit.messages,
         bytes=emit.bytes,
         dropped=emit.dropped,
@@ -234,20 +313,6 @@ def run(
         wall_s=time.monotonic() - wall0,
         truth=cluster.truth,
     )
-
-
-def _send_stats(emit: _Emitter, headers: list[dict[str, Any]], cluster: Cluster) -> None:
-    err = int(cluster.clock_error_ns)
-    for r, header in enumerate(headers):
-        header["batch"] += 1
-        stats = {
-            "dropped_batches": 0,
-            "dropped_events": 0,
-            "errors": {},
-            "clock_offset_ns": int(cluster.clock_offset[r]),
-            "clock_error_ns": err,
-        }
-        emit.send(r, schema.stats_message(header, stats))
 
 
 def _sleep_until(deadline: float, stop: threading.Event | None) -> None:
@@ -268,6 +333,7 @@ def iter_messages(
     *,
     run_id: str = "sim",
     t0_ns: int = 0,
+    steps_per_message: int = 1,
 ) -> list[bytes]:
     """Every message a run would send, without a socket (tests, determinism checks).
 
@@ -277,6 +343,7 @@ def iter_messages(
         scope: which part of the cluster runs.
         run_id: the run id in each header.
         t0_ns: hub-clock time of simulated time 0.
+        steps_per_message: steps each rank batches into one message.
 
     Returns:
         The encoded messages in sending order.
@@ -284,24 +351,21 @@ def iter_messages(
     out: list[bytes] = []
 
     class _Collect:
-        sent = dropped = 0
-
         def send(self, data: bytes) -> bool:
             out.append(data)
             return True
 
-        def close(self, linger_ms: int | None = None) -> None:
-            pass
-
     cluster = Cluster(scenario, scope, t0_ns=t0_ns)
     spec = ScopeSpec.coerce(scope)
-    emit = _Emitter([_Collect()], 0.0, None)  # type: ignore[list-item]
-    headers = [
-        {"job": scenario.job, "run": run_id, "rank": r, "inc": 0, "batch": 0}
-        for r in range(cluster.layout.world_size)
-    ]
-    emit_start(emit, headers, cluster, spec.scope, None)
+    streams = RankStreams(
+        cluster,
+        Emitter([_Collect()], 0.0, None),
+        run_id=run_id,
+        scope=spec.scope,
+        steps_per_message=steps_per_message,
+    )
+    streams.start()
     for k in range(steps):
-        emit_step(emit, headers, cluster.step(k))
-    _send_stats(emit, headers, cluster)
+        streams.add(cluster.step(k))
+    streams.finish()
     return out

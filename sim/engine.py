@@ -245,11 +245,11 @@ class Cluster:
                     + op.attn * self.flops_attn * attn[:, m]
                 )
                 dur = (self.ns_per_flop * flops)[:, None] / speed[s] * jit[op.index, s]
+                compute[s] += dur
                 for hs, hd, ht, extra in hiccups.get(op.index, ()):
-                    if hs == s:
+                    if hs == s:  # the host stalls; the GPU idles, so it is not compute
                         dur[hd, ht] += extra
                 T[s] += dur
-                compute[s] += dur
             elif kind == P.TP_ALLREDUCE:
                 enter = T[s].copy()
                 nbytes = tokens[:, op.micro] * self.act_bytes_per_token
@@ -344,7 +344,7 @@ class Cluster:
                     T[s] += dur
                     phases[s].add(_PH[_HOST_PHASES[kind]], t0, T[s].copy())
         if self._is_checkpoint(k):
-            self._checkpoint(k, phases, colls, rng)
+            self._checkpoint(phases, colls, rng)
         t_end = T.copy()
         self._t = T + STEP_GAP_NS * (1.0 + 0.2 * rng.standard_normal(self.shape)).clip(0.2)
         self.next_step = k + 1
@@ -369,7 +369,7 @@ class Cluster:
         raise ValueError(f"unknown operation kind {kind}")
 
     def _checkpoint(
-        self, k: int, phases: list[_Records], colls: list[_Records], rng: np.random.Generator
+        self, phases: list[_Records], colls: list[_Records], rng: np.random.Generator
     ) -> None:
         """Every rank writes its shard (time set by its host's storage), then all ranks meet
         at a barrier on the world group."""

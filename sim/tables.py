@@ -50,17 +50,20 @@ class StepTables:
         """A table by name (``steps``, ``phases``, ``colls``, ``samples``)."""
         return getattr(self, name)
 
-    def rank_tables(self, rank: int) -> dict[str, dict[str, np.ndarray]]:
+    def rank_tables(
+        self, rank: int, names: tuple[str, ...] | None = None
+    ) -> dict[str, dict[str, np.ndarray]]:
         """One rank's tables (views), ready for ``schema.steps_message``.
 
         Args:
             rank: the rank.
+            names: the tables wanted (default: all four).
 
         Returns:
-            ``{"steps", "phases", "colls", "samples"}`` -> column dict.
+            Table name -> column dict.
         """
         out = {}
-        for name in TABLE_NAMES:
+        for name in names or TABLE_NAMES:
             off = self.offsets[name]
             a, b = int(off[rank]), int(off[rank + 1])
             out[name] = {k: v[a:b] for k, v in self.table(name).items()}
@@ -68,6 +71,36 @@ class StepTables:
 
 
 TABLE_NAMES = ("steps", "phases", "colls", "samples")
+
+
+def merge_rows(parts: list[StepTables], name: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """One table of consecutive steps, joined so that each rank's rows are contiguous (in
+    step order).
+
+    Args:
+        parts: tables of consecutive steps of one run.
+        name: the table (``steps``, ``phases``, ``colls``, ``samples``).
+
+    Returns:
+        ``(columns, offsets)``: rank ``r``'s rows are ``offsets[r]:offsets[r + 1]``.
+    """
+    if len(parts) == 1:
+        return parts[0].table(name), parts[0].offsets[name]
+    world = parts[0].offsets[name].shape[0] - 1
+    offs = [p.offsets[name] for p in parts]
+    counts = np.stack([np.diff(o) for o in offs], axis=1)  # (world, steps)
+    bases = np.cumsum([0] + [int(o[-1]) for o in offs[:-1]])
+    starts = np.stack([o[:-1] for o in offs], axis=1) + bases[None, :]
+    flat = counts.ravel()
+    out = np.zeros(world + 1, dtype=np.int64)
+    np.cumsum(counts.sum(axis=1), out=out[1:])
+    # row i of the joined table comes from (its block's start) + (i - block's new start)
+    gather = np.repeat(starts.ravel() - (np.cumsum(flat) - flat), flat)
+    gather += np.arange(int(out[-1]))
+    cols = {
+        k: np.concatenate([p.table(name)[k] for p in parts])[gather] for k in parts[0].table(name)
+    }
+    return cols, out
 
 
 def merge_steps(parts: list[StepTables]) -> StepTables:
@@ -82,26 +115,12 @@ def merge_steps(parts: list[StepTables]) -> StepTables:
     """
     if len(parts) == 1:
         return parts[0]
-    world = parts[0].offsets["steps"].shape[0] - 1
-    tables: dict[str, dict[str, np.ndarray]] = {}
-    offsets: dict[str, np.ndarray] = {}
-    for name in TABLE_NAMES:
-        offs = [p.offsets[name] for p in parts]
-        counts = np.stack([np.diff(o) for o in offs], axis=1)  # (world, steps)
-        bases = np.cumsum([0] + [int(o[-1]) for o in offs[:-1]])
-        starts = np.stack([o[:-1] for o in offs], axis=1) + bases[None, :]
-        flat = counts.ravel()
-        out = np.zeros(world + 1, dtype=np.int64)
-        np.cumsum(counts.sum(axis=1), out=out[1:])
-        # row i of the joined table comes from (its block's start) + (i - block's new start)
-        gather = np.repeat(starts.ravel() - (np.cumsum(flat) - flat), flat)
-        gather += np.arange(int(out[-1]))
-        tables[name] = {
-            k: np.concatenate([p.table(name)[k] for p in parts])[gather]
-            for k in parts[0].table(name)
-        }
-        offsets[name] = out
-    return StepTables(step=parts[0].step, offsets=offsets, **tables)
+    merged = {name: merge_rows(parts, name) for name in TABLE_NAMES}
+    return StepTables(
+        step=parts[0].step,
+        offsets={name: off for name, (_, off) in merged.items()},
+        **{name: cols for name, (cols, _) in merged.items()},
+    )
 
 
 def _times(values: np.ndarray, t0_ns: int, offset: np.ndarray) -> np.ndarray:

@@ -181,9 +181,13 @@ def test_same_scenario_and_seed_give_identical_messages() -> None:
     assert a == b
     c = iter_messages(load_scenario("slow-device", ranks=16, seed=99), 3, run_id="x", t0_ns=10**18)
     assert a != c
-    kinds = [schema.decode(m).kind for m in a]
+    msgs = [schema.decode(m) for m in a]
+    kinds = [m.kind for m in msgs]
     assert kinds.count("hello") == 16 and kinds.count("groups") == 1
-    assert kinds.count("steps") == kinds.count("samples") == 3 * 16
+    assert kinds.count("steps") == 3 * 16
+    # one device sample per rank and step, sent at the sampler's own pace
+    rows = [m.tables["samples"]["t"].shape[0] for m in msgs if m.kind == "samples"]
+    assert sum(rows) == 3 * 16 and 16 <= len(rows) <= 3 * 16
 
 
 def test_identical_across_processes() -> None:
@@ -252,3 +256,23 @@ def test_sim_imports_only_the_collector_and_numpy() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_batched_messages_carry_the_same_rows() -> None:
+    sc = load_scenario("healthy", ranks=16)
+
+    def rows(per: int) -> dict[tuple[str, int], dict[str, np.ndarray]]:
+        out: dict[tuple[str, int], dict[str, list]] = {}
+        for m in iter_messages(sc, 5, t0_ns=3, steps_per_message=per):
+            msg = schema.decode(m)
+            for name, cols in msg.tables.items():
+                slot = out.setdefault((name, msg.header["rank"]), {})
+                for c, v in cols.items():
+                    slot.setdefault(c, []).append(v)
+        return {k: {c: np.concatenate(v) for c, v in d.items()} for k, d in out.items()}
+
+    one, three = rows(1), rows(3)
+    assert one.keys() == three.keys()
+    for key in one:
+        for col in one[key]:
+            np.testing.assert_array_equal(one[key][col], three[key][col])
