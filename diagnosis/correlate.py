@@ -179,8 +179,10 @@ def _effect_row(
     metric: str, dimension: str, values: np.ndarray, codes: np.ndarray, names: list[str]
 ) -> DimensionEffect | None:
     codes = np.asarray(codes, dtype=np.int64)
-    known = codes >= 0
-    if known.sum() < 3 or np.unique(codes[known]).size < 2:
+    known = (codes >= 0) & np.isfinite(values)
+    n_groups = np.unique(codes[known]).size
+    # With about one value per group (a shard per rank) every grouping "explains" all.
+    if known.sum() < 3 or n_groups < 2 or known.sum() < 2 * n_groups:
         return None
     e: EffectSize = effect_size(values, codes)
     if e.n_groups < 2:

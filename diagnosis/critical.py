@@ -34,6 +34,8 @@ class GroupSkew:
     skew_p50: np.ndarray
     skew_p99: np.ndarray
     skew_max: np.ndarray
+    transfer_p10: np.ndarray
+    """Transfer of the quiet instances: the reference for bursts that hit most steps."""
     transfer_p50: np.ndarray
     transfer_p99: np.ndarray
     transfer_max: np.ndarray
@@ -120,7 +122,7 @@ def group_skew(window: Window) -> GroupSkew:
     keys, inv = np.unique(key, return_inverse=True)
     k = keys.size
     skew = group_quantiles(inv, inst.skew[ok], k, (0.5, 0.99, 1.0))
-    tr = group_quantiles(inv, transfer_time(inst)[ok], k, (0.5, 0.99, 1.0))
+    tr = group_quantiles(inv, transfer_time(inst)[ok], k, (0.5, 0.99, 1.0, 0.1))
     with np.errstate(invalid="ignore", divide="ignore"):
         share = skew[0] / (skew[0] + tr[0])
     row_of = np.full(len(inst), -1, dtype=np.int64)
@@ -133,6 +135,7 @@ def group_skew(window: Window) -> GroupSkew:
         skew_p50=skew[0],
         skew_p99=skew[1],
         skew_max=skew[2],
+        transfer_p10=tr[3],
         transfer_p50=tr[0],
         transfer_p99=tr[1],
         transfer_max=tr[2],

@@ -10,10 +10,12 @@ Given the before and after windows this module says:
 - **improved_other**: the step time improved although the predicted metric did not move —
   useful, but it does not support the explanation.
 
-It also closes the **accounting**: the categories the hypothesis predicts (its own
-category plus the arrival wait it causes on the other ranks) should shrink by about the
+It also closes the **accounting**: on the critical path — per step, the largest rank's
+value of the category the hypothesis blames — that category should shrink by about the
 step-time improvement (within ``ACCOUNTING_TOLERANCE`` of it, allowing for newly exposed
-work and measurement error); and it warns when the mean improved but the tail got worse.
+work and measurement error). The mean over ranks would not do: when a straggler is fixed,
+the other ranks' compute does not change, their waiting does. It also warns when the mean
+improved but the tail got worse.
 """
 
 from __future__ import annotations
@@ -40,20 +42,19 @@ Z_MOVE = 3.0
 ACCOUNTING_TOLERANCE = 0.25
 """The predicted categories must account for the step change within 25 % of it."""
 
-PREDICTED_CATEGORIES: dict[str, tuple[str, ...]] = {
-    "data_imbalance": ("compute", "arrival_wait"),
-    "slow_device": ("compute", "arrival_wait"),
-    "slow_host_input": ("input", "arrival_wait"),
-    "local_fabric": ("exposed_comm", "arrival_wait"),
-    "network_rail": ("exposed_comm", "arrival_wait"),
-    "placement": ("exposed_comm", "arrival_wait"),
-    "intermittent_congestion": ("exposed_comm", "arrival_wait"),
-    "checkpoint": ("checkpoint", "arrival_wait"),
-    "allocator_growth": ("memory", "arrival_wait"),
-    "numerator_change": ("compute", "arrival_wait"),
+ACCOUNTING_CATEGORY: dict[str, str] = {
+    "data_imbalance": "compute",
+    "slow_device": "compute",
+    "numerator_change": "compute",
+    "slow_host_input": "input",
+    "local_fabric": "exposed_comm",
+    "network_rail": "exposed_comm",
+    "placement": "exposed_comm",
+    "intermittent_congestion": "exposed_comm",
+    "checkpoint": "checkpoint",
+    "allocator_growth": "memory",
 }
-"""Per hypothesis, the categories its fix should shrink: its own, plus the arrival wait
-that a slow rank's delay becomes on every other rank."""
+"""Per hypothesis, the category its fix should shrink on the critical path."""
 
 
 def _per_step(name: str) -> Callable[[Window, Decomposition], np.ndarray]:
@@ -160,8 +161,13 @@ class ExperimentResult:
     step_improved: bool
     category_deltas: dict[str, float]
     """Mean per rank-step change of every category (ns)."""
-    predicted_categories: tuple[str, ...]
+    accounting_category: str
+    """The category the hypothesis blames ('' for an unknown hypothesis)."""
     predicted_delta_ns: float
+    """Change of that category on the critical path (largest rank per step, mean over
+    steps)."""
+    step_mean_change_ns: float
+    """Change of the mean job step time."""
     accounting_closed: bool
     tail_worse: bool
     """The mean improved but p99 or the stall rate got worse."""
@@ -215,11 +221,15 @@ def evaluate(before: Window, after: Window, record: Any) -> ExperimentResult:
     step_improved = bool(step_change < 0 and -step_change >= max(Z_MOVE * step_se, 0.01 * s_b.p50))
     mean_b, mean_a = d_b.mean_per_step(), d_a.mean_per_step()
     deltas = {c: mean_a[c] - mean_b[c] for c in CATEGORIES}
-    cats = PREDICTED_CATEGORIES.get(spec.hypothesis, ())
-    predicted = float(sum(deltas[c] for c in cats))
-    step_mean_change = float(nanmean(d_a.step_ns) - nanmean(d_b.step_ns))
+    cat = ACCOUNTING_CATEGORY.get(spec.hypothesis, "")
+    predicted = float("nan")
+    if cat:
+        crit_b = nanmean(_column_max(d_b.category(cat)))
+        crit_a = nanmean(_column_max(d_a.category(cat)))
+        predicted = float(crit_a - crit_b)
+    step_mean_change = float(nanmean(job_step_ns(after)) - nanmean(job_step_ns(before)))
     closed = bool(
-        cats
+        cat
         and step_mean_change < 0
         and abs(predicted - step_mean_change) <= ACCOUNTING_TOLERANCE * abs(step_mean_change)
     )
@@ -232,7 +242,7 @@ def evaluate(before: Window, after: Window, record: Any) -> ExperimentResult:
     notes = []
     if moved and not closed and step_improved:
         notes.append(
-            f"accounting open: predicted categories {cats} changed {predicted / 1e6:+.2f} ms "
+            f"accounting open: {cat} on the critical path changed {predicted / 1e6:+.2f} ms "
             f"for a step change of {step_mean_change / 1e6:+.2f} ms"
         )
     if verdict == "improved_other":
@@ -257,8 +267,9 @@ def evaluate(before: Window, after: Window, record: Any) -> ExperimentResult:
         step_change_ns=float(step_change),
         step_improved=step_improved,
         category_deltas=deltas,
-        predicted_categories=cats,
+        accounting_category=cat,
         predicted_delta_ns=predicted,
+        step_mean_change_ns=step_mean_change,
         accounting_closed=closed,
         tail_worse=tail,
         notes=tuple(notes),

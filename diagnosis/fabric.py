@@ -13,7 +13,8 @@ NVLink with a 256 MiB one over the network.
 - **placement**: groups that cross hosts although most groups of their kind do not (a
   tensor-parallel group split over two hosts), against their kind's intra-host peers.
 - **bursts**: per step, the geometric mean over cross-host instances of transfer relative
-  to its row's median — a congestion burst lifts a whole step's transfers at once.
+  to its row's quiet level (10th percentile) — a congestion burst lifts a whole step's
+  transfers at once, and may hit more than half of the steps.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ class FabricView:
     row_ratio: np.ndarray
     """float64 per `GroupSkew` row: median transfer over its peers' median."""
     inflation_cross: np.ndarray
-    """float64 (S,) per step geometric-mean transfer ratio of cross-host instances."""
+    """float64 (S,) per step geometric-mean transfer of cross-host instances over their
+    rows' quiet level (10th percentile)."""
     inflation_intra: np.ndarray
     """float64 (S,) the same for intra-host instances."""
 
@@ -173,7 +175,7 @@ def _host_name(window: Window, code: int) -> str:
 
 
 def _inflation(window: Window, skew: GroupSkew, row_ratio_of: np.ndarray, cross: np.ndarray):
-    """Per step, exp(mean log(transfer / row median)) over instances in ``cross`` rows."""
+    """Per step, exp(mean log(transfer / row quiet level)) over instances in ``cross`` rows."""
     inst = window.instances
     n_steps = int(window.steps.shape[0])
     out = np.full(n_steps, np.nan)
@@ -183,7 +185,7 @@ def _inflation(window: Window, skew: GroupSkew, row_ratio_of: np.ndarray, cross:
     ok = row >= 0
     ok[ok] = cross[row[ok]]
     t = transfer_time(inst)
-    med = skew.transfer_p50
+    med = skew.transfer_p10
     idx = np.flatnonzero(ok)
     with np.errstate(invalid="ignore", divide="ignore"):
         lr = np.log(t[idx] / med[row[idx]])

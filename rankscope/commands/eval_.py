@@ -80,13 +80,16 @@ def catalog() -> list[str]:
     return [n for n, _ in list_scenarios() if not n.startswith("seed-example")]
 
 
-def simulate_window(scenario: Any, steps: int, run: str) -> tuple[Any, dict[str, Any]]:
+def simulate_window(
+    scenario: Any, steps: int, run: str, scope: Any = None
+) -> tuple[Any, dict[str, Any]]:
     """Run a scenario in-process and assemble its `Window` (no hub, no sockets).
 
     Args:
         scenario: a resolved `rankscope.sim.spec.Scenario`.
         steps: steps to simulate.
         run: run id.
+        scope: reduced scope (a scope name or `rankscope.sim.topology.ScopeSpec`).
 
     Returns:
         ``(window, truth)``.
@@ -94,7 +97,7 @@ def simulate_window(scenario: Any, steps: int, run: str) -> tuple[Any, dict[str,
     from rankscope.diagnosis.assemble import build_window
     from rankscope.sim.engine import Cluster
 
-    cluster = Cluster(scenario)
+    cluster = Cluster(scenario, scope)
     tables = [cluster.step() for _ in range(steps)]
 
     def cat(name: str) -> dict[str, np.ndarray]:
@@ -104,6 +107,7 @@ def simulate_window(scenario: Any, steps: int, run: str) -> tuple[Any, dict[str,
     window = build_window(
         job=scenario.job,
         run=run,
+        scope=cluster.layout.scope,
         identities={int(i["rank"]): i for i in cluster.identities},
         groups=cluster.groups,
         steps=cat("steps"),
