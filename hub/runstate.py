@@ -99,9 +99,11 @@ class RunState:
         self.cell_inc = np.full((R, H), -1, np.int32)
         self.t_start = np.full((R, H), schema.NO_TIME, np.int64)
         self.t_end = np.full((R, H), schema.NO_TIME, np.int64)
-        self.work = {n: np.full((R, H), np.nan) for n in WORK_COLUMNS}
-        self.memory = {n: np.full((R, H), np.nan) for n in MEMORY_COLUMNS}
-        self.phases = {n: np.zeros((R, H)) for n in schema.PHASES}
+        # Work, memory and phase grids exist only once some rank reports a known value:
+        # a CPU job without memory counters or user phases pays nothing for them.
+        self.work: dict[str, np.ndarray] = {}
+        self.memory: dict[str, np.ndarray] = {}
+        self.phases: dict[str, np.ndarray] = {}
         self.coll = {n: np.zeros((R, H)) for n in COLL_AGGREGATES}
         # Ingest only records references to the message columns; the periodic pass
         # (store.settle) and readers apply them in vectorized batches.
@@ -384,12 +386,17 @@ class RunState:
 
             self.t_start[rank, slot] = col("t_start")
             self.t_end[rank, slot] = col("t_end")
-            for grids in (self.work, self.memory):
-                for name, a in grids.items():
+            for grids, names in ((self.work, WORK_COLUMNS), (self.memory, MEMORY_COLUMNS)):
+                for name in names:
                     c = col(name)
                     v = c.astype(np.float64)
                     if c.dtype.kind != "f":
                         v[c < 0] = np.nan
+                    a = grids.get(name)
+                    if a is None:
+                        if np.isnan(v).all():
+                            continue
+                        a = grids[name] = np.full((self.world_size, self.H), np.nan)
                     a[rank, slot] = v
         if self._staged_phases:
             staged_p, self._staged_phases = self._staged_phases, []

@@ -316,6 +316,14 @@ class Store:
             g[~present] = np.nan
             return g
 
+        def nan_or(a: np.ndarray | None) -> np.ndarray:
+            return grid(a) if a is not None else np.full(present.shape, np.nan)
+
+        # A phase never reported is zero wherever the rank reported the step.
+        phase_ns = {
+            name: grid(r.phases[name]) if name in r.phases else np.where(present, 0.0, np.nan)
+            for name in (*schema.PHASES, *r.phase_names)
+        }
         instances = self._window_instances(r, steps, shift)
         raw = r.raw_rows()
         rows = None
@@ -351,9 +359,9 @@ class Store:
             present=present.copy(),
             t_start=rel(r.t_start),
             t_end=rel(r.t_end),
-            phase_ns={name: grid(a) for name, a in r.phases.items()},
-            work={name: grid(r.work[name]) for name in WORK_COLUMNS},
-            memory={name: grid(r.memory[name]) for name in MEMORY_COLUMNS},
+            phase_ns=phase_ns,
+            work={name: nan_or(r.work.get(name)) for name in WORK_COLUMNS},
+            memory={name: nan_or(r.memory.get(name)) for name in MEMORY_COLUMNS},
             device=device_means(r.samples.view(), step_rows, R, steps),
             coll={name: grid(r.coll[name]) for name in COLL_AGGREGATES},
             instances=instances,
