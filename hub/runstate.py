@@ -16,11 +16,14 @@ import numpy as np
 
 from rankscope.collector import schema
 from rankscope.diagnosis.arrivals import ASYNC_FLAGS, async_cut
+from rankscope.diagnosis.assemble import group_info, rank_info
 from rankscope.diagnosis.window import (
     COLL_AGGREGATES,
     MEMORY_COLUMNS,
     WORK_COLUMNS,
+    GroupInfo,
     InstanceTable,
+    RankInfo,
 )
 from rankscope.hub.columns import Columns
 
@@ -83,6 +86,7 @@ class RunState:
         self.groups: dict[int, dict[str, Any]] = {}
         self.phase_names: list[str] = []
         self.stats: dict[int, dict[str, Any]] = {}
+        self._info: tuple[RankInfo, dict[int, GroupInfo]] | None = None
         self.t0: int = 0
         self._t0_set = False
         self.max_step: int | None = None
@@ -132,6 +136,7 @@ class RunState:
     # -- identity ---------------------------------------------------------------------
 
     def hello(self, h: Mapping[str, Any]) -> None:
+        self._info = None
         ident = h["identity"]
         rank, inc = int(ident["rank"]), int(h["inc"])
         self.incarnation[rank] = max(inc, int(self.incarnation[rank]))
@@ -142,6 +147,17 @@ class RunState:
             self.scope = str(h.get("scope") or "full")
             self.parent_run = h.get("parent_run")
 
+    def info(self) -> tuple[RankInfo, dict[int, GroupInfo]]:
+        """Identity and group tables, rebuilt only after a hello or a groups message."""
+        if self._info is None:
+            identities = {
+                k: {**v, "incarnation": int(self.incarnation[k])}
+                for k, v in self.identities.items()
+            }
+            ranks = rank_info(identities, self.world_size)
+            self._info = (ranks, group_info(list(self.groups.values()), ranks))
+        return self._info
+
     def manifest(self) -> dict[str, Any]:
         """Rank 0's manifest, or the lowest rank's when rank 0 has not said hello."""
         if not self.manifests:
@@ -149,6 +165,7 @@ class RunState:
         return self.manifests.get(0, self.manifests[min(self.manifests)])
 
     def set_groups(self, groups: list[dict[str, Any]]) -> None:
+        self._info = None
         for g in groups:
             gid = int(g["id"])
             self.groups[gid] = {

@@ -15,9 +15,9 @@ Per run the store keeps
 - raw collective rows of the last ``raw_steps`` steps, and device/host samples back to the
   oldest step of the ring.
 
-Memory is bounded by ``history_steps × world size`` cells (about 170 bytes each plus 8 per
-phase name seen), the pending rows of at most ``stale_steps`` steps, and the raw rows of
-``raw_steps`` steps.
+Memory is bounded by ``history_steps × world size`` cells, at most ``max_cells`` (85 bytes
+each, plus 8 per work or memory column and per phase that some rank reports), the pending
+rows of at most ``stale_steps`` steps, and the raw rows of ``raw_steps`` steps.
 
 All methods are thread-safe: the hub's receive thread ingests while viewers read windows.
 """
@@ -36,9 +36,10 @@ import numpy as np
 from rankscope.collector import schema
 from rankscope.diagnosis import arrivals
 from rankscope.diagnosis.arrivals import match, row_contributions
-from rankscope.diagnosis.assemble import coll_rows, device_means, group_info, rank_info
+from rankscope.diagnosis.assemble import coll_rows, device_means
 from rankscope.diagnosis.window import (
     COLL_AGGREGATES,
+    DEVICE_COLUMNS,
     MEMORY_COLUMNS,
     WORK_COLUMNS,
     InstanceTable,
@@ -83,6 +84,7 @@ class Store:
         raw_steps: int = 8,
         stale_steps: int = 32,
         settle_rows: int = 2_000_000,
+        max_cells: int = 4_000_000,
     ) -> None:
         """Create an empty store.
 
@@ -93,6 +95,8 @@ class Store:
                 closed as incomplete.
             settle_rows: pending rows that trigger a matching pass during ingest (the hub
                 also settles on a timer).
+            max_cells: bound on ranks × history steps per run; a large world keeps fewer
+                steps (at least 16) so the ring stays within memory.
         """
         if history_steps < 1 or raw_steps < 0 or stale_steps < 1:
             raise ValueError("history_steps and stale_steps must be ≥ 1, raw_steps ≥ 0")
@@ -100,6 +104,7 @@ class Store:
         self.raw_steps = int(raw_steps)
         self.stale_steps = int(stale_steps)
         self.settle_rows = int(settle_rows)
+        self.max_cells = int(max_cells)
         self._lock = threading.RLock()
         self._runs: dict[str, RunState] = {}
         self._counters: dict[str, Any] = {
@@ -145,13 +150,9 @@ class Store:
             if msg.kind == "hello":
                 run = self._runs.get(h["run"])
                 if run is None:
-                    run = RunState(
-                        h["job"],
-                        h["run"],
-                        h["identity"]["world_size"],
-                        self.history_steps,
-                        self.raw_steps,
-                    )
+                    world = int(h["identity"]["world_size"])
+                    history = min(self.history_steps, max(16, self.max_cells // world))
+                    run = RunState(h["job"], h["run"], world, history, self.raw_steps)
                     self._runs[h["run"]] = run
                 run.hello(h)
                 return
@@ -306,14 +307,19 @@ class Store:
         t0 = int(ts[known].min()) if known.any() else 0
         shift = float(r.t0 - t0)
 
+        absent = ~present
+        gaps = bool(absent.any())
+
         def grid(a: np.ndarray) -> np.ndarray:
-            g = a[:, slots].astype(np.float64)
-            g[~present] = np.nan
+            g = a[:, slots].astype(np.float64, copy=False)
+            if gaps:
+                g[absent] = np.nan
             return g
 
         def rel(a: np.ndarray) -> np.ndarray:
             g = arrivals.relative_ns(a[:, slots], t0)
-            g[~present] = np.nan
+            if gaps:
+                g[absent] = np.nan
             return g
 
         def nan_or(a: np.ndarray | None) -> np.ndarray:
@@ -330,17 +336,19 @@ class Store:
         if raw is not None:
             sel = np.isin(raw["step"], steps)
             rows = coll_rows(raw, t0, sel) if sel.any() else None
-        rr, jj = np.nonzero(present)
-        step_rows = {
-            "rank": rr,
-            "step": steps[jj],
-            "t_start": r.t_start[:, slots][rr, jj],
-            "t_end": r.t_end[:, slots][rr, jj],
-        }
-        identities = {
-            k: {**v, "incarnation": int(r.incarnation[k])} for k, v in r.identities.items()
-        }
-        ranks = rank_info(identities, R)
+        samples = r.samples.view()
+        if len(r.samples):
+            rr, jj = np.nonzero(present)
+            step_rows = {
+                "rank": rr,
+                "step": steps[jj],
+                "t_start": r.t_start[:, slots][rr, jj],
+                "t_end": r.t_end[:, slots][rr, jj],
+            }
+            device = device_means(samples, step_rows, R, steps)
+        else:
+            device = {name: np.full(present.shape, np.nan) for name in DEVICE_COLUMNS}
+        ranks, groups = r.info()
         clock = np.full(R, np.nan)
         for rank, st in r.stats.items():
             err = st.get("clock_error_ns")
@@ -353,7 +361,7 @@ class Store:
             parent_run=r.parent_run,
             manifest=dict(r.manifest()),
             ranks=ranks,
-            groups=group_info(list(r.groups.values()), ranks),
+            groups=groups,
             t0_ns=t0,
             steps=steps,
             present=present.copy(),
@@ -362,7 +370,7 @@ class Store:
             phase_ns=phase_ns,
             work={name: nan_or(r.work.get(name)) for name in WORK_COLUMNS},
             memory={name: nan_or(r.memory.get(name)) for name in MEMORY_COLUMNS},
-            device=device_means(r.samples.view(), step_rows, R, steps),
+            device=device,
             coll={name: grid(r.coll[name]) for name in COLL_AGGREGATES},
             instances=instances,
             rows=rows,
