@@ -14,7 +14,8 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
-from typing import ClassVar
+from pathlib import Path
+from typing import Any, ClassVar
 
 from textual import work
 from textual.app import App
@@ -56,6 +57,13 @@ class RankscopeApp(App[int]):
         Binding("question_mark", "help", "Help", tooltip="This list of keys"),
         Binding("p", "pause", "Pause", tooltip="Freeze the view (data keeps being recorded)"),
         Binding("b", "baseline", "Baseline", tooltip="Choose the baseline run"),
+        Binding(
+            "ctrl+s",
+            "snapshot",
+            "Snapshot",
+            tooltip="Write a snapshot bundle for a ticket",
+            show=False,
+        ),
     ]
     """
     | Key(s) | Description |
@@ -64,6 +72,7 @@ class RankscopeApp(App[int]):
     | ? | The list of keys. |
     | p | Pause or resume the view; data keeps being received and recorded. |
     | b | Choose the baseline run. |
+    | ctrl+s | Write a snapshot bundle (Markdown, JSON, screen, raw window) in the current folder. |
     """
 
     metric: reactive[str] = reactive("step")
@@ -456,6 +465,36 @@ class RankscopeApp(App[int]):
             self.baseline_run = None if choice == NO_BASELINE else choice
 
         self.push_screen(BaselinePicker(runs, current, self.baseline_run), done)
+
+    def action_snapshot(self) -> None:
+        """Write a snapshot bundle of what is on screen (``rankscope.snapshot``)."""
+        from rankscope.snapshot import View
+
+        w = self.model.window if self.model is not None else None
+        view = View(
+            run=w.run if w is not None else self.run_id,
+            metric=self.metric,
+            group_by=self.group_by,
+            pins=self.pins,
+            baseline_run=self.baseline_run,
+            filter=self.filter_text,
+            zoom=self.zoom,
+        )
+        self.notify("snapshot: writing…", timeout=2)
+        self._snapshot_worker(view, self.export_screenshot())
+
+    @work(thread=True, group="snapshot", exclusive=True)
+    def _snapshot_worker(self, view: Any, svg: str) -> None:
+        from rankscope.snapshot import snapshot_from_source
+
+        try:
+            bundle = snapshot_from_source(
+                Path.cwd(), self.source, view, last=self.settings.view.window_steps, screen_svg=svg
+            )
+        except Exception as exc:  # a failed snapshot must not take the view down
+            self.call_from_thread(self.notify, f"snapshot failed: {exc}", severity="error")
+            return
+        self.call_from_thread(self.notify, f"snapshot: {bundle.folder}", timeout=8)
 
     def help_sections(self) -> list[tuple[str, list[BindingType]]]:
         """Every screen's bindings, for the help screen."""
