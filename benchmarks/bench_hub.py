@@ -153,6 +153,49 @@ def hub_loop(world: int, steps: int, colls: int, record: bool) -> tuple[float, f
     return wall * m / (m - 1), cpu * m / (m - 1)
 
 
+def breakdown(world: int, steps: int, colls: int) -> dict[str, float]:
+    """CPU ns per collective row of each stage, in-process on the same batches (steady
+    state: the second half of the batches, matching every 160k rows as the hub would)."""
+    from rankscope.hub.recording import RecordingWriter
+    from rankscope.hub.store import Store
+    from rankscope.hub.validate import check
+
+    head, body = make_messages(world, steps, colls)
+    store = Store()
+    from rankscope.hub.intake import Intake
+
+    intake = Intake(store)
+    for m in head:
+        intake.feed(m)
+    every = max(1, 160_000 // colls)
+    half = len(body) // 2
+    t = {"decode": 0.0, "validate + ingest": 0.0, "matching pass": 0.0, "recording": 0.0}
+    with tempfile.TemporaryDirectory() as tmp:
+        rec = RecordingWriter(tmp)
+        for i, data in enumerate(body):
+            if i == half:
+                t = dict.fromkeys(t, 0.0)
+            c0 = time.thread_time()
+            msg = schema.decode(data)
+            c1 = time.thread_time()
+            store.ingest(msg, check(msg, store).keep_steps)
+            c2 = time.thread_time()
+            rec.append(data, 0)
+            c3 = time.thread_time()
+            t["decode"] += c1 - c0
+            t["validate + ingest"] += c2 - c1
+            t["recording"] += c3 - c2
+            if i % every == every - 1:
+                store.settle()
+                t["matching pass"] += time.thread_time() - c3
+        c0 = time.thread_time()
+        store.settle()
+        rec.close()
+        t["matching pass"] += time.thread_time() - c0
+    rows = (len(body) - half) * colls
+    return {k: v / rows * 1e9 for k, v in t.items()}
+
+
 def run(quick: bool) -> str:
     """Measure and return the Markdown section."""
     world = 16
@@ -183,6 +226,18 @@ def run(quick: bool) -> str:
                 f"| {colls} ({what}) | {events:,} | {r:.2f} | {h:.2f} | {h / r:.2f} "
                 f"| {c:.2f} | {c / r:.2f} |"
             )
+    lines += [
+        "",
+        "CPU time per collective row of each stage, in-process on the same batches "
+        "(ns/row; independent of the sender and of other load on the machine):",
+        "",
+        "| rows/batch | decode | validate + ingest | matching pass | recording | total |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for colls, steps in cases:
+        b = breakdown(world, steps, colls)
+        cells = " | ".join(f"{v:.0f}" for v in b.values())
+        lines.append(f"| {colls} | {cells} | {sum(b.values()):.0f} |")
     lines += [
         "",
         "M events/s. *wall*: elapsed time; *cpu*: CPU time of the receiving thread (the "
