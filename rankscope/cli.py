@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from types import ModuleType
 
 from rankscope.version import __version__
 
@@ -32,8 +33,8 @@ COMMANDS: dict[str, str] = {
 }
 
 
-def _available() -> dict[str, object]:
-    mods = {}
+def _available() -> dict[str, ModuleType]:
+    mods: dict[str, ModuleType] = {}
     for name, mod in COMMANDS.items():
         try:
             mods[name] = importlib.import_module(f"rankscope.commands.{mod}")
@@ -53,7 +54,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"rankscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     if only is not None and only in COMMANDS:
-        mods = {only: importlib.import_module(f"rankscope.commands.{COMMANDS[only]}")}
+        mods: dict[str, ModuleType] = {
+            only: importlib.import_module(f"rankscope.commands.{COMMANDS[only]}")
+        }
     else:
         mods = _available()
     for name, mod in mods.items():
