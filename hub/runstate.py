@@ -463,8 +463,10 @@ class RunState:
     def put_pending(self, rows: Mapping[str, np.ndarray], keep: np.ndarray) -> None:
         """Keep ``rows[keep]`` for the next pass."""
         self.pending.clear()
-        self.pending.append({k: v[keep] for k, v in rows.items()}, int(keep.sum()))
-        self.pending_rows = len(self.pending)
+        m = int(keep.sum())
+        if m:
+            self.pending.append({k: v[keep] for k, v in rows.items()}, m)
+        self.pending_rows = m
 
     def raw_rows(self) -> dict[str, np.ndarray] | None:
         """Raw collective rows of the last ``raw_steps`` steps (with ``rank``)."""

@@ -194,7 +194,14 @@ class Store:
         starts = _runs(n, n_old, P["rank"], P["step"], P["epoch"])
         cell, valid = run.cells(P["rank"][starts], P["step"][starts], P["epoch"][starts])
         fresh = starts >= n_old
-        sums = {k: np.add.reduceat(contrib[k], starts) for k in COLL_AGGREGATES}
+        sums: dict[str, np.ndarray] = {"n": np.diff(np.append(starts, n)).astype(np.float64)}
+        by_array: dict[int, np.ndarray] = {}
+        for k in COLL_AGGREGATES:
+            if k != "n":  # entries may share an array (blocking rows: exposed == total)
+                a = contrib[k]
+                if id(a) not in by_array:
+                    by_array[id(a)] = np.add.reduceat(a, starts)
+                sums[k] = by_array[id(a)]
         # Calls and time inside count once, when a row is new; the arrival aggregates are
         # zero until the instance completes, and a complete instance leaves the pending set.
         counted = {k: (valid & fresh) if k in ("n", "coll_ns") else valid for k in sums}
