@@ -97,7 +97,7 @@ async def test_startup_shows_the_run_and_its_straggler(slow13, healthy) -> None:
         assert header.run == "run-b"  # the newest run is shown
         assert header.world_size == 64 and header.hosts == 8 and header.step == 1039
         grid = app.screen.query_one(Heatmap).grid
-        assert grid.spec.name == "step" and len(grid) == 64
+        assert grid.spec.name == "lateness" and len(grid) == 64
         top = app.model.ranking[0]
         assert top.rank == 13 and top.times_last == 80
         assert app.model.arrivals[0].last_rank == 13
@@ -109,16 +109,16 @@ async def test_metric_and_group_keys_cycle(slow13) -> None:
     app = _app([slow13])
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot, app)
+        first = METRICS.index(app.metric)
         await pilot.press("m")
         await settle(pilot, app, analysis=False)
-        assert app.metric == METRICS[1]
-        assert app.screen.query_one(Heatmap).grid.spec.name == METRICS[1]
-        for _ in range(len(METRICS) - 2):
+        assert app.metric == METRICS[first + 1]
+        assert app.screen.query_one(Heatmap).grid.spec.name == METRICS[first + 1]
+        for _ in range(len(METRICS) - 1):
             await pilot.press("m")
         await settle(pilot, app, analysis=False)
-        assert app.metric == "temperature"
-        await pilot.press("m")
-        assert app.metric == "step"
+        assert app.metric == METRICS[first]
+        assert app.screen.query_one(Heatmap).grid.spec.name == METRICS[first]
         await pilot.press("g")
         await settle(pilot, app, analysis=False)
         assert app.group_by == GROUP_BY[1]
@@ -143,12 +143,12 @@ async def test_space_pins_and_pins_persist_per_job(slow13, tmp_path: Path) -> No
         await pilot.press("m")
         await settle(pilot, app, analysis=False)
     saved = json.loads(state_path(tmp_path, "demo-llm").read_text())
-    assert saved["pins"] == [13] and saved["metric"] == "compute"
+    assert saved["pins"] == [13] and saved["metric"] == "wait"
 
     again = _app([slow13], tmp_path)
     async with again.run_test(size=SIZE) as pilot:
         await settle(pilot, again)
-        assert again.pins == (13,) and again.metric == "compute"
+        assert again.pins == (13,) and again.metric == "wait"
         assert again.screen.query_one(Heatmap).grid.rank[0] == 13
         await pilot.press("home", "space")  # the pinned row is the first: unpin it
         await settle(pilot, again, analysis=False)
@@ -247,7 +247,7 @@ async def test_pause_stops_sampling_but_keeps_view_changes(slow13) -> None:
         assert "PAUSED" in header.renderables[0].plain
         await pilot.press("m")
         await settle(pilot, app, analysis=False)
-        assert app.screen.query_one(Heatmap).grid.spec.name == "compute"
+        assert app.screen.query_one(Heatmap).grid.spec.name == "wait"
         await pilot.press("p")
         assert not app.paused
         await wait_for(pilot, lambda: len(calls) > before)

@@ -215,3 +215,15 @@ def test_stacked_bar_sums_and_scales() -> None:
     tiny = stacked_bar([("a", 39.5), ("b", 0.5)], colours, 40, 40)
     assert [(s.end - s.start) for s in tiny.spans] == [39, 1]
     assert stacked_bar([("a", float("nan"))], colours, 5, 0).plain == " " * 5
+
+
+def test_hub_health_words() -> None:
+    from rankscope.tui.panels import fmt_ms, fmt_rate, hub_health
+
+    words = hub_health(
+        {"events_per_s": 1.25e6, "drops": {"batches": 2, "events": 300}, "rejects": {"bad": 4}}
+    )
+    assert words == ["1.2M ev/s", "drops 300", "rejects 4"]
+    assert hub_health({"rejects": {}}) == []
+    assert fmt_ms(1234.5) == "1,234" and fmt_ms(12.345) == "12.3" and fmt_ms(None) == "–"
+    assert fmt_rate(950) == "950" and fmt_rate(float("nan")) == "–"

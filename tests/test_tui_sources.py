@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,31 +85,34 @@ def test_store_source_reads_any_store_shape(window) -> None:
     assert runs == [RunEntry("j", "r2", "one-node", None, 8, 42, 41)]
     assert src.window("r2", 50) is window and store.asked == [("r2", 50)]
     assert src.health() == {"events_per_s": 1e6, "dropped": 3}
-    assert run_entry({"job": "j", "run": "x", "n_steps": 7}).steps == 7
+    assert run_entry({"job": "j", "run": "x", "steps_complete": 7}).steps == 7
+    assert run_entry({"job": "j", "run": "x", "last_step": None}).last_step == -1
 
 
-def test_recording_source_follows_in_its_own_thread(tmp_path: Path, window) -> None:
+def test_recording_source_starts_and_stops_its_follower(tmp_path: Path, window) -> None:
     path = tmp_path / "rec"
     path.mkdir()
-    started = threading.Event()
-    seen = {}
+    calls = []
 
-    def opener(p, follow, stop):
-        seen["args"] = (p, follow)
+    class Follower:
+        def __init__(self, p):
+            calls.append(("init", p))
+            self.store = StaticSource([window])
 
-        def body():
-            started.set()
-            stop.wait(5)
+        def start(self):
+            calls.append("start")
 
-        return StaticSource([window]), body
+        def stop(self):
+            calls.append("stop")
 
-    src = RecordingSource(path, follow=True, opener=opener)
-    assert src.live and seen["args"] == (path, True)
+    src = RecordingSource(path, follow=True, follower=Follower)
+    assert src.live and calls == [("init", path)]
     assert [r.run for r in src.runs()] == ["r2"]
     src.start()
-    assert started.wait(2)
+    src.start()
     src.stop()
-    assert not src._thread.is_alive()
+    src.stop()
+    assert calls == [("init", path), "start", "stop"]
     with pytest.raises(FileNotFoundError, match="does not exist"):
         RecordingSource(tmp_path / "nope")
 
@@ -128,7 +130,7 @@ def test_view_state_roundtrip_and_bad_files(tmp_path: Path) -> None:
         json.dumps({"format": 1, "metric": "speed", "group_by": 3, "pins": [1, -2, True, "x", 4]})
     )
     got = load_view(tmp_path, "llama/70b run")
-    assert got == SavedView("step", "host", (1, 4), None)
+    assert got == SavedView("lateness", "host", (1, 4), None)
     assert list((tmp_path / "views").glob(".view-*")) == []
 
 

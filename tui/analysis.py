@@ -110,6 +110,8 @@ class AnalysisView:
     """This run's manifest, flattened (shown when there is no baseline)."""
     stall: Any = field(default=None, repr=False)
     """``rankscope.diagnosis.stall.Stall`` of the window."""
+    diagnosis: Any = field(default=None, repr=False)
+    """The full ``rankscope.diagnosis.engine.Diagnosis`` (for snapshots and reports)."""
     note: str = ""
     """What could not be computed, and why."""
 
@@ -135,6 +137,36 @@ def structure_rows(correlations: Any) -> tuple[StructureRow, ...]:
     )
 
 
+def hypothesis_rows(verdict: Any) -> tuple[Hypothesis, ...]:
+    """The verdict's hypotheses as display rows (evidence cut to its first observation).
+
+    Args:
+        verdict: ``rankscope.diagnosis.verdict.Verdict``.
+
+    Returns:
+        Rows in the verdict's order.
+    """
+    out = []
+    for h in verdict.hypotheses:
+        nxt = h.next_experiment
+        step = ""
+        if nxt is not None and nxt.change:
+            step = nxt.change if nxt.scope in ("", "none") else f"{nxt.scope}: {nxt.change}"
+        out.append(
+            Hypothesis(
+                mechanism=h.mechanism,
+                score=float(h.score),
+                evidence=h.evidence[0] if h.evidence else "",
+                next_experiment=step,
+                ranks=tuple(int(r) for r in h.ranks),
+                hosts=tuple(h.hosts),
+                supports=nxt.supports if nxt is not None else "",
+                rejects=nxt.rejects if nxt is not None else "",
+            )
+        )
+    return tuple(out)
+
+
 def analyse(
     window: Window, baseline: Window | None = None, now_ns: float | None = None
 ) -> AnalysisView:
@@ -149,18 +181,16 @@ def analyse(
     Returns:
         The analysis view.
     """
-    from rankscope.diagnosis.baseline import flatten, manifest_diff
-    from rankscope.diagnosis.correlate import correlate
-    from rankscope.diagnosis.critical import critical_path
-    from rankscope.diagnosis.curves import CONVENTION, bucket_label, message_curves
-    from rankscope.diagnosis.decomposition import CATEGORIES, decompose
-    from rankscope.diagnosis.stall import detect_stall
+    from rankscope.collector.schema import OPS
+    from rankscope.diagnosis.baseline import flatten
+    from rankscope.diagnosis.curves import CONVENTION, bucket_label
+    from rankscope.diagnosis.decomposition import CATEGORIES
+    from rankscope.diagnosis.engine import diagnose
 
-    decomp = decompose(window)
-    base_decomp = decompose(baseline) if baseline is not None else None
-    cur_mean = decomp.mean_per_step()
-    cur_max = decomp.max_rank_per_step()
-    base_mean = base_decomp.mean_per_step() if base_decomp is not None else {}
+    d = diagnose(window, baseline, now_ns)
+    cur_mean = d.decomposition.mean_per_step()
+    cur_max = d.decomposition.max_rank_per_step()
+    base_mean = {r.category: r.baseline_ns for r in d.delta.rows} if d.delta is not None else {}
     rows = tuple(
         CategoryRow(
             c,
@@ -170,53 +200,45 @@ def analyse(
         )
         for c in CATEGORIES
     )
-    first = None
-    if base_decomp is not None:
-        grown = [r for r in rows if np.isfinite(r.delta_ms) and r.delta_ms > 0]
-        first = max(grown, key=lambda r: r.delta_ms).category if grown else None
-    crit = critical_path(window, decomp)
-    corr = correlate(window, decomp, crit)
-
-    curves = message_curves(window.instances)
     names = {gid: g.name for gid, g in window.groups.items()}
-    from rankscope.collector.schema import OPS
-
-    curve_rows = tuple(
-        CurveRow(
-            group=names.get(int(curves.group[i]), f"g{int(curves.group[i])}"),
-            op=OPS[int(curves.op[i])] if 0 <= int(curves.op[i]) < len(OPS) else "?",
-            size=bucket_label(int(curves.bucket[i])),
-            count=int(curves.count[i]),
-            time_ms=float(curves.time_ns[i]) / NS_PER_MS,
-            busbw_gbps=float(curves.busbw_gbps[i]),
+    shifted = {(s.group, s.op, s.bucket): s.baseline_busbw_gbps for s in d.curve_shifts}
+    curves = d.curves
+    curve_rows = []
+    for i in range(len(curves)):
+        group = names.get(int(curves.group[i]), f"g{int(curves.group[i])}")
+        op = OPS[int(curves.op[i])] if 0 <= int(curves.op[i]) < len(OPS) else "?"
+        bucket = int(curves.bucket[i])
+        curve_rows.append(
+            CurveRow(
+                group=group,
+                op=op,
+                size=bucket_label(bucket),
+                count=int(curves.count[i]),
+                time_ms=float(curves.time_ns[i]) / NS_PER_MS,
+                busbw_gbps=float(curves.busbw_gbps[i]),
+                baseline_busbw_gbps=shifted.get((group, op, bucket), math.nan),
+            )
         )
-        for i in range(len(curves))
-    )
-    manifest: tuple[ManifestRow, ...] = ()
-    if baseline is not None:
-        manifest = tuple(
-            ManifestRow(c.field, _fmt_value(c.baseline), _fmt_value(c.current))
-            for c in manifest_diff(window.manifest, baseline.manifest)
-        )
-    step = float(np.nanmean(decomp.step_ns)) if np.isfinite(decomp.step_ns).any() else math.nan
-    base_step = math.nan
-    if base_decomp is not None and np.isfinite(base_decomp.step_ns).any():
-        base_step = float(np.nanmean(base_decomp.step_ns))
+    step = d.decomposition.step_ns
+    base_step = d.delta.step_baseline_ns if d.delta is not None else math.nan
     return AnalysisView(
         run=window.run,
-        baseline_run=baseline.run if baseline is not None else None,
-        hypotheses=(),
-        structure=structure_rows(corr),
+        baseline_run=d.baseline_run,
+        hypotheses=hypothesis_rows(d.verdict),
+        structure=structure_rows(d.correlations),
         decomposition=rows,
-        step_ms=step / NS_PER_MS,
+        step_ms=float(np.nanmean(step)) / NS_PER_MS if np.isfinite(step).any() else math.nan,
         baseline_step_ms=base_step / NS_PER_MS,
-        first_appears=first,
-        curves=curve_rows,
+        first_appears=d.delta.first_appears if d.delta is not None else None,
+        curves=tuple(curve_rows),
         curves_convention=CONVENTION,
-        manifest=manifest,
+        manifest=tuple(
+            ManifestRow(c.field, _fmt_value(c.baseline), _fmt_value(c.current))
+            for c in d.comparison.manifest
+        ),
         manifest_fields=tuple(
             (k, _fmt_value(v)) for k, v in sorted(flatten(window.manifest).items())
         ),
-        stall=detect_stall(window, now_ns),
-        note="",
+        stall=d.stall,
+        diagnosis=d,
     )

@@ -30,7 +30,7 @@ from rankscope.tui.sources import RunEntry, Sample
 class ViewState:
     """The user's view choices that shape the model (the app keeps them in reactives)."""
 
-    metric: str = "step"
+    metric: str = "lateness"
     group_by: str = "host"
     pins: tuple[int, ...] = ()
     filter: str = ""

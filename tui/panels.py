@@ -59,11 +59,35 @@ def fmt_rate(value: float | None) -> str:
     return f"{value:.0f}"
 
 
-def _first(health: dict[str, Any], *names: str) -> Any:
-    for name in names:
-        if health.get(name) is not None:
-            return health[name]
-    return None
+def _count(value: Any) -> int | None:
+    # Counters come as a number or as a map of reasons (or kinds) to numbers.
+    if isinstance(value, dict):
+        if "events" in value:
+            return _count(value["events"])
+        return sum(v for v in value.values() if isinstance(v, int))
+    return int(value) if isinstance(value, (int, float)) else None
+
+
+def hub_health(health: dict[str, Any]) -> list[str]:
+    """The hub's health in a few words: ingest rate, dropped events, rejected messages.
+
+    Args:
+        health: the store's counters (``events_per_s``, ``drops``, ``rejects``).
+
+    Returns:
+        Phrases, in that order, for the counters present.
+    """
+    out = []
+    rate = health.get("events_per_s")
+    if isinstance(rate, (int, float)):
+        out.append(f"{fmt_rate(float(rate))} ev/s")
+    drops = _count(health.get("drops"))
+    if drops is not None:
+        out.append(f"drops {drops:,}")
+    rejects = _count(health.get("rejects"))
+    if rejects:
+        out.append(f"rejects {rejects:,}")
+    return out
 
 
 def sync_table(
@@ -168,14 +192,7 @@ class HeaderBar(Static):
         elif s is not None:
             bottom.append(" │ no baseline (b)", style="dim")
         bottom.append(f" │ {fmt_rate(header.tokens_per_s)} tok/s")
-        h = header.health
-        rate = _first(h, "events_per_s", "events_s", "ingest_events_per_s")
-        drops = _first(h, "dropped", "drops", "dropped_events", "dropped_batches")
-        hub = []
-        if rate is not None:
-            hub.append(f"{fmt_rate(float(rate))} ev/s")
-        if drops is not None:
-            hub.append(f"drops {drops:,}" if isinstance(drops, int) else f"drops {drops}")
+        hub = hub_health(header.health)
         if header.clock_error_ms is not None:
             hub.append(f"clock ±{fmt_ms(header.clock_error_ms)} ms")
         if hub:
@@ -189,7 +206,7 @@ class VerdictLine(Static):
     DEFAULT_CSS = """
     VerdictLine {
         height: auto;
-        max-height: 3;
+        max-height: 2;
         padding: 0 1;
         background: $boost;
     }
@@ -236,7 +253,7 @@ class LastArrivalsPanel(Vertical):
         border-title-color: $text;
     }
     LastArrivalsPanel > Static { height: auto; }
-    LastArrivalsPanel > DataTable { height: auto; max-height: 7; }
+    LastArrivalsPanel > DataTable { height: auto; max-height: 7; scrollbar-size-horizontal: 0; }
     """
 
     def compose(self) -> ComposeResult:
@@ -283,7 +300,7 @@ class StructurePanel(Vertical):
         height: auto;
         border: round $primary 50%;
     }
-    StructurePanel > DataTable { height: auto; max-height: 9; }
+    StructurePanel > DataTable { height: auto; max-height: 9; scrollbar-size-horizontal: 0; }
     """
 
     def compose(self) -> ComposeResult:

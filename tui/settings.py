@@ -53,8 +53,10 @@ class SettingsError(ValueError):
 class ViewSettings:
     """What the main screen shows when it opens."""
 
-    metric: str = "step"
-    """Initial heatmap metric, one of ``METRICS``."""
+    metric: str = "lateness"
+    """Initial heatmap metric, one of ``METRICS``. Lateness (how long after the first rank
+    each rank entered its collectives) shows who holds the job up; the step time of a
+    synchronous job is the same on every rank and shows when, not who."""
     group_by: str = "host"
     """Initial row grouping, one of ``GROUP_BY``."""
     window_steps: int = 120

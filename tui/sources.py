@@ -14,7 +14,6 @@ other than the one that created it.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,7 +113,8 @@ def run_entry(summary: Any) -> RunEntry:
 
     Args:
         summary: an object with ``job``, ``run`` and optionally ``scope``, ``parent_run``,
-            ``world_size``, ``steps``/``n_steps``, ``last_step``.
+            ``world_size``, ``steps_complete``/``steps``, ``last_step`` (None before the
+            first step).
 
     Returns:
         The entry.
@@ -125,10 +125,11 @@ def run_entry(summary: Any) -> RunEntry:
             return summary.get(name, default)
         return getattr(summary, name, default)
 
-    last = get("last_step", -1)
-    steps = get("steps", get("n_steps", None))
-    if steps is None or not isinstance(steps, int):
-        steps = (last + 1) if isinstance(last, int) and last >= 0 else 0
+    last = get("last_step")
+    last = int(last) if isinstance(last, int) else -1
+    steps = get("steps_complete", get("steps"))
+    if not isinstance(steps, int):
+        steps = last + 1 if last >= 0 else 0
     return RunEntry(
         job=str(get("job", "")),
         run=str(get("run", "")),
@@ -136,7 +137,7 @@ def run_entry(summary: Any) -> RunEntry:
         parent_run=get("parent_run"),
         world_size=int(get("world_size", 0) or 0),
         steps=int(steps),
-        last_step=int(last if isinstance(last, int) else -1),
+        last_step=last,
     )
 
 
@@ -185,53 +186,53 @@ class LiveSource(StoreSource):
 class RecordingSource(StoreSource):
     """A recording replayed into a private store, optionally followed as it grows.
 
+    Following reads the existing frames, then polls for new ones in a background thread
+    (``rankscope.hub.replay.Follower``); it only reads the files, so the hub that writes
+    them and other viewers are never disturbed.
+
     Args:
-        path: the recording (a file or a recording folder).
-        follow: keep reading new data in a background thread.
-        opener: ``opener(path, follow, stop_event) -> (store, thread_body | None)``; the
-            default uses ``rankscope.hub.replay`` (injectable so tests can stand in for a
-            hub that is not part of this build).
+        path: the recording folder (or one segment file).
+        follow: keep reading new frames in a background thread.
+        follower: ``follower(path)`` -> an object with ``store``, ``start()`` and
+            ``stop()`` (default ``rankscope.hub.replay.Follower``).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        rankscope.hub.recording.RecordingError: ``path`` is not a recording.
     """
 
     def __init__(
         self,
         path: str | Path,
         follow: bool = True,
-        opener: Callable[[Path, bool, threading.Event], tuple[Any, Callable[[], None] | None]]
-        | None = None,
+        follower: Callable[[Path], Any] | None = None,
     ) -> None:
         self.path = Path(path)
         if not self.path.exists():
             raise FileNotFoundError(f"recording {self.path} does not exist")
-        self._stop = threading.Event()
-        store, body = (opener or _open_recording)(self.path, follow, self._stop)
+        from rankscope.hub import replay
+
+        self._follower: Any = None
+        if follow:
+            self._follower = (follower or replay.Follower)(self.path)
+            store = self._follower.store
+        else:
+            store = replay.load(self.path)
         super().__init__(store, str(self.path))
         self.live = follow
-        self._body = body
-        self._thread: threading.Thread | None = None
+        self._started = False
 
     def start(self) -> None:
         """Start following the file (once)."""
-        if self._body is not None and self._thread is None:
-            self._thread = threading.Thread(target=self._body, name="rankscope-follow", daemon=True)
-            self._thread.start()
+        if self._follower is not None and not self._started:
+            self._started = True
+            self._follower.start()
 
     def stop(self) -> None:
-        """Stop following; waits briefly for the follower thread."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2.0)
-
-
-def _open_recording(
-    path: Path, follow: bool, stop: threading.Event
-) -> tuple[Any, Callable[[], None] | None]:
-    from rankscope.hub import replay
-
-    if not follow:
-        return replay.load(path), None
-    store, body = replay.follow(path, stop)
-    return store, body
+        """Stop following (idempotent)."""
+        if self._follower is not None and self._started:
+            self._follower.stop()
+            self._started = False
 
 
 class StaticSource:

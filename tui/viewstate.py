@@ -24,7 +24,7 @@ FORMAT = 1
 class SavedView:
     """What is remembered about one job's view."""
 
-    metric: str = "step"
+    metric: str = "lateness"
     group_by: str = "host"
     pins: tuple[int, ...] = ()
     baseline_run: str | None = None
@@ -71,7 +71,7 @@ def load_view(state_dir: Path, job: str) -> SavedView | None:
     pins = data.get("pins")
     baseline = data.get("baseline_run")
     return SavedView(
-        metric=metric if isinstance(metric, str) and metric in METRICS else "step",
+        metric=metric if isinstance(metric, str) and metric in METRICS else "lateness",
         group_by=group_by if isinstance(group_by, str) and group_by in GROUP_BY else "host",
         pins=tuple(p for p in pins if isinstance(p, int) and not isinstance(p, bool) and p >= 0)
         if isinstance(pins, list)
