@@ -393,7 +393,10 @@ class RunState:
         """Write staged step values and phase spans into the ring."""
         if self._staged_steps:
             staged, self._staged_steps = self._staged_steps, []
-            rank = np.concatenate([np.full(sl.shape[0], r, np.int64) for r, sl, _, _ in staged])
+            rank = np.repeat(
+                np.array([r for r, _, _, _ in staged], np.int64),
+                [sl.shape[0] for _, sl, _, _ in staged],
+            )
             slot = np.concatenate([sl for _, sl, _, _ in staged])
 
             def col(name: str) -> np.ndarray:
