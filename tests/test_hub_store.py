@@ -232,3 +232,21 @@ def test_unknown_run_names_the_known_ones() -> None:
         store.window("nope")
     with pytest.raises(KeyError, match="no run"):
         Store().window()
+
+
+def test_instances_wait_for_a_late_groups_message() -> None:
+    j = job(world=2, steps=3, slow=1)
+    store = Store()
+    intake = Intake(store)
+    groups = [m for m in j.messages if schema.decode(m).kind == "groups"]
+    for m in j.messages:
+        if m not in groups:
+            intake.feed(m)
+    w = store.window(j.run)
+    assert (w.instances.n_members == -1).all() and not w.coll["times_last"].any()
+    for m in groups:
+        intake.feed(m)
+    w = store.window(j.run)
+    assert (w.instances.n_arrived == w.instances.n_members).all()
+    assert w.coll["times_last"][1].sum() == len(w.instances)
+    assert_windows_equal(w, fed(j)[0].window(j.run))
