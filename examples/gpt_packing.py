@@ -89,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--ckpt-dir", default="")
     t.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     t.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    t.add_argument(
+        "--rail-ifnames",
+        default="",
+        help="comma-separated network interfaces; local rank i binds gloo to entry i "
+        "(a rail-optimised fabric: each local rank has its own NIC and rail)",
+    )
     f = ap.add_argument_group("faults")
     f.add_argument("--slow-rank", type=int, default=-1)
     f.add_argument("--slow-ms", type=float, default=0.0)
@@ -150,9 +156,10 @@ def job_config(args: argparse.Namespace, world: int) -> dict[str, Any]:
         "n_head": cfg.n_head,
         "vocab": cfg.vocab,
         "attention": cfg.attn,
-        "global_batch_tokens": global_tokens(args, world),
-        "micro_batches": args.micro_batches,
-        "micro_batch_tokens": global_tokens(args, world) // (world * args.micro_batches),
+        "batch_unit": "tokens",
+        "global_batch": global_tokens(args, world),
+        "grad_accum": args.micro_batches,
+        "micro_batch": global_tokens(args, world) // (world * args.micro_batches),
         "seq_len": {
             "dist": "lognormal",
             "median": dist_.median * dist_.scale,
@@ -207,6 +214,11 @@ def init_distributed(args: argparse.Namespace) -> tuple[int, int, torch.device]:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(29400 + os.getpid() % 1000))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if args.rail_ifnames:
+        names = [n for n in args.rail_ifnames.split(",") if n]
+        if not names:
+            raise SystemExit(f"--rail-ifnames {args.rail_ifnames!r} names no interface")
+        os.environ["GLOO_SOCKET_IFNAME"] = names[local_rank % len(names)]
     if use_cuda:
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
@@ -222,13 +234,17 @@ def node_groups(world: int) -> tuple[Any, Any]:
     if world % local:
         raise SystemExit(f"world size {world} is not a multiple of local world size {local}")
     rank = dist.get_rank()
-    intra, _ = dist.new_subgroups_by_enumeration(
-        [list(range(n * local, (n + 1) * local)) for n in range(world // local)]
-    )
-    cross, _ = dist.new_subgroups_by_enumeration(
-        [list(range(lr, world, local)) for lr in range(local)]
-    )
-    assert rank in dist.get_process_group_ranks(intra)
+    intra = cross = None
+    # Every rank creates every group, in the same order; the names ("intra0", "cross1")
+    # tell a monitor which kind of group each is.
+    for n in range(world // local):
+        members = list(range(n * local, (n + 1) * local))
+        g = dist.new_group(members, group_desc=f"intra{n}")
+        intra = g if rank in members else intra
+    for lr in range(local):
+        members = list(range(lr, world, local))
+        g = dist.new_group(members, group_desc=f"cross{lr}")
+        cross = g if rank in members else cross
     return intra, cross
 
 
@@ -286,16 +302,16 @@ def train(args: argparse.Namespace) -> int:
     probe: Probe = make_probe(args.rankscope, args.job, job_config(args, world))
     torch.manual_seed(args.seed)
     cfg = model_config(args)
-    base = TinyGPT(cfg).to(device)
+    slow = ExtraCompute(args.slow_ms) if rank == args.slow_rank else None
+    base = TinyGPT(cfg, slow=slow).to(device)
     intra = cross = None
     if args.grad_sync == "hier":
         intra, cross = node_groups(world)
         for p in base.parameters():
             dist.broadcast(p.data, src=0)
-    model = wrap_model(args, base, device)
+    model = probe.instrument(wrap_model(args, base, device))
     buckets = grad_buckets(base, int(args.bucket_mb * 2**20))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    extra = ExtraCompute(args.slow_ms if rank == args.slow_rank else 0.0)
     autocast = (
         torch.autocast(device.type, dtype=torch.bfloat16)
         if args.precision == "bf16"
@@ -313,16 +329,15 @@ def train(args: argparse.Namespace) -> int:
     it = iter(loader)
     for step in range(args.steps):
         t0 = time.perf_counter_ns()
-        with probe.phase("input"):
-            micro = next(it)
+        probe.begin_step(step)
+        micro = next(it)
         ce_sum = 0.0
         for i, mb in enumerate(micro):
             tokens = torch.from_numpy(mb.tokens).to(device)
             targets = torch.from_numpy(mb.targets).to(device)
-            lengths = mb.lengths.tolist()
             # Loss normalised by the global target count (times world, undone by the
             # gradient average), so packing never changes the gradient.
-            norm = mb.global_targets / world * len(micro)
+            norm = max(mb.global_targets / world * len(micro), 1.0)
             sync = (
                 model.no_sync()
                 if i < len(micro) - 1
@@ -331,22 +346,16 @@ def train(args: argparse.Namespace) -> int:
             )
             with sync:
                 tf = time.perf_counter_ns()
-                with probe.phase("forward"), autocast:
-                    logits = model(tokens, lengths)
-                    loss = torch.nn.functional.cross_entropy(
-                        logits.float(), targets, ignore_index=-100, reduction="sum"
-                    ) / max(norm, 1.0)
-                    if extra.iters:
-                        extra()
+                with autocast:
+                    loss = model(tokens, mb.lengths.tolist(), targets, norm)
                 forward_ns[step] += time.perf_counter_ns() - tf
                 with probe.phase("backward"):
                     loss.backward()
             ce_sum += float(loss.detach()) * norm
         if intra is not None:
             hierarchical_sync(buckets, intra, cross)
-        with probe.phase("optimizer"):
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
         if args.ckpt_every and (step + 1) % args.ckpt_every == 0 and rank == 0:
             with probe.phase("checkpoint"):
                 Path(args.ckpt_dir).mkdir(parents=True, exist_ok=True)
@@ -357,7 +366,7 @@ def train(args: argparse.Namespace) -> int:
             samples=sum(int(mb.lengths.shape[0]) for mb in micro),
             attn_cost=sum(mb.attn_cost for mb in micro),
         )
-        probe.step_end()
+        probe.end_step()
         if profiler is not None:
             profiler.step()
         step_ns[step] = time.perf_counter_ns() - t0

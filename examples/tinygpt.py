@@ -117,11 +117,16 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    """Token embedding, ``n_layer`` blocks, tied output head."""
+    """Token embedding, ``n_layer`` blocks, tied output head.
 
-    def __init__(self, cfg: GPTConfig) -> None:
+    ``slow``, when given, runs inside every forward pass: the slow-rank fault is extra
+    compute in the model itself, where a slower device would spend it.
+    """
+
+    def __init__(self, cfg: GPTConfig, slow: ExtraCompute | None = None) -> None:
         super().__init__()
         self.cfg = cfg
+        self.slow = slow
         self.embed = nn.Embedding(cfg.vocab, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.d_model)
@@ -130,12 +135,26 @@ class TinyGPT(nn.Module):
             if p.dim() == 2:
                 nn.init.normal_(p, std=0.02)
 
-    def forward(self, tokens: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-        """Logits (T, vocab) for a packed buffer of sequences with the given lengths."""
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        lengths: list[int],
+        targets: torch.Tensor | None = None,
+        norm: float = 1.0,
+    ) -> torch.Tensor:
+        """Logits (T, vocab) for a packed buffer of sequences with the given lengths, or,
+        with ``targets``, the summed cross-entropy divided by ``norm`` (targets of -100 are
+        ignored)."""
         x = self.embed(tokens) + positions(lengths, self.cfg.d_model).to(tokens.device)
         for block in self.blocks:
             x = block(x, lengths)
-        return self.ln_f(x) @ self.embed.weight.T
+        logits = self.ln_f(x) @ self.embed.weight.T
+        if self.slow is not None and self.slow.iters:
+            self.slow()
+        if targets is None:
+            return logits
+        loss = F.cross_entropy(logits.float(), targets, ignore_index=-100, reduction="sum")
+        return loss / norm
 
 
 def linear_weight(cfg: GPTConfig) -> float:
@@ -158,6 +177,8 @@ class ExtraCompute:
     one-time calibration to take about ``ms`` milliseconds on an idle core."""
 
     SIZE = 128
+    _calibrated_ms: float | None = None
+    """Milliseconds per iteration, measured once per process."""
 
     def __init__(self, ms: float) -> None:
         if ms < 0:
@@ -167,7 +188,9 @@ class ExtraCompute:
         self.b = torch.randn(self.SIZE, self.SIZE)
         self.iters = 0
         if ms > 0:
-            self.iters = max(1, round(ms / self._ms_per_iter()))
+            if ExtraCompute._calibrated_ms is None:
+                ExtraCompute._calibrated_ms = self._ms_per_iter()
+            self.iters = max(1, round(ms / ExtraCompute._calibrated_ms))
 
     def _loop(self, n: int) -> torch.Tensor:
         acc = self.a

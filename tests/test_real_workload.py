@@ -160,32 +160,12 @@ def test_model_is_causal() -> None:
 def test_extra_compute_scales_with_requested_time() -> None:
     assert tinygpt.ExtraCompute(0).iters == 0
     small, large = tinygpt.ExtraCompute(2.0), tinygpt.ExtraCompute(20.0)
-    assert large.iters > 4 * small.iters >= 4
+    # One calibration per process: iterations are proportional to the requested time.
+    assert small.iters >= 1
+    assert large.iters == pytest.approx(10 * small.iters, rel=0.1, abs=5)
     assert np.isfinite(large())
     with pytest.raises(ValueError, match="slow-ms"):
         tinygpt.ExtraCompute(-1)
-
-
-@pytest.mark.torch
-@needs_torch
-def test_attention_time_grows_with_sum_of_squares() -> None:
-    # Same tokens, one long sequence versus many short ones: the long one costs more.
-    import time
-
-    torch.set_num_threads(1)
-    model = tinygpt.TinyGPT(tinygpt.GPTConfig())
-    x = torch.randint(0, 256, (1024,))
-
-    def best(lengths):
-        t = []
-        for _ in range(3):
-            s = time.perf_counter()
-            model(x, lengths).sum().backward()
-            t.append(time.perf_counter() - s)
-        return min(t)
-
-    # A ratio of two timings from the same process, never an absolute time.
-    assert best([1024]) > 1.5 * best([64] * 16)
 
 
 @pytest.mark.torch
@@ -231,8 +211,9 @@ def test_job_config_names_every_knob() -> None:
     cfg = gpt_packing.job_config(args, world=4)
     assert cfg["model"] == "tinygpt-64x2"
     assert cfg["packer"] == "token"
-    assert cfg["global_batch_tokens"] == 4 * 2048
-    assert cfg["micro_batch_tokens"] == 2048
+    # Names the rerun planner reads: global batch, micro batch, gradient accumulation.
+    assert cfg["global_batch"] == 4 * 2048 and cfg["batch_unit"] == "tokens"
+    assert cfg["micro_batch"] == 2048 and cfg["grad_accum"] == 1
     assert cfg["seq_len"]["median"] == 128 and cfg["seq_len"]["pad_multiple"] == 64
     assert cfg["checkpoint_every"] == 5 and cfg["precision"] == "fp32"
     json.dumps(cfg)  # plain values only: it travels in the manifest

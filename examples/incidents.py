@@ -1,0 +1,371 @@
+"""Reproduce the README's incidents on the GPT packing example and diagnose them.
+
+Each incident is a pair of real runs of ``gpt_packing.py`` under ``torchrun`` — a healthy
+baseline and the same job with one change — reporting to a rankscope hub through the
+explicit API, then diagnosed against each other. The tests (``tests/test_real_*.py``) and
+the benchmark (``benchmarks/bench_real.py``) both use this module, so what the README
+reports is what the tests check.
+
+    python examples/incidents.py packing --record /tmp/rec   # one incident, printed
+
+Run ids are fixed by the caller (``RANKSCOPE_RUN``) so the windows can be fetched by name;
+the first ``warmup`` steps of every run (allocator and autograd warm-up) are left out of
+the windows that are diagnosed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+WORKLOAD = HERE / "gpt_packing.py"
+JOB = "gpt-packing"
+STEPS = 36
+WARMUP = 6
+
+
+class WorkloadError(RuntimeError):
+    """A training run failed; the message carries the tail of its output."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of the workload.
+
+    Attributes:
+        run: run id every rank reports.
+        flags: workload arguments.
+        nproc: ranks (on one node, or per node for multi-node runs).
+        steps: training steps, warm-up included.
+        scope: the run's scope as rankscope records it.
+        parent_run: the run this one is a reduced rerun of.
+    """
+
+    run: str
+    flags: tuple[str, ...]
+    nproc: int = 2
+    steps: int = STEPS
+    scope: str = "full"
+    parent_run: str | None = None
+
+
+def workload_argv(spec: RunSpec) -> list[str]:
+    """The training script and its arguments (explicit rankscope API on)."""
+    return [
+        str(WORKLOAD),
+        "--rankscope",
+        f"--job={JOB}",
+        f"--steps={spec.steps}",
+        "--log-every=0",
+        *spec.flags,
+    ]
+
+
+def torchrun_argv(
+    spec: RunSpec,
+    *,
+    nnodes: int = 1,
+    rdzv_endpoint: str | None = None,
+    is_host: bool = True,
+    local_addr: str | None = None,
+) -> list[str]:
+    """``torchrun`` for one node of a run.
+
+    Args:
+        spec: the run.
+        nnodes: nodes in the run; with more than one, ``rdzv_endpoint`` is required.
+        rdzv_endpoint: ``HOST:PORT`` of the c10d rendezvous (multi-node).
+        is_host: this node hosts the rendezvous store.
+        local_addr: this node's address for the store (multi-node runs on hosts whose
+            name does not resolve to the right interface).
+
+    Returns:
+        The argv.
+    """
+    argv = ["torchrun", f"--nproc_per_node={spec.nproc}"]
+    if nnodes == 1:
+        argv.append("--standalone")
+    else:
+        if not rdzv_endpoint:
+            raise ValueError("a multi-node run needs rdzv_endpoint")
+        argv += [
+            f"--nnodes={nnodes}",
+            "--rdzv_backend=c10d",
+            f"--rdzv_endpoint={rdzv_endpoint}",
+            f"--rdzv_id={spec.run}",
+            f"--rdzv_conf=is_host={1 if is_host else 0}",
+        ]
+        if local_addr:
+            argv.append(f"--local-addr={local_addr}")
+    return argv + workload_argv(spec)
+
+
+def rankscope_env(hub: str, spec: RunSpec) -> dict[str, str]:
+    """The environment that points a run's ranks at the hub under a fixed run id."""
+    env = {
+        "RANKSCOPE_HUB": hub,
+        "RANKSCOPE_RUN": spec.run,
+        "RANKSCOPE_JOB": JOB,
+        "RANKSCOPE_SCOPE": spec.scope,
+    }
+    if spec.parent_run:
+        env["RANKSCOPE_PARENT_RUN"] = spec.parent_run
+    return env
+
+
+def _tail(text: str, n: int = 3000) -> str:
+    return text[-n:] if text else ""
+
+
+def run_local(
+    hub: str, spec: RunSpec, *, timeout: float = 300.0, env: Mapping[str, str] | None = None
+) -> float:
+    """Run the workload on this machine and wait for it.
+
+    Args:
+        hub: hub endpoint.
+        spec: the run.
+        timeout: seconds before the run is stopped and reported as failed.
+        env: extra environment.
+
+    Returns:
+        Wall seconds the run took.
+
+    Raises:
+        WorkloadError: non-zero exit or timeout, with the output's tail.
+    """
+    full_env = dict(os.environ)
+    full_env.update(rankscope_env(hub, spec))
+    full_env.update(env or {})
+    t0 = time.monotonic()
+    try:
+        out = subprocess.run(
+            torchrun_argv(spec), env=full_env, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise WorkloadError(
+            f"run {spec.run} did not finish in {timeout:.0f} s:\n{_tail(str(exc.stderr))}"
+        ) from None
+    if out.returncode != 0:
+        raise WorkloadError(f"run {spec.run} exited {out.returncode}:\n{_tail(out.stderr)}")
+    return time.monotonic() - t0
+
+
+def settled_window(store: Any, spec: RunSpec, *, warmup: int = WARMUP, timeout: float = 20.0):
+    """The run's window once every rank's steps have reached the store, warm-up left out.
+
+    The ranks flush on exit, and the hub may still be matching collectives, so this waits
+    until the store holds all ``steps × world`` rank-steps (or ``timeout`` passes).
+
+    Args:
+        store: the hub's store (`rankscope.hub.store.Store`).
+        spec: the run.
+        warmup: leading steps to leave out.
+        timeout: seconds to wait for the last rows.
+
+    Returns:
+        The `Window` of the last ``steps - warmup`` steps.
+
+    Raises:
+        WorkloadError: the run never reached the store, or rows are still missing.
+    """
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        try:
+            w = store.window(spec.run)
+            last = int(w.present.sum()), w.world_size * spec.steps
+            if last[0] >= last[1]:
+                break
+        except KeyError:
+            pass
+        if time.monotonic() > deadline:
+            got = "nothing" if last is None else f"{last[0]} of {last[1]} rank-steps"
+            raise WorkloadError(f"run {spec.run}: the store holds {got} after {timeout:.0f} s")
+        time.sleep(0.2)
+    return store.window(spec.run, last=spec.steps - warmup)
+
+
+@contextlib.contextmanager
+def local_hub(record_dir: str | os.PathLike[str]) -> Iterator[Any]:
+    """A hub on a free loopback port, recording to ``record_dir``, for the block's span."""
+    from rankscope.hub.server import Hub
+
+    with Hub("tcp://127.0.0.1:0", str(record_dir)) as hub:
+        yield hub
+
+
+@dataclass(frozen=True)
+class ExperimentPlan:
+    """A prediction written down before the after-run (see `rankscope.launch.experiments`)."""
+
+    change: str
+    metric: str
+    direction: str
+    rejection: str
+
+
+@dataclass(frozen=True)
+class Incident:
+    """A fault to reproduce and the mechanism rankscope should name.
+
+    Attributes:
+        name: short name (``packing``, ``slow_rank``, ``numerator``).
+        title: one line for reports.
+        nproc: ranks.
+        common: workload flags shared by every run of the incident.
+        baseline: flags of the healthy run.
+        fault: flags of the faulty run.
+        mechanism: the verdict expected for the faulty run against the baseline.
+        after: flags of the experiment's after-run (None: no experiment).
+        experiment: the prediction the after-run tests.
+    """
+
+    name: str
+    title: str
+    nproc: int
+    common: tuple[str, ...]
+    baseline: tuple[str, ...]
+    fault: tuple[str, ...]
+    mechanism: str
+    after: tuple[str, ...] | None = None
+    experiment: ExperimentPlan | None = None
+
+    def spec(self, role: str, steps: int = STEPS) -> RunSpec:
+        """The run of one role: ``baseline``, ``fault`` or ``after``."""
+        flags = {"baseline": self.baseline, "fault": self.fault, "after": self.after}[role]
+        if flags is None:
+            raise ValueError(f"incident {self.name} has no {role} run")
+        return RunSpec(f"{self.name}-{role}", (*self.common, *flags), self.nproc, steps)
+
+
+PACKING = Incident(
+    name="packing",
+    title="token-balanced packer on long-tailed sequences (the seed's worked example)",
+    nproc=2,
+    common=(),
+    baseline=("--packer=attn",),
+    fault=("--packer=token",),
+    mechanism="data_imbalance",
+    after=("--packer=attn",),
+    experiment=ExperimentPlan(
+        change="pack with the attention-cost packer (balance L² + w·L, not tokens)",
+        metric="entry_spread",
+        direction="down",
+        rejection="collective entry spread does not fall, or post-arrival transfer moves "
+        "as much as the entry spread (then the wait is not the compute skew)",
+    ),
+)
+SLOW_RANK = Incident(
+    name="slow_rank",
+    title="one rank runs 40 ms of extra matmuls in every forward pass",
+    nproc=4,
+    # Short, narrow sequences: the data adds little skew, so the fault stands alone.
+    common=("--tokens-per-rank=512", "--len-max=256", "--len-sigma=0.6"),
+    baseline=(),
+    fault=("--slow-rank=2", "--slow-ms=40"),
+    mechanism="slow_device",
+)
+NUMERATOR = Incident(
+    name="numerator",
+    title="sequences padded to a multiple of 128 under the same model name",
+    nproc=2,
+    common=("--packer=attn",),
+    baseline=(),
+    fault=("--pad=128",),
+    mechanism="numerator_change",
+)
+INCIDENTS = {i.name: i for i in (PACKING, SLOW_RANK, NUMERATOR)}
+
+
+@dataclass(frozen=True)
+class Reproduction:
+    """The windows of one incident's runs and the diagnosis of the faulty one."""
+
+    incident: Incident
+    windows: dict[str, Any]
+    """Role (``baseline``, ``fault``, ``after``) -> `Window`."""
+    diagnosis: Any
+    """`rankscope.diagnosis.engine.Diagnosis` of the fault run against the baseline."""
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Role -> wall seconds of the run (torchrun start-up included)."""
+
+
+def reproduce(
+    incident: Incident,
+    hub: Any,
+    *,
+    roles: Sequence[str] = ("baseline", "fault"),
+    steps: int = STEPS,
+    windows: Mapping[str, Any] | None = None,
+) -> Reproduction:
+    """Run an incident's runs against a live hub and diagnose the fault run.
+
+    Args:
+        incident: what to reproduce.
+        hub: a running `rankscope.hub.server.Hub`.
+        roles: which runs to start (``after`` adds the experiment's after-run).
+        steps: steps per run.
+        windows: windows already measured, by role (a shared baseline is run once).
+
+    Returns:
+        The windows and the diagnosis.
+    """
+    from rankscope.diagnosis.engine import diagnose
+
+    got = dict(windows or {})
+    seconds = {}
+    for role in roles:
+        if role in got:
+            continue
+        spec = incident.spec(role, steps)
+        seconds[role] = run_local(hub.endpoint, spec)
+        got[role] = settled_window(hub.store, spec)
+    return Reproduction(
+        incident=incident,
+        windows=got,
+        diagnosis=diagnose(got["fault"], got["baseline"]),
+        seconds=seconds,
+    )
+
+
+def summary(rep: Reproduction) -> list[str]:
+    """A few lines: step times, the verdict and its evidence."""
+    import numpy as np
+
+    lines = [f"{rep.incident.name}: {rep.incident.title}"]
+    for role, w in rep.windows.items():
+        step = np.nanmedian(np.nanmax(w.step_ns, axis=0)) / 1e6
+        lines.append(f"  {role:8s} run {w.run}: {w.world_size} ranks, p50 step {step:.1f} ms")
+    for h in rep.diagnosis.verdict.hypotheses[:3]:
+        who = f" ranks {list(h.ranks)}" if h.ranks else ""
+        lines.append(f"  {h.mechanism:24s} score {h.score:.2f} impact {h.impact:.1%}{who}")
+        lines += [f"      {e}" for e in h.evidence]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("incident", choices=sorted(INCIDENTS))
+    ap.add_argument("--record", required=True, help="recording directory for the hub")
+    ap.add_argument("--steps", type=int, default=STEPS)
+    args = ap.parse_args(argv)
+    inc = INCIDENTS[args.incident]
+    roles = ("baseline", "fault", "after") if inc.after else ("baseline", "fault")
+    with local_hub(args.record) as hub:
+        rep = reproduce(inc, hub, roles=roles, steps=args.steps)
+    print("\n".join(summary(rep)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
