@@ -40,7 +40,7 @@ def test_open_restores_pins_metric_and_grouping(tmp_path) -> None:
 
     async def scenario() -> tuple[tuple[int, ...], str, str]:
         async with app.run_test(size=(120, 40)) as pilot:
-            for _ in range(100):
+            for _ in range(400):  # the first sample and model build run in workers
                 await pilot.pause(0.05)
                 if app.pins:
                     break
