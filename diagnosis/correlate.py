@@ -21,9 +21,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from rankscope.collector.schema import MESH_DIMS
-from rankscope.diagnosis.critical import CriticalPath, GroupSkew
+from rankscope.diagnosis.critical import CriticalPath
 from rankscope.diagnosis.curves import bucket_label
 from rankscope.diagnosis.decomposition import Decomposition
+from rankscope.diagnosis.grouprows import GroupSkew
 from rankscope.diagnosis.robust import (
     EffectSize,
     effect_size,
@@ -201,13 +202,16 @@ def _effect_row(
     )
 
 
-def rank_metrics(window: Window, decomp: Decomposition) -> dict[str, np.ndarray]:
+def rank_metrics(
+    window: Window, decomp: Decomposition, rel_compute: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
     """Per-rank value of each ``RANK_METRICS`` entry, relative to the step's median rank
     and then the median over steps.
 
     Args:
         window: the window.
         decomp: its decomposition.
+        rel_compute: ``relative_to_step`` of compute if already computed.
 
     Returns:
         Metric -> float64 (R,) (NaN where never measured).
@@ -217,6 +221,8 @@ def rank_metrics(window: Window, decomp: Decomposition) -> dict[str, np.ndarray]
         late = np.where(n > 0, window.coll["late_ns"] / n, np.nan)
         transfer = np.where(n > 0, window.coll["transfer_ns"] / n, np.nan)
     step = nanmedian(decomp.step_ns, axis=0)
+    if rel_compute is None:
+        rel_compute = relative_to_step(decomp.category("compute"))
 
     def share(x: np.ndarray) -> np.ndarray:
         # Phases that are zero for most ranks have a zero median: use the step time.
@@ -224,7 +230,7 @@ def rank_metrics(window: Window, decomp: Decomposition) -> dict[str, np.ndarray]
             return nanmedian(np.where(step > 0, x / step, np.nan), axis=1)
 
     return {
-        "compute": nanmedian(relative_to_step(decomp.category("compute")), axis=1),
+        "compute": nanmedian(rel_compute, axis=1),
         "input": share(decomp.category("input")),
         "lateness": share(late),
         "transfer": nanmedian(relative_to_step(transfer), axis=1),
@@ -279,7 +285,10 @@ def work_model(window: Window, decomp: Decomposition) -> tuple[np.ndarray, float
 
 
 def slow_rank_pattern(
-    window: Window, decomp: Decomposition, pred: np.ndarray | None = None
+    window: Window,
+    decomp: Decomposition,
+    pred: np.ndarray | None = None,
+    rel_compute: np.ndarray | None = None,
 ) -> SlowRankPattern:
     """Which rank is slowest each step, and whether that is a persistent offset.
 
@@ -287,6 +296,7 @@ def slow_rank_pattern(
         window: the window.
         decomp: its decomposition.
         pred: `work_model` prediction (computed when None).
+        rel_compute: ``relative_to_step`` of compute if already computed.
 
     Returns:
         The pattern (see `SlowRankPattern`).
@@ -294,7 +304,7 @@ def slow_rank_pattern(
     if pred is None:
         pred, _ = work_model(window, decomp)
     compute = decomp.category("compute")
-    rel = relative_to_step(compute)
+    rel = relative_to_step(compute) if rel_compute is None else rel_compute
     n_ranks, n_steps = rel.shape
     has = np.isfinite(rel).any(axis=0)
     slowest = np.where(has, np.argmax(np.where(np.isfinite(rel), rel, -np.inf), axis=0), -1)
@@ -347,16 +357,24 @@ def work_correlation(
     tokens = np.where(window.work["tokens"] >= 0, window.work["tokens"], np.nan)
     attn = np.where(window.work["attn_cost"] >= 0, window.work["attn_cost"], np.nan)
 
+    medians: dict[int, np.ndarray] = {}
+
+    def med0(x: np.ndarray) -> np.ndarray:
+        # Each array's per-step median is needed several times.
+        if id(x) not in medians:
+            medians[id(x)] = nanmedian(x, axis=0)
+        return medians[id(x)]
+
     def centered(x: np.ndarray) -> np.ndarray:
-        return x - nanmedian(x, axis=0)
+        return x - med0(x)
 
     def spread(x: np.ndarray) -> np.ndarray:
         # Per step: the largest rank over the median rank.
         top = np.max(np.where(np.isfinite(x), x, -np.inf), axis=0)
-        return np.where(np.isfinite(x).any(axis=0), top, np.nan) - nanmedian(x, axis=0)
+        return np.where(np.isfinite(x).any(axis=0), top, np.nan) - med0(x)
 
     def max_ratio(x: np.ndarray) -> float:
-        med = nanmedian(x, axis=0)
+        med = med0(x)
         with np.errstate(invalid="ignore", divide="ignore"):
             r = np.where(med > 0, (spread(x) + med) / np.where(med > 0, med, 1.0), np.nan)
         return float(nanmedian(r))
@@ -543,7 +561,8 @@ def correlate(
     Returns:
         The correlations.
     """
-    metrics = rank_metrics(window, decomp)
+    rel_compute = relative_to_step(decomp.category("compute"))
+    metrics = rank_metrics(window, decomp, rel_compute)
     effects: list[DimensionEffect] = []
     for metric, values in metrics.items():
         if not np.isfinite(values).any() or np.nanmax(values) == np.nanmin(values):
@@ -559,7 +578,7 @@ def correlate(
     pred, r2 = work_model(window, decomp)
     return Correlations(
         effects=tuple(effects),
-        slow_rank=slow_rank_pattern(window, decomp, pred),
+        slow_rank=slow_rank_pattern(window, decomp, pred, rel_compute),
         work=work_correlation(window, decomp, pred, r2),
         relative=metrics,
     )

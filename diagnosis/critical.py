@@ -16,36 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rankscope.collector.schema import OPS
-from rankscope.diagnosis.curves import size_bucket, transfer_time
 from rankscope.diagnosis.decomposition import Decomposition
-from rankscope.diagnosis.robust import group_quantiles, nanmean, nanmedian
+from rankscope.diagnosis.grouprows import GroupSkew, group_rows
+from rankscope.diagnosis.robust import nanmean, nanmedian
 from rankscope.diagnosis.window import Window
-
-
-@dataclass(frozen=True)
-class GroupSkew:
-    """Arrival skew against post-arrival transfer per (group, op, size bucket); columnar."""
-
-    group: np.ndarray
-    op: np.ndarray
-    bucket: np.ndarray
-    count: np.ndarray
-    skew_p50: np.ndarray
-    skew_p99: np.ndarray
-    skew_max: np.ndarray
-    transfer_p10: np.ndarray
-    """Transfer of the quiet instances: the reference for bursts that hit most steps."""
-    transfer_p50: np.ndarray
-    transfer_p99: np.ndarray
-    transfer_max: np.ndarray
-    skew_share: np.ndarray
-    """``skew_p50 / (skew_p50 + transfer_p50)``: above 0.5 waiting dominates the collective."""
-    row_of_instance: np.ndarray
-    """int64 per instance of the window: its row here, -1 when left out (incomplete)."""
-
-    def __len__(self) -> int:
-        return int(self.group.shape[0])
 
 
 @dataclass(frozen=True)
@@ -111,45 +85,20 @@ def group_skew(window: Window) -> GroupSkew:
         window: the window.
 
     Returns:
-        The columnar table.
+        The columnar table (`grouprows.group_rows` of the window's instances).
     """
-    inst = window.instances
-    ok = (inst.n_arrived >= inst.n_members) & (inst.n_members >= 2)
-    group = inst.group[ok].astype(np.int64)
-    op = inst.op[ok].astype(np.int64)
-    bucket = size_bucket(inst.nbytes[ok])
-    key = (group * (len(OPS) + 1) + op) * 64 + (bucket + 1)
-    keys, inv = np.unique(key, return_inverse=True)
-    k = keys.size
-    skew = group_quantiles(inv, inst.skew[ok], k, (0.5, 0.99, 1.0))
-    tr = group_quantiles(inv, transfer_time(inst)[ok], k, (0.5, 0.99, 1.0, 0.1))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        share = skew[0] / (skew[0] + tr[0])
-    row_of = np.full(len(inst), -1, dtype=np.int64)
-    row_of[ok] = inv
-    return GroupSkew(
-        group=(keys // (64 * (len(OPS) + 1))).astype(np.int32),
-        op=((keys // 64) % (len(OPS) + 1)).astype(np.int8),
-        bucket=(keys % 64 - 1).astype(np.int32),
-        count=np.bincount(inv, minlength=k).astype(np.int64),
-        skew_p50=skew[0],
-        skew_p99=skew[1],
-        skew_max=skew[2],
-        transfer_p10=tr[3],
-        transfer_p50=tr[0],
-        transfer_p99=tr[1],
-        transfer_max=tr[2],
-        skew_share=share,
-        row_of_instance=row_of,
-    )
+    return group_rows(window.instances)
 
 
-def critical_path(window: Window, decomp: Decomposition) -> CriticalPath:
+def critical_path(
+    window: Window, decomp: Decomposition, groups: GroupSkew | None = None
+) -> CriticalPath:
     """Last arrivers, lateness, per-group skew vs transfer and the pace-setting ranks.
 
     Args:
         window: the window.
         decomp: its decomposition (`decomposition.decompose`).
+        groups: `grouprows.group_rows` of its instances if already computed.
 
     Returns:
         The critical-path summary.
@@ -157,19 +106,34 @@ def critical_path(window: Window, decomp: Decomposition) -> CriticalPath:
     n_ranks = window.world_size
     inst = window.instances
     complete = (inst.n_arrived >= inst.n_members) & (inst.n_members >= 2) & (inst.last_rank >= 0)
-    last = inst.last_rank[complete].astype(np.int64)
+    every = bool(complete.all())
+
+    def col(a: np.ndarray) -> np.ndarray:
+        # Gathering ten million rows costs as much as the analysis: only when needed.
+        return a if every else a[complete]
+
+    last = col(inst.last_rank)
     clock = window.clock_error_ns
     clock_err = float(np.nanmax(clock)) if clock is not None and clock.size else 0.0
     clock_err = clock_err if np.isfinite(clock_err) else 0.0
     # Two ranks' entries each carry their own error: the order is certain beyond the sum.
     per_rank_err = np.nan_to_num(clock, nan=clock_err) if clock is not None else np.zeros(n_ranks)
-    margin = inst.margin[complete]
-    tie_limit = 2.0 * per_rank_err[np.clip(last, 0, n_ranks - 1)]
-    decisive = margin > tie_limit
+    margin = col(inst.margin)
+    in_range = last < n_ranks
+    if not in_range.all():
+        last = last[in_range]
+        margin = margin[in_range]
+    uniform = per_rank_err.size == 0 or np.ptp(per_rank_err) == 0
+    if uniform:
+        decisive = margin > 2.0 * (per_rank_err[0] if per_rank_err.size else 0.0)
+    else:
+        decisive = margin > 2.0 * per_rank_err[last]
     times_last = np.bincount(last, minlength=n_ranks)[:n_ranks]
-    times_dec = np.bincount(last[decisive], minlength=n_ranks)[:n_ranks]
-    skew = inst.skew[complete]
-    resolvable = float(np.mean(skew > 2.0 * clock_err)) if skew.size else float("nan")
+    times_dec = np.bincount(last, weights=decisive, minlength=n_ranks)[:n_ranks]
+    skew = col(inst.skew)
+    resolvable = (
+        float(np.count_nonzero(skew > 2.0 * clock_err) / skew.size) if skew.size else float("nan")
+    )
 
     n = window.coll["n"]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -188,14 +152,14 @@ def critical_path(window: Window, decomp: Decomposition) -> CriticalPath:
     return CriticalPath(
         times_last=times_last.astype(np.int64),
         times_last_decisive=times_dec.astype(np.int64),
-        ties=int((~decisive).sum()),
-        complete=int(complete.sum()),
+        ties=int(decisive.size - np.count_nonzero(decisive)),
+        complete=int(np.count_nonzero(complete)),
         late_mean_ns=late_mean,
         critical_rank=crit,
         critical_counts=counts.astype(np.int64),
         critical_stability=stability,
         critical_excess=excess,
-        groups=group_skew(window),
+        groups=groups if groups is not None else group_skew(window),
         clock_error_ns=clock_err,
         skew_resolvable=resolvable,
     )

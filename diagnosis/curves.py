@@ -21,8 +21,22 @@ from dataclasses import dataclass
 import numpy as np
 
 from rankscope.collector.schema import OP_INDEX, OPS
-from rankscope.diagnosis.robust import group_median
+from rankscope.diagnosis.grouprows import GroupSkew, group_rows, size_bucket, transfer_time
 from rankscope.diagnosis.window import GroupInfo, InstanceTable
+
+__all__ = [
+    "CONVENTION",
+    "CurveShift",
+    "Curves",
+    "algbw_bytes",
+    "bucket_label",
+    "bus_factor",
+    "compare_curves",
+    "curves_from_rows",
+    "message_curves",
+    "size_bucket",
+    "transfer_time",
+]
 
 CONVENTION = (
     "nccl-tests: algbw = S/t, busbw = algbw*f; f = 2(n-1)/n all_reduce, (n-1)/n "
@@ -70,22 +84,6 @@ def algbw_bytes(op: np.ndarray, nbytes: np.ndarray, n: np.ndarray) -> np.ndarray
     return np.where(gather, nb * np.asarray(n, dtype=np.float64), nb)
 
 
-def size_bucket(nbytes: np.ndarray) -> np.ndarray:
-    """Power-of-two message-size bucket: ``floor(log2(nbytes))``, -1 for unknown/zero.
-
-    Args:
-        nbytes: (N,) bytes.
-
-    Returns:
-        int64 (N,) bucket.
-    """
-    nb = np.asarray(nbytes, dtype=np.float64)
-    out = np.full(nb.shape, -1, dtype=np.int64)
-    ok = nb >= 1
-    out[ok] = np.floor(np.log2(nb[ok])).astype(np.int64)
-    return out
-
-
 def bucket_label(bucket: int) -> str:
     """Human label of a size bucket's lower bound (``"4 KiB"``, ``"16 MiB"``)."""
     if bucket < 0:
@@ -108,7 +106,7 @@ class Curves:
     count: np.ndarray
     """Instances in the point."""
     nbytes: np.ndarray
-    """Median bytes per rank."""
+    """Mean bytes per rank of the point's instances (within one power-of-two bucket)."""
     time_ns: np.ndarray
     """Median post-arrival transfer."""
     algbw_gbps: np.ndarray
@@ -117,12 +115,6 @@ class Curves:
 
     def __len__(self) -> int:
         return int(self.group.shape[0])
-
-
-def transfer_time(inst: InstanceTable) -> np.ndarray:
-    """Per instance the transfer time used for bandwidth: device when known, else host."""
-    dev = inst.device_transfer
-    return np.where(np.isfinite(dev) & (dev > 0), dev, inst.transfer)
 
 
 def message_curves(inst: InstanceTable) -> Curves:
@@ -134,34 +126,37 @@ def message_curves(inst: InstanceTable) -> Curves:
     Returns:
         The curve points (nccl-tests conventions, see ``CONVENTION``).
     """
-    t = transfer_time(inst)
-    ok = (inst.n_arrived >= inst.n_members) & np.isfinite(t) & (t > 0) & (inst.nbytes > 0)
-    group = inst.group[ok].astype(np.int64)
-    op = inst.op[ok].astype(np.int64)
-    bucket = size_bucket(inst.nbytes[ok])
-    key = (group * (len(OPS) + 1) + op) * 64 + bucket
-    keys, inv = np.unique(key, return_inverse=True)
-    k = keys.size
-    count = np.bincount(inv, minlength=k)
-    t_med = group_median(inv, t[ok], k)
-    nb_med = group_median(inv, inst.nbytes[ok].astype(np.float64), k)
-    members = group_median(inv, inst.n_members[ok].astype(np.float64), k)
-    g = keys // (64 * (len(OPS) + 1))
-    o = (keys // 64) % (len(OPS) + 1)
-    b = keys % 64
-    size = algbw_bytes(o, nb_med, members)
+    return curves_from_rows(group_rows(inst))
+
+
+def curves_from_rows(rows: GroupSkew) -> Curves:
+    """The curve points of an already computed per-(group, op, bucket) table.
+
+    ``nbytes`` is the mean message size of the row's instances, ``time_ns`` their median
+    transfer; rows without a positive size or time are left out.
+
+    Args:
+        rows: `grouprows.group_rows` output.
+
+    Returns:
+        The curve points.
+    """
+    t = rows.transfer_p50
+    keep = np.isfinite(t) & (t > 0) & (rows.nbytes_mean > 0)
+    o = rows.op[keep].astype(np.int64)
+    n = rows.n_members[keep].astype(np.int64)
+    nb = rows.nbytes_mean[keep]
     with np.errstate(divide="ignore", invalid="ignore"):
-        alg = size / t_med
-    bus = alg * bus_factor(o, members.astype(np.int64))
+        alg = algbw_bytes(o, nb, n) / t[keep]
     return Curves(
-        group=g.astype(np.int32),
+        group=rows.group[keep].astype(np.int32),
         op=o.astype(np.int8),
-        bucket=b.astype(np.int32),
-        count=count.astype(np.int64),
-        nbytes=nb_med,
-        time_ns=t_med,
+        bucket=rows.bucket[keep].astype(np.int32),
+        count=rows.count[keep].astype(np.int64),
+        nbytes=nb,
+        time_ns=t[keep],
         algbw_gbps=alg,
-        busbw_gbps=bus,
+        busbw_gbps=alg * bus_factor(o, n),
     )
 
 

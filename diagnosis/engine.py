@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from rankscope.diagnosis.baseline import BaselineComparison, compare_runs
 from rankscope.diagnosis.correlate import Correlations, correlate
 from rankscope.diagnosis.critical import CriticalPath, critical_path
-from rankscope.diagnosis.curves import Curves, CurveShift, compare_curves, message_curves
+from rankscope.diagnosis.curves import Curves, CurveShift, compare_curves, curves_from_rows
 from rankscope.diagnosis.decomposition import (
     Decomposition,
     DecompositionDelta,
@@ -106,12 +106,11 @@ def diagnose(
     base_ev = gather_evidence(baseline) if baseline is not None else None
     ev = gather_evidence(window, baseline, base_ev.decomp if base_ev is not None else None)
     verdict = judge(ev, base_ev)
-    curves = message_curves(window.instances)
+    curves = curves_from_rows(ev.crit.groups)
     shifts: tuple[CurveShift, ...] = ()
-    if baseline is not None:
-        shifts = compare_curves(
-            curves, window.groups, message_curves(baseline.instances), baseline.groups
-        )
+    if baseline is not None and base_ev is not None:
+        base_curves = curves_from_rows(base_ev.crit.groups)
+        shifts = compare_curves(curves, window.groups, base_curves, baseline.groups)
     return Diagnosis(
         window=window,
         has_baseline=baseline is not None,

@@ -24,8 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rankscope.diagnosis.critical import GroupSkew
-from rankscope.diagnosis.curves import transfer_time
+from rankscope.diagnosis.grouprows import GroupSkew, transfer_time
 from rankscope.diagnosis.robust import nanmedian, robust_z
 from rankscope.diagnosis.window import Window
 
@@ -174,31 +173,29 @@ def _host_name(window: Window, code: int) -> str:
     return hosts[code] if 0 <= code < len(hosts) else f"host{code}"
 
 
-def _inflation(window: Window, skew: GroupSkew, row_ratio_of: np.ndarray, cross: np.ndarray):
-    """Per step, exp(mean log(transfer / row quiet level)) over instances in ``cross`` rows."""
+def _inflation(window: Window, skew: GroupSkew, cross: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per step, exp(mean log(transfer / row quiet level)) over the (sampled) instances of
+    cross-host rows and of intra-host rows (one pass)."""
     inst = window.instances
     n_steps = int(window.steps.shape[0])
-    out = np.full(n_steps, np.nan)
+    nan = np.full(n_steps, np.nan)
     row = skew.row_of_instance
     if row.shape[0] != len(inst) or n_steps == 0:
-        return out
-    ok = row >= 0
-    ok[ok] = cross[row[ok]]
-    t = transfer_time(inst)
-    med = skew.transfer_p10
-    idx = np.flatnonzero(ok)
+        return nan, nan.copy()
+    idx = np.flatnonzero(skew.sampled & (row >= 0))
+    r = row[idx]
     with np.errstate(invalid="ignore", divide="ignore"):
-        lr = np.log(t[idx] / med[row[idx]])
-    good = np.isfinite(lr)
-    idx, lr = idx[good], lr[good]
+        lr = np.log(transfer_time(inst)[idx] / skew.transfer_p10[r])
     j = np.searchsorted(window.steps, inst.step[idx])
-    inside = (j < n_steps) & (window.steps[np.minimum(j, n_steps - 1)] == inst.step[idx])
-    j, lr = j[inside], lr[inside]
-    sums = np.bincount(j, weights=lr, minlength=n_steps)
-    counts = np.bincount(j, minlength=n_steps)
-    has = counts > 0
-    out[has] = np.exp(sums[has] / counts[has])
-    return out
+    jc = np.minimum(j, n_steps - 1)
+    good = np.isfinite(lr) & (j < n_steps) & (window.steps[jc] == inst.step[idx])
+    # One bincount over 2 x S cells: intra-host rows first, cross-host rows second.
+    cell = jc + n_steps * cross[r].astype(np.int64)
+    sums = np.bincount(cell[good], weights=lr[good], minlength=2 * n_steps)
+    counts = np.bincount(cell[good], minlength=2 * n_steps)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where(counts > 0, np.exp(sums / np.maximum(counts, 1)), np.nan)
+    return out[n_steps:], out[:n_steps]
 
 
 def fabric_view(window: Window, skew: GroupSkew) -> FabricView:
@@ -267,12 +264,12 @@ def fabric_view(window: Window, skew: GroupSkew) -> FabricView:
                 ranks=tuple(int(x) for x in ranks),
             )
         )
-    cross_rows = a["crosses"] == 1
+    infl_cross, infl_intra = _inflation(window, skew, a["crosses"] == 1)
     return FabricView(
         hosts=hosts,
         rails=rails,
         placement=tuple(placement),
         row_ratio=ratio,
-        inflation_cross=_inflation(window, skew, ratio, cross_rows),
-        inflation_intra=_inflation(window, skew, ratio, ~cross_rows),
+        inflation_cross=infl_cross,
+        inflation_intra=infl_intra,
     )

@@ -18,6 +18,7 @@ the clock error says so in its caveats. ``healthy`` scores ``1 − max(other sco
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -75,7 +76,7 @@ class Evidence:
     comparison: BaselineComparison
     delta: DecompositionDelta | None = None
 
-    @property
+    @cached_property
     def step_ns(self) -> float:
         """The job's median step time."""
         return float(nanmedian(nanmedian(self.decomp.step_ns, axis=0)))
