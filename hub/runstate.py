@@ -1,4 +1,4 @@
-"""State of one run inside the store: identities, the dense step ring, pending collectives.
+"""State of one run inside the store: identities and the dense step ring.
 
 The ring holds ``history`` step slots per rank as dense ``(world_size, history)`` arrays;
 a step id takes a free slot, or evicts the oldest step when the ring is full. Cells
@@ -26,9 +26,8 @@ from rankscope.diagnosis.window import (
     RankInfo,
 )
 from rankscope.hub.columns import Columns
+from rankscope.hub.pending import PendingRows
 
-_ROW_DTYPES = {"rank": np.dtype(np.int32), **schema.COLL_COLUMNS}
-_PENDING_DTYPES = {**_ROW_DTYPES, "epoch": np.dtype(np.int64), "cut": np.dtype(np.float64)}
 _INSTANCE_DTYPES = {
     "group": np.int32,
     "seq": np.int64,
@@ -113,18 +112,12 @@ class RunState:
         # (store.settle) and readers apply them in vectorized batches.
         self._staged_steps: list[tuple[int, np.ndarray, Mapping[str, np.ndarray], Any]] = []
         self._staged_phases: list[tuple[int, int, Mapping[str, np.ndarray], Any, np.ndarray]] = []
-        self._parts: list[tuple[int, int, Mapping[str, np.ndarray], np.ndarray | None]] = []
-        self.pending = Columns(_PENDING_DTYPES, 4096)
-        """Collective rows left incomplete by the last pass."""
-        self.pending_rows = 0
-        """Rows waiting for the next pass (left over plus newly arrived)."""
-        self._raw_parts: list[tuple[int, int, Mapping[str, np.ndarray]]] = []
+        self.pending = PendingRows(raw_steps)
         self._luts: dict[tuple[str, ...], np.ndarray] = {}
         self.instances = Columns(_INSTANCE_DTYPES, 1024)
         self.samples = Columns(_SAMPLE_DTYPES, 256)
         self.finished = Columns({"step": np.int64, "step_ns": np.float64, "nrep": np.int32}, 256)
         self._trimmed_at: int | None = None
-        self._raw_base = -(2**62)
         # Lifetime per-rank totals.
         self.life_rows = np.zeros(R, np.int64)
         self.life_done = np.zeros(R, np.int64)
@@ -364,11 +357,7 @@ class RunState:
                     cut = async_cut(
                         np.zeros(n, np.int64), co["step"], co["t_enter"], co["flags"], self.t0
                     )
-                self._parts.append((r, inc, co, cut))
-                self.pending_rows += n
-                if self.raw_steps:
-                    self._raw_parts.append((int(co["step"].max()), r, co))
-                    self._trim_raw()
+                self.pending.add(r, inc, co, cut, self.raw_cutoff())
                 self.life_rows[r] += n
         return late, n
 
@@ -439,52 +428,6 @@ class RunState:
                 m = ok & (code == c)
                 np.add.at(self.phase_grid(names[int(c)]).reshape(-1), cell[m], dur[m])
 
-    def take_pending(self) -> tuple[dict[str, np.ndarray], int]:
-        """Collective rows for a matching pass: those left over, then the new ones.
-
-        Returns:
-            (columns of ``_PENDING_DTYPES``, number of left-over rows at the front).
-        """
-        parts, self._parts = self._parts, []
-        old = self.pending.view()
-        n_old = len(self.pending)
-        if not parts:
-            return {k: v.copy() for k, v in old.items()}, n_old
-        lens = [p[2]["step"].shape[0] for p in parts]
-        out: dict[str, np.ndarray] = {}
-        for c in schema.COLL_COLUMNS:
-            out[c] = np.concatenate([old[c], *[p[2][c] for p in parts]])
-        out["rank"] = np.concatenate([old["rank"], np.repeat([p[0] for p in parts], lens)])
-        out["epoch"] = np.concatenate([old["epoch"], np.repeat([p[1] for p in parts], lens)])
-        if all(p[3] is None for p in parts):
-            out["cut"] = np.concatenate([old["cut"], np.full(sum(lens), np.nan)])
-        else:
-            cuts = [np.full(m, np.nan) if p[3] is None else p[3] for p, m in zip(parts, lens)]
-            out["cut"] = np.concatenate([old["cut"], *cuts])
-        return out, n_old
-
-    def put_pending(self, rows: Mapping[str, np.ndarray], keep: np.ndarray) -> None:
-        """Keep ``rows[keep]`` for the next pass."""
-        self.pending.clear()
-        m = int(keep.sum())
-        if m:
-            self.pending.append({k: v[keep] for k, v in rows.items()}, m)
-        self.pending_rows = m
-
-    def raw_rows(self) -> dict[str, np.ndarray] | None:
-        """Raw collective rows of the last ``raw_steps`` steps (with ``rank``)."""
-        cutoff = self.raw_cutoff()
-        parts = [p for p in self._raw_parts if cutoff is None or p[0] >= cutoff]
-        if not parts:
-            return None
-        lens = [p[2]["step"].shape[0] for p in parts]
-        out = {c: np.concatenate([p[2][c] for p in parts]) for c in schema.COLL_COLUMNS}
-        out["rank"] = np.repeat([p[1] for p in parts], lens).astype(np.int32)
-        if cutoff is not None:
-            keep = out["step"] >= cutoff
-            out = {k: v[keep] for k, v in out.items()}
-        return out
-
     def add_instances(self, inst: InstanceTable, epoch: np.ndarray, mask: np.ndarray) -> None:
         cols = {k: getattr(inst, k)[mask] for k in _INSTANCE_DTYPES if k != "epoch"}
         cols["epoch"] = epoch[mask]
@@ -493,15 +436,6 @@ class RunState:
     def raw_cutoff(self) -> int | None:
         """Oldest step whose raw rows are kept: the last ``raw_steps`` step ids."""
         return None if self.max_step is None else self.max_step - self.raw_steps + 1
-
-    def _trim_raw(self) -> None:
-        # Filter once the parts span twice the steps to keep: each part is looked at a
-        # bounded number of times, and what is kept depends only on the message order.
-        cutoff = self.raw_cutoff()
-        if cutoff is None or cutoff - self._raw_base < self.raw_steps:
-            return
-        self._raw_parts = [p for p in self._raw_parts if p[0] >= cutoff]
-        self._raw_base = cutoff
 
     def trim(self) -> None:
         """Drop instances and samples older than what the ring still holds."""

@@ -167,7 +167,7 @@ class Store:
                 late, events = run.add_steps(h, msg.tables, keep_steps)
                 self._counters["late_steps"] += late
                 self._counters["events"] += events
-                if run.pending_rows >= self.settle_rows:
+                if run.pending.rows >= self.settle_rows:
                     self._settle_run(run)
             now = time.monotonic()
             if not self._rate or now - self._rate[-1][0] >= 0.25:
@@ -183,9 +183,9 @@ class Store:
 
     def _settle_run(self, run: RunState) -> None:
         run.flush()
-        if run.pending_rows == 0:
+        if run.pending.rows == 0:
             return
-        P, n_old = run.take_pending()
+        P, n_old = run.pending.take()
         n = P["step"].shape[0]
         sizes = {gid: len(g["ranks"]) for gid, g in run.groups.items()}
         m = match(P, sizes, t0_ns=run.t0, epoch=P["epoch"])
@@ -230,7 +230,7 @@ class Store:
         run.add_instances(m.instances, inst_epoch, closing)
         run.life_complete += int(m.complete.sum())
         run.life_incomplete += int(stale.sum())
-        run.put_pending(P, ~closing[m.row_instance])
+        run.pending.put(P, ~closing[m.row_instance])
         run.trim()
 
     # -- reading --------------------------------------------------------------------------
@@ -338,7 +338,7 @@ class Store:
             for name in (*schema.PHASES, *r.phase_names)
         }
         instances = self._window_instances(r, steps, shift)
-        raw = r.raw_rows()
+        raw = r.pending.raw(r.raw_cutoff())
         rows = None
         if raw is not None:
             sel = np.isin(raw["step"], steps)
@@ -390,8 +390,8 @@ class Store:
         done = r.instances.view()
         keep = np.isin(done["step"], steps)
         parts.append({k: v[keep] for k, v in done.items()})
-        if len(r.pending):
-            P = r.pending.view()
+        if len(r.pending.left):
+            P = r.pending.left.view()
             sizes = {gid: len(g["ranks"]) for gid, g in r.groups.items()}
             m = match(P, sizes, t0_ns=r.t0, epoch=P["epoch"])
             ep = np.empty(len(m.instances), np.int64)
