@@ -1,0 +1,148 @@
+"""The ladder screen: the run on screen and its reduced-scope reruns side by side — each
+scope's step distribution, decomposition and verdict — and the first scope where the
+regression appears, with what that eliminates (`rankscope.launch.ladder`).
+
+The ladder is computed in a worker thread (a diagnosis per rung) and redrawn when it
+comes back; ``r`` recomputes it, e.g. once a rerun has finished.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from rankscope.launch.ladder import Ladder
+from rankscope.tui.rerun_context import RerunContext, load_windows, parent_of, session_of
+
+
+class LadderScreen(Screen):
+    """Rungs by scope and the first scope where the regression appears."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "app.pop_screen", "Back", tooltip="Back to the main screen"),
+        Binding("r", "refresh", "Refresh", tooltip="Recompute the ladder"),
+    ]
+    """
+    | Key(s) | Description |
+    | :- | :- |
+    | r | Recompute the ladder (after a rerun has finished). |
+    | escape | Back to the main screen. |
+    """
+
+    DEFAULT_CSS = """
+    LadderScreen #title { height: auto; background: $panel; padding: 0 1; text-style: bold; }
+    LadderScreen #body { height: 1fr; padding: 0 1; }
+    LadderScreen #status { height: auto; padding: 0 1; color: $text-muted; }
+    """
+
+    class Built(Message):
+        """A ladder (or the reason there is none) came back from the worker."""
+
+        def __init__(self, ladder: Ladder | None, error: str = "") -> None:
+            super().__init__()
+            self.ladder = ladder
+            self.error = error
+
+    def __init__(self, context: RerunContext) -> None:
+        super().__init__()
+        self.context = context
+        self.ladder: Ladder | None = None
+        self.building = False
+
+    def compose(self) -> ComposeResult:
+        yield Static(Text("Ladder"), id="title")
+        with VerticalScroll(id="body"):
+            yield Static(id="table")
+        yield Static(id="status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.action_refresh()
+
+    def action_refresh(self) -> None:
+        """Recompute the ladder in a worker."""
+        if self.building:
+            return
+        self.building = True
+        running = session_of(self.app).active()
+        note = f" · {len(running)} rerun(s) still running" if running else ""
+        self.query_one("#status", Static).update(Text(f"computing the ladder…{note}"))
+        self._worker(self.context)
+
+    @work(thread=True, group="ladder", exit_on_error=False)
+    def _worker(self, ctx: RerunContext) -> None:
+        try:
+            ladder, error = build_for_app(self.app, ctx)
+        except Exception as exc:  # the screen must outlive a bad run
+            ladder, error = None, f"{type(exc).__name__}: {exc}"
+        self.post_message(self.Built(ladder, error))
+
+    def on_ladder_screen_built(self, message: Built) -> None:
+        from rankscope.launch.report import ladder_text
+
+        self.building = False
+        self.ladder = message.ladder
+        status = self.query_one("#status", Static)
+        if message.ladder is None:
+            status.update(Text(message.error or "no ladder", style="yellow"))
+            return
+        lad = message.ladder
+        self.query_one("#title", Static).update(Text(f"Ladder of {lad.parent_run}"))
+        lines = ladder_text(lad)
+        text = Text()
+        for line in lines:
+            style = "bold" if line.startswith("first scope") else ""
+            if " YES:" in line:
+                style = "red"
+            text.append(line + "\n", style=style)
+        self.query_one("#table", Static).update(text)
+        running = session_of(self.app).active()
+        note = f"{len(running)} rerun(s) still running · " if running else ""
+        status.update(Text(f"{note}r: refresh · esc: back"))
+
+
+def build_for_app(app: Any, ctx: RerunContext) -> tuple[Ladder | None, str]:
+    """The ladder of the run on screen (or of its parent) and its reruns.
+
+    Args:
+        app: the app (its source and run list).
+        ctx: where to read the runs.
+
+    Returns:
+        ``(ladder, "")`` or ``(None, why)``.
+    """
+    from rankscope.diagnosis.engine import diagnose
+    from rankscope.launch.ladder import build_ladder
+
+    parent = parent_of(app)
+    if parent is None:
+        return None, "no run on screen yet"
+    runs = app.source.runs()
+    children = [r.run for r in runs if r.parent_run == parent]
+    windows = load_windows(app, ctx, [parent, *children])
+    if parent not in windows:
+        return None, f"run {parent} has no steps yet"
+    baseline_run = getattr(app, "baseline_run", None)
+    baseline = None
+    if baseline_run and baseline_run not in windows:
+        baseline = load_windows(app, ctx, [baseline_run]).get(baseline_run)
+    verdicts = {run: diagnose(w, baseline).verdict for run, w in windows.items()}
+    kids = [windows[c] for c in children if c in windows]
+    return build_ladder(windows[parent], kids, baseline=baseline, verdicts=verdicts), ""
+
+
+def open_ladder(app: Any) -> None:
+    """Open the ladder of the run on screen.
+
+    Args:
+        app: the running `RankscopeApp`.
+    """
+    app.push_screen(LadderScreen(RerunContext.from_app(app)))

@@ -1,0 +1,245 @@
+"""The rerun menu: pick a scope, read the full plan, confirm, launch, follow the new run.
+
+Planning (diagnosis, plan, launcher template) and launching run in worker threads and
+come back as messages; the screen only draws and takes keys. Nothing is launched without
+the plan on screen and an explicit ``y``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical, VerticalScroll
+from textual.message import Message
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from rankscope.launch.runner import Launch
+from rankscope.tui.rerun_context import RerunContext, load_windows, parent_of, session_of
+
+SCOPE_KEYS = {"one-rank": "1", "one-node": "n", "two-node": "2", "full": "f"}
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """A plan prepared in a worker: the launch, or why there is none."""
+
+    scope: str
+    launch: Launch | None
+    lines: tuple[str, ...]
+    error: str = ""
+    launcher: str = ""
+    """The launcher template used (the default one for the run when none was chosen)."""
+
+
+class RerunScreen(ModalScreen[str | None]):
+    """Propose a reduced-scope rerun of the run on screen. Dismisses with the new run's id
+    once launched (the app then follows it), or None."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("1", "scope('one-rank')", "One rank", tooltip="Plan a rerun on the slowest rank"),
+        Binding("n", "scope('one-node')", "One node", tooltip="Plan a rerun on the suspect node"),
+        Binding("2", "scope('two-node')", "Two nodes", tooltip="Suspect node with a peer"),
+        Binding("f", "scope('full')", "Full", tooltip="Plan a full-scale rerun"),
+        Binding("l", "launcher", "Launcher", tooltip="Next launcher template"),
+        Binding("y", "launch", "Launch", tooltip="Launch the plan on screen"),
+        Binding("x", "cancel_rerun", "Cancel rerun", tooltip="Stop the rerun started last"),
+        Binding("escape", "close", "Close", tooltip="Close the menu (reruns keep running)"),
+    ]
+    """
+    | Key(s) | Description |
+    | :- | :- |
+    | 1 | Plan a one-rank rerun (the slowest rank's device). |
+    | n | Plan a one-node rerun (the suspect node). |
+    | 2 | Plan a two-node rerun (the suspect with a healthy peer, or across the rail). |
+    | f | Plan a full-scale rerun. |
+    | l | Next launcher template (torchrun, slurm, simulated, yours). |
+    | y | Launch the plan on screen; the view then follows the new run. |
+    | x | Cancel the rerun started last from this session. |
+    | escape | Close the menu; running reruns keep running. |
+    """
+
+    DEFAULT_CSS = """
+    RerunScreen { align: center middle; }
+    RerunScreen > Vertical {
+        width: 110; max-width: 98%; height: 90%;
+        border: thick $primary; background: $surface; padding: 0 1;
+    }
+    RerunScreen #title { text-style: bold; height: 1; }
+    RerunScreen #plan { height: 1fr; }
+    RerunScreen #status { height: auto; color: $text-muted; }
+    """
+
+    class Planned(Message):
+        """A plan came back from the worker."""
+
+        def __init__(self, result: PlanResult) -> None:
+            super().__init__()
+            self.result = result
+
+    def __init__(self, context: RerunContext) -> None:
+        super().__init__()
+        self.context = context
+        self.result: PlanResult | None = None
+        self.planning = False
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(id="title")
+            with VerticalScroll(id="plan"):
+                yield Static(id="body")
+            yield Static(id="status")
+
+    def on_mount(self) -> None:
+        self._title()
+        self._status(
+            "1 one-rank · n one-node · 2 two-node · f full · l launcher · y launch · esc close"
+        )
+
+    def _title(self) -> None:
+        ctx = self.context
+        hub = ctx.hub or "no hub: plans only"
+        launcher = ctx.launcher or "default for the run"
+        title = f"Rerun {parent_of(self.app) or '?'} · launcher {launcher} · hub {hub}"
+        self.query_one("#title", Static).update(Text(title))
+
+    def _status(self, text: str, style: str = "") -> None:
+        self.query_one("#status", Static).update(Text(text, style=style))
+
+    def action_scope(self, scope: str) -> None:
+        """Plan a rerun at ``scope`` (in a worker)."""
+        if self.planning:
+            return
+        self.planning = True
+        self._status(f"planning a {scope} rerun…", "italic")
+        self._plan_worker(scope, self.context)
+
+    @work(thread=True, group="rerun-plan", exit_on_error=False)
+    def _plan_worker(self, scope: str, ctx: RerunContext) -> None:
+        self.post_message(self.Planned(plan_rerun(self.app, ctx, scope)))
+
+    def on_rerun_screen_planned(self, message: Planned) -> None:
+        self.planning = False
+        self.result = message.result
+        if message.result.launcher and message.result.launcher != self.context.launcher:
+            c = self.context
+            self.context = RerunContext(
+                c.hub, c.record, message.result.launcher, c.launcher_dirs, c.last
+            )
+            self._title()
+        body = "\n".join(message.result.lines)
+        self.query_one("#body", Static).update(Text(body))
+        if message.result.error:
+            self._status(message.result.error, "bold red")
+        else:
+            self._status(f"y: launch this {message.result.scope} rerun · esc: close", "bold")
+
+    def action_launcher(self) -> None:
+        """Use the next launcher template and re-plan the scope on screen."""
+        from rankscope.launch.templates import list_launchers
+
+        names = list(list_launchers(self.context.launcher_dirs))
+        if not names:
+            return
+        i = names.index(self.context.launcher) if self.context.launcher in names else -1
+        c = self.context
+        nxt = names[(i + 1) % len(names)]
+        self.context = RerunContext(c.hub, c.record, nxt, c.launcher_dirs, c.last)
+        self._title()
+        if self.result is not None:
+            self.action_scope(self.result.scope)
+
+    def action_launch(self) -> None:
+        """Launch the plan on screen, then close and follow the new run."""
+        from rankscope.launch.runner import start
+
+        res = self.result
+        if res is None or res.launch is None:
+            self._status("nothing to launch: plan a scope first (1, n, 2, f)", "yellow")
+            return
+        try:
+            running = start(res.launch)
+        except (OSError, RuntimeError) as exc:
+            self._status(f"launch failed: {exc}", "bold red")
+            return
+        session_of(self.app).running[running.run] = running
+        self.app.notify(f"launched {running.run}; log {res.launch.log}", timeout=5)
+        self.dismiss(running.run)
+
+    def action_cancel_rerun(self) -> None:
+        """Cancel the rerun started last from this session."""
+        active = session_of(self.app).active()
+        if not active:
+            self._status("no rerun is running", "yellow")
+            return
+        r = active[-1]
+        r.cancel(grace_s=2.0)
+        self._status(f"cancelled {r.run}", "bold")
+
+    def action_close(self) -> None:
+        """Close without launching."""
+        self.dismiss(None)
+
+
+def plan_rerun(app: Any, ctx: RerunContext, scope: str) -> PlanResult:
+    """Diagnose the run on screen, propose a rerun at ``scope`` and render its command.
+
+    Args:
+        app: the app (its source and the run on screen).
+        ctx: hub, recording, launcher.
+        scope: one of the ladder scopes.
+
+    Returns:
+        The plan, its launch and its text; ``error`` says what failed.
+    """
+    from rankscope.diagnosis.engine import diagnose
+    from rankscope.launch.plan import propose
+    from rankscope.launch.report import launch_text, plan_text
+    from rankscope.launch.runner import LaunchSettings, prepare
+    from rankscope.launch.safety import UnsafeValueError
+    from rankscope.launch.templates import TemplateError, find_launcher
+
+    parent = parent_of(app)
+    if parent is None:
+        return PlanResult(scope, None, (), "no run on screen yet")
+    try:
+        window = load_windows(app, ctx, [parent]).get(parent)
+        if window is None:
+            return PlanResult(scope, None, (), f"run {parent} has no steps yet")
+        ctx = ctx.with_launcher_for(window)
+        plan = propose(window, diagnose(window).verdict.hypotheses, scope)
+        if ctx.hub is None or ctx.record is None:
+            why = "no hub to report to" if ctx.hub is None else "no recording to log beside"
+            text = tuple(plan_text(plan))
+            return PlanResult(scope, None, text, f"{why}: shown, not launchable", ctx.launcher)
+        launch = prepare(
+            plan,
+            find_launcher(ctx.launcher, ctx.launcher_dirs),
+            LaunchSettings(hub=ctx.hub),
+            record=ctx.record,
+            manifest=window.manifest,
+        )
+    except (UnsafeValueError, TemplateError, ValueError, KeyError) as exc:
+        return PlanResult(scope, None, (), f"cannot plan: {exc}", ctx.launcher)
+    return PlanResult(scope, launch, tuple(launch_text(launch)), "", ctx.launcher)
+
+
+def open_rerun_menu(app: Any) -> None:
+    """Open the rerun menu on the run on screen; a launched rerun becomes the run shown.
+
+    Args:
+        app: the running `RankscopeApp`.
+    """
+    ctx = RerunContext.from_app(app)
+
+    def done(run: str | None) -> None:
+        if run:
+            app.run_id = run
+            app.notify(f"following {run}", timeout=3)
+
+    app.push_screen(RerunScreen(ctx), done)
