@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 from textual import work
 from textual.app import App
 from textual.binding import Binding, BindingType
+from textual.css.query import NoMatches
 from textual.reactive import reactive
 from textual.screen import ModalScreen
 
@@ -117,10 +118,36 @@ class RankscopeApp(App[int]):
         self._last_step: int | None = None
         self._last_progress = clock()
         self._stall_dismissed = False
+        self._fixed_view = False
         self.set_reactive(RankscopeApp.metric, settings.view.metric)
         self.set_reactive(RankscopeApp.group_by, settings.view.group_by)
         if not settings.display.animation:
             self.animation_level = "none"
+
+    def initial_view(
+        self,
+        *,
+        metric: str | None = None,
+        group_by: str | None = None,
+        pins: tuple[int, ...] = (),
+        baseline_run: str | None = None,
+        filter_text: str = "",
+        zoom: int | None = None,
+    ) -> None:
+        """Open on this view (a snapshot's) instead of the job's saved one. Nothing is saved
+        to the job's state while it is shown, so a snapshot never overwrites it.
+
+        Call before the app runs.
+        """
+        if metric is not None:
+            self.set_reactive(RankscopeApp.metric, metric)
+        if group_by is not None:
+            self.set_reactive(RankscopeApp.group_by, group_by)
+        self.set_reactive(RankscopeApp.pins, tuple(pins))
+        self.set_reactive(RankscopeApp.baseline_run, baseline_run)
+        self.set_reactive(RankscopeApp.filter_text, filter_text)
+        self.set_reactive(RankscopeApp.zoom, zoom)
+        self._fixed_view = True
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -265,10 +292,15 @@ class RankscopeApp(App[int]):
 
     def _show_model(self) -> None:
         screen = self._top()
-        if isinstance(screen, MainScreen) and self.model is not None:
-            screen.show_model(self.model)
-        elif isinstance(screen, RankDetailScreen) and self.detail is not None:
-            screen.show_detail(self.detail)
+        # A screen being composed or torn down has no widgets yet (or any more); it draws
+        # the latest model itself when it mounts or resumes.
+        try:
+            if isinstance(screen, MainScreen) and self.model is not None:
+                screen.show_model(self.model)
+            elif isinstance(screen, RankDetailScreen) and self.detail is not None:
+                screen.show_detail(self.detail)
+        except NoMatches:
+            pass
 
     # ----------------------------------------------------------------- diagnosis clock
 
@@ -313,7 +345,10 @@ class RankscopeApp(App[int]):
         self.analysis = message.analysis
         show = getattr(self._top(), "show_analysis", None)
         if show is not None:
-            show(message.analysis)
+            try:
+                show(message.analysis)
+            except NoMatches:
+                pass  # see _show_model
 
     # ----------------------------------------------------------------- stall view
 
@@ -344,7 +379,7 @@ class RankscopeApp(App[int]):
         if model.header is None or self._restored_job == model.header.job:
             return
         self._restored_job = model.header.job
-        if not self.settings.state.persist:
+        if not self.settings.state.persist or self._fixed_view:
             return
         saved = load_view(self.settings.state_dir(), model.header.job)
         if saved is None:
@@ -359,7 +394,7 @@ class RankscopeApp(App[int]):
 
     def _persist(self) -> None:
         job = self._restored_job
-        if job is None or not self.settings.state.persist:
+        if job is None or not self.settings.state.persist or self._fixed_view:
             return
         view = SavedView(self.metric, self.group_by, self.pins, self.baseline_run)
         try:

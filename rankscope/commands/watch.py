@@ -1,0 +1,70 @@
+"""``rankscope watch``: a hub and the live TUI in one process.
+
+The simple case over SSH: start it on a machine the ranks can reach, point the collectors
+at the address it prints, and watch. Quitting the view stops the hub (the recording, when
+asked for, stays on disk). For a hub that outlives the view, run ``rankscope hub --record
+DIR`` and attach any number of ``rankscope open DIR`` viewers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "Hub + live TUI in one process (collectors push to --bind)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--bind",
+        default=None,
+        help="data address the collectors push to (default: [hub] bind in the settings, "
+        "tcp://*:5555)",
+    )
+    p.add_argument(
+        "--record",
+        metavar="DIR",
+        default=None,
+        help="also record into DIR (default: [hub] record_dir in the settings; none)",
+    )
+    p.add_argument("--run", default=None, help="run to show (default: the newest full run)")
+    p.add_argument("--config", default=None, help="settings file (see config/default.toml)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import zmq
+
+    from rankscope.hub.recording import RecordingError
+    from rankscope.hub.server import Hub
+    from rankscope.tui.app import make_app
+    from rankscope.tui.settings import SettingsError, load_settings
+    from rankscope.tui.sources import LiveSource
+
+    try:
+        settings = load_settings(args.config)
+    except SettingsError as exc:
+        print(f"rankscope watch: {exc}", file=sys.stderr)
+        return 2
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        print(
+            "rankscope watch: needs a terminal; for a hub without a view run "
+            "`rankscope hub --record DIR`",
+            file=sys.stderr,
+        )
+        return 2
+    bind = args.bind or settings.hub.bind
+    record = args.record or settings.hub.record_dir or None
+    try:
+        hub = Hub(bind, record_dir=record)
+        hub.start()
+    except (ValueError, RecordingError, zmq.ZMQError) as exc:
+        print(f"rankscope watch: cannot start the hub on {bind}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        app = make_app(settings, LiveSource(hub, f"live {hub.endpoint}"), run=args.run)
+        app.run()
+    finally:
+        hub.stop()
+    where = f"; recording in {record}" if record else ""
+    print(f"rankscope watch: hub on {hub.endpoint} stopped{where}")
+    return 0
