@@ -80,10 +80,9 @@ class Intake:
             return False
         if verdict.duplicate_steps:
             h = msg.header
+            n = verdict.duplicate_steps
             self._reject(
-                "duplicate_step",
-                f"rank {h['rank']} of run {h['run']!r} sent {verdict.duplicate_steps} step(s) again",
-                verdict.duplicate_steps,
+                "duplicate_step", f"rank {h['rank']} of run {h['run']!r} sent {n} step(s) again", n
             )
         if verdict.empty:
             return False

@@ -232,8 +232,9 @@ class RecordingWriter:
             self._file.close()
         name = segment_name(self._next_index)
         self._next_index += 1
-        # Unbuffered: frames go to the kernel in one vectored write per flush.
-        self._file = open(self.path / name, "xb", buffering=0)  # noqa: SIM115 - closed on rotate/close
+        # Unbuffered: frames go to the kernel in one vectored write per flush. Closed on
+        # rotation and in close().
+        self._file = open(self.path / name, "xb", buffering=0)  # noqa: SIM115
         self._file.write(_FILE_HEADER.pack(FILE_MAGIC, FORMAT_VERSION, 0))
         self._size = _FILE_HEADER.size
         self._session["last_segment"] = name

@@ -80,9 +80,10 @@ def check(msg: schema.Message, store: Store) -> Verdict:
                     f"rank {rank} says world size {world}, run {h['run']!r} has {run.world_size}",
                 )
             if inc < run.incarnation[rank]:
+                latest = int(run.incarnation[rank])
                 raise Reject(
                     "stale_incarnation",
-                    f"hello of rank {rank} incarnation {inc} after incarnation {run.incarnation[rank]}",
+                    f"hello of rank {rank} incarnation {inc} after incarnation {latest}",
                 )
         return Verdict()
     if run is None:
