@@ -75,6 +75,7 @@ def launch_text(launch: Launch) -> list[str]:
             lines.append(f"    env:  {name}={value}")
         lines.append(f"    $ {cmd.display}")
     lines.append(f"  log:     {launch.log}")
+    lines += [f"  warning: {w}" for w in launch.warnings]
     return lines
 
 

@@ -68,6 +68,8 @@ class Launch:
     log: Path
     values: dict[str, Any]
     """Placeholder values used (validated)."""
+    warnings: tuple[str, ...] = ()
+    """What may keep the rerun from reporting or starting as planned."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON (``rerun --json``, the launch record beside the log)."""
@@ -77,6 +79,7 @@ class Launch:
             "plan": plan,
             "launcher": self.launcher,
             "log": str(self.log),
+            "warnings": list(self.warnings),
             "commands": [
                 {"argv": list(c.argv), "env": dict(c.env), "host": c.host, "display": c.display}
                 for c in self.commands
@@ -211,7 +214,43 @@ def prepare(
         plan, settings, manifest=manifest, log=log, record=Path(record), local=local
     )
     commands = render(template, values, plan.hosts, local=local)
-    return Launch(plan=plan, launcher=template.name, commands=commands, log=log, values=values)
+    return Launch(
+        plan=plan,
+        launcher=template.name,
+        commands=commands,
+        log=log,
+        values=values,
+        warnings=_launch_warnings(commands, values, local),
+    )
+
+
+_LOOPBACK = ("127.", "localhost", "[::1]")
+
+
+def _launch_warnings(
+    commands: Sequence[Command], values: Mapping[str, Any], local: Iterable[str] | None
+) -> tuple[str, ...]:
+    out = []
+    hub = str(values.get("hub") or "")
+    where = hub.partition("://")[2]
+    names = set(local) if local is not None else None
+
+    def is_local(host: str) -> bool:
+        return host in names if names is not None else is_local_host(host)
+
+    remote = [c.host for c in commands if c.host is not None and not is_local(c.host)]
+    if remote and where.startswith(_LOOPBACK):
+        out.append(
+            f"the hub endpoint {hub} is a loopback address, which {', '.join(remote)} cannot "
+            "reach: pass --hub with an address of this machine those hosts can reach"
+        )
+    script = values.get("script")
+    if isinstance(script, str) and not os.path.isabs(script):
+        out.append(
+            f"the script path {script!r} is relative: the rerun starts in this directory "
+            f"({os.getcwd()}), which must be the parent run's"
+        )
+    return tuple(out)
 
 
 class RunningRerun:

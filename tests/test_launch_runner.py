@@ -165,3 +165,27 @@ def test_missing_program_is_reported(tmp_path: Path) -> None:
     )
     with pytest.raises(RuntimeError, match="launcher-x"):
         start(launch)
+
+
+def test_launch_warns_about_what_would_keep_it_from_reporting(tmp_path: Path) -> None:
+    win = _window({"argv": ["train.py"]})
+    plan = propose(win, [], "two-node")
+    launch = prepare(
+        plan,
+        find_launcher("torchrun"),
+        LaunchSettings(hub="tcp://127.0.0.1:5555"),
+        record=tmp_path,
+        manifest=win.manifest,
+        local=[],
+    )
+    assert any("loopback" in w and "node0000" in w for w in launch.warnings)
+    assert any("relative" in w for w in launch.warnings)
+    here = prepare(
+        propose(win, [], "one-node"),
+        find_launcher("torchrun"),
+        LaunchSettings(hub="tcp://127.0.0.1:5555", script="/abs/train.py"),
+        record=tmp_path,
+        manifest=win.manifest,
+        local=["node0000", "node0001"],
+    )
+    assert here.warnings == ()
