@@ -71,6 +71,7 @@ MESH_ALIASES = {
 }
 """DeviceMesh dimension names mapped onto ``schema.MESH_DIMS``."""
 
+_ALL_REDUCE = schema.OP_INDEX["all_reduce"]
 _ASYNC = schema.FLAG_ASYNC
 _BUCKET = schema.FLAG_DDP_BUCKET
 _DEV = FLAG_PENDING
@@ -90,6 +91,8 @@ class _State:
         self.cuda = False
         self.lock = threading.Lock()
         self.orig_all_reduce: Any = None
+        self.generation = 1
+        """Bumped by ``uninstall``: models instrumented before get their hooks again."""
 
 
 _state = _State()
@@ -254,16 +257,24 @@ def _device_start(args: tuple, kwargs: dict, in_pos: int, in_name: str | None, k
 def _ddp_allreduce_hook(process_group, bucket):  # type: ignore[no-untyped-def]
     """DDP's default gradient all-reduce, timed: entry when the bucket is ready, exit when
     its future completes. (Left unannotated: DDP refuses a hook whose ``bucket``
-    annotation is not ``dist.GradBucket``.)"""
+    annotation is not ``dist.GradBucket``.)
+
+    It calls the process group directly, as DDP's built-in C++ path does, instead of
+    ``dist.all_reduce``, whose Python argument handling would cost more than the timing.
+    """
     dist = sys.modules["torch.distributed"]
     group = process_group if process_group is not None else dist.group.WORLD
     tensor = bucket.buffer()
     t0 = time.monotonic_ns()
     tensor.div_(group.size())
     ev0 = _state.timer.event() if (_state.cuda and tensor.is_cuda) else None
-    work = _state.orig_all_reduce(tensor, group=group, async_op=True)
+    if tensor.is_complex():
+        work = _state.orig_all_reduce(tensor, group=group, async_op=True)
+    else:
+        work = group.allreduce([tensor])
     fut = work.get_future()
     mon = _state.mon
+    row = -1
     if mon is not None:
         try:
             gid = _state.gids.get(process_group)
@@ -271,18 +282,23 @@ def _ddp_allreduce_hook(process_group, bucket):  # type: ignore[no-untyped-def]
                 gid = _group_id(process_group)
             if gid >= 0:
                 row = mon._rec_coll(
-                    schema.OP_INDEX["all_reduce"],
-                    gid,
-                    tensor.nbytes,
-                    t0,
-                    NO_TIME,
-                    _ASYNC | _BUCKET | _DEV,
+                    _ALL_REDUCE, gid, tensor.nbytes, t0, NO_TIME, _ASYNC | _BUCKET | _DEV
                 )
-                if row >= 0:
-                    fut.add_done_callback(_complete(row, ev0))
         except Exception as exc:
             mon._error("ddp_hook", exc)
-    return fut.then(lambda f: f.value()[0])
+    if row < 0:
+        return fut.then(_bucket_value)
+    stamp = _complete(row, ev0)
+
+    def done(f: Any) -> Any:
+        stamp(f)
+        return f.value()[0]
+
+    return fut.then(done)
+
+
+def _bucket_value(f: Any) -> Any:
+    return f.value()[0]
 
 
 def _forward_hooks(model: Any) -> None:
@@ -334,11 +350,15 @@ def instrument(model: Any, monitor: Monitor | None = None) -> Any:
         return model
     if _state.mon is None:
         install(mon)
-    if getattr(model, "_rankscope_instrumented", False):
+    if getattr(model, "_rankscope_instrumented", 0) == _state.generation:
         return model
-    model._rankscope_instrumented = True
+    model._rankscope_instrumented = _state.generation
     _forward_hooks(model)
-    if hasattr(model, "reducer") and hasattr(model, "register_comm_hook"):
+    if (
+        hasattr(model, "reducer")
+        and hasattr(model, "register_comm_hook")
+        and not hasattr(model, "_rankscope_hook_set")
+    ):
         model._rankscope_hook_set = False
         if getattr(model, "process_group", None) is not None:
             _group_id(model.process_group)
@@ -570,3 +590,4 @@ def uninstall() -> None:
         _state.step_optimizer = None
         _state.timer = None
         _state.cuda = False
+        _state.generation += 1
