@@ -66,6 +66,9 @@ class Case:
     rail_ok: bool | None
     magnitude: float
     seconds: float
+    baseline_alone: str = ""
+    """The top verdict on the healthy baseline run diagnosed without any baseline (every
+    run brings one more healthy sample for the false-alarm rate)."""
     detail: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -176,6 +179,7 @@ def cases(
                 if with_baseline:
                     base, _ = simulate_window(baseline_of(sc), steps, f"baseline-{seed}-{scale}")
                 diag = diagnose(window, base)
+                alone = diagnose(base).verdict.top.mechanism if base is not None else ""
                 del window, base
                 rank_ok, host_ok, rail_ok = score_case(diag, truth)
                 hyps = diag.verdict.hypotheses
@@ -192,6 +196,7 @@ def cases(
                     rail_ok=rail_ok,
                     magnitude=float(truth.get("magnitude", float("nan"))),
                     seconds=time.perf_counter() - t0,
+                    baseline_alone=alone,
                     detail={
                         "truth": truth,
                         "top": {
@@ -230,6 +235,8 @@ def summarize(results: list[Case], args_line: str, seconds: float) -> str:
     correct = sum(c.correct for c in results)
     healthy = [c for c in results if c.truth == "healthy"]
     alarms = sum(c.predicted != "healthy" for c in healthy)
+    alone = [c for c in results if c.baseline_alone]
+    alone_alarms = sum(c.baseline_alone != "healthy" for c in alone)
     faults = [c for c in results if c.truth != "healthy"]
     missed = sum(c.predicted == "healthy" for c in faults)
     out = [
@@ -241,6 +248,8 @@ def summarize(results: list[Case], args_line: str, seconds: float) -> str:
         "",
         f"- **top-1 mechanism correct: {_frac(correct, n)}** (target ≥ 95 %)",
         f"- false alarms on healthy runs: {_frac(alarms, len(healthy))} (target ≤ 1 %)",
+        f"- false alarms on the healthy baselines, each diagnosed alone (no baseline): "
+        f"{_frac(alone_alarms, len(alone))}",
         f"- faults called healthy (missed): {_frac(missed, len(faults))}",
     ]
     for label, attr in (("ranks", "rank_ok"), ("hosts", "host_ok"), ("rails", "rail_ok")):
@@ -276,6 +285,13 @@ def summarize(results: list[Case], args_line: str, seconds: float) -> str:
         if sum(row):
             out.append(f"| {t} | " + " | ".join(str(v) if v else "·" for v in row) + " |")
     wrong = [c for c in results if not c.correct]
+    noisy = [c for c in alone if c.baseline_alone != "healthy"]
+    if noisy:
+        out += ["", "Healthy baselines diagnosed alone that raised an alarm:", ""]
+        for c in noisy[:20]:
+            out.append(
+                f"- baseline of {c.scenario} @ {c.scale} ranks, seed {c.seed}: {c.baseline_alone}"
+            )
     if wrong:
         out += ["", "Misdiagnosed runs:", ""]
         for c in wrong[:30]:
