@@ -80,10 +80,9 @@ class DeviceTimer:
 
     def _release(self, row: int) -> None:
         ring = self.mon._colls
-        if row < ring.tail or row >= ring.head:
-            return
-        flags = int(ring.rows[row & ring.mask]["flags"])
-        ring.set_field(row, "flags", flags & ~FLAG_PENDING)
+        if ring.tail <= row < ring.head:
+            flags = int(ring.rows[row & ring.mask]["flags"])
+            ring.set_field(row, "flags", flags & ~FLAG_PENDING)
 
     def resolve(self) -> None:
         """Fill device times of completed events (background thread; never blocks)."""

@@ -137,6 +137,30 @@ class Ring:
         packer.pack_into(self.raw, (index & self.mask) * self.row_size + off, value)
         return True
 
+    def complete(self, index: int, time_field: str, t: int, clear: int) -> bool:
+        """Fill a late time column of an unconsumed row and clear flag bits, both in place.
+
+        Used from completion callbacks (another thread); rows must have a ``flags`` column.
+
+        Args:
+            index: absolute row index.
+            time_field: the column to set (e.g. ``t_exit``).
+            t: its value.
+            clear: flag bits to clear.
+
+        Returns:
+            False when the row was already consumed.
+        """
+        if index < self.tail or index >= self.head:
+            return False
+        base = (index & self.mask) * self.row_size
+        off, packer = self._field_offsets[time_field]
+        packer.pack_into(self.raw, base + off, t)
+        foff, fpack = self._field_offsets["flags"]
+        flags = fpack.unpack_from(self.raw, base + foff)[0]
+        fpack.pack_into(self.raw, base + foff, flags & ~clear)
+        return True
+
     def __len__(self) -> int:
         return self.head - self.tail
 

@@ -32,7 +32,6 @@ DEFAULT_HUB = "tcp://127.0.0.1:5555"
 """Hub address when neither ``hub=`` nor ``RANKSCOPE_HUB`` says otherwise."""
 
 RUN_KEY = "rankscope/run_id"
-RUN_AGREE_TIMEOUT_S = 10.0
 
 _lock = threading.Lock()
 _active: Monitor | None = None
@@ -66,22 +65,21 @@ def _env_label(env: Mapping[str, str], name: str) -> str | None:
         return None
 
 
-def _agree_run_id(job: str, rank: int) -> str:
-    """One run id for every rank, through the process group's store (not a collective,
-    so it neither disturbs collective sequence numbers nor can deadlock training)."""
+def _agree_run_id(job: str) -> str:
+    """One run id for every rank, through the process group's store: each rank proposes
+    a fresh id with compare-and-set and the first proposal wins. A store operation is not
+    a collective, so it neither shifts collective sequence numbers nor waits for a rank
+    that never arrives."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None:
         try:
             if dist.is_initialized():
-                from datetime import timedelta
-
                 store = dist.distributed_c10d._get_default_store()
-                if rank == 0:
-                    run = new_run_id(job)
-                    store.set(RUN_KEY, run)
-                    return run
-                store.wait([RUN_KEY], timedelta(seconds=RUN_AGREE_TIMEOUT_S))
-                return store.get(RUN_KEY).decode()
+                got = store.compare_set(RUN_KEY, "", new_run_id(job))
+                run = got.decode() if isinstance(got, bytes) else str(got)
+                label = _env_label({"R": run}, "R")
+                if label:
+                    return label
         except Exception as exc:
             log.warning("rankscope: could not agree on a run id through the store: %s", exc)
     elastic = os.environ.get("TORCHELASTIC_RUN_ID")
@@ -241,7 +239,7 @@ def start(
             enabled = False
         if run is None:
             run = _env_label(env, "RANKSCOPE_RUN") or (
-                _agree_run_id(job, identity.rank) if enabled else new_run_id(job)
+                _agree_run_id(job) if enabled else new_run_id(job)
             )
         mon = Monitor(
             job=job,

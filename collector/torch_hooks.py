@@ -153,13 +153,9 @@ def _complete(row: int, ev0: Any) -> Any:
         mon = _state.mon
         if mon is None:
             return
-        ring = mon._colls
-        if not ring.set_field(row, "t_exit", t):
-            return
         if ev0 is None:
-            flags = int(ring.rows[row & ring.mask]["flags"])
-            ring.set_field(row, "flags", flags & ~FLAG_PENDING)
-        else:
+            mon._colls.complete(row, "t_exit", t, FLAG_PENDING)
+        elif mon._colls.set_field(row, "t_exit", t):
             _state.timer.track(row, ev0, _state.timer.event())
 
     return done
@@ -230,9 +226,7 @@ def _on_done(mon: Monitor, work: Any, row: int, ev0: Any) -> None:
         fut = None
     if fut is None:
         # No completion signal for this Work: ship the row without an exit time.
-        ring = mon._colls
-        flags = int(ring.rows[row & ring.mask]["flags"])
-        ring.set_field(row, "flags", flags & ~FLAG_PENDING)
+        mon._colls.complete(row, "t_exit", NO_TIME, FLAG_PENDING)
         return
     fut.add_done_callback(_complete(row, ev0))
 

@@ -114,3 +114,13 @@ def test_one_writer_one_reader_thread_lose_nothing_unless_counted() -> None:
 def test_bad_capacity(cap: object) -> None:
     with pytest.raises(ValueError, match="capacity"):
         Ring(schema.COLL_COLUMNS, cap)  # type: ignore[arg-type]
+
+
+def test_complete_fills_time_and_clears_flag_bits() -> None:
+    ring = Ring(schema.COLL_COLUMNS, 4)
+    row = ring.push(0, 0, 0, 0, 8, 100, -1, -1, -1, (1 << 30) | 2)
+    assert ring.complete(row, "t_exit", 250, 1 << 30)
+    got = ring.unread()[0]
+    assert got["t_exit"] == 250 and got["flags"] == 2
+    ring.consume(1)
+    assert not ring.complete(row, "t_exit", 999, 1 << 30)
