@@ -46,7 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="explicit: call rankscope.start/instrument/step; off: unmodified script",
     )
     p.add_argument("--job", default="tiny_ddp")
-    p.add_argument("--timings", default="", help="write per-step wall times (rank 0) to this JSON")
+    p.add_argument(
+        "--timings", default="", help="write rank 0's per-step wall and CPU times to this JSON"
+    )
     return p.parse_args(argv)
 
 
@@ -86,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     metric = torch.zeros(4)
     gathered = torch.zeros(4 * world)
     step_times = []
+    step_cpu = []  # process CPU time (all threads: training, gloo, rankscope) per step
     # The *_single names are newer spellings of all_gather_into_tensor/reduce_scatter_tensor.
     all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     reduce_scatter_single = (
@@ -94,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for step in range(args.steps):
         t0 = time.perf_counter()
+        c0 = time.process_time()
         if mon is not None:
             mon.begin_step(step)
         x, y = next(it)
@@ -120,10 +124,11 @@ def main(argv: list[str] | None = None) -> int:
         if mon is not None:
             mon.end_step()
         step_times.append(time.perf_counter() - t0)
+        step_cpu.append(time.process_time() - c0)
 
     if rank == 0 and args.timings:
         with open(args.timings, "w") as f:
-            json.dump({"step_s": step_times}, f)
+            json.dump({"step_s": step_times, "cpu_s": step_cpu}, f)
     if mon is not None:
         mon.close()
     dist.barrier()
