@@ -39,9 +39,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_SCALES,
         help=f"comma-separated world sizes (default {DEFAULT_SCALES}; up to 4096)",
     )
-    p.add_argument("--seeds", type=int, default=3, help="seeds per scenario and scale (default 3)")
+    p.add_argument(
+        "--seeds",
+        default="3",
+        help="seeds per scenario and scale (default 3), or one value per scale, e.g. 5,5,2",
+    )
     p.add_argument("--first-seed", type=int, default=1, help="first seed (default 1)")
-    p.add_argument("--steps", type=int, default=30, help="steps per run (default 30)")
+    p.add_argument(
+        "--steps",
+        default="30",
+        help="steps per run (default 30), or one value per scale, e.g. 30,30,16",
+    )
     p.add_argument("--scenarios", default=None, help="comma-separated subset of scenarios")
     p.add_argument("--no-baseline", action="store_true", help="diagnose without a baseline")
     p.add_argument("--no-write", action="store_true", help="do not update benchmarks/RESULTS.md")
@@ -159,7 +167,11 @@ def score_case(diag: Any, truth: dict[str, Any]) -> tuple[bool | None, bool | No
 
 
 def cases(
-    scenarios: list[str], scales: list[int], seeds: list[int], steps: int, with_baseline: bool
+    scenarios: list[str],
+    scales: list[int],
+    seeds: list[int] | list[list[int]],
+    steps: int | list[int],
+    with_baseline: bool,
 ) -> Iterator[Case]:
     """Run and score every (scenario, scale, seed).
 
@@ -169,15 +181,17 @@ def cases(
     from rankscope.diagnosis.engine import diagnose
     from rankscope.sim.spec import load_scenario
 
-    for scale in scales:
+    per_scale = steps if isinstance(steps, list) else [steps] * len(scales)
+    seed_lists = seeds if seeds and isinstance(seeds[0], list) else [seeds] * len(scales)
+    for scale, n_steps, scale_seeds in zip(scales, per_scale, seed_lists):
         for name in scenarios:
-            for seed in seeds:
+            for seed in scale_seeds:
                 t0 = time.perf_counter()
                 sc = load_scenario(name, seed=seed, ranks=scale)
-                window, truth = simulate_window(sc, steps, f"{name}-{seed}-{scale}")
+                window, truth = simulate_window(sc, n_steps, f"{name}-{seed}-{scale}")
                 base = None
                 if with_baseline:
-                    base, _ = simulate_window(baseline_of(sc), steps, f"baseline-{seed}-{scale}")
+                    base, _ = simulate_window(baseline_of(sc), n_steps, f"baseline-{seed}-{scale}")
                 diag = diagnose(window, base)
                 alone = diagnose(base).verdict.top.mechanism if base is not None else ""
                 del window, base
@@ -326,8 +340,18 @@ def _ints(text: str, what: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     try:
         scales = _ints(args.scales, "--scales")
-        if args.seeds < 1 or args.steps < 8:
-            raise ValueError("--seeds must be >= 1 and --steps >= 8")
+        steps = _ints(str(args.steps), "--steps")
+        if len(steps) == 1:
+            steps = steps * len(scales)
+        if len(steps) != len(scales):
+            raise ValueError(f"--steps needs one value or one per scale ({len(scales)})")
+        n_seeds = _ints(str(args.seeds), "--seeds")
+        if len(n_seeds) == 1:
+            n_seeds = n_seeds * len(scales)
+        if len(n_seeds) != len(scales):
+            raise ValueError(f"--seeds needs one value or one per scale ({len(scales)})")
+        if min(steps) < 8:
+            raise ValueError("--steps must be >= 8")
         known = catalog()
         scenarios = known
         if args.scenarios:
@@ -338,11 +362,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"rankscope eval: {exc}", file=sys.stderr)
         return 2
-    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    seeds = [list(range(args.first_seed, args.first_seed + k)) for k in n_seeds]
     t0 = time.perf_counter()
     results = []
-    total = len(scales) * len(scenarios) * len(seeds)
-    for i, c in enumerate(cases(scenarios, scales, seeds, args.steps, not args.no_baseline), 1):
+    total = len(scenarios) * sum(n_seeds)
+    for i, c in enumerate(cases(scenarios, scales, seeds, steps, not args.no_baseline), 1):
         results.append(c)
         mark = "ok " if c.correct else "XX "
         print(
@@ -352,7 +376,7 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
     cmd = f"rankscope eval --scales {','.join(map(str, scales))} --seeds {args.seeds}"
-    cmd += f" --steps {args.steps}" + (" --no-baseline" if args.no_baseline else "")
+    cmd += f" --steps {','.join(map(str, steps))}" + (" --no-baseline" if args.no_baseline else "")
     section = summarize(results, cmd, time.perf_counter() - t0)
     if args.json:
         json.dump([dataclasses.asdict(c) for c in results], sys.stdout, indent=1, default=str)
