@@ -169,11 +169,18 @@ def score_case(diag: Any, truth: dict[str, Any]) -> tuple[bool | None, bool | No
 def cases(
     scenarios: list[str],
     scales: list[int],
-    seeds: list[int] | list[list[int]],
+    seeds: list[list[int]],
     steps: int | list[int],
     with_baseline: bool,
 ) -> Iterator[Case]:
     """Run and score every (scenario, scale, seed).
+
+    Args:
+        scenarios: scenario names.
+        scales: world sizes.
+        seeds: the seeds to run at each scale (one list per scale).
+        steps: steps per run, one value or one per scale.
+        with_baseline: diagnose against a healthy baseline of the same job.
 
     Yields:
         One `Case` per run, in order.
@@ -182,8 +189,7 @@ def cases(
     from rankscope.sim.spec import load_scenario
 
     per_scale = steps if isinstance(steps, list) else [steps] * len(scales)
-    seed_lists = seeds if seeds and isinstance(seeds[0], list) else [seeds] * len(scales)
-    for scale, n_steps, scale_seeds in zip(scales, per_scale, seed_lists):
+    for scale, n_steps, scale_seeds in zip(scales, per_scale, seeds):
         for name in scenarios:
             for seed in scale_seeds:
                 t0 = time.perf_counter()
