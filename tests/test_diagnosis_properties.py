@@ -152,3 +152,39 @@ def test_permuting_rank_ids_permutes_the_result(w: Window, seed: int) -> None:
         full.correlations.slow_rank.persistent,
         equal_nan=True,
     )
+
+
+@settings(max_examples=25, deadline=None)
+@given(windows())
+def test_any_window_renders_as_strict_json_and_text(w: Window) -> None:
+    import json
+
+    from rankscope.diagnosis.serialize import to_dict
+    from rankscope.diagnosis.text import render_text
+    from rankscope.diagnosis.verdict import MECHANISMS
+
+    d = diagnose(w)
+    data = json.loads(json.dumps(to_dict(d), allow_nan=False))
+    assert data["verdict"]["hypotheses"][0]["mechanism"] == d.verdict.top.mechanism
+    assert {h.mechanism for h in d.verdict.hypotheses} == set(MECHANISMS)
+    assert all(0.0 <= h.score <= 1.0 for h in d.verdict.hypotheses)
+    assert render_text(d).startswith(f"run {w.run}")
+
+
+def test_degenerate_windows_are_diagnosed() -> None:
+    import warnings
+
+    one = np.array([[0.0, 10.0]])
+    grid = np.tile(np.arange(3) * 10.0, (4, 1))
+    absent = np.full((4, 3), np.nan)
+    absent[:, 0] = 5
+    cases = [
+        make_window(one, one + 5, ranks=rank_layout(1, ranks_per_host=1)),
+        make_window(grid, grid + 5, ranks=rank_layout(4)),
+        make_window(grid, grid + absent, ranks=rank_layout(4)),
+        make_window(grid[:, :1], grid[:, :1] + 5, ranks=rank_layout(4)),
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for w in cases:
+            assert diagnose(w).verdict.top.mechanism == "healthy"
