@@ -167,10 +167,32 @@ def test_painter_plain_rows_and_dense_rows() -> None:
     assert dense.line_count == 4
     d2 = dense.render_line(2, 30)
     assert d2.text[14:26] == "▀" * 12
-    cell = next(s for s in d2 if "▀" in s.text)
+    assert d2.text.startswith(" ▀r4 ▄r5")
+    cell = next(s for s in list(d2)[1:] if "▀" in s.text)
     assert cell.style.color.name == PALETTES["truecolor"][0]  # rank 4 on top, healthy
     assert cell.style.bgcolor.name == PALETTES["truecolor"][7]  # rank 5 below, slow
     assert dense.render_line(99, 30).text == " " * 30
+
+
+def test_dense_lines_keep_pins_whole_and_columns_stretch() -> None:
+    w = _window(8, 10, slow={5: 50})
+    grid = build_grid(
+        metric_values(w, "step"), w.steps, METRIC_SPECS["step"], dimension(w, "host"), pins=(5,)
+    )
+    p = HeatmapPainter(grid, PALETTES["truecolor"], dense=True, label_width=16, cursor=4)
+    # The pin has a line of its own; the seven other ranks share four lines.
+    assert p.line_count == 5
+    assert p.rows_of_line(0) == (0, None) and p.rows_of_line(1) == (1, 2)
+    assert p.rows_of_line(4) == (7, None)
+    assert [p.line_of_row(r) for r in range(8)] == [0, 1, 1, 2, 2, 3, 3, 4]
+    pin_line = p.render_line(0, 46)
+    assert pin_line.text.startswith(" ● r5 node0000")
+    assert pin_line.text[16:46] == " " * 30  # plain cells, not half blocks
+    # Row 4 (rank 3) is the selected lower half of line 2: the label says so.
+    assert p.render_line(2, 46).text.startswith("▸▄r3 node0000")
+    # 10 steps in 30 cells: each step three cells wide.
+    assert p.cell_width(46) == 3 and p.cell_width(26) == 1
+    assert p.render_line(1, 46).text[16:46] == "▀" * 30
 
 
 def test_painter_shows_newest_steps_when_narrow_and_marks_missing() -> None:
@@ -178,11 +200,11 @@ def test_painter_shows_newest_steps_when_narrow_and_marks_missing() -> None:
     present[0, 39] = False
     w = _window(2, 40, present=present, ranks=rank_layout(2))
     grid = build_grid(metric_values(w, "step"), w.steps, METRIC_SPECS["step"], dimension(w, "host"))
-    p = HeatmapPainter(grid, PALETTES["16"], missing="bright_black", label_width=10)
+    p = HeatmapPainter(grid, PALETTES["16"], missing="white", label_width=10)
     line = p.render_line(0, 20)
     assert line.cell_length == 20
     last = list(line)[-1]
-    assert last.style.bgcolor.name == "bright_black"  # step 39 is the last column
+    assert last.style.bgcolor.name == "white"  # step 39 is the last column
 
 
 def test_legend_names_metric_unit_and_ends() -> None:

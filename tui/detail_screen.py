@@ -146,7 +146,9 @@ class RankDetailScreen(Screen):
             title.append("  ● pinned", style="bold yellow")
         self.query_one("#title", Static).update(title)
         self.query_one("#series", Static).update(series_text(detail, self.size.width or 80))
-        sync_table(self.query_one("#phases", DataTable), compare_rows(detail.phases))
+        # Phases the run never records (0 on this rank and on the median) are left out.
+        phases = [c for c in detail.phases if c.rank or c.median]
+        sync_table(self.query_one("#phases", DataTable), compare_rows(phases))
         sync_table(self.query_one("#collectives", DataTable), compare_rows(detail.collectives))
         sync_table(self.query_one("#samples", DataTable), compare_rows(detail.samples))
         sync_table(self.query_one("#work", DataTable), compare_rows(detail.work))

@@ -31,11 +31,21 @@ PALETTES: dict[str, tuple[str, ...]] = {
         "#f0882a",
         "#e63b2e",
     ),
-    # Standard ANSI colours for 16-colour terminals, in the same cool-to-hot order.
-    "16": ("blue", "cyan", "green", "bright_green", "yellow", "bright_yellow", "red", "bright_red"),
+    # Standard ANSI colours for 16-colour terminals, in the same cool-to-hot order; the
+    # healthy end is dim so the hot cells stand out.
+    "16": (
+        "bright_black",
+        "blue",
+        "cyan",
+        "green",
+        "yellow",
+        "bright_yellow",
+        "red",
+        "bright_red",
+    ),
 }
 MISSING = "#3a3a3a"
-MISSING_16 = "bright_black"
+MISSING_16 = "white"
 
 
 def palette_for(color_system: str) -> tuple[tuple[str, ...], str]:
@@ -52,9 +62,26 @@ def palette_for(color_system: str) -> tuple[tuple[str, ...], str]:
     return PALETTES["truecolor"], MISSING
 
 
+MAX_CELL_WIDTH = 3
+"""Widest a step's column grows when the terminal has room for it."""
+
+
+def _short(label: str) -> str:
+    # The first word of a row label names it: "r12", "node003", "rail".
+    head = label.split(" ", 1)[0]
+    return label.split(" ", 2)[1] if head == "●" and " " in label else head
+
+
 @dataclass(frozen=True)
 class HeatmapPainter:
-    """Draws a grid line by line; built once per data update, asked for visible lines."""
+    """Draws a grid line by line; built once per data update, asked for visible lines.
+
+    Pinned rows always get a line of their own. In dense mode the other rows share lines
+    two by two (upper half block = first row, lower half = second), and a line's label
+    names both (``▀node000 ▄node001``); the selected row's line shows its full label.
+    Steps fill the width, each as wide as ``MAX_CELL_WIDTH`` cells when there is room; the
+    newest steps are kept when there is not.
+    """
 
     grid: HeatGrid
     palette: tuple[str, ...]
@@ -71,16 +98,34 @@ class HeatmapPainter:
         # Level -1 (unknown) indexes the last colour.
         object.__setattr__(self, "_colours", colours)
         object.__setattr__(self, "_styles", {})
+        n = len(self.grid)
+        pins = int(np.sum(self.grid.kinds == PIN))
+        if self.dense:
+            rest = np.arange(pins, n)
+            top = np.r_[np.arange(pins), rest[0::2]]
+            bottom = np.r_[np.full(pins, -1), rest[1::2], np.full(rest.size % 2, -1)]
+        else:
+            top, bottom = np.arange(n), np.full(n, -1)
+        line = np.empty(n, dtype=np.int64)
+        line[top] = np.arange(top.size)
+        line[bottom[bottom >= 0]] = np.flatnonzero(bottom >= 0)
+        object.__setattr__(self, "_top", top.astype(np.int64))
+        object.__setattr__(self, "_bottom", bottom.astype(np.int64))
+        object.__setattr__(self, "_line", line)
 
     @property
     def line_count(self) -> int:
         """Lines needed to draw every row."""
-        n = len(self.grid)
-        return (n + 1) // 2 if self.dense else n
+        return int(self._top.size)  # type: ignore[attr-defined]
 
     def line_of_row(self, row: int) -> int:
         """The line that draws ``row``."""
-        return row // 2 if self.dense else row
+        return int(self._line[row])  # type: ignore[attr-defined]
+
+    def rows_of_line(self, y: int) -> tuple[int, int | None]:
+        """The rows a line draws: ``(upper, lower)``; lower is None for a single row."""
+        b = int(self._bottom[y])  # type: ignore[attr-defined]
+        return int(self._top[y]), (b if b >= 0 else None)  # type: ignore[attr-defined]
 
     def _style(self, top: int, bottom: int | None) -> Style:
         key = (top, bottom)
@@ -90,30 +135,48 @@ class HeatmapPainter:
             colours = self._colours  # type: ignore[attr-defined]
             if bottom is None:
                 style = Style(bgcolor=colours[top])
-            elif bottom == -2:
-                style = Style(color=colours[top])
             else:
                 style = Style(color=colours[top], bgcolor=colours[bottom])
             styles[key] = style
         return style
 
     def _label(self, y: int) -> tuple[str, Style]:
-        rows = (2 * y, 2 * y + 1) if self.dense else (y,)
-        shown = self.cursor if self.cursor in rows else rows[0]
-        assert shown is not None
-        marker = "▸" if self.cursor in rows else " "
-        text = self.grid.labels[shown]
+        top, bottom = self.rows_of_line(y)
+        labels = self.grid.labels
         width = self.label_width - 2
+        selected = self.cursor is not None and self.cursor in (top, bottom)
+        if selected:
+            shown = int(self.cursor)  # type: ignore[arg-type]
+            half = "" if bottom is None else ("▀" if shown == top else "▄")
+            text = half + labels[shown]
+        elif bottom is not None:
+            shown = top
+            text = f"▀{_short(labels[top])} ▄{_short(labels[bottom])}"
+            # Two ranks of one group: name the group once.
+            a, b = labels[top].split(" ", 1), labels[bottom].split(" ", 1)
+            if len(a) == len(b) == 2 and a[0].startswith("r") and a[1] == b[1]:
+                text += f" {a[1]}"
+        else:
+            shown = top
+            text = labels[top]
         if len(text) > width:
             text = text[: width - 1] + "…"
         kind = int(self.grid.kinds[shown])
         style = Style(
-            bold=kind == PIN or marker == "▸",
+            bold=kind == PIN or selected,
             color="yellow" if kind == PIN else None,
             italic=kind == GROUP,
-            reverse=marker == "▸",
+            reverse=selected,
         )
-        return f"{marker}{text:<{width}} ", style
+        return f"{'▸' if selected else ' '}{text:<{width}} ", style
+
+    def cell_width(self, width: int) -> int:
+        """Cells per step for a line ``width`` cells wide (label included)."""
+        n_cols = int(self._levels.shape[1])  # type: ignore[attr-defined]
+        room = width - self.label_width
+        if n_cols == 0 or room <= 0:
+            return 1
+        return int(max(1, min(MAX_CELL_WIDTH, room // n_cols)))
 
     def render_line(self, y: int, width: int) -> Strip:
         """One terminal line of the heatmap.
@@ -133,28 +196,24 @@ class HeatmapPainter:
         cells = width - len(label)
         levels: np.ndarray = self._levels  # type: ignore[attr-defined]
         n_cols = levels.shape[1]
-        shown = min(cells, n_cols)
+        cw = self.cell_width(width)
+        shown = min(cells // cw, n_cols)
         if shown > 0:
             cols = slice(n_cols - shown, n_cols)
-            if self.dense:
-                top = levels[2 * y, cols].astype(np.int16)
-                has_bottom = 2 * y + 1 < levels.shape[0]
-                bottom = levels[2 * y + 1, cols].astype(np.int16) if has_bottom else None
-            else:
-                top = levels[y, cols].astype(np.int16)
-                bottom = None
+            top_row, bottom_row = self.rows_of_line(y)
+            top = levels[top_row, cols].astype(np.int16)
+            bottom = levels[bottom_row, cols].astype(np.int16) if bottom_row is not None else None
             code = top * 16 + (bottom if bottom is not None else 0)
             cuts = np.flatnonzero(np.r_[True, code[1:] != code[:-1]])
             ends = np.r_[cuts[1:], shown]
             for a, b in zip(cuts.tolist(), ends.tolist()):
                 t = int(top[a])
-                if self.dense and bottom is not None:
-                    segments.append(Segment("▀" * (b - a), self._style(t, int(bottom[a]))))
-                elif self.dense:
-                    segments.append(Segment("▀" * (b - a), self._style(t, -2)))
+                run = (b - a) * cw
+                if bottom is not None:
+                    segments.append(Segment("▀" * run, self._style(t, int(bottom[a]))))
                 else:
-                    segments.append(Segment(" " * (b - a), self._style(t, None)))
-        pad = cells - max(shown, 0)
+                    segments.append(Segment(" " * run, self._style(t, None)))
+        pad = cells - max(shown, 0) * cw
         if pad > 0:
             segments.append(Segment(" " * pad))
         return Strip(segments, width)

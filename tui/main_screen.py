@@ -65,7 +65,8 @@ class MainScreen(Screen):
     MainScreen #legend { height: 1; padding: 0 1; }
     MainScreen #side { width: 50; height: 1fr; }
     MainScreen.-narrow #body { layout: vertical; }
-    MainScreen.-narrow #side { width: 1fr; height: auto; max-height: 10; layout: horizontal; }
+    MainScreen.-narrow #side { width: 1fr; height: auto; max-height: 9; layout: horizontal; }
+    MainScreen.-narrow LastArrivalsPanel > DataTable { max-height: 4; }
     MainScreen.-narrow #side > * { width: 1fr; }
     MainScreen.-narrow StructurePanel { display: none; }
     """
@@ -132,7 +133,10 @@ class MainScreen(Screen):
         if model.view.filter:
             extra.append(f"filter: {model.view.filter} ({grid.hidden} hidden)")
         if extra:
-            text = Text(" · ".join(extra) + "  ", style="bold yellow") + text
+            prefix = Text()
+            prefix.append(" · ".join(extra) + "  ", style="bold yellow")
+            prefix.append_text(text)
+            text = prefix
         legend_widget.update(text)
         self.heatmap.set_grid(grid)
         self.query_one(LastArrivalsPanel).show(model.arrivals, model.ranking)

@@ -131,6 +131,8 @@ class HeaderBar(Static):
         height: 2;
         background: $panel;
         padding: 0 1;
+        text-wrap: nowrap;
+        text-overflow: ellipsis;
     }
     """
 
@@ -154,27 +156,25 @@ class HeaderBar(Static):
             extra: right-hand text (clock, machine), already formatted.
             message: shown instead of numbers while ``header`` is None.
         """
+        # Live/paused comes first: on a narrow terminal the end of the line is cut.
         top = Text()
-        top.append("rankscope ", style="bold")
         if paused:
-            state, style = "‖ PAUSED", "bold black on yellow"
+            top.append("‖ PAUSED", style="bold black on yellow")
         elif live:
-            state, style = "● LIVE", "bold green"
+            top.append("● LIVE", style="bold green")
         else:
-            state, style = "○ STATIC", "bold cyan"
+            top.append("○ STATIC", style="bold cyan")
         bottom = Text()
         if header is None:
-            top.append(f"│ {source} ", style="dim")
-            top.append(state, style=style)
+            top.append(f" │ {source}", style="dim")
             bottom.append(message or "waiting for data", style="italic")
-            self.update(Group(top, bottom))
+            self.update(Text("\n").join([top, bottom]))
             return
-        top.append(f"│ {header.job} · {header.run} · {header.scope} ")
-        top.append(f"│ {header.world_size} ranks on {header.hosts} hosts ")
-        top.append(f"│ step {header.step:,} ", style="bold")
-        top.append(state, style=style)
+        top.append(f" │ step {header.step:,}", style="bold")
+        top.append(f" │ {header.job} · {header.run} · {header.scope}")
+        top.append(f" │ {header.world_size} ranks on {header.hosts} hosts")
         if extra:
-            top.append(f"  {extra}", style="dim")
+            top.append(f" │ {extra}", style="dim")
         s = header.stats
         if s is None:
             bottom.append("step –")
@@ -197,7 +197,8 @@ class HeaderBar(Static):
             hub.append(f"clock ±{fmt_ms(header.clock_error_ms)} ms")
         if hub:
             bottom.append(" │ hub " + " · ".join(hub))
-        self.update(Group(top, bottom))
+        # One text, so the CSS keeps each line to one row instead of wrapping it.
+        self.update(Text("\n").join([top, bottom]))
 
 
 class VerdictLine(Static):
@@ -252,8 +253,10 @@ class LastArrivalsPanel(Vertical):
         border: round $primary 50%;
         border-title-color: $text;
     }
-    LastArrivalsPanel > Static { height: auto; }
-    LastArrivalsPanel > DataTable { height: auto; max-height: 7; scrollbar-size-horizontal: 0; }
+    LastArrivalsPanel > Static { height: auto; text-wrap: nowrap; text-overflow: ellipsis; }
+    LastArrivalsPanel > DataTable {
+        height: auto; max-height: 7; scrollbar-size-horizontal: 0; scrollbar-size-vertical: 0;
+    }
     """
 
     def compose(self) -> ComposeResult:
@@ -274,13 +277,11 @@ class LastArrivalsPanel(Vertical):
         for a in arrivals:
             if text:
                 text.append("\n")
-            text.append(f"{a.group} {a.op} ", style="bold")
-            text.append(f"#{a.seq} ")
+            # Who and by how much first: the group and op are context.
             text.append(f"r{a.last_rank}", style="bold yellow")
-            text.append(f" {a.last_host} +{fmt_ms(a.margin_ms)} ms", style="")
-            text.append(f" skew {fmt_ms(a.skew_ms)}", style="dim")
-        text.no_wrap = True
-        text.overflow = "ellipsis"
+            text.append(f" +{fmt_ms(a.margin_ms)} ms", style="bold")
+            text.append(f" of {fmt_ms(a.skew_ms)} skew", style="dim")
+            text.append(f"  {a.group} {a.op} #{a.seq}")
         self.query_one("#instances", Static).update(text)
         sync_table(
             self.query_one("#ranking", DataTable),
@@ -372,11 +373,19 @@ class DecompositionPanel(Static):
             b.append(f" {fmt_ms(total_base)}")
             lines.append(b)
         key = Text()
-        shown = [r for r in rows if math.isfinite(r.current_ms) and r.current_ms > 0]
+        # Categories under 1% of the step, then and now, would only add noise.
+        floor = 0.01 * max(full, 1e-9)
+        shown = [
+            r
+            for r in rows
+            if (math.isfinite(r.current_ms) and r.current_ms >= floor)
+            or (math.isfinite(r.baseline_ms) and r.baseline_ms >= floor)
+        ]
         for r in sorted(shown, key=lambda r: -r.current_ms):
             key.append("■", style=Style(color=CATEGORY_COLOURS.get(r.category, "white")))
             delta = f" {r.delta_ms:+.0f}" if has_base and math.isfinite(r.delta_ms) else ""
             key.append(f"{r.category} {fmt_ms(r.current_ms)}{delta}  ")
+        key.rstrip()
         lines.append(key)
         verdict = Text()
         if not has_base:
@@ -387,6 +396,6 @@ class DecompositionPanel(Static):
             row = next(r for r in rows if r.category == analysis.first_appears)
             verdict.append("missing time appears in ", style="bold")
             verdict.append(analysis.first_appears, style="bold red")
-            verdict.append(f" (+{fmt_ms(row.delta_ms)} ms)")
+            verdict.append(f" +{fmt_ms(row.delta_ms)} ms")
         lines.append(verdict)
         self.update(Group(*lines))

@@ -107,15 +107,15 @@ async def select_top_rank(pilot: Any) -> None:
 
 
 SHOTS = (
-    Shot("main", "example", (160, 46), baseline="base"),
-    Shot("main-80x24", "example", (80, 24), baseline="base"),
-    Shot("main-16-colour", "example", (100, 30), baseline="base", color="16"),
-    Shot("main-512-ranks", "large", (140, 44), keys=("P",)),
-    Shot("zoom", "large", (140, 44), keys=("enter",)),
-    Shot("detail", "example", (140, 46), baseline="base", before=select_top_rank, keys=()),
+    Shot("main", "example", (160, 46), baseline="run-0412"),
+    Shot("main-80x24", "example", (80, 24), baseline="run-0412"),
+    Shot("main-16-colour", "example", (100, 30), baseline="run-0412", color="16"),
+    Shot("main-512-ranks", "large", (140, 44), keys=("P",), baseline="run-0412"),
+    Shot("zoom", "large", (140, 44), keys=("enter",), baseline="run-0412"),
+    Shot("detail", "example", (140, 46), baseline="run-0412", before=select_top_rank, keys=()),
     Shot("structure", "example", (120, 36), keys=("s",)),
-    Shot("curves", "example", (120, 36), keys=("c",), baseline="base"),
-    Shot("manifest", "example", (120, 30), keys=("d",), baseline="base"),
+    Shot("curves", "example", (120, 36), keys=("c",), baseline="run-0412"),
+    Shot("manifest", "example", (120, 30), keys=("d",), baseline="run-0412"),
     Shot("baseline-picker", "example", (120, 30), keys=("b",)),
     Shot("help", "example", (120, 46), keys=("question_mark",)),
 )
@@ -207,10 +207,16 @@ def main(argv: list[str] | None = None) -> int:
     stores = {}
     if "example" in needed:
         stores["example"] = simulated_store(
-            [("seed-example-baseline", "base", 64, 60), ("seed-example", "current", 64, 60)]
+            [
+                ("seed-example-baseline", "run-0412", 64, 100),
+                ("seed-example", "run-0419", 64, 100),
+            ]
         )
     if "large" in needed:
-        stores["large"] = simulated_store([("slow-device", "large", 512, 24)])
+        # The worked example's own scale: 512 GPUs on 64 hosts.
+        stores["large"] = simulated_store(
+            [("seed-example-baseline", "run-0412", 512, 30), ("seed-example", "run-0419", 512, 30)]
+        )
     settings = deterministic_settings()
     settings = replace(settings, display=DisplaySettings(**{**vars(settings.display)}))
     for shot in shots:
