@@ -56,13 +56,15 @@ class RunSpec:
     steps: int = STEPS
     scope: str = "full"
     parent_run: str | None = None
+    explicit: bool = True
+    """Instrument through the explicit API (``--rankscope``); False runs the script as is."""
 
 
 def workload_argv(spec: RunSpec) -> list[str]:
-    """The training script and its arguments (explicit rankscope API on)."""
+    """The training script and its arguments."""
     return [
         str(WORKLOAD),
-        "--rankscope",
+        *(["--rankscope"] if spec.explicit else []),
         f"--job={JOB}",
         f"--steps={spec.steps}",
         "--log-every=0",
@@ -127,7 +129,12 @@ def _tail(text: str, n: int = 3000) -> str:
 
 
 def run_local(
-    hub: str, spec: RunSpec, *, timeout: float = 300.0, env: Mapping[str, str] | None = None
+    hub: str,
+    spec: RunSpec,
+    *,
+    timeout: float = 300.0,
+    env: Mapping[str, str] | None = None,
+    prefix: Sequence[str] = (),
 ) -> float:
     """Run the workload on this machine and wait for it.
 
@@ -136,6 +143,7 @@ def run_local(
         spec: the run.
         timeout: seconds before the run is stopped and reported as failed.
         env: extra environment.
+        prefix: argv put before ``torchrun`` (e.g. ``rankscope run --``).
 
     Returns:
         Wall seconds the run took.
@@ -149,7 +157,11 @@ def run_local(
     t0 = time.monotonic()
     try:
         out = subprocess.run(
-            torchrun_argv(spec), env=full_env, capture_output=True, text=True, timeout=timeout
+            [*prefix, *torchrun_argv(spec)],
+            env=full_env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
     except subprocess.TimeoutExpired as exc:
         raise WorkloadError(

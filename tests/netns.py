@@ -123,6 +123,10 @@ class TwoNodes:
     def rdzv_endpoint(self) -> str:
         return f"{mgmt_ip(0)}:29500"
 
+    def mgmt_ip(self, node: int) -> str:
+        """Node's address on the management link."""
+        return mgmt_ip(node)
+
     def prefix(self, node: int) -> list[str]:
         """The argv prefix that runs a command inside node ``node``'s namespace."""
         return ["ip", "netns", "exec", self.ns[node]]
