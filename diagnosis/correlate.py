@@ -6,12 +6,10 @@ for the number of groups, so 512 hosts of noise score ~0, not 0.125), and the gr
 stands out. For collectives, the same over process groups, the rail and host a group runs
 on, and the message-size bucket. Over steps, the effect of time since start.
 
-It also answers the two questions that separate data from hardware: does the slowest rank
-stay the same from step to step (hardware-like) or move with the batch (data-like), and
-does compute follow the work each rank was given (tokens, Σseq²)?
-
-Per-rank metrics are taken relative to the same step's median rank, so a slow step for
-everyone does not look like a slow rank.
+The two questions that separate data from hardware — does the slowest rank stay or move,
+does compute follow the work (tokens, Σseq²) — are answered in `straggler` and collected
+here. Per-rank metrics are taken relative to the same step's median rank, so a slow step
+for everyone does not look like a slow rank.
 """
 
 from __future__ import annotations
@@ -25,14 +23,14 @@ from rankscope.diagnosis.critical import CriticalPath
 from rankscope.diagnosis.curves import bucket_label
 from rankscope.diagnosis.decomposition import Decomposition
 from rankscope.diagnosis.grouprows import GroupSkew
-from rankscope.diagnosis.robust import (
-    EffectSize,
-    effect_size,
-    nanmean,
-    nanmedian,
-    pearson,
-    robust_z,
-    spearman,
+from rankscope.diagnosis.robust import EffectSize, effect_size, nanmedian
+from rankscope.diagnosis.straggler import (
+    SlowRankPattern,
+    WorkCorrelation,
+    relative_to_step,
+    slow_rank_pattern,
+    work_correlation,
+    work_model,
 )
 from rankscope.diagnosis.window import GroupInfo, Window
 
@@ -62,62 +60,6 @@ class DimensionEffect:
 
 
 @dataclass(frozen=True)
-class SlowRankPattern:
-    """Is the slowest rank the same every step?"""
-
-    slowest: np.ndarray
-    """int64 (S,) per step, the rank with the highest relative compute (-1: none)."""
-    modal_rank: int
-    modal_share: float
-    """Share of steps in which ``modal_rank`` was the slowest."""
-    distinct: int
-    """Distinct ranks that were slowest in some step."""
-    split_half_r: float
-    """Pearson r across ranks between mean relative compute in the first and second half
-    of the steps: near 1 a persistent per-rank offset, near 0 it moves with the batch."""
-    persistent: np.ndarray
-    """float64 (R,) median over steps of relative compute (1.0 = the step's median rank)."""
-    persistent_z: np.ndarray
-    """float64 (R,) robust z of ``persistent`` across ranks."""
-    residual: np.ndarray
-    """float64 (R,) median over steps of (compute − work-predicted compute) / the step's
-    median compute: the slowness the rank's own work does not explain."""
-    residual_z: np.ndarray
-    """float64 (R,) robust z of ``residual`` across ranks."""
-
-    @property
-    def stable(self) -> bool:
-        """Hardware-like: the same rank is slowest in most steps."""
-        return self.modal_share >= 0.5
-
-
-@dataclass(frozen=True)
-class WorkCorrelation:
-    """Does compute follow the work each rank was given?"""
-
-    tokens_rho: float
-    """Spearman ρ of compute with tokens, pooled over steps after removing step medians."""
-    attn_rho: float
-    """Spearman ρ of compute with Σseq² (``attn_cost``), same pooling."""
-    r2: float
-    """R² of compute on tokens and Σseq² within steps (least squares, step means removed)."""
-    slowest_is_heaviest: float
-    """Share of steps whose slowest rank also had the largest Σseq² (or tokens; ties with
-    the largest count)."""
-    attn_max_ratio: float
-    """Median over steps of max/median Σseq² across ranks (1 = balanced)."""
-    tokens_max_ratio: float
-    """Median over steps of max/median tokens across ranks."""
-    compute_max_ratio: float
-    """Median over steps of max/median compute across ranks."""
-    work_excess: float
-    """Median over steps of (largest − median) work-predicted compute, over the step time:
-    how far behind the slowest rank would be if compute followed the work exactly."""
-    compute_excess: float
-    """Median over steps of (largest − median) measured compute over the step time."""
-
-
-@dataclass(frozen=True)
 class Correlations:
     """Everything the structure analysis found."""
 
@@ -136,20 +78,6 @@ class Correlations:
         """The dimension that explains the most of ``metric`` (None when not computed)."""
         rows = self.for_metric(metric)
         return rows[0] if rows else None
-
-
-def relative_to_step(x: np.ndarray) -> np.ndarray:
-    """Divide each step's values by that step's median rank (NaN where the median is ≤ 0).
-
-    Args:
-        x: float (R, S).
-
-    Returns:
-        float64 (R, S).
-    """
-    med = nanmedian(x, axis=0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(med > 0, x / np.where(med > 0, med, 1.0), np.nan)
 
 
 def _rank_dimensions(window: Window) -> dict[str, tuple[np.ndarray, list[str]]]:
@@ -236,176 +164,6 @@ def rank_metrics(
         "transfer": nanmedian(relative_to_step(transfer), axis=1),
         "memory": share(decomp.category("memory")),
     }
-
-
-def work_model(window: Window, decomp: Decomposition) -> tuple[np.ndarray, float]:
-    """Compute predicted from the work each rank was given, within each step.
-
-    Least squares of compute on tokens and Σseq² after removing each step's median rank
-    (a slow step for everyone is not a rank effect). Where work was not recorded the
-    prediction is the step's median compute, so the residual is the plain deviation.
-
-    Args:
-        window: the window.
-        decomp: its decomposition.
-
-    Returns:
-        ``(pred, r2)``: float64 (R, S) predicted compute (ns) and the fit's R² (NaN when
-        no work column was recorded or compute does not vary).
-    """
-    compute = decomp.category("compute")
-    base = nanmedian(compute, axis=0)
-    pred = np.broadcast_to(base, compute.shape).copy()
-    regs = []
-    for name in ("tokens", "attn_cost"):
-        x = np.where(window.present & (window.work[name] >= 0), window.work[name], np.nan)
-        if np.isfinite(x).sum() > 2:
-            regs.append(x - nanmedian(x, axis=0))
-    if not regs:
-        return pred, float("nan")
-    y = (compute - base).ravel()
-    x = np.stack([r.ravel() for r in regs], axis=1)
-    ok = np.isfinite(y) & np.isfinite(x).all(axis=1)
-    if ok.sum() <= x.shape[1] + 2:
-        return pred, float("nan")
-    xo = x[ok]
-    scale = xo.std(axis=0)
-    scale = np.where(scale > 0, scale, 1.0)
-    beta, *_ = np.linalg.lstsq(xo / scale, y[ok], rcond=None)
-    fit = np.full(y.shape, np.nan)
-    fit[ok] = (xo / scale) @ beta
-    yo = y[ok] - y[ok].mean()
-    ss = float((yo * yo).sum())
-    resid = y[ok] - fit[ok]
-    resid = resid - resid.mean()
-    r2 = 1.0 - float((resid * resid).sum()) / ss if ss > 0 else float("nan")
-    pred = pred + np.where(np.isfinite(fit), fit, 0.0).reshape(compute.shape)
-    pred[~np.isfinite(compute)] = np.nan
-    return pred, r2
-
-
-def slow_rank_pattern(
-    window: Window,
-    decomp: Decomposition,
-    pred: np.ndarray | None = None,
-    rel_compute: np.ndarray | None = None,
-) -> SlowRankPattern:
-    """Which rank is slowest each step, and whether that is a persistent offset.
-
-    Args:
-        window: the window.
-        decomp: its decomposition.
-        pred: `work_model` prediction (computed when None).
-        rel_compute: ``relative_to_step`` of compute if already computed.
-
-    Returns:
-        The pattern (see `SlowRankPattern`).
-    """
-    if pred is None:
-        pred, _ = work_model(window, decomp)
-    compute = decomp.category("compute")
-    rel = relative_to_step(compute) if rel_compute is None else rel_compute
-    n_ranks, n_steps = rel.shape
-    has = np.isfinite(rel).any(axis=0)
-    slowest = np.where(has, np.argmax(np.where(np.isfinite(rel), rel, -np.inf), axis=0), -1)
-    counts = np.bincount(slowest[slowest >= 0], minlength=n_ranks)
-    valid_steps = int(has.sum())
-    modal = int(np.argmax(counts)) if valid_steps else -1
-    half = n_steps // 2
-    if half >= 1:
-        a = nanmean(rel[:, :half], axis=1)
-        b = nanmean(rel[:, half:], axis=1)
-        ok = np.isfinite(a) & np.isfinite(b)
-        split = pearson(a[ok], b[ok]) if ok.sum() >= 3 else float("nan")
-    else:
-        split = float("nan")
-    persistent = nanmedian(rel, axis=1)
-    med = nanmedian(compute, axis=0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        resid = np.where(med > 0, (compute - pred) / np.where(med > 0, med, 1.0), np.nan)
-    residual = nanmedian(resid, axis=1)
-    return SlowRankPattern(
-        slowest=slowest.astype(np.int64),
-        modal_rank=modal,
-        modal_share=float(counts[modal] / valid_steps) if valid_steps else float("nan"),
-        distinct=int((counts > 0).sum()),
-        split_half_r=split,
-        persistent=persistent,
-        persistent_z=robust_z(persistent),
-        residual=residual,
-        residual_z=robust_z(residual),
-    )
-
-
-def work_correlation(
-    window: Window, decomp: Decomposition, pred: np.ndarray | None = None, r2: float = np.nan
-) -> WorkCorrelation:
-    """Compute against tokens and Σseq², within steps.
-
-    Args:
-        window: the window.
-        decomp: its decomposition.
-        pred: `work_model` prediction (computed when None).
-        r2: its R² (when ``pred`` is given).
-
-    Returns:
-        The correlations, imbalance ratios and the work-implied excess of the slowest rank.
-    """
-    if pred is None:
-        pred, r2 = work_model(window, decomp)
-    compute = decomp.category("compute")
-    tokens = np.where(window.work["tokens"] >= 0, window.work["tokens"], np.nan)
-    attn = np.where(window.work["attn_cost"] >= 0, window.work["attn_cost"], np.nan)
-
-    medians: dict[int, np.ndarray] = {}
-
-    def med0(x: np.ndarray) -> np.ndarray:
-        # Each array's per-step median is needed several times.
-        if id(x) not in medians:
-            medians[id(x)] = nanmedian(x, axis=0)
-        return medians[id(x)]
-
-    def centered(x: np.ndarray) -> np.ndarray:
-        return x - med0(x)
-
-    def spread(x: np.ndarray) -> np.ndarray:
-        # Per step: the largest rank over the median rank.
-        top = np.max(np.where(np.isfinite(x), x, -np.inf), axis=0)
-        return np.where(np.isfinite(x).any(axis=0), top, np.nan) - med0(x)
-
-    def max_ratio(x: np.ndarray) -> float:
-        med = med0(x)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            r = np.where(med > 0, (spread(x) + med) / np.where(med > 0, med, 1.0), np.nan)
-        return float(nanmedian(r))
-
-    c = centered(compute).ravel()
-    step = nanmedian(decomp.step_ns, axis=0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        work_excess = float(nanmedian(spread(pred) / step))
-        compute_excess = float(nanmedian(spread(compute) / step))
-    heavy_src = attn if np.isfinite(attn).any() else tokens
-    has = np.isfinite(compute).any(axis=0) & np.isfinite(heavy_src).any(axis=0)
-    if has.any():
-        slow = np.argmax(np.where(np.isfinite(compute), compute, -np.inf), axis=0)
-        filled = np.where(np.isfinite(heavy_src), heavy_src, -np.inf)
-        top = filled.max(axis=0)
-        # Ties count: tensor-parallel peers share their work exactly.
-        at_top = filled[slow, np.arange(filled.shape[1])] >= top
-        same = float(np.mean(at_top[has]))
-    else:
-        same = float("nan")
-    return WorkCorrelation(
-        tokens_rho=spearman(c, centered(tokens).ravel()),
-        attn_rho=spearman(c, centered(attn).ravel()),
-        r2=r2,
-        slowest_is_heaviest=same,
-        attn_max_ratio=max_ratio(attn),
-        tokens_max_ratio=max_ratio(tokens),
-        compute_max_ratio=max_ratio(compute),
-        work_excess=work_excess,
-        compute_excess=compute_excess,
-    )
 
 
 def group_attributes(

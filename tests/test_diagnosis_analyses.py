@@ -12,16 +12,12 @@ from rankscope.diagnosis.baseline import (
     manifest_diff,
     tail_got_worse,
 )
-from rankscope.diagnosis.correlate import (
-    effect_size,
-    rank_metrics,
-    relative_to_step,
-    slow_rank_pattern,
-    work_correlation,
-)
+from rankscope.diagnosis.correlate import rank_metrics
 from rankscope.diagnosis.decomposition import decompose
 from rankscope.diagnosis.numerator import check_numerator, per_step_work
+from rankscope.diagnosis.robust import effect_size
 from rankscope.diagnosis.stall import detect_stall
+from rankscope.diagnosis.straggler import relative_to_step, slow_rank_pattern, work_correlation
 from rankscope.diagnosis.synthetic import instance_table, make_groups, make_window, rank_layout
 from rankscope.diagnosis.trends import find_spikes, trends
 from rankscope.diagnosis.window import CollRows

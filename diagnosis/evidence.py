@@ -1,0 +1,36 @@
+"""Everything the verdict reads about one window, gathered once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from rankscope.diagnosis.baseline import BaselineComparison
+from rankscope.diagnosis.correlate import Correlations
+from rankscope.diagnosis.critical import CriticalPath
+from rankscope.diagnosis.decomposition import Decomposition, DecompositionDelta
+from rankscope.diagnosis.fabric import FabricView
+from rankscope.diagnosis.numerator import NumeratorCheck
+from rankscope.diagnosis.robust import nanmedian
+from rankscope.diagnosis.trends import Trends
+from rankscope.diagnosis.window import Window
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything the verdict reads about one window."""
+
+    window: Window
+    decomp: Decomposition
+    crit: CriticalPath
+    corr: Correlations
+    trends: Trends
+    fabric: FabricView
+    numerator: NumeratorCheck
+    comparison: BaselineComparison
+    delta: DecompositionDelta | None = None
+
+    @cached_property
+    def step_ns(self) -> float:
+        """The job's median step time."""
+        return float(nanmedian(nanmedian(self.decomp.step_ns, axis=0)))

@@ -1,0 +1,394 @@
+"""One judge per mechanism: how much of the step it costs, and how specifically the data
+shows its signature (see `verdict` for how the two make a score).
+
+Every judge reads relative, scale-free evidence: robust z-scores against the ranks' own
+spread with a threshold that grows with the rank count, effect sizes, ratios to peers or
+to the quiet level, and whether the slow rank stays or moves. Evidence strings carry the
+numbers they rest on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rankscope.diagnosis.decomposition import Decomposition
+from rankscope.diagnosis.evidence import Evidence
+from rankscope.diagnosis.fabric import LinkFinding
+from rankscope.diagnosis.robust import expected_max_z, logistic, nanmean, nanmedian, robust_z
+from rankscope.diagnosis.trends import PERIODIC_CV, SPIKE_Z
+
+Z_MARGIN = 3.0
+"""A rank (host, rail) stands out when its robust z exceeds the largest z that the same
+number of healthy ranks reach by chance (``expected_max_z``) by this margin."""
+
+BURST_FLOOR = 0.01
+"""Cross-host transfer varies from step to step by at least ~1 % (log units) in any real
+fabric; a tighter measured spread is not trusted for the burst test."""
+MAD_SIGMA = 1.4826
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One mechanism's judgement before scoring."""
+
+    impact: float
+    strength: float
+    ranks: tuple[int, ...] = ()
+    hosts: tuple[str, ...] = ()
+    rails: tuple[int, ...] = ()
+    groups: tuple[str, ...] = ()
+    evidence: tuple[str, ...] = ()
+    caveats: tuple[str, ...] = ()
+
+
+_NONE = Candidate(0.0, 0.0)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%" if np.isfinite(x) else "n/a"
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:.1f} ms" if np.isfinite(ns) else "n/a"
+
+
+def _hosts_of(ev: Evidence, ranks) -> tuple[str, ...]:
+    names = ev.window.ranks.hosts
+    codes = sorted({int(ev.window.ranks.host[r]) for r in ranks})
+    return tuple(names[c] if 0 <= c < len(names) else f"host{c}" for c in codes)
+
+
+def _slow_device(ev: Evidence) -> Candidate:
+    sr = ev.corr.slow_rank
+    n = ev.window.world_size
+    thr = expected_max_z(n) + Z_MARGIN
+    z = np.nan_to_num(sr.residual_z, nan=-np.inf)
+    cands = np.flatnonzero((z > thr) & (sr.residual > 0))
+    if cands.size == 0 or cands.size > max(2, n // 4):
+        return _NONE
+    cands = cands[np.argsort(-sr.residual[cands])][:16]
+    top = int(cands[0])
+    compute = nanmedian(ev.decomp.category("compute"))
+    impact = float(sr.residual[top] * compute / ev.step_ns)
+    stable = sr.modal_rank in cands.tolist()
+    strength = logistic(float(z[top]), thr, 1.0) * (1.0 if stable else 0.8)
+    evidence = [
+        f"rank {top} computes {_pct(sr.residual[top])} longer than its work predicts "
+        f"(robust z {z[top]:.0f} across {n} ranks)",
+        f"the slowest rank was rank {sr.modal_rank} in {_pct(sr.modal_share)} of steps",
+    ]
+    dev = ev.window.device
+    clock = nanmedian(dev["sm_clock_mhz"], axis=1)
+    if np.isfinite(clock).sum() >= 3:
+        cz = robust_z(clock)
+        low = [int(r) for r in cands if np.isfinite(cz[r]) and cz[r] < -4]
+        if low:
+            evidence.append(
+                f"SM clock of rank {low[0]} {clock[low[0]]:.0f} MHz vs median "
+                f"{nanmedian(clock):.0f} MHz"
+            )
+    thr_bits = dev["throttle"]
+    if np.isfinite(thr_bits).any():
+        flagged = [int(r) for r in cands if np.nanmax(np.nan_to_num(thr_bits[r], nan=0)) > 0]
+        if flagged:
+            bits = int(np.nanmax(thr_bits[flagged[0]]))
+            evidence.append(f"throttle reasons 0x{bits:x} reported on rank {flagged[0]}")
+    temp = nanmedian(dev["temp_c"], axis=1)
+    if np.isfinite(temp).sum() >= 3:
+        tz = robust_z(temp)
+        if np.isfinite(tz[top]) and tz[top] > 4:
+            evidence.append(
+                f"rank {top} runs at {temp[top]:.0f} °C vs median {nanmedian(temp):.0f} °C"
+            )
+    if ev.trends.thermal_ranks.size and set(ev.trends.thermal_ranks.tolist()) & set(cands.tolist()):
+        evidence.append("its SM clock fell over the window (thermal drift)")
+    ranks = tuple(int(r) for r in cands)
+    rails = tuple(
+        sorted({int(ev.window.ranks.rail[r]) for r in ranks if ev.window.ranks.rail[r] >= 0})
+    )
+    return Candidate(
+        impact, strength, ranks, _hosts_of(ev, ranks), rails=rails, evidence=tuple(evidence)
+    )
+
+
+def _data_imbalance(ev: Evidence) -> Candidate:
+    wc = ev.corr.work
+    sr = ev.corr.slow_rank
+    if not (np.isfinite(wc.work_excess) and np.isfinite(wc.compute_excess)):
+        return _NONE
+    if wc.compute_excess <= 0:
+        return _NONE
+    explained = float(np.clip(wc.work_excess / wc.compute_excess, 0.0, 1.0))
+    impact = float(max(0.0, min(wc.work_excess, wc.compute_excess)))
+    moving = sr.modal_share < 0.5
+    # Work explaining a quarter of the slowest rank's lead is a material cause; healthy
+    # runs, whose lead is noise, sit near zero.
+    strength = logistic(explained, 0.25, 0.05) * (1.0 if moving else 0.7)
+    evidence = [
+        f"the slowest rank's compute leads the median rank by {_pct(wc.compute_excess)} of "
+        f"the step; its work alone predicts {_pct(wc.work_excess)}",
+        f"largest Σseq² is {wc.attn_max_ratio:.2f}x the median rank's, tokens "
+        f"{wc.tokens_max_ratio:.2f}x",
+        f"compute vs Σseq² ρ = {wc.attn_rho:.2f}, vs tokens ρ = {wc.tokens_rho:.2f}",
+        f"the slowest rank moved: {sr.distinct} distinct ranks over "
+        f"{int((sr.slowest >= 0).sum())} steps (most frequent {_pct(sr.modal_share)})",
+    ]
+    if np.isfinite(wc.slowest_is_heaviest):
+        evidence.append(
+            f"the slowest rank also had the most work in {_pct(wc.slowest_is_heaviest)} of steps"
+        )
+    caveats = []
+    if ev.crit.skew_resolvable < 0.5:
+        caveats.append(
+            f"arrival skews are mostly below twice the clock error ({_ms(ev.crit.clock_error_ns)}); "
+            "compute durations are local and unaffected"
+        )
+    return Candidate(impact, strength, evidence=tuple(evidence), caveats=tuple(caveats))
+
+
+def _slow_host_input(ev: Evidence) -> Candidate:
+    inp = ev.corr.relative.get("input")
+    if inp is None or not np.isfinite(inp).any():
+        return _NONE
+    n = ev.window.world_size
+    thr = expected_max_z(n) + Z_MARGIN
+    z = np.nan_to_num(robust_z(inp), nan=-np.inf)
+    med = float(nanmedian(inp))
+    cands = np.flatnonzero((z > thr) & (inp > med))
+    if cands.size == 0 or cands.size > n // 2:
+        return _NONE
+    top = int(cands[np.argmax(inp[cands])])
+    impact = float(inp[top] - med)
+    strength = logistic(float(z[top]), thr, 1.0)
+    hosts = _hosts_of(ev, cands)
+    evidence = [
+        f"input wait on {', '.join(hosts[:3])}: {_pct(inp[top])} of the step vs "
+        f"{_pct(med)} on the median rank",
+        f"{cands.size} rank(s) affected, robust z up to {z[top]:.0f}",
+    ]
+    host_eff = [e for e in ev.corr.for_metric("input") if e.dimension == "host"]
+    if host_eff:
+        evidence.append(f"host explains ε² = {host_eff[0].epsilon2:.2f} of the input wait")
+    ranks = tuple(int(r) for r in cands)
+    return Candidate(impact, strength, ranks, hosts, evidence=tuple(evidence))
+
+
+def _link_candidate(ev: Evidence, findings: tuple[LinkFinding, ...], what: str) -> tuple:
+    if not findings:
+        return None, 0.0, 0.0
+    worst = max(findings, key=lambda f: f.z if np.isfinite(f.z) else -np.inf)
+    thr = expected_max_z(len(findings)) + Z_MARGIN
+    strength = logistic(worst.z, thr, 1.0) if len(findings) >= 3 else 0.0
+    comm = nanmean(nanmax_ranks(ev.decomp, ("exposed_comm", "arrival_wait")))
+    impact = min(worst.extra_ns_per_step, comm) / ev.step_ns
+    return worst, strength, float(max(impact, 0.0))
+
+
+def nanmax_ranks(decomp: Decomposition, cats: tuple[str, ...]) -> np.ndarray:
+    """Per step, the largest rank's sum of the given categories (ns)."""
+    total = sum(decomp.category(c) for c in cats)
+    assert isinstance(total, np.ndarray)
+    top = np.max(np.where(np.isfinite(total), total, -np.inf), axis=0)
+    return np.where(np.isfinite(total).any(axis=0), top, np.nan)
+
+
+def _local_fabric(ev: Evidence) -> Candidate:
+    worst, strength, impact = _link_candidate(ev, ev.fabric.hosts, "host")
+    if worst is None:
+        return _NONE
+    evidence = (
+        f"intra-host collectives on {worst.label} take {worst.slowdown:.2f}x their peers' "
+        f"transfer (robust z {worst.z:.0f} across {len(ev.fabric.hosts)} hosts)",
+        f"{_ms(worst.extra_ns_per_step)} extra transfer per step in {len(worst.groups)} group(s)",
+    )
+    return Candidate(
+        impact, strength, worst.ranks, worst.hosts, groups=worst.groups, evidence=evidence
+    )
+
+
+def _network_rail(ev: Evidence) -> Candidate:
+    worst, strength, impact = _link_candidate(ev, ev.fabric.rails, "rail")
+    if worst is None:
+        return _NONE
+    evidence = (
+        f"cross-host collectives on {worst.label} take {worst.slowdown:.2f}x their peers' "
+        f"transfer (robust z {worst.z:.0f} across {len(ev.fabric.rails)} rails)",
+        f"{_ms(worst.extra_ns_per_step)} extra transfer per step in {_groups(worst.groups)}",
+    )
+    return Candidate(
+        impact,
+        strength,
+        worst.ranks,
+        worst.hosts,
+        rails=(worst.code,),
+        groups=worst.groups,
+        evidence=evidence,
+    )
+
+
+def _groups(names: tuple[str, ...]) -> str:
+    return ", ".join(names[:4]) + (f" (+{len(names) - 4})" if len(names) > 4 else "")
+
+
+def _placement(ev: Evidence) -> Candidate:
+    if not ev.fabric.placement:
+        return _NONE
+    worst = max(ev.fabric.placement, key=lambda f: f.extra_ns_per_step)
+    comm = nanmean(nanmax_ranks(ev.decomp, ("exposed_comm", "arrival_wait")))
+    impact = float(max(0.0, min(worst.extra_ns_per_step, comm) / ev.step_ns))
+    # A group kind that normally stays inside a host but here crosses hosts is structural
+    # evidence; how much it costs is the impact.
+    strength = logistic(worst.slowdown, 1.2, 0.05)
+    evidence = (
+        f"{worst.label}: {_groups(worst.groups)} span {', '.join(worst.hosts[:4])} while the "
+        "other groups of that kind stay inside one host",
+        f"their transfer is {worst.slowdown:.2f}x that of intra-host peers, "
+        f"{_ms(worst.extra_ns_per_step)} extra per step",
+    )
+    return Candidate(
+        impact, strength, worst.ranks, worst.hosts, groups=worst.groups, evidence=evidence
+    )
+
+
+def _checkpoint(ev: Evidence) -> Candidate:
+    sp = ev.trends.spikes
+    ck = float(nanmean(ev.decomp.category("checkpoint"))) / ev.step_ns
+    cat = sp.dominant_category()
+    if sp.steps.size == 0 and ck <= 0:
+        return _NONE
+    spike_share = sp.share_of_time if (sp.periodic or cat == "checkpoint") else 0.0
+    impact = max(spike_share, ck if np.isfinite(ck) else 0.0)
+    strength = (1.0 if sp.periodic else 0.5) * (1.0 if cat in ("checkpoint", None) else 0.6)
+    if sp.steps.size == 0:
+        strength = 0.8  # checkpoint time on every step, no spike pattern
+    evidence = [f"checkpoint phase: {_pct(ck)} of the step time on average"]
+    if sp.steps.size:
+        evidence.append(
+            f"{sp.steps.size} step spikes (robust z > {SPIKE_Z:.0f}) adding {_pct(sp.share_of_time)} "
+            f"of the window's time, most in '{cat}'"
+        )
+        if np.isfinite(sp.period):
+            evidence.append(
+                f"spikes every {sp.period:.0f} steps (interval CV {sp.interval_cv:.2f}; periodic "
+                f"below {PERIODIC_CV})"
+            )
+    return Candidate(float(impact), float(strength), evidence=tuple(evidence))
+
+
+def _allocator_growth(ev: Evidence) -> Candidate:
+    mem = {t.name: t for t in ev.trends.memory}
+    n_steps = int(ev.window.steps.shape[0])
+    phase = mem["memory_phase"]
+    growth = (
+        phase.slope_per_step * n_steps / ev.step_ns if np.isfinite(phase.slope_per_step) else 0.0
+    )
+    rising = [
+        t for t in (mem["mem_reserved"], mem["alloc_retries"]) if np.isfinite(t.rho) and t.rho > 0.6
+    ]
+    if not np.isfinite(growth) or growth <= 0:
+        return _NONE
+    rho = phase.rho if np.isfinite(phase.rho) else 0.0
+    strength = logistic(rho, 0.6, 0.08) * (1.0 if rising else 0.7)
+    evidence = [
+        f"memory-management time grows by {_pct(growth)} of the step over {n_steps} steps "
+        f"(Spearman ρ with time {rho:.2f})",
+    ]
+    for t in rising:
+        evidence.append(
+            f"{t.name} rises with time since start (ρ {t.rho:.2f}, {_pct(t.relative_change)})"
+        )
+    st = ev.trends.step_time
+    if np.isfinite(st.rho):
+        evidence.append(
+            f"step time trend ρ {st.rho:.2f}, {_pct(st.relative_change)} over the window"
+        )
+    return Candidate(float(growth), float(strength), evidence=tuple(evidence))
+
+
+def _intermittent_congestion(ev: Evidence) -> Candidate:
+    infl = ev.fabric.inflation_cross
+    ok = np.isfinite(infl) & (infl > 0)
+    if ok.sum() < 8:
+        return _NONE
+    logi = np.log(np.where(ok, infl, 1.0))
+    # The quiet level and its spread come from the quietest steps: bursts may hit more
+    # than half of them, and then a median would call the quiet steps the outliers.
+    ref = float(np.percentile(logi[ok], 10))
+    quiet = logi[ok][logi[ok] <= np.percentile(logi[ok], 40)]
+    spread = max(MAD_SIGMA * float(np.median(np.abs(quiet - ref))), BURST_FLOOR)
+    z = (logi - ref) / spread
+    burst = ok & (z > SPIKE_Z)
+    idx = np.flatnonzero(burst)
+    if idx.size == 0:
+        return _NONE
+    comm = nanmean(ev.decomp.category("exposed_comm") + ev.decomp.category("arrival_wait"), axis=0)
+    step = nanmedian(ev.decomp.step_ns, axis=0)
+    calm = ~burst & ok
+    extra = float(np.nansum(comm[idx] - (nanmedian(comm[calm]) if calm.any() else 0.0)))
+    impact = max(0.0, extra / float(np.nansum(step)))
+    periodic = False
+    if idx.size >= 3:
+        gaps = np.diff(ev.window.steps[idx]).astype(float)
+        periodic = bool(gaps.std() / gaps.mean() <= PERIODIC_CV)
+    strength = (0.3 if periodic else 1.0) * (1.0 if idx.size >= 2 else 0.5)
+    evidence = (
+        f"{idx.size} of {int(ok.sum())} steps had cross-host transfers "
+        f"{nanmedian(infl[idx]) / np.exp(ref):.2f}x their quiet time (median burst), at "
+        "irregular intervals"
+        if not periodic
+        else f"{idx.size} transfer bursts, but at a regular interval",
+        f"bursts added {_pct(impact)} of the window's time in exposed communication and wait",
+        f"intra-host transfers in the same steps: {nanmedian(ev.fabric.inflation_intra[idx]):.2f}x",
+    )
+    return Candidate(impact, strength, evidence=evidence)
+
+
+def _numerator_change(ev: Evidence) -> Candidate:
+    num = ev.numerator
+    if not num.has_baseline or not num.numerator_changed:
+        return _NONE
+    impact = float(abs(num.executed_ratio - 1.0))
+    evidence = [
+        f"{f.name}: {f.baseline:.4g} -> {f.current:.4g} per step ({f.ratio:.2f}x)"
+        for f in num.fields
+        if f.name in num.changed
+    ]
+    if np.isfinite(num.useful_ratio):
+        evidence.append(
+            f"useful work per step (valid tokens) {num.useful_ratio:.2f}x the baseline; "
+            f"executed work per useful token {num.executed_ratio:.2f}x"
+        )
+    if ev.delta is not None:
+        comp = next(r for r in ev.delta.rows if r.category == "compute")
+        evidence.append(f"compute per rank-step {_ms(comp.baseline_ns)} -> {_ms(comp.current_ns)}")
+    return Candidate(impact, 1.0, evidence=tuple(evidence))
+
+
+JUDGES = {
+    "data_imbalance": _data_imbalance,
+    "slow_device": _slow_device,
+    "slow_host_input": _slow_host_input,
+    "local_fabric": _local_fabric,
+    "network_rail": _network_rail,
+    "placement": _placement,
+    "checkpoint": _checkpoint,
+    "allocator_growth": _allocator_growth,
+    "intermittent_congestion": _intermittent_congestion,
+    "numerator_change": _numerator_change,
+}
+
+
+def candidates(ev: Evidence) -> dict[str, Candidate]:
+    """Impact and strength of every mechanism on one window (no baseline netting).
+
+    Args:
+        ev: the window's evidence.
+
+    Returns:
+        Mechanism -> candidate (``healthy`` is not judged here; `verdict` derives it).
+    """
+    if not np.isfinite(ev.step_ns) or ev.step_ns <= 0:
+        return {m: _NONE for m in JUDGES}
+    return {m: judge(ev) for m, judge in JUDGES.items()}
