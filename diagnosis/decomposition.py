@@ -18,6 +18,11 @@ Each ``t_end - t_start`` splits into ``CATEGORIES``, which sum to the step time 
   compute may include up to the unlabelled gap;
 - ``other``: what is left (user phases, unlabelled gaps).
 
+Pipeline send/recv: a ``pp_wait`` phase spans the blocking send/recv it waits in, which
+the collective columns count as well. When the raw rows tell the two apart
+(``exposed["p2p_ns"]``, from `exposure.exposed_union`), that time is left to
+``pipeline_idle`` and taken out of the collective categories.
+
 When measured categories add up to more than the step (overlapping spans, clock noise) they
 are scaled down together so the decomposition still sums to the step time; the overflow is
 kept in ``overlap_ns`` so nothing is hidden.
@@ -122,6 +127,12 @@ def decompose(window: Window, exposed: dict[str, np.ndarray] | None = None) -> D
     src = window.coll if exposed is None else exposed
     wait = np.nan_to_num(np.maximum(src["exposed_wait_ns"], 0.0), nan=0.0)
     transfer = np.nan_to_num(np.maximum(src["exposed_transfer_ns"], 0.0), nan=0.0)
+    if exposed is not None and "p2p_ns" in exposed and "pp_wait" in window.phase_ns:
+        # Take the send/recv time out of wait first, then transfer: pp_wait holds it.
+        p2p = np.minimum(np.nan_to_num(exposed["p2p_ns"], nan=0.0), phase("pp_wait"))
+        from_wait = np.minimum(p2p, wait)
+        wait = wait - from_wait
+        transfer = np.maximum(transfer - (p2p - from_wait), 0.0)
     measured = {
         "exposed_comm": transfer,
         "arrival_wait": wait,

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from rankscope.collector.schema import FLAG_ASYNC, FLAG_DDP_BUCKET
+from rankscope.collector.schema import FLAG_ASYNC, FLAG_DDP_BUCKET, OP_INDEX
 from rankscope.diagnosis.window import Window
 
 ASYNC_FLAGS = FLAG_ASYNC | FLAG_DDP_BUCKET
+P2P_OPS = np.array([OP_INDEX["send"], OP_INDEX["recv"]])
 
 
 def rows_cover_window(window: Window) -> bool:
@@ -68,8 +69,9 @@ def exposed_union(window: Window) -> dict[str, np.ndarray]:
         window: a window whose ``rows`` cover its steps (`rows_cover_window`).
 
     Returns:
-        ``exposed_wait_ns`` and ``exposed_transfer_ns`` as float64 (R, S); NaN where the
-        rank did not report the step.
+        ``exposed_wait_ns`` and ``exposed_transfer_ns`` as float64 (R, S), and ``p2p_ns``:
+        the part of both spent in blocking send/recv; NaN where the rank did not report
+        the step.
     """
     rows = window.rows
     if rows is None:
@@ -92,6 +94,10 @@ def exposed_union(window: Window) -> dict[str, np.ndarray]:
     w_blk = np.clip(last - enter, 0.0, exit_ - enter)
     np.add.at(wait, cell[blk], w_blk[blk])
     np.add.at(transfer, cell[blk], (exit_ - enter - w_blk)[blk])
+    # Point-to-point time is kept apart too: a pipeline's ``pp_wait`` phase already spans it.
+    p2p = blk & np.isin(rows.op, P2P_OPS)
+    p2p_ns = np.zeros(size)
+    np.add.at(p2p_ns, cell[p2p], (exit_ - enter)[p2p])
 
     # Async rows: union of [cut, exit] per rank-step, charged piecewise by exit order.
     a = np.flatnonzero(ok & is_async)
@@ -118,6 +124,7 @@ def exposed_union(window: Window) -> dict[str, np.ndarray]:
     out = {
         "exposed_wait_ns": wait.reshape(n_ranks, n_steps),
         "exposed_transfer_ns": transfer.reshape(n_ranks, n_steps),
+        "p2p_ns": p2p_ns.reshape(n_ranks, n_steps),
     }
     for arr in out.values():
         arr[~window.present] = np.nan

@@ -396,3 +396,50 @@ def test_exposure_needs_rows_for_every_rank_step() -> None:
     w = _bucket_rows([100], [400], [150])
     w2 = type(w)(**{**w.__dict__, "rows": None})
     assert not rows_cover_window(w2)
+
+
+def test_pipeline_recv_time_stays_in_pipeline_idle() -> None:
+    from rankscope.diagnosis.exposure import exposed_union
+
+    # One rank-step of 1000 ns: forward 600, then a recv entered at 600 whose instance
+    # completed (the sender arrived) at 900 and left at 950; pp_wait spans [600, 950].
+    rows = CollRows(
+        rank=np.zeros(1, np.int64),
+        step=np.zeros(1, np.int64),
+        op=np.array([schema.OP_INDEX["recv"]]),
+        group=np.zeros(1, np.int32),
+        seq=np.zeros(1, np.int64),
+        nbytes=np.array([1 << 20]),
+        t_enter=np.array([600.0]),
+        t_start=np.full(1, np.nan),
+        t_end=np.full(1, np.nan),
+        t_exit=np.array([950.0]),
+        flags=np.zeros(1, np.int32),
+    )
+    inst = instance_table(
+        group=[0],
+        seq=[0],
+        op=[schema.OP_INDEX["recv"]],
+        nbytes=[1 << 20],
+        n_members=[2],
+        first=[600.0],
+        last=[900.0],
+    )
+    w = make_window(
+        np.array([[0.0]]),
+        np.array([[1000.0]]),
+        ranks=rank_layout(1, ranks_per_host=1),
+        instances=inst,
+        phase_ns={"forward": np.array([[600.0]]), "pp_wait": np.array([[350.0]])},
+        coll={"n": np.ones((1, 1))},
+    )
+    w = type(w)(**{**w.__dict__, "rows": rows})
+    e = exposed_union(w)
+    assert e["exposed_wait_ns"][0, 0] == 300.0 and e["exposed_transfer_ns"][0, 0] == 50.0
+    assert e["p2p_ns"][0, 0] == 350.0
+    d = decompose(w, e)
+    assert d.category("pipeline_idle")[0, 0] == 350.0
+    assert d.category("arrival_wait")[0, 0] == 0.0
+    assert d.category("exposed_comm")[0, 0] == 0.0
+    assert d.category("compute")[0, 0] == 600.0
+    assert d.category("other")[0, 0] == 50.0
