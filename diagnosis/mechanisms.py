@@ -16,7 +16,14 @@ import numpy as np
 from rankscope.diagnosis.decomposition import Decomposition
 from rankscope.diagnosis.evidence import Evidence
 from rankscope.diagnosis.fabric import LinkFinding
-from rankscope.diagnosis.robust import expected_max_z, logistic, nanmean, nanmedian, robust_z
+from rankscope.diagnosis.robust import (
+    expected_max_z,
+    logistic,
+    nanmean,
+    nanmedian,
+    quiet_z,
+    robust_z,
+)
 from rankscope.diagnosis.trends import PERIODIC_CV, SPIKE_Z
 
 Z_MARGIN = 3.0
@@ -154,19 +161,27 @@ def _slow_host_input(ev: Evidence) -> Candidate:
         return _NONE
     n = ev.window.world_size
     thr = expected_max_z(n) + Z_MARGIN
-    z = np.nan_to_num(robust_z(inp), nan=-np.inf)
+    # Against the quiet ranks: with one slow host of two, half the ranks are affected.
+    zq, ref = quiet_z(inp)
+    z = np.nan_to_num(zq, nan=-np.inf)
     med = float(nanmedian(inp))
-    cands = np.flatnonzero((z > thr) & (inp > med))
-    if cands.size == 0 or cands.size > n // 2:
+    cands = np.flatnonzero((z > thr) & (inp > ref))
+    if cands.size == 0 or cands.size > (3 * n) // 4:
         return _NONE
     top = int(cands[np.argmax(inp[cands])])
-    impact = float(inp[top] - med)
-    strength = logistic(float(z[top]), thr, 1.0)
+    impact = float(inp[top] - ref)
+    # A host's input pipeline slows all of its ranks; scattered single ranks are weaker
+    # evidence (one rank's loader, or noise in a long tail).
+    host = ev.window.ranks.host
+    codes, per_host = np.unique(host[cands], return_counts=True)
+    size = np.array([np.count_nonzero(host == c) for c in codes])
+    whole = bool(np.all(per_host * 2 >= size))
+    strength = logistic(float(z[top]), thr, 1.0) * (1.0 if whole else 0.6)
     hosts = _hosts_of(ev, cands)
     evidence = [
         f"input wait on {', '.join(hosts[:3])}: {_pct(inp[top])} of the step vs "
-        f"{_pct(med)} on the median rank",
-        f"{cands.size} rank(s) affected, robust z up to {z[top]:.0f}",
+        f"{_pct(ref)} on the quiet ranks (median rank {_pct(med)})",
+        f"{cands.size} rank(s) affected, z up to {z[top]:.0f} against the quiet ranks",
     ]
     host_eff = [e for e in ev.corr.for_metric("input") if e.dimension == "host"]
     if host_eff:
@@ -287,6 +302,19 @@ def _allocator_growth(ev: Evidence) -> Candidate:
     rising = [
         t for t in (mem["mem_reserved"], mem["alloc_retries"]) if np.isfinite(t.rho) and t.rho > 0.6
     ]
+    st = ev.trends.step_time
+    recorded = bool(np.nan_to_num(ev.decomp.category("memory"), nan=0.0).any())
+    if not recorded and rising and np.isfinite(st.rho) and st.rho > 0.6:
+        # No memory phase recorded: the step-time growth that rises with the allocator's
+        # footprint is the best available estimate, with less confidence.
+        growth = max(st.relative_change, 0.0)
+        strength = 0.7 * logistic(min(t.rho for t in rising), 0.8, 0.05)
+        evidence = [
+            f"step time grows {_pct(st.relative_change)} over {n_steps} steps (ρ {st.rho:.2f}) "
+            "while " + ", ".join(f"{t.name} rises (ρ {t.rho:.2f})" for t in rising),
+            "no memory-management phase was recorded to confirm allocator retries",
+        ]
+        return Candidate(float(growth), float(strength), evidence=tuple(evidence))
     if not np.isfinite(growth) or growth <= 0:
         return _NONE
     rho = phase.rho if np.isfinite(phase.rho) else 0.0
@@ -299,7 +327,6 @@ def _allocator_growth(ev: Evidence) -> Candidate:
         evidence.append(
             f"{t.name} rises with time since start (ρ {t.rho:.2f}, {_pct(t.relative_change)})"
         )
-    st = ev.trends.step_time
     if np.isfinite(st.rho):
         evidence.append(
             f"step time trend ρ {st.rho:.2f}, {_pct(st.relative_change)} over the window"

@@ -1,0 +1,72 @@
+"""The verdict on small hand-made windows (no simulator)."""
+
+import numpy as np
+
+from rankscope.diagnosis.engine import diagnose
+from rankscope.diagnosis.synthetic import make_window, rank_layout
+
+R, S = 16, 60
+
+
+def _steps(step: np.ndarray):
+    t0 = np.cumsum(np.concatenate([np.zeros((step.shape[0], 1)), step[:, :-1]], axis=1), axis=1)
+    return t0, t0 + step
+
+
+def test_allocator_growth_without_a_memory_phase() -> None:
+    rng = np.random.default_rng(0)
+    step = 1e9 * (1 + 0.004 * np.arange(S))[None, :] * (1 + 0.002 * rng.standard_normal((R, S)))
+    reserved = np.repeat(1e10 * (1 + 0.01 * np.arange(S))[None, :], R, axis=0)
+    w = make_window(*_steps(step), ranks=rank_layout(R), memory={"mem_reserved": reserved})
+    top = diagnose(w).verdict.top
+    assert top.mechanism == "allocator_growth"
+    assert top.impact > 0.15
+    assert any("no memory-management phase" in e for e in top.evidence)
+    # The same footprint with a flat step time is no regression.
+    flat = 1e9 * (1 + 0.002 * rng.standard_normal((R, S)))
+    w2 = make_window(*_steps(flat), ranks=rank_layout(R), memory={"mem_reserved": reserved})
+    assert diagnose(w2).verdict.top.mechanism == "healthy"
+
+
+def test_slow_device_names_rank_clock_and_throttle() -> None:
+    rng = np.random.default_rng(1)
+    compute = 8e8 * (1 + 0.003 * rng.standard_normal((R, S)))
+    compute[11] *= 1.25
+    top_c = compute.max(axis=0)
+    wait = top_c - compute
+    step = np.broadcast_to(top_c + 5e7, (R, S)).copy()
+    clock = np.full((R, S), 1980.0)
+    clock[11] = 1500.0
+    throttle = np.zeros((R, S))
+    throttle[11] = 0x20
+    w = make_window(
+        *_steps(step),
+        ranks=rank_layout(R),
+        phase_ns={"forward": compute + wait},
+        coll={"exposed_wait_ns": wait, "exposed_transfer_ns": np.full((R, S), 5e7)},
+        device={"sm_clock_mhz": clock, "throttle": throttle},
+    )
+    top = diagnose(w).verdict.top
+    assert top.mechanism == "slow_device"
+    assert top.ranks == (11,) and top.hosts == ("node0001",)
+    text = " ".join(top.evidence)
+    assert "SM clock of rank 11 1500 MHz" in text and "throttle reasons 0x20" in text
+    assert top.next_experiment.scope == "one-rank"
+
+
+def test_slow_host_input_names_the_host() -> None:
+    rng = np.random.default_rng(2)
+    inp = 5e6 * (1 + 0.1 * rng.standard_normal((R, S)))
+    inp[8:16] += 2e8  # host 1
+    busy = 8e8 + inp
+    step = np.broadcast_to(busy.max(axis=0), (R, S)).copy()
+    wait = step - busy
+    w = make_window(
+        *_steps(step),
+        ranks=rank_layout(R),
+        phase_ns={"input": inp, "forward": np.full((R, S), 8e8) + wait},
+        coll={"exposed_wait_ns": wait},
+    )
+    top = diagnose(w).verdict.top
+    assert top.mechanism == "slow_host_input"
+    assert top.hosts == ("node0001",) and set(top.ranks) == set(range(8, 16))
