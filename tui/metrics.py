@@ -172,6 +172,14 @@ def filter_mask(window: Window, text: str) -> np.ndarray:
     return keep
 
 
+def finite_sum(x: np.ndarray, axis: int) -> np.ndarray:
+    """Sum of the finite values along ``axis`` (``np.nansum`` without its full copy)."""
+    finite = np.isfinite(x)
+    if finite.all():
+        return x.sum(axis=axis)
+    return np.sum(x, axis=axis, where=finite)
+
+
 def busy_mean(window: Window) -> np.ndarray:
     """Mean busy time of each rank over the window: step time minus arrival wait and
     pipeline idle (``diagnosis.critical.busy_ns``), in ns; NaN for a rank with no step.
@@ -188,7 +196,7 @@ def busy_mean(window: Window) -> np.ndarray:
     busy = np.where(window.present, busy_ns(window, decompose(window)), np.nan)
     counts = np.sum(np.isfinite(busy), axis=1)
     with np.errstate(all="ignore"):
-        return np.where(counts > 0, np.nansum(busy, axis=1) / np.maximum(counts, 1), np.nan)
+        return np.where(counts > 0, finite_sum(busy, 1) / np.maximum(counts, 1), np.nan)
 
 
 def slowest_ranks(window: Window, k: int, candidates: np.ndarray | None = None) -> list[int]:

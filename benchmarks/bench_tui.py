@@ -1,0 +1,303 @@
+"""TUI benchmark: main-screen frame time by world size, and memory at 16,384 ranks.
+
+Frame time (target ≤ 50 ms at 16,384 ranks × 120 steps). A frame is what the view does
+for one new window, in two parts measured separately:
+
+- *model*: on the sampling thread, ``build_main_model`` (heatmap metric, grouping into
+  host rows that show their worst rank, colour scale, header statistics, the latest
+  arrivals per process group and the ranking of last arrivers);
+- *draw*: on the UI thread, the main screen's widgets take the model and Textual's
+  compositor renders the whole 200 × 60 screen (``render_update(full=True)``, what a
+  screenshot renders), with the app running headless.
+
+Windows are synthetic, built directly as the arrays a `Window` holds: 8 ranks a host, one
+straggler, an all-reduce over every rank and one collective per host each step (the
+instance table the arrivals panel reads). The diagnosis runs on its own slower clock and
+is benchmarked in the diagnosis section.
+
+Memory (target ≤ 1 GiB for 16,384 ranks × 1,000 steps). A hub store (the one ``watch``
+runs) takes 1,000 steps from 16,384 ranks as real wire messages through its intake; the
+view then asks it for its window and builds its model. Reported: the process's resident
+memory growth for the store, and what the view holds on top (window + model), from
+tracemalloc. Absolute times depend on this machine; compare ratios across sizes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import statistics
+import time
+import tracemalloc
+
+import numpy as np
+
+SIZES = (512, 4096, 16384)
+STEPS = 120
+SCREEN = (200, 60)
+
+
+def synthetic_window(n_ranks: int, n_steps: int, seed: int = 0):
+    """A window of ``n_ranks`` × ``n_steps`` with one slow rank (see module docstring)."""
+    from rankscope.collector.schema import OP_INDEX
+    from rankscope.diagnosis.synthetic import instance_table, make_groups, make_window, rank_layout
+
+    rng = np.random.default_rng(seed)
+    ranks = rank_layout(n_ranks, ranks_per_host=8)
+    compute = 0.7e9 * (1 + 0.003 * rng.standard_normal((n_ranks, n_steps)))
+    slow = n_ranks // 3
+    compute[slow] *= 1.2
+    top = compute.max(axis=0)
+    wait = top - compute
+    t_start = np.cumsum(np.full((n_ranks, n_steps), 1.3e9), axis=1)
+    t_end = t_start + top + 0.05e9
+    n_hosts = n_ranks // 8
+    members = [list(range(n_ranks))] + [list(range(8 * h, 8 * h + 8)) for h in range(n_hosts)]
+    groups = make_groups(ranks, members, ["dp"] + [f"tp{h}" for h in range(n_hosts)])
+    g = np.tile(np.arange(n_hosts + 1), n_steps)
+    step = np.repeat(np.arange(n_steps), n_hosts + 1)
+    first = t_start[0][step] + 0.6e9
+    late = np.where(g == 0, wait.max(axis=0)[step], 1e5)
+    inst = instance_table(
+        group=g,
+        seq=step,
+        step=step,
+        op=np.where(g == 0, OP_INDEX["all_reduce"], OP_INDEX["all_gather"]),
+        nbytes=np.full(g.size, 1 << 26),
+        n_members=np.where(g == 0, n_ranks, 8),
+        first=first,
+        last=first + late,
+        last_rank=np.where(g == 0, slow, 8 * np.maximum(g - 1, 0)),
+        margin=late * 0.9,
+        transfer=np.full(g.size, 5e6),
+    )
+    coll = {
+        "n": np.full((n_ranks, n_steps), 2.0),
+        "wait_ns": wait,
+        "exposed_wait_ns": wait,
+        "late_ns": top - wait - compute.min(axis=0),
+        "transfer_ns": np.full((n_ranks, n_steps), 5e6),
+        "exposed_transfer_ns": np.full((n_ranks, n_steps), 5e6),
+        "times_last": np.where(np.arange(n_ranks)[:, None] == slow, 1.0, 0.0) * np.ones(n_steps),
+    }
+    return make_window(
+        t_start,
+        t_end,
+        ranks=ranks,
+        groups=groups,
+        phase_ns={"forward": 0.4 * compute + wait, "backward": 0.6 * compute},
+        coll=coll,
+        instances=inst,
+        device={"sm_clock_mhz": np.full((n_ranks, n_steps), 1980.0)},
+        work={"valid_tokens": np.full((n_ranks, n_steps), 8192.0)},
+    )
+
+
+def _median_ms(fn, repeat: int) -> tuple[float, float]:
+    cpu, wall = [], []
+    for _ in range(repeat):
+        gc.collect()
+        c0, w0 = time.process_time(), time.perf_counter()
+        fn()
+        cpu.append((time.process_time() - c0) * 1e3)
+        wall.append((time.perf_counter() - w0) * 1e3)
+    return statistics.median(cpu), statistics.median(wall)
+
+
+def frame_times(n_ranks: int, repeat: int) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Median (CPU, wall) ms of the model build and of the draw for one window size."""
+    from rankscope.tui.app import make_app
+    from rankscope.tui.main_screen import MainScreen
+    from rankscope.tui.mainmodel import ViewState, build_main_model
+    from rankscope.tui.settings import deterministic_settings
+    from rankscope.tui.sources import StaticSource, sample
+
+    window = synthetic_window(n_ranks, STEPS)
+    source = StaticSource([window], {"events_per_s": 0.0})
+    smp = sample(source, None, STEPS)
+    view = ViewState()
+    model_ms = _median_ms(lambda: build_main_model(smp, view), repeat)
+    model = build_main_model(smp, view)
+
+    draw_cpu: list[float] = []
+    draw_wall: list[float] = []
+
+    async def session() -> None:
+        app = make_app(deterministic_settings(), source)
+        async with app.run_test(size=SCREEN) as pilot:
+            for _ in range(600):
+                await pilot.pause(0.05)
+                if app.model is not None and app.analysis is not None and not app.diagnosing:
+                    break
+            app.paused = True  # only the frames timed here
+            await pilot.pause(0.1)
+            screen = app.screen
+            assert isinstance(screen, MainScreen)
+            for _ in range(repeat):
+                c0, w0 = time.process_time(), time.perf_counter()
+                screen.show_model(model)
+                screen._compositor.render_update(full=True)
+                draw_cpu.append((time.process_time() - c0) * 1e3)
+                draw_wall.append((time.perf_counter() - w0) * 1e3)
+                await pilot.pause(0.01)
+
+    asyncio.run(session())
+    return model_ms, (statistics.median(draw_cpu), statistics.median(draw_wall))
+
+
+def key_latency(n_ranks: int, presses: int) -> tuple[float, float]:
+    """Median wall ms, with the sampling clock running, from a key's action to: the cursor
+    moved and the screen rendered (``down``, all on the UI thread), and the heatmap holding
+    the next metric (``m``: the model is rebuilt on a worker thread and posted back)."""
+    from rankscope.tui.app import make_app
+    from rankscope.tui.heatmap import Heatmap
+    from rankscope.tui.settings import deterministic_settings
+    from rankscope.tui.sources import StaticSource
+
+    window = synthetic_window(n_ranks, STEPS)
+    source = StaticSource([window], {"events_per_s": 0.0})
+    cursor_ms: list[float] = []
+    metric_ms: list[float] = []
+
+    async def session() -> None:
+        app = make_app(deterministic_settings(), source)
+        async with app.run_test(size=SCREEN) as pilot:
+            for _ in range(600):
+                await pilot.pause(0.05)
+                if app.model is not None and app.analysis is not None and not app.diagnosing:
+                    break
+            heatmap = app.screen.query_one(Heatmap)
+            for _ in range(presses):
+                t0 = time.perf_counter()
+                heatmap.action_cursor(1)
+                app.screen._compositor.render_update(full=True)
+                cursor_ms.append((time.perf_counter() - t0) * 1e3)
+                t0 = time.perf_counter()
+                app.cycle_metric()
+                want = app.metric
+                while heatmap.grid is None or heatmap.grid.spec.name != want:
+                    await asyncio.sleep(0.001)
+                metric_ms.append((time.perf_counter() - t0) * 1e3)
+                await pilot.pause(0.05)
+
+    asyncio.run(session())
+    return statistics.median(cursor_ms), statistics.median(metric_ms)
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def store_and_view_memory(n_ranks: int, n_steps: int, chunk: int) -> dict[str, float]:
+    """Feed ``n_steps`` steps of ``n_ranks`` ranks into a hub store, then build the view.
+
+    Returns:
+        ``store_mib`` (RSS growth while ingesting), ``view_mib`` (tracemalloc of window +
+        model), ``kept_steps`` (steps the store holds per rank), ``ingest_s``.
+    """
+    from rankscope.collector import schema
+    from rankscope.hub.intake import Intake
+    from rankscope.hub.store import Store
+    from rankscope.tui.mainmodel import ViewState, build_main_model
+    from rankscope.tui.sources import StoreSource, sample
+
+    gc.collect()
+    rss0 = _rss_bytes()
+    store = Store(history_steps=n_steps)
+    intake = Intake(store)
+    t0 = time.perf_counter()
+    for r in range(n_ranks):
+        header = {"job": "bench", "run": "mem", "rank": r, "inc": 0, "batch": 0}
+        ident = {
+            "rank": r,
+            "world_size": n_ranks,
+            "local_rank": r % 8,
+            "host": f"node{r // 8:05d}",
+            "node_rank": r // 8,
+            "pid": 1000 + r,
+        }
+        intake.feed(schema.hello_message(header, ident), 0)
+    base = 10**18
+    for s0 in range(0, n_steps, chunk):
+        steps = np.arange(s0, min(s0 + chunk, n_steps))
+        for r in range(n_ranks):
+            cols = schema.empty_table("steps", steps.size)
+            cols["step"] = steps
+            cols["t_start"] = base + steps * 1_300_000_000 + r
+            cols["t_end"] = cols["t_start"] + 1_000_000_000
+            header = {"job": "bench", "run": "mem", "rank": r, "inc": 0, "batch": 1 + s0}
+            intake.feed(schema.steps_message(header, cols), 0)
+    store.settle()
+    ingest_s = time.perf_counter() - t0
+    gc.collect()
+    store_mib = (_rss_bytes() - rss0) / 2**20
+    kept = store.window("mem", None).steps.size
+    tracemalloc.start()
+    smp = sample(StoreSource(store, "bench"), None, STEPS)
+    model = build_main_model(smp, ViewState())
+    current, _peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert model.grid is not None
+    return {
+        "store_mib": store_mib,
+        "view_mib": current / 2**20,
+        "kept_steps": float(kept),
+        "ingest_s": ingest_s,
+    }
+
+
+def run(quick: bool) -> str:
+    """Measure and return the Markdown section."""
+    sizes = SIZES[:2] if quick else SIZES
+    repeat = 3 if quick else 7
+    lines = [
+        "### TUI",
+        "",
+        f"Main-screen frame for one new window of N ranks × {STEPS} steps on a "
+        f"{SCREEN[0]}×{SCREEN[1]} terminal (median of {repeat}); target ≤ 50 ms at 16,384. "
+        "CPU time of the process, then wall time in parentheses: the machine is shared, so "
+        "wall time includes waiting for a core.",
+        "",
+        "| ranks | model (sampling thread) ms | draw (UI thread) ms | frame ms | frame vs 512 |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    first = None
+    for n in sizes:
+        (m_cpu, m_wall), (d_cpu, d_wall) = frame_times(n, repeat)
+        total = m_cpu + d_cpu
+        first = first or total
+        lines.append(
+            f"| {n:,} | {m_cpu:.1f} ({m_wall:.0f}) | {d_cpu:.1f} ({d_wall:.0f}) "
+            f"| {total:.1f} ({m_wall + d_wall:.0f}) | ×{total / first:.1f} |"
+        )
+    big = sizes[-1]
+    cursor_ms, metric_ms = key_latency(big, 5 if quick else 9)
+    lines += [
+        "",
+        f"Keys at {big:,} ranks while the sampling clock keeps rebuilding the model (wall ms, "
+        f"median): cursor move {cursor_ms:.0f}, next metric on screen {metric_ms:.0f}.",
+    ]
+    n_ranks, n_steps = (4096, 200) if quick else (16384, 1000)
+    mem = store_and_view_memory(n_ranks, n_steps, chunk=100 if not quick else 50)
+    total = mem["store_mib"] + mem["view_mib"]
+    lines += [
+        "",
+        f"Memory with {n_ranks:,} ranks × {n_steps:,} steps fed to a hub store through its "
+        f"intake ({mem['ingest_s']:.0f} s): the store keeps {mem['kept_steps']:.0f} steps per "
+        "rank (its `max_cells` bound); target ≤ 1 GiB.",
+        "",
+        "| part | MiB |",
+        "|---|---:|",
+        f"| store (RSS growth, steps table only) | {mem['store_mib']:.0f} |",
+        f"| view: window of {STEPS} steps + main model (tracemalloc) | {mem['view_mib']:.0f} |",
+        f"| total | {total:.0f} |",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(run(quick="--quick" in sys.argv))
