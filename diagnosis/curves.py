@@ -85,7 +85,14 @@ def algbw_bytes(op: np.ndarray, nbytes: np.ndarray, n: np.ndarray) -> np.ndarray
 
 
 def bucket_label(bucket: int) -> str:
-    """Human label of a size bucket's lower bound (``"4 KiB"``, ``"16 MiB"``)."""
+    """Human label of a size bucket's lower bound.
+
+    Args:
+        bucket: `size_bucket` value.
+
+    Returns:
+        ``"4 KiB"``, ``"16 MiB"``..., or ``"unknown"`` for -1.
+    """
     if bucket < 0:
         return "unknown"
     size = 1 << int(bucket)

@@ -69,7 +69,14 @@ _KIND = re.compile(r"^[A-Za-z_]+")
 
 
 def group_kind(name: str) -> str:
-    """The kind of a group from its name: leading letters (``tp0.3`` -> ``tp``)."""
+    """The kind of a group from its name.
+
+    Args:
+        name: group name (``tp0.3``, ``dp1.2``, ``world``).
+
+    Returns:
+        Its leading letters (``tp``, ``dp``, ``world``).
+    """
     m = _KIND.match(name)
     return m.group(0).rstrip("_") if m else name
 

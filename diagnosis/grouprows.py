@@ -45,7 +45,14 @@ def size_bucket(nbytes: np.ndarray) -> np.ndarray:
 
 
 def transfer_time(inst: InstanceTable) -> np.ndarray:
-    """Per instance the transfer time used for bandwidth: device when known, else host."""
+    """Per instance the transfer time used for bandwidth.
+
+    Args:
+        inst: the instance table.
+
+    Returns:
+        float64 (N,): device transfer where known and positive, else host transfer.
+    """
     dev = inst.device_transfer
     return np.where(np.isfinite(dev) & (dev > 0), dev, inst.transfer)
 

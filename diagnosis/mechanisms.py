@@ -202,7 +202,15 @@ def _link_candidate(ev: Evidence, findings: tuple[LinkFinding, ...], what: str) 
 
 
 def nanmax_ranks(decomp: Decomposition, cats: tuple[str, ...]) -> np.ndarray:
-    """Per step, the largest rank's sum of the given categories (ns)."""
+    """Per step, the largest rank's sum of the given categories.
+
+    Args:
+        decomp: the decomposition.
+        cats: category names.
+
+    Returns:
+        float64 (S,) ns; NaN for a step no rank reported.
+    """
     total = sum(decomp.category(c) for c in cats)
     assert isinstance(total, np.ndarray)
     top = np.max(np.where(np.isfinite(total), total, -np.inf), axis=0)

@@ -55,21 +55,46 @@ def nanmedian(x: np.ndarray, axis: int | None = None) -> np.ndarray:
 
 
 def nanmean(x: np.ndarray, axis: int | None = None) -> np.ndarray:
-    """``np.nanmean`` without the empty-slice warning."""
+    """``np.nanmean`` without the empty-slice warning.
+
+    Args:
+        x: values.
+        axis: axis to reduce; None for all values.
+
+    Returns:
+        The mean(s); NaN for all-NaN slices.
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         return np.nanmean(x, axis=axis)
 
 
 def nanmax(x: np.ndarray, axis: int | None = None) -> np.ndarray:
-    """``np.nanmax`` that returns NaN for an all-NaN slice instead of warning."""
+    """``np.nanmax`` that returns NaN for an all-NaN slice instead of warning.
+
+    Args:
+        x: values.
+        axis: axis to reduce; None for all values.
+
+    Returns:
+        The maximum (or maxima).
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         return np.nanmax(x, axis=axis)
 
 
 def nanpercentile(x: np.ndarray, q: float | list[float], axis: int | None = None) -> np.ndarray:
-    """``np.nanpercentile`` without the all-NaN warning."""
+    """``np.nanpercentile`` without the all-NaN warning.
+
+    Args:
+        x: values.
+        q: percentile(s) in [0, 100].
+        axis: axis to reduce; None for all values.
+
+    Returns:
+        The percentile(s); NaN for all-NaN slices.
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         return np.nanpercentile(x, q, axis=axis)
@@ -272,7 +297,15 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def pearson(x: np.ndarray, y: np.ndarray) -> float:
-    """Pearson correlation; NaN when either side is constant."""
+    """Pearson correlation.
+
+    Args:
+        x: float (N,).
+        y: float (N,).
+
+    Returns:
+        r in [-1, 1]; NaN when either side is constant.
+    """
     x = x - x.mean()
     y = y - y.mean()
     den = float(np.sqrt((x * x).sum() * (y * y).sum()))
@@ -280,7 +313,14 @@ def pearson(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def average_ranks(x: np.ndarray) -> np.ndarray:
-    """Ranks 0..N-1 of ``x``, ties sharing their average rank."""
+    """Ranks 0..N-1 of ``x``, ties sharing their average rank.
+
+    Args:
+        x: float (N,) without NaN.
+
+    Returns:
+        float64 (N,) ranks.
+    """
     order = np.argsort(x, kind="stable")
     sx = x[order]
     ranks = np.empty(x.size, dtype=np.float64)
@@ -294,7 +334,16 @@ def average_ranks(x: np.ndarray) -> np.ndarray:
 
 
 def logistic(x: float, center: float, width: float) -> float:
-    """Smooth 0→1 step at ``center`` with ``width`` (the score of one piece of evidence)."""
+    """Smooth 0→1 step: the score of one piece of evidence.
+
+    Args:
+        x: the evidence (NaN scores 0).
+        center: where the score is 0.5.
+        width: how quickly it rises around ``center``.
+
+    Returns:
+        The score in [0, 1].
+    """
     if not np.isfinite(x):
         return 0.0
     return float(1.0 / (1.0 + np.exp(-(x - center) / width)))

@@ -63,7 +63,14 @@ class Stall:
 
 
 def latest_time(window: Window) -> float:
-    """The latest instant the window saw anything happen (relative ns)."""
+    """The latest instant the window saw anything happen.
+
+    Args:
+        window: the window.
+
+    Returns:
+        Relative ns (NaN for an empty window).
+    """
     candidates = [np.nanmax(window.t_end) if np.isfinite(window.t_end).any() else np.nan]
     inst = window.instances
     if len(inst):
