@@ -1,8 +1,9 @@
 """Which links are slow: a host's local fabric, a network rail, misplaced groups, bursts.
 
 Collective transfer (post-arrival service) is compared with **peers**: rows of the
-per-(group, op, size bucket) table that do the same job — same kind of group (the name's
-leading letters: ``tp``, ``dp``, ``pp``...), op, size bucket, group size and host-crossing.
+per-(group, op, size bucket) table that do the same job — same kind of group (the mesh
+dimensions its members differ in, or without mesh coordinates the name's leading letters:
+``tp``, ``dp``...), op, size bucket, group size and host-crossing.
 A ratio of 1 is "as fast as its peers"; the analyses never compare a 1 KiB all-reduce over
 NVLink with a 256 MiB one over the network.
 
@@ -81,6 +82,21 @@ def group_kind(name: str) -> str:
     return m.group(0).rstrip("_") if m else name
 
 
+def _kind(window: Window, name: str, members: np.ndarray) -> str:
+    """What job a group does: the mesh dimensions its members differ in (``tp``, ``dp``),
+    when every member reports its mesh coordinates; else the name's leading letters. The
+    group size is part of it, so unnamed groups of different sizes stay apart."""
+    mesh = window.ranks.mesh
+    if members.size >= 2:
+        coords = {d: mesh[d][members] for d in sorted(mesh)}
+        known = {d: c for d, c in coords.items() if (c >= 0).any()}
+        if known and all((c >= 0).all() for c in known.values()):
+            varied = [d for d, c in known.items() if np.unique(c).size > 1]
+            if varied:
+                return "+".join(varied) + f"/{members.size}"
+    return f"{group_kind(name)}/{members.size}"
+
+
 def _row_attrs(window: Window, skew: GroupSkew) -> dict[str, np.ndarray]:
     n = len(skew)
     kind = np.empty(n, dtype=object)
@@ -101,7 +117,7 @@ def _row_attrs(window: Window, skew: GroupSkew) -> dict[str, np.ndarray]:
                 rails = np.unique(r_rail[m]) if m.size else np.zeros(0)
                 hosts = np.unique(r_host[m]) if m.size else np.zeros(0)
                 cache[gid] = (
-                    group_kind(g.name),
+                    _kind(window, g.name, m),
                     int(g.crosses_hosts),
                     len(g.ranks),
                     int(rails[0]) if rails.size == 1 else -1,
@@ -262,7 +278,7 @@ def fabric_view(window: Window, skew: GroupSkew) -> FabricView:
             LinkFinding(
                 kind="placement",
                 code=-1,
-                label=f"{len(names)} {k} group(s) crossing hosts",
+                label=f"{len(names)} {k.split('/')[0]} group(s) crossing hosts",
                 slowdown=float(nanmedian(r[sel])),
                 z=float("nan"),
                 extra_ns_per_step=_extra(t, r, skew.count.astype(float), sel, n_steps),

@@ -360,3 +360,50 @@ def test_group_skew_percentiles() -> None:
     assert gs.skew_p99[0] == pytest.approx(np.quantile(skews, 0.99))
     assert gs.skew_share[0] == pytest.approx(50.5 / 100.5)
     assert gs.bucket[0] == 12
+
+
+# --- slow links -----------------------------------------------------------------------------
+
+
+def test_misplaced_groups_found_by_mesh_not_name() -> None:
+    from dataclasses import replace
+
+    from rankscope.diagnosis.fabric import fabric_view
+    from rankscope.diagnosis.grouprows import group_rows
+
+    ranks = rank_layout(32, ranks_per_host=8, tp=4)
+    host = ranks.host.copy()
+    host[7], host[8] = 1, 0  # ranks 7 and 8 swapped devices across hosts 0 and 1
+    ranks = replace(ranks, host=host)
+    tp_groups = [list(range(g * 4, g * 4 + 4)) for g in range(8)]
+    dp_groups = [list(range(t, 32, 4)) for t in range(4)]
+    # Unnamed groups: only the mesh coordinates tell tp from dp.
+    n_groups = len(tp_groups) + len(dp_groups)
+    groups = make_groups(ranks, tp_groups + dp_groups, names=[f"pg{i}" for i in range(n_groups)])
+    n_per = 20
+    gid = np.repeat(np.arange(n_groups), n_per)
+    is_tp = gid < len(tp_groups)
+    transfer = np.where(is_tp, 1e4, 1e5)
+    transfer[(gid == 1) | (gid == 2)] = 5e4  # the two tp groups now crossing hosts
+    inst = instance_table(
+        group=gid,
+        seq=np.tile(np.arange(n_per), n_groups),
+        step=np.tile(np.arange(n_per), n_groups) % 4,
+        op=np.full(gid.size, OP["all_reduce"]),
+        nbytes=np.full(gid.size, 1 << 20),
+        n_members=np.where(is_tp, 4, 8),
+        first=np.zeros(gid.size),
+        last=np.zeros(gid.size),
+        transfer=transfer,
+    )
+    t = np.tile(np.arange(4) * 1e6, (32, 1))
+    w = make_window(t, t + 5e5, ranks=ranks, groups=groups, instances=inst)
+    view = fabric_view(w, group_rows(inst))
+    assert len(view.placement) == 1
+    found = view.placement[0]
+    assert set(found.groups) == {"pg1", "pg2"}
+    assert found.slowdown == pytest.approx(5.0)
+    assert set(found.hosts) == {"node0000", "node0001"}
+    assert found.label.startswith("2 tp group")
+    # The two hosts' remaining intra-host tp groups are as fast as each other.
+    assert all(f.slowdown == pytest.approx(1.0) for f in view.hosts)
