@@ -84,7 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     t.add_argument("--grad-sync", choices=GRAD_SYNC, default="ddp")
-    t.add_argument("--bucket-mb", type=float, default=0.25, help="DDP / hier bucket size")
+    t.add_argument(
+        "--bucket-mb", type=float, default=25.0, help="DDP / hier bucket size (torch default)"
+    )
     t.add_argument("--ckpt-every", type=int, default=0, help="save every N steps (0: never)")
     t.add_argument("--ckpt-dir", default="")
     t.add_argument("--threads", type=int, default=1, help="torch threads per rank")

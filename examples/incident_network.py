@@ -28,7 +28,6 @@ RATE = "24mbit"
 FLAGS = (
     "--grad-sync=hier",
     "--rail-ifnames=rail0,rail1",
-    "--bucket-mb=1",
     "--tokens-per-rank=1024",
     "--len-max=256",
     "--len-sigma=0.6",

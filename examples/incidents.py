@@ -279,12 +279,12 @@ PACKING = Incident(
 )
 SLOW_RANK = Incident(
     name="slow_rank",
-    title="one rank runs 40 ms of extra matmuls in every forward pass",
+    title="one rank runs 80 ms of extra matmuls in every forward pass",
     nproc=4,
     # Short, narrow sequences: the data adds little skew, so the fault stands alone.
     common=("--tokens-per-rank=512", "--len-max=256", "--len-sigma=0.6"),
     baseline=(),
-    fault=("--slow-rank=2", "--slow-ms=40"),
+    fault=("--slow-rank=2", "--slow-ms=80"),
     mechanism="slow_device",
 )
 NUMERATOR = Incident(

@@ -162,7 +162,8 @@ def test_extra_compute_scales_with_requested_time() -> None:
     small, large = tinygpt.ExtraCompute(2.0), tinygpt.ExtraCompute(20.0)
     # One calibration per process: iterations are proportional to the requested time.
     assert small.iters >= 1
-    assert large.iters == pytest.approx(10 * small.iters, rel=0.1, abs=5)
+    # (each count is rounded, so they agree with 10x to within 10 x 0.5 + 0.5)
+    assert abs(large.iters - 10 * small.iters) <= 6, (small.iters, large.iters)
     assert np.isfinite(large())
     with pytest.raises(ValueError, match="slow-ms"):
         tinygpt.ExtraCompute(-1)
