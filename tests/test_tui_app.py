@@ -307,16 +307,17 @@ async def test_report_screens_and_help(slow13) -> None:
 @run_async
 async def test_stall_view_opens_when_steps_stop_and_closes_when_they_resume(slow13) -> None:
     now = [0.0]
-    early = synthetic_run(64, 39, fault=Fault("slow_device", rank=13), run="run-b")
+    hung = synthetic_run(64, 40, fault=Fault("hang", rank=21), run="run-b")
+    resumed = synthetic_run(64, 41, fault=Fault("slow_device", rank=13), run="run-b")
 
     class Live(StaticSource):
         live = True
 
         def __init__(self):
-            super().__init__([early])
+            super().__init__([hung])
 
         def advance(self):
-            self._windows = {"run-b": slow13}
+            self._windows = {"run-b": resumed}
 
     source = Live()
     settings = deterministic_settings()
@@ -326,9 +327,15 @@ async def test_stall_view_opens_when_steps_stop_and_closes_when_they_resume(slow
         assert isinstance(app.screen, MainScreen)
         now[0] = settings.refresh.stall_s + 1
         await wait_for(pilot, lambda: isinstance(app.screen, StallScreen))
+        await wait_for(pilot, lambda: app.analysis.stall is not None and app.analysis.stall.stalled)
+        table = app.screen.query_one("DataTable")
+        await wait_for(pilot, lambda: table.row_count == 1)
+        assert table.get_row_at(0)[:5] == ["dp", "all_reduce", "39", "63/64", "r21"]
+        assert app.analysis.stall.culprits() == [21]
+        assert "r21" in app.screen.query_one("#note").content.plain
         source.advance()
         await wait_for(pilot, lambda: isinstance(app.screen, MainScreen))
-        assert app.model.header.step == 1039
+        assert app.model.header.step == 1040
 
 
 @run_async

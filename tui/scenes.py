@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rankscope.collector.schema import NO_TIME, OP_INDEX, PHASE_INDEX
+from rankscope.collector.schema import NO_TIME, OP_INDEX, PHASE_INDEX, empty_table
 from rankscope.diagnosis.arrivals import build_window
 from rankscope.diagnosis.window import Window
 
@@ -28,8 +28,10 @@ class Fault:
 
     kind: str = "healthy"
     """``healthy``, ``slow_device`` (one rank slower every step, low SM clock),
-    ``data_imbalance`` (a different rank gets the heavy batch each step) or
-    ``slow_input`` (one host's ranks wait for data)."""
+    ``data_imbalance`` (a different rank gets the heavy batch each step),
+    ``slow_input`` (one host's ranks wait for data) or ``hang`` (in the last step the rank
+    never reaches the world all-reduce: the others entered it and wait; nobody ends the
+    step)."""
     rank: int = 0
     """The slow rank (``slow_device``) or any rank of the slow host (``slow_input``)."""
     extra_ms: float = 40.0
@@ -82,8 +84,9 @@ def synthetic_run(
         bwd_ms[heavy, np.arange(S)] += fault.extra_ms
     elif fault.kind == "slow_input":
         input_ms[host == host[fault.rank]] += fault.extra_ms
-    elif fault.kind != "healthy":
+    elif fault.kind not in ("healthy", "hang"):
         raise ValueError(f"unknown fault {fault.kind!r}")
+    hang = fault.kind == "hang"
 
     step_ids = first_step + np.arange(S)
     # Per rank and step: start, forward start, tp enter, tp exit, backward end, dp exit,
@@ -120,33 +123,54 @@ def synthetic_run(
             times["nbytes"].append(np.full(R, nbytes))
         start = np.full(R, end.max() + int(0.5 * MS), dtype=np.int64)
 
-    n_coll = R * S * 2
     colls = {k: np.concatenate(v) for k, v in rows.items()}
     colls.update({k: np.concatenate(v) for k, v in times.items()})
+    if hang:
+        # The world all-reduce of the last step: the hung rank has no row, the others
+        # entered and never left.
+        last_dp = (colls["step"] == step_ids[-1]) & (colls["group"] == 0)
+        colls["t_exit"][last_dp] = NO_TIME
+        keep = ~(last_dp & (colls["rank"] == fault.rank))
+        colls = {k: v[keep] for k, v in colls.items()}
+    n_coll = colls["rank"].size
     colls.update(
         t_start=np.full(n_coll, NO_TIME, np.int64),
         t_end=np.full(n_coll, NO_TIME, np.int64),
         flags=np.zeros(n_coll, np.int32),
     )
-    grid_r, grid_s = np.meshgrid(ranks, np.arange(S), indexing="ij")
+    # A hung step never ends: its phases and samples are missing, and only the ranks still
+    # inside it report the step, with no end time.
+    S_done = S - 1 if hang else S
+    grid_r, grid_s = np.meshgrid(ranks, np.arange(S_done), indexing="ij")
     rr, ss = grid_r.ravel(), grid_s.ravel()
-    flat = t.reshape(R * S, 8)
-    tokens = np.full(R * S, 8192)
+    flat = t[:, :S_done].reshape(R * S_done, 8)
+    tokens = np.full(R * S_done, 8192)
     step_table = {
         "rank": rr,
         "step": step_ids[ss],
         "t_start": flat[:, 0],
         "t_end": flat[:, 6],
         "tokens": tokens,
-        "valid_tokens": tokens - rng.integers(0, 400, R * S),
-        "samples": np.full(R * S, 4),
-        "attn_cost": np.full(R * S, np.nan),
-        "flops": np.full(R * S, np.nan),
-        "mem_allocated": np.full(R * S, 40 << 30),
-        "mem_reserved": np.full(R * S, 48 << 30),
-        "mem_peak": np.full(R * S, 44 << 30),
-        "alloc_retries": np.zeros(R * S, np.int32),
+        "valid_tokens": tokens - rng.integers(0, 400, R * S_done),
+        "samples": np.full(R * S_done, 4),
+        "attn_cost": np.full(R * S_done, np.nan),
+        "flops": np.full(R * S_done, np.nan),
+        "mem_allocated": np.full(R * S_done, 40 << 30),
+        "mem_reserved": np.full(R * S_done, 48 << 30),
+        "mem_peak": np.full(R * S_done, 44 << 30),
+        "alloc_retries": np.zeros(R * S_done, np.int32),
     }
+    if hang:
+        waiting = ranks[ranks != fault.rank]
+        extra = empty_table("steps", waiting.size)
+        extra.update(
+            step=np.full(waiting.size, step_ids[-1]),
+            t_start=t[waiting, -1, 0],
+            t_end=np.full(waiting.size, NO_TIME),
+        )
+        step_table = {
+            k: np.r_[v, waiting if k == "rank" else extra[k]] for k, v in step_table.items()
+        }
     spans = (
         ("input", 0, 1),
         ("forward", 1, 3),
@@ -156,7 +180,7 @@ def synthetic_run(
     phases = {
         "rank": np.tile(rr, len(spans)),
         "step": np.tile(step_ids[ss], len(spans)),
-        "phase": np.concatenate([np.full(R * S, PHASE_INDEX[p]) for p, _, _ in spans]),
+        "phase": np.concatenate([np.full(R * S_done, PHASE_INDEX[p]) for p, _, _ in spans]),
         "t0": np.concatenate([flat[:, a] for _, a, _ in spans]),
         "t1": np.concatenate([flat[:, b] for _, _, b in spans]),
     }
@@ -164,15 +188,15 @@ def synthetic_run(
     samples = {
         "rank": rr,
         "t": mid,
-        "sm_clock_mhz": sm.ravel().astype(np.float32),
-        "mem_clock_mhz": np.full(R * S, 2619.0, np.float32),
-        "power_w": (600 - (1980 - sm.ravel()) * 0.3).astype(np.float32),
-        "temp_c": np.full(R * S, 62.0, np.float32),
-        "throttle": np.zeros(R * S, np.int64),
-        "gpu_util": np.full(R * S, 97.0, np.float32),
-        "cpu_pct": np.full(R * S, 35.0, np.float32),
-        "load1": np.full(R * S, 6.0, np.float32),
-        "rss_bytes": np.full(R * S, 12 << 30),
+        "sm_clock_mhz": sm[:, :S_done].ravel().astype(np.float32),
+        "mem_clock_mhz": np.full(R * S_done, 2619.0, np.float32),
+        "power_w": (600 - (1980 - sm[:, :S_done].ravel()) * 0.3).astype(np.float32),
+        "temp_c": np.full(R * S_done, 62.0, np.float32),
+        "throttle": np.zeros(R * S_done, np.int64),
+        "gpu_util": np.full(R * S_done, 97.0, np.float32),
+        "cpu_pct": np.full(R * S_done, 35.0, np.float32),
+        "load1": np.full(R * S_done, 6.0, np.float32),
+        "rss_bytes": np.full(R * S_done, 12 << 30),
     }
     identities = {
         r: {

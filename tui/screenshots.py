@@ -4,7 +4,9 @@
     python -m rankscope.tui.screenshots --out DIR --only main detail
 
 The runs come from the simulator's shipped scenarios (fixed seeds), fed through the hub's
-own intake into a store, so the pictures show exactly what ``rankscope demo`` shows. Each
+own intake into a store, so the pictures show exactly what ``rankscope demo`` shows; the
+stall view uses a synthetic hung run (``tui.scenes``), as the simulator models slow ranks,
+not hung ones. Each
 picture is an SVG from Textual's ``export_screenshot`` and a PNG from ``rsvg-convert``
 (``apt-get install librsvg2-bin``); the settings hide the clock and the machine name.
 """
@@ -106,6 +108,18 @@ async def select_top_rank(pilot: Any) -> None:
     await pilot.pause(0.1)
 
 
+async def stall_for_a_minute(pilot: Any) -> None:
+    """Open the stall view as if no step had ended for the last minute."""
+    from rankscope.tui.report_screens import StallScreen
+
+    app = pilot.app
+    app._last_progress = app.clock() - 60.0
+    app.push_screen(StallScreen())
+    await pilot.pause(0.1)
+    app.diagnosis_tick(force=True)
+    await wait_ready(pilot)
+
+
 SHOTS = (
     Shot("main", "example", (160, 46), baseline="run-0412"),
     Shot("main-80x24", "example", (80, 24), baseline="run-0412"),
@@ -118,6 +132,7 @@ SHOTS = (
     Shot("manifest", "example", (120, 30), keys=("d",), baseline="run-0412"),
     Shot("baseline-picker", "example", (120, 30), keys=("b",)),
     Shot("help", "example", (120, 46), keys=("question_mark",)),
+    Shot("stall", "hang", (120, 30), before=stall_for_a_minute),
 )
 
 
@@ -134,10 +149,11 @@ async def take(shot: Shot, store: Any, settings: Settings, out: Path) -> Path:
         The SVG path.
     """
     from rankscope.tui.app import make_app
-    from rankscope.tui.sources import StoreSource
+    from rankscope.tui.sources import StaticSource, StoreSource
 
     display = replace(settings.display, color=shot.color)
-    app = make_app(replace(settings, display=display), StoreSource(store, "simulated"))
+    source = store if isinstance(store, StaticSource) else StoreSource(store, "simulated")
+    app = make_app(replace(settings, display=display), source)
     async with app.run_test(size=shot.size) as pilot:
         await wait_ready(pilot)
         if shot.baseline is not None:
@@ -212,6 +228,13 @@ def main(argv: list[str] | None = None) -> int:
                 ("seed-example", "run-0419", 64, 100),
             ]
         )
+    if "hang" in needed:
+        from rankscope.tui.scenes import Fault, synthetic_run
+        from rankscope.tui.sources import StaticSource
+
+        # The simulator models slow ranks, not hung ones: this run is synthetic.
+        hung = synthetic_run(64, 40, fault=Fault("hang", rank=19), run="run-0422")
+        stores["hang"] = StaticSource([hung], {"events_per_s": 0.0}, label="synthetic")
     if "large" in needed:
         # The worked example's own scale: 512 GPUs on 64 hosts.
         stores["large"] = simulated_store(
