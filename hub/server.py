@@ -36,6 +36,11 @@ log = logging.getLogger("rankscope.hub")
 CLOCK_VERSION = 1
 _DRAIN = 512
 """Messages taken per wake-up before housekeeping (settle, flush) gets a turn."""
+_STOP_GRACE_S = 0.05
+_STOP_DRAIN_MAX_S = 1.0
+"""On stop, messages are drained until none came for ``_STOP_GRACE_S`` (at most
+``_STOP_DRAIN_MAX_S``): those a sender handed over just before are still on their way
+through ZeroMQ's I/O thread."""
 
 
 def parse_bind(bind: str) -> tuple[str, str, int]:
@@ -278,12 +283,19 @@ class Hub:
                 if now - last_settle >= self.settle_s:
                     last_settle = now
                     self._housekeeping()
-            while True:  # what ZeroMQ already holds belongs in the recording
-                try:
-                    buf = data.recv(zmq.NOBLOCK)
-                except zmq.Again:
+            # What ZeroMQ holds, or is still reading off the network, belongs in the
+            # recording: drain it all, then again while more comes within a short grace
+            # period (for a bounded time).
+            deadline = time.monotonic() + _STOP_DRAIN_MAX_S
+            while True:
+                while True:
+                    try:
+                        buf = data.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    feed(buf, time.time_ns())
+                if time.monotonic() >= deadline or not data.poll(int(_STOP_GRACE_S * 1000)):
                     break
-                feed(buf, time.time_ns())
         except Exception as exc:  # never let the thread die silently
             log.exception("hub receive loop failed: %r", exc)
         finally:

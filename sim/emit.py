@@ -5,7 +5,10 @@ collector's `Sender`, exactly as a real rank would.
 All ranks share a few PUSH sockets (rank ``r`` always uses socket ``r % senders``, so each
 rank's messages stay in order). Unlike a training rank, the simulator prefers waiting to
 dropping: when the hub's queue is full it retries until ``send_timeout_s``, so a recording
-made as fast as possible is complete.
+made as fast as possible is complete. For the same reason the sockets live in a context of
+their own, terminated before `run` returns: what `run` reports as sent has left the process
+(ZeroMQ sends from a background thread; with the process-wide context, a run could return,
+and the hub stop, while its last messages were still queued).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import zmq
 
 from rankscope.collector import schema
 from rankscope.collector.sender import Sender
@@ -269,18 +274,20 @@ def run(
     spec = ScopeSpec.coerce(scope)
     run_name = run_id or default_run_id(scenario, spec.scope)
     job = scenario.job
-    socks = [Sender(endpoint, hwm) for _ in range(senders)]
-    emit = Emitter(socks, send_timeout_s, stop)
-    streams = RankStreams(
-        cluster,
-        emit,
-        run_id=run_name,
-        scope=spec.scope,
-        parent_run=parent_run,
-        steps_per_message=steps_per_message,
-    )
+    ctx = zmq.Context()
+    socks: list[Sender] = []
     wall0 = time.monotonic()
     try:
+        socks += [Sender(endpoint, hwm, context=ctx) for _ in range(senders)]
+        emit = Emitter(socks, send_timeout_s, stop)
+        streams = RankStreams(
+            cluster,
+            emit,
+            run_id=run_name,
+            scope=spec.scope,
+            parent_run=parent_run,
+            steps_per_message=steps_per_message,
+        )
         streams.start()
         for k in range(steps):
             if stop is not None and stop.is_set():
@@ -297,8 +304,12 @@ def run(
                 on_step(tables)
         streams.finish()
     finally:
+        # A stopped run gives up what is still queued; otherwise wait (bounded) until every
+        # message is handed to the network.
+        linger_ms = 0 if stop is not None and stop.is_set() else int(send_timeout_s * 1000)
         for s in socks:
-            s.close(linger_ms=int(send_timeout_s * 1000))
+            s.close(linger_ms=linger_ms)
+        ctx.term()
     return RunInfo(
         job=job,
         run=run_name,
