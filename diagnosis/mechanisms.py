@@ -79,7 +79,10 @@ def _slow_device(ev: Evidence) -> Candidate:
     top = int(cands[0])
     compute = nanmedian(ev.decomp.category("compute"))
     impact = float(sr.residual[top] * compute / ev.step_ns)
-    stable = sr.modal_rank in cands.tolist()
+    # Is a candidate the most frequent slowest rank? (Compared by counts, not by the
+    # modal rank's id, which a tie would make depend on rank numbering.)
+    counts = np.bincount(sr.slowest[sr.slowest >= 0], minlength=n)
+    stable = bool(counts.max() > 0 and counts[cands].max() >= counts.max())
     strength = logistic(float(z[top]), thr, 1.0) * (1.0 if stable else 0.8)
     evidence = [
         f"rank {top} computes {_pct(sr.residual[top])} longer than its work predicts "
