@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 HELP = "Diagnose a recorded run: ranked hypotheses with evidence and the next experiment"
-DEFAULT_STEPS = 200
+DEFAULT_STEPS = 100
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
