@@ -1,12 +1,12 @@
 """The rankscope TUI: composition, bindings and routing.
 
 `make_app(settings, source)` is the one way to build it, for the CLI and for every test.
-Two clocks drive it: the sampling clock (``refresh.sample_hz``) asks the source for the
-latest window in a worker thread and builds the main-screen model there; the diagnosis
-clock (``refresh.diagnosis_s``) runs the analysis in another worker. Both finish by
-posting a message; only the event loop touches widgets. Neither clock runs while the view
-is paused or a dialog is open, and view changes (metric, grouping, pins, filter, zoom)
-rebuild the model from the last sample without waiting for the next one.
+Two clocks drive it (``clocks``): the sampling clock (``refresh.sample_hz``) asks the
+source for the latest window in a worker thread and builds the main-screen model there;
+the diagnosis clock (``refresh.diagnosis_s``) runs the analysis in another worker. Both
+finish by posting a message that this module routes to the screens; only the event loop
+touches widgets. View changes (metric, grouping, pins, filter, zoom) rebuild the model
+from the last sample without waiting for the next one.
 """
 
 from __future__ import annotations
@@ -25,13 +25,14 @@ from textual.reactive import reactive
 from textual.screen import ModalScreen
 
 from rankscope.diagnosis.window import Window
-from rankscope.tui.analysis import AnalysisView, analyse
+from rankscope.tui.analysis import AnalysisView
+from rankscope.tui.clocks import Clocks
 from rankscope.tui.detail_screen import RankDetailScreen
-from rankscope.tui.detailmodel import RankDetail, rank_detail
+from rankscope.tui.detailmodel import RankDetail
 from rankscope.tui.dialogs import NO_BASELINE, BaselinePicker, FilterDialog, HelpScreen
 from rankscope.tui.heatmap import Heatmap
 from rankscope.tui.main_screen import MainScreen
-from rankscope.tui.mainmodel import MainModel, ViewState, build_main_model
+from rankscope.tui.mainmodel import MainModel, ViewState
 from rankscope.tui.messages import AnalysisReady, ModelReady
 from rankscope.tui.metrics import filter_mask, slowest_ranks
 from rankscope.tui.report_screens import (
@@ -41,13 +42,13 @@ from rankscope.tui.report_screens import (
     StructureScreen,
 )
 from rankscope.tui.settings import GROUP_BY, METRICS, Settings
-from rankscope.tui.sources import Sample, Source, sample
+from rankscope.tui.sources import Sample, Source
 from rankscope.tui.viewstate import SavedView, load_view, save_view
 
 REPORTS = {"structure": StructureScreen, "curves": CurvesScreen, "manifest": ManifestScreen}
 
 
-class RankscopeApp(App[int]):
+class RankscopeApp(Clocks, App[int]):
     """Live view of a distributed training job; see the module docstring."""
 
     TITLE = "rankscope"
@@ -207,69 +208,7 @@ class RankscopeApp(App[int]):
         top = self._top()
         return top is None or self.paused or isinstance(top, ModalScreen)
 
-    # ----------------------------------------------------------------- sampling clock
-
-    def sample_tick(self) -> None:
-        """Ask the source for the latest window, unless paused, under a dialog, or a
-        previous sample is still being built."""
-        if self._blocked() or self._sampling:
-            return
-        self._sampling = True
-        self._sample_worker(self.view, self._generation, self._detail_rank(), self.baseline_run)
-
-    @work(thread=True, group="sample", exit_on_error=False)
-    def _sample_worker(
-        self, view: ViewState, generation: int, detail_rank: int | None, baseline: str | None
-    ) -> None:
-        try:
-            smp = sample(self.source, self.run_id, self.settings.view.window_steps)
-            self._build(smp, view, generation, detail_rank, baseline, fetch_baseline=True)
-        finally:
-            self._sampling = False
-
-    @work(thread=True, group="rebuild", exclusive=True, exit_on_error=False)
-    def _rebuild_worker(
-        self,
-        smp: Sample,
-        view: ViewState,
-        generation: int,
-        detail_rank: int | None,
-        baseline: str | None,
-    ) -> None:
-        self._build(smp, view, generation, detail_rank, baseline, fetch_baseline=False)
-
-    def _build(
-        self,
-        smp: Sample,
-        view: ViewState,
-        generation: int,
-        detail_rank: int | None,
-        baseline_run: str | None,
-        *,
-        fetch_baseline: bool,
-    ) -> None:
-        baseline = self._baseline if baseline_run is not None else None
-        if baseline_run is not None and (
-            fetch_baseline or baseline is None or baseline.run != baseline_run
-        ):
-            try:
-                baseline = self.source.window(baseline_run, self.settings.view.window_steps)
-            except Exception:  # a baseline that cannot be read is shown as none
-                baseline = None
-        model = build_main_model(smp, view, baseline)
-        detail = None
-        w = smp.window
-        if detail_rank is not None and w is not None and 0 <= detail_rank < w.world_size:
-            detail = rank_detail(w, detail_rank)
-        self.post_message(ModelReady(model, generation, smp, baseline_run, baseline, detail))
-
-    def rebuild(self) -> None:
-        """Rebuild the model from the last sample with the current view."""
-        self._generation += 1
-        if self._sample is not None:
-            self._rebuild_worker(
-                self._sample, self.view, self._generation, self._detail_rank(), self.baseline_run
-            )
+    # ----------------------------------------------------------------- routing
 
     def on_model_ready(self, message: ModelReady) -> None:
         if message.generation < self._generation:
@@ -301,44 +240,6 @@ class RankscopeApp(App[int]):
                 screen.show_detail(self.detail)
         except NoMatches:
             pass
-
-    # ----------------------------------------------------------------- diagnosis clock
-
-    def diagnosis_tick(self, force: bool = False) -> None:
-        """Run a diagnosis pass on the latest window when it changed."""
-        smp = self._sample
-        if smp is None or smp.window is None or self.diagnosing:
-            return
-        if self._blocked() and not force:
-            return
-        w = smp.window
-        if self._baseline_for != self.baseline_run:
-            return  # the new baseline's window is still being fetched
-        baseline = self._baseline if self.baseline_run is not None else None
-        stalled = isinstance(self._top(), StallScreen)
-        key = (w.run, int(w.steps[-1]) if w.steps.size else -1, w.steps.size, self.baseline_run)
-        if key == self._analysed and not stalled and not force:
-            return
-        self._analysed = key
-        now_ns = None
-        if stalled:
-            from rankscope.diagnosis.stall import latest_time
-
-            now_ns = latest_time(w) + (self.clock() - self._last_progress) * 1e9
-        self.diagnosing = True
-        self._diagnosis_worker(w, baseline, now_ns)
-
-    @work(thread=True, group="diagnosis", exit_on_error=False)
-    def _diagnosis_worker(self, window: Window, baseline: Window | None, now_ns: float | None):
-        try:
-            result = analyse(window, baseline, now_ns)
-        except Exception as exc:  # the view must outlive a bug in one analysis
-            result = AnalysisView(
-                run=window.run,
-                baseline_run=baseline.run if baseline is not None else None,
-                note=f"diagnosis failed: {type(exc).__name__}: {exc}",
-            )
-        self.post_message(AnalysisReady(result))
 
     def on_analysis_ready(self, message: AnalysisReady) -> None:
         self.diagnosing = False
