@@ -201,6 +201,7 @@ def store_and_view_memory(n_ranks: int, n_steps: int, chunk: int) -> dict[str, f
     from rankscope.hub.intake import Intake
     from rankscope.hub.store import Store
     from rankscope.tui.mainmodel import ViewState, build_main_model
+    from rankscope.tui.settings import Settings
     from rankscope.tui.sources import StoreSource, sample
 
     gc.collect()
@@ -235,15 +236,20 @@ def store_and_view_memory(n_ranks: int, n_steps: int, chunk: int) -> dict[str, f
     store_mib = (_rss_bytes() - rss0) / 2**20
     kept = store.window("mem", None).steps.size
     tracemalloc.start()
-    smp = sample(StoreSource(store, "bench"), None, STEPS)
+    view_settings = Settings().view
+    smp = sample(
+        StoreSource(store, "bench"), None, view_settings.window_steps, view_settings.max_cells
+    )
     model = build_main_model(smp, ViewState())
     current, _peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert model.grid is not None
+    assert smp.window is not None
     return {
         "store_mib": store_mib,
         "view_mib": current / 2**20,
         "kept_steps": float(kept),
+        "view_steps": float(smp.window.steps.size),
         "ingest_s": ingest_s,
     }
 
@@ -291,7 +297,8 @@ def run(quick: bool) -> str:
         "| part | MiB |",
         "|---|---:|",
         f"| store (RSS growth, steps table only) | {mem['store_mib']:.0f} |",
-        f"| view: window of {STEPS} steps + main model (tracemalloc) | {mem['view_mib']:.0f} |",
+        f"| view: window of {mem['view_steps']:.0f} steps (the view's `max_cells` bound) + "
+        f"main model (tracemalloc) | {mem['view_mib']:.0f} |",
         f"| total | {total:.0f} |",
     ]
     return "\n".join(lines) + "\n"

@@ -147,3 +147,21 @@ def test_main_model_numbers(window) -> None:
     assert model.header.tokens_per_s > 0 and model.header.clock_error_ms == pytest.approx(0.05)
     assert model.grid.dimension == "rail" and model.grid.rank[0] == 5
     assert model.arrivals[0].last_rank == 5 and model.arrivals[0].margin_ms > 5
+
+
+def test_large_worlds_get_fewer_steps(window) -> None:
+    from rankscope.tui.sources import MIN_STEPS, steps_within
+
+    assert steps_within(120, 512, 1 << 20) == 120
+    assert steps_within(120, 16384, 1 << 20) == 64
+    assert steps_within(120, 1 << 20, 1 << 20) == MIN_STEPS
+    assert steps_within(120, 0, 1 << 20) == 120 and steps_within(120, 10**6, None) == 120
+    asked = []
+
+    class Recording(StaticSource):
+        def window(self, run, last):
+            asked.append(last)
+            return super().window(run, last)
+
+    sample(Recording([window]), None, 120, max_cells=32 * 20)  # the window has 32 ranks
+    assert asked == [20]

@@ -20,7 +20,7 @@ from rankscope.tui.mainmodel import ViewState, build_main_model
 from rankscope.tui.messages import AnalysisReady, ModelReady
 from rankscope.tui.report_screens import StallScreen
 from rankscope.tui.settings import Settings
-from rankscope.tui.sources import Sample, Source, sample
+from rankscope.tui.sources import Sample, Source, sample, steps_within
 
 if TYPE_CHECKING:
     from textual.app import App
@@ -74,7 +74,8 @@ class Clocks(_Base):
         self, view: ViewState, generation: int, detail_rank: int | None, baseline: str | None
     ) -> None:
         try:
-            smp = sample(self.source, self.run_id, self.settings.view.window_steps)
+            v = self.settings.view
+            smp = sample(self.source, self.run_id, v.window_steps, v.max_cells)
             self._build(smp, view, generation, detail_rank, baseline, fetch_baseline=True)
         finally:
             self._sampling = False
@@ -105,7 +106,10 @@ class Clocks(_Base):
             fetch_baseline or baseline is None or baseline.run != baseline_run
         ):
             try:
-                baseline = self.source.window(baseline_run, self.settings.view.window_steps)
+                v = self.settings.view
+                world = next((r.world_size for r in smp.runs if r.run == baseline_run), 0)
+                last = steps_within(v.window_steps, world, v.max_cells)
+                baseline = self.source.window(baseline_run, last)
             except Exception:  # a baseline that cannot be read is shown as none
                 baseline = None
         model = build_main_model(smp, view, baseline)

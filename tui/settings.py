@@ -61,6 +61,10 @@ class ViewSettings:
     """Initial row grouping, one of ``GROUP_BY``."""
     window_steps: int = 120
     """Steps of history the view asks the store for (heatmap columns, statistics)."""
+    max_cells: int = 1_048_576
+    """Most rank × step cells one window may hold: a larger world gets fewer steps (at
+    least 16), which keeps the view's memory bounded (a window is ~40 float64 arrays of
+    that many cells)."""
     rank_rows_max: int = 64
     """Up to this many ranks each get their own heatmap row; above it, rows are groups
     showing their worst rank (zoom into a group with ``enter``)."""
@@ -155,6 +159,7 @@ def _validate(settings: Settings, where: str) -> Settings:
         ),
         (v.window_steps >= 2, "view.window_steps", f"must be >= 2, got {v.window_steps}"),
         (v.rank_rows_max >= 1, "view.rank_rows_max", f"must be >= 1, got {v.rank_rows_max}"),
+        (v.max_cells >= 1024, "view.max_cells", f"must be >= 1024, got {v.max_cells}"),
         (v.pin_slowest >= 1, "view.pin_slowest", f"must be >= 1, got {v.pin_slowest}"),
         (v.last_arrivals >= 1, "view.last_arrivals", f"must be >= 1, got {v.last_arrivals}"),
         (

@@ -76,7 +76,27 @@ class Source(Protocol):
         """Hub and collector counters."""
 
 
-def sample(source: Source, run: str | None, last: int) -> Sample:
+MIN_STEPS = 16
+"""Fewest steps a window is cut to by a cell bound."""
+
+
+def steps_within(last: int, world_size: int, max_cells: int | None) -> int:
+    """Steps to ask for so that ``world_size`` × steps stays within ``max_cells``.
+
+    Args:
+        last: steps wanted.
+        world_size: ranks of the run (0 when unknown).
+        max_cells: the bound (None: no bound).
+
+    Returns:
+        ``last``, or fewer (never below `MIN_STEPS`) for a large world.
+    """
+    if max_cells is None or world_size <= 0:
+        return last
+    return min(last, max(MIN_STEPS, max_cells // world_size))
+
+
+def sample(source: Source, run: str | None, last: int, max_cells: int | None = None) -> Sample:
     """Take one sample: the run list, the window of ``run`` (default: the newest run that
     is not a rerun, else the newest) and the health counters.
 
@@ -87,6 +107,7 @@ def sample(source: Source, run: str | None, last: int) -> Sample:
         source: where to read.
         run: the run to show, or None to choose.
         last: steps of history.
+        max_cells: bound on ranks × steps of the window (see `steps_within`).
 
     Returns:
         The sample.
@@ -101,8 +122,9 @@ def sample(source: Source, run: str | None, last: int) -> Sample:
         run = (full or list(runs))[-1].run
     if run is None:
         return Sample(runs, None, None, health, "no runs yet")
+    world = next((r.world_size for r in runs if r.run == run), 0)
     try:
-        window = source.window(run, last)
+        window = source.window(run, steps_within(last, world, max_cells))
     except Exception as exc:
         return Sample(runs, run, None, health, f"{type(exc).__name__}: {exc}")
     return Sample(runs, run, window, health, "" if window is not None else "no steps yet")
