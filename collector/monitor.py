@@ -564,7 +564,8 @@ class Monitor:
             ``dropped_batches`` (messages the sender dropped), ``dropped_events`` (ring
             rows refused when full), ``incomplete_colls``, ``errors`` (reason -> count),
             ``clock_offset_ns``, ``clock_error_ns``, ``clock_synced``, ``sent_batches``,
-            ``sent_rows``, ``sampler_dropped``.
+            ``sent_rows``, ``sampler_dropped``, ``pump_cpu_s`` and ``sampler_cpu_s`` (CPU
+            seconds the background threads used).
         """
         sender = self.pump.sender
         return {
@@ -578,6 +579,8 @@ class Monitor:
             "sent_batches": sender.sent if sender else 0,
             "sent_rows": self.pump.sent_rows,
             "sampler_dropped": self._sampler.dropped if self._sampler else 0,
+            "pump_cpu_s": round(self.pump.cpu_s, 4),
+            "sampler_cpu_s": round(self._sampler.cpu_s, 4) if self._sampler else 0.0,
         }
 
     # -- identity and manifest (called on the pump thread) -----------------------------

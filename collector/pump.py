@@ -112,6 +112,8 @@ class Pump:
         self.batch = 0
         self.incomplete = 0
         self.sent_rows = 0
+        self.cpu_s = 0.0
+        """CPU seconds this thread has used (the collector's own cost, off the hot path)."""
         self.tasks: list[Callable[[], None]] = []
         """Extra work run on every wake (e.g. resolving CUDA events)."""
         self._stop = threading.Event()
@@ -195,6 +197,7 @@ class Pump:
                     self._flush(final=stopping)
                     next_flush = now + self.flush_ns
                 if stopping or now >= next_stats:
+                    self.cpu_s = time.thread_time()
                     self._send_stats()
                     next_stats = now + int(STATS_EVERY_S * 1e9)
             except Exception as exc:  # keep pumping: a bad batch must not stop the stream

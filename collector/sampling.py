@@ -100,6 +100,8 @@ class Sampler:
         self._thread: threading.Thread | None = None
         self._cpu_prev = read_cpu_times()
         self.dropped = 0
+        self.cpu_s = 0.0
+        """CPU seconds the sampling thread has used."""
 
     def start(self) -> None:
         """Start the daemon sampling thread."""
@@ -132,6 +134,7 @@ class Sampler:
         while not self._stop.wait(self.interval_s):
             try:
                 self.sample_once()
+                self.cpu_s = time.thread_time()
             except Exception as exc:  # a sampler failure must not end sampling
                 if self._on_error is not None:
                     self._on_error("sampler", exc)

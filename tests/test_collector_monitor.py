@@ -125,6 +125,7 @@ def test_steps_phases_work_and_collectives_arrive(pull: Pull) -> None:
     assert {g["id"]: g["ranks"] for g in groups.header["groups"]} == {0: [0, 1], 7: [0, 1]}
     stats = [m for m in msgs if m.kind == "stats"][-1].header["stats"]
     assert stats["dropped_events"] == 0 and stats["errors"] == {}
+    assert stats["pump_cpu_s"] > 0  # the background thread reports its own cost
 
 
 def test_100k_collectives_without_a_hub_complete_and_count_drops() -> None:

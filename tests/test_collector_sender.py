@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 import zmq
@@ -17,10 +18,17 @@ def _free_port() -> int:
 
 
 def _pull(ctx: zmq.Context, port: int) -> zmq.Socket:
-    sock = ctx.socket(zmq.PULL)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.bind(f"tcp://127.0.0.1:{port}")
-    return sock
+    # ZeroMQ releases a closed socket's port asynchronously: retry the bind for a while.
+    for _ in range(200):
+        sock = ctx.socket(zmq.PULL)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            sock.bind(f"tcp://127.0.0.1:{port}")
+            return sock
+        except zmq.ZMQError:
+            sock.close()
+            time.sleep(0.025)
+    raise RuntimeError(f"port {port} stayed busy")
 
 
 def _recv_all(sock: zmq.Socket, n: int, timeout_ms: int = 5000) -> list[bytes]:

@@ -17,9 +17,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zmq
 
 pytest.importorskip("torch", reason="torch is not installed")
 
+from rankscope.collector.clock import FALLBACK_ERROR_NS
 from rankscope.hub import replay
 from rankscope.hub.server import Hub
 
@@ -46,6 +48,16 @@ def free_port_pair() -> int:
                 continue
         return port
     raise RuntimeError("no free port pair")
+
+
+def start_hub_on(port: int, record: str) -> Hub:
+    """A hub on a port just released: the kernel may need a moment to free it."""
+    for _ in range(50):
+        try:
+            return Hub(bind=f"tcp://127.0.0.1:{port}", record_dir=record).start()
+        except zmq.ZMQError:
+            time.sleep(0.1)
+    return Hub(bind=f"tcp://127.0.0.1:{port}", record_dir=record).start()
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -121,9 +133,17 @@ def test_straggler_named_by_the_hub(tmp_path: Path, mode: str) -> None:
         assert run.n_ranks_seen == 4
         window = hub.store.window(run.run)
         check_straggler(window)
-        assert window.clock_error_ns is not None and np.all(window.clock_error_ns < 5e6)
+        # Every rank synced its clock with the hub (the fallback states a whole second).
+        assert window.clock_error_ns is not None
+        assert np.all(window.clock_error_ns < FALLBACK_ERROR_NS)
         if mode == "explicit":
             assert window.manifest["job_config"]["global_batch"] == 32
+        # Everything the collectors sent passed the hub's validation, nothing was dropped
+        # and no collector reported an internal error.
+        counters = hub.counters()
+        assert not any(counters["rejects"].values()), counters["rejects"]
+        assert counters["collector_errors"] == {}, counters["collector_errors"]
+        assert counters["drops"] == {"batches": 0, "events": 0}, counters["drops"]
     finally:
         hub.stop()
     # The recording replays to the same conclusion.
@@ -219,7 +239,7 @@ def test_hub_killed_and_restarted_mid_run(tmp_path: Path) -> None:
         assert steps_before
         assert proc.poll() is None, "the job should still be running"
         time.sleep(1.0)
-        hub = Hub(bind=f"tcp://127.0.0.1:{port}", record_dir=str(record)).start()
+        hub = start_hub_on(port, str(record))
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err[-4000:]
         assert wait_for(lambda: last_step(hub) >= steps - 1)
