@@ -145,6 +145,9 @@ def start(
     env = os.environ
     with _lock:
         if _active is not None and not _active._closed:
+            # Started already (e.g. by `rankscope run`): keep it, add the caller's config.
+            if job_config:
+                _active.update_job_config(dict(job_config))
             return _active
         if job is not None:
             job = _check_label(job, "job")

@@ -114,8 +114,9 @@ class Sender:
             self.dropped_bytes += len(data)
             return False
         try:
-            # Copying small frames is cheaper than the zero-copy bookkeeping.
-            sock.send(data, zmq.NOBLOCK, copy=len(data) < 65536)
+            # Always copy: zero-copy sends need pyzmq's garbage-collector thread, which is
+            # gone at interpreter exit, exactly when the final flush runs.
+            sock.send(data, zmq.NOBLOCK, copy=True)
         except zmq.Again:
             self.dropped += 1
             self.dropped_bytes += len(data)

@@ -121,8 +121,9 @@ def _group_id(group: Any) -> int:
                 )
                 desc = str(getattr(group, "group_desc", "") or "")
                 backend = str(dist.get_backend(group))
+                name = desc if desc and desc != "undefined" else f"group{gid}"
                 if mon is not None:
-                    mon.register_group(gid, desc or f"group{gid}", ranks, backend, desc)
+                    mon.register_group(gid, name, ranks, backend, desc)
         except Exception as exc:
             if mon is not None:
                 mon._error("group", exc)
@@ -547,9 +548,19 @@ def install(monitor: Monitor) -> None:
         except (ValueError, TypeError) as exc:  # a signature this version does not have
             monitor._error("wrap_" + name, exc)
     if dist.is_initialized():
-        _group_id(None)
-        if dist.group.WORLD is not None:
-            _state.gids[dist.group.WORLD] = 0
+        world = dist.group.WORLD
+        if world is not None:
+            _state.gids[world] = 0
+            try:
+                monitor.register_group(
+                    0,
+                    "world",
+                    range(dist.get_world_size()),
+                    backend=str(dist.get_backend()),
+                    desc=str(getattr(world, "group_desc", "") or ""),
+                )
+            except Exception as exc:
+                monitor._error("group", exc)
     _optimizer_hooks(torch)
     _dataloader_hook(torch)
     _ddp_patches(torch)

@@ -143,11 +143,22 @@ def test_100k_collectives_without_a_hub_complete_and_count_drops() -> None:
 
 
 def test_full_ring_drops_are_reported(pull: Pull) -> None:
-    # A flush interval longer than the test: the ring of 16 rows fills, the rest is counted.
-    mon = _monitor(pull.endpoint, capacity=16, flush_interval_s=60)
-    with mon.step():
-        for _ in range(100):
-            mon.record_collective("barrier", 0, nbytes=0, t_enter=1, t_exit=2)
+    # Rows are recorded before the background thread starts: the ring of 16 rows fills
+    # and the other 84 are refused and counted.
+    mon = Monitor(
+        job="j",
+        run="r1",
+        identity=_identity(),
+        hub=pull.endpoint,
+        capacity=16,
+        sample_interval_s=0,
+        clock_sync=False,
+    )
+    mon.begin_step()
+    for _ in range(100):
+        mon.record_collective("barrier", 0, nbytes=0, t_enter=1, t_exit=2)
+    mon.end_step()
+    mon.start()
     mon.close()
     msgs = pull.messages()
     colls = _tables(msgs, "colls")
