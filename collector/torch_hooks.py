@@ -91,11 +91,38 @@ class _State:
         self.cuda = False
         self.lock = threading.Lock()
         self.orig_all_reduce: Any = None
+        self.backend = ""
         self.generation = 1
         """Bumped by ``uninstall``: models instrumented before get their hooks again."""
 
 
 _state = _State()
+
+HASHED_GROUP_BASE = 1 << 29
+"""Groups with hashed names get ids in [2**29, 2**30); creation-counter names stay small."""
+P2P_GROUP_BASE = 1 << 30
+"""Point-to-point traffic src -> dst is its own virtual group ``2**30 + src * world + dst``
+with its own sequence, so a send/recv pair matches as one instance and the ranks that
+take no part keep their sequence numbers on the real group aligned."""
+
+
+def p2p_group_id(src: int, dst: int, world: int) -> int:
+    """Virtual group id of point-to-point messages from global rank ``src`` to ``dst``."""
+    return P2P_GROUP_BASE + src * world + dst
+
+
+def _p2p_group(src: int, dst: int, backend: str) -> int:
+    mon = _state.mon
+    world = mon.identity.world_size if mon is not None else 1
+    gid = p2p_group_id(src, dst, world)
+    if gid >= 1 << 31:
+        return -1
+    key = ("p2p", src, dst)
+    if key not in _state.gids:
+        _state.gids[key] = gid
+        if mon is not None:
+            mon.register_group(gid, f"p2p {src}->{dst}", [src, dst], backend, "point-to-point")
+    return gid
 
 
 def _group_id(group: Any) -> int:
@@ -116,8 +143,8 @@ def _group_id(group: Any) -> int:
                 name = str(getattr(group, "group_name", "") or "")
                 gid = (
                     int(name)
-                    if name.isdigit() and int(name) < 1 << 31
-                    else (zlib.crc32(name.encode()) & 0x7FFFFFFF)
+                    if name.isdigit() and int(name) < HASHED_GROUP_BASE
+                    else HASHED_GROUP_BASE | (zlib.crc32(name.encode()) & (HASHED_GROUP_BASE - 1))
                 )
                 desc = str(getattr(group, "group_desc", "") or "")
                 backend = str(dist.get_backend(group))
@@ -162,11 +189,47 @@ def _complete(row: int, ev0: Any) -> Any:
     return done
 
 
+def _p2p_peer(
+    fn_is_send: bool,
+    args: tuple,
+    kwargs: dict,
+    peer_pos: int,
+    gpeer_pos: int,
+    group: Any,
+    out: Any,
+) -> int | None:
+    """Global rank of the other side of a send/recv, None when unknown (any-source irecv)."""
+    peer_name, gpeer_name = ("dst", "group_dst") if fn_is_send else ("src", "group_src")
+    peer = (
+        kwargs[peer_name]
+        if peer_name in kwargs
+        else (args[peer_pos] if len(args) > peer_pos else None)
+    )
+    if peer is not None:
+        return int(peer)
+    gpeer = (
+        kwargs[gpeer_name]
+        if gpeer_name in kwargs
+        else (args[gpeer_pos] if 0 <= gpeer_pos < len(args) else None)
+    )
+    dist = sys.modules["torch.distributed"]
+    if gpeer is not None:
+        return int(dist.get_global_rank(group if group is not None else dist.group.WORLD, gpeer))
+    if not fn_is_send and type(out) is int and out >= 0:
+        return out  # a blocking recv returns the sender's global rank
+    return None
+
+
 def _wrap(fn: Any, op: str, in_name: str | None, kind: int) -> Any:
     params = list(inspect.signature(fn).parameters)
     g_pos = params.index("group")
     in_pos = params.index(in_name) if in_name is not None else -1
     op_i = schema.OP_INDEX[op]
+    p2p = op in ("send", "recv")
+    is_send = op == "send"
+    peer_pos = params.index("dst" if is_send else "src") if p2p else -1
+    gpeer_name = "group_dst" if is_send else "group_src"
+    gpeer_pos = params.index(gpeer_name) if p2p and gpeer_name in params else -1
     mono = time.monotonic_ns
     state = _state
     gids = state.gids
@@ -193,6 +256,16 @@ def _wrap(fn: Any, op: str, in_name: str | None, kind: int) -> Any:
                 gid = _group_id(group)
             if gid < 0:
                 return out
+            if p2p:
+                peer = _p2p_peer(is_send, args, kwargs, peer_pos, gpeer_pos, group, out)
+                if peer is None:
+                    mon._error("p2p_unknown_peer", ValueError(f"{op} with no known peer"))
+                    return out
+                me = mon.identity.rank
+                src, dst = (me, peer) if is_send else (peer, me)
+                gid = gids.get(("p2p", src, dst)) or _p2p_group(src, dst, state.backend)
+                if gid < 0:
+                    return out
             if kind == _T:
                 x = kwargs[in_name] if in_name in kwargs else args[in_pos]
                 nbytes = x.nbytes
@@ -548,6 +621,7 @@ def install(monitor: Monitor) -> None:
         except (ValueError, TypeError) as exc:  # a signature this version does not have
             monitor._error("wrap_" + name, exc)
     if dist.is_initialized():
+        _state.backend = str(dist.get_backend())
         world = dist.group.WORLD
         if world is not None:
             _state.gids[world] = 0

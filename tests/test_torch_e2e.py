@@ -21,6 +21,7 @@ import zmq
 
 pytest.importorskip("torch", reason="torch is not installed")
 
+from rankscope.collector import schema
 from rankscope.collector.clock import FALLBACK_ERROR_NS
 from rankscope.hub import replay
 from rankscope.hub.server import Hub
@@ -253,3 +254,56 @@ def test_hub_killed_and_restarted_mid_run(tmp_path: Path) -> None:
     assert steps_before <= complete, "steps recorded before the restart were lost"
     assert max(complete) >= steps - 1, "no data after the restart"
     assert len(complete) > len(steps_before)
+
+
+P2P_SCRIPT = """
+import sys, time, torch, torch.distributed as dist
+import rankscope
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+mon = rankscope.start(job="p2p")
+x = torch.ones(16)
+for step in range(4):
+    with mon.step():
+        # A pipeline-like exchange between ranks 0 and 1 only: ranks 2 and 3 take no part,
+        # yet the world all-reduce below must still match across all four.
+        if rank == 0:
+            dist.send(x, dst=1)
+            dist.irecv(x, src=1).wait()
+        elif rank == 1:
+            dist.recv(x)  # any source: the peer comes from the return value
+            dist.isend(x, dst=0).wait()
+        dist.all_reduce(x)
+        if rank in (2, 3):
+            dist.send(x, dst=5 - rank) if rank == 2 else dist.recv(x, src=2)
+        dist.barrier()
+rankscope.close()
+dist.destroy_process_group()
+"""
+
+
+def test_point_to_point_keeps_collectives_matched(tmp_path: Path) -> None:
+    script = tmp_path / "p2p.py"
+    script.write_text(P2P_SCRIPT)
+    hub = Hub(bind=f"tcp://127.0.0.1:{free_port_pair()}").start()
+    try:
+        run_job(
+            torchrun("--standalone", "--nproc_per_node=4", str(script)),
+            clean_env(RANKSCOPE_HUB=hub.endpoint),
+        )
+        assert wait_for(lambda: any(r.steps_complete >= 4 for r in hub.store.runs()))
+        window = hub.store.window(hub.store.runs()[0].run)
+        counters = hub.counters()
+    finally:
+        hub.stop()
+    inst = window.instances
+    assert len(inst) > 0 and np.all(inst.n_arrived == inst.n_members), "unmatched instances"
+    ops = {schema.OPS[o] for o in inst.op.tolist()}
+    assert {"send", "all_reduce", "barrier"} <= ops
+    groups = window.groups
+    p2p = {g.ranks for g in groups.values() if g.name.startswith("p2p")}
+    assert p2p == {(0, 1), (1, 0), (2, 3)}
+    # Per step: world all-reduce + barrier, 0->1, 1->0 and 2->3 messages.
+    assert np.sum(inst.group == 0) == 8
+    assert len(inst) == 4 * 5
+    assert counters["collector_errors"] == {}
