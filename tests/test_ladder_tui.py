@@ -16,10 +16,10 @@ from rankscope.commands.demo import start_demo
 from rankscope.hub.server import Hub
 from rankscope.sim import load_scenario
 from rankscope.tui.app import RankscopeApp, make_app
-from rankscope.tui.ladder_screen import LadderScreen, open_ladder
+from rankscope.tui.ladder_screen import LadderScreen
 from rankscope.tui.main_screen import MainScreen
 from rankscope.tui.rerun_context import session_of
-from rankscope.tui.rerun_screen import RerunScreen, open_rerun_menu
+from rankscope.tui.rerun_screen import RerunScreen
 from rankscope.tui.settings import deterministic_settings
 from rankscope.tui.sources import LiveSource, StaticSource
 
@@ -55,7 +55,7 @@ async def _until(pilot, cond, what: str, timeout: float = 60.0) -> None:
 
 
 async def _rerun(pilot, app: RankscopeApp, key: str, scope: str) -> str:
-    open_rerun_menu(app)
+    await pilot.press("r")
     await _until(pilot, lambda: isinstance(app.screen, RerunScreen), "the rerun menu")
     menu = app.screen
     assert isinstance(menu, RerunScreen)
@@ -110,7 +110,7 @@ async def test_reruns_from_the_tui_find_the_first_scope(
                 "the reruns' steps at the hub",
             )
             time.sleep(1.0)  # the recording flushes every 0.5 s; the ladder replays it
-            open_ladder(app)
+            await pilot.press("L")
             await _until(pilot, lambda: isinstance(app.screen, LadderScreen), "the ladder")
             screen = app.screen
             assert isinstance(screen, LadderScreen)
@@ -133,7 +133,7 @@ async def test_without_a_hub_the_plan_is_shown_but_not_launched() -> None:
     app = make_app(deterministic_settings(), StaticSource([win]))
     async with app.run_test(size=SIZE) as pilot:
         await _until(pilot, lambda: app.model is not None, "the first sample")
-        open_rerun_menu(app)
+        await pilot.press("r")
         await _until(pilot, lambda: isinstance(app.screen, RerunScreen), "the menu")
         menu = app.screen
         assert isinstance(menu, RerunScreen)
@@ -155,7 +155,7 @@ async def test_experiment_form_records_before_and_judges_after(tmp_path: Path) -
 
     from rankscope.launch.experiments import list_experiments
     from rankscope.sim import run as run_sim
-    from rankscope.tui.experiment_screen import ExperimentScreen, open_experiments
+    from rankscope.tui.experiment_screen import ExperimentScreen
 
     rec = tmp_path / "rec"
     _record_parent("data-imbalance", rec)
@@ -163,7 +163,7 @@ async def test_experiment_form_records_before_and_judges_after(tmp_path: Path) -
         app = make_app(deterministic_settings(), LiveSource(hub), run="p")
         async with app.run_test(size=SIZE) as pilot:
             await _until(pilot, lambda: app.model is not None, "the first sample")
-            open_experiments(app)
+            await pilot.press("e")
             await _until(pilot, lambda: isinstance(app.screen, ExperimentScreen), "the form")
             form = app.screen
             assert isinstance(form, ExperimentScreen)
@@ -202,7 +202,7 @@ async def test_experiment_form_records_before_and_judges_after(tmp_path: Path) -
                 "the after-run on screen",
             )
             time.sleep(1.0)  # recording flush
-            open_experiments(app)
+            await pilot.press("e")
             await _until(pilot, lambda: isinstance(app.screen, ExperimentScreen), "the form")
             form = app.screen
             assert isinstance(form, ExperimentScreen)

@@ -59,6 +59,13 @@ class RankscopeApp(Clocks, App[int]):
         Binding("question_mark", "help", "Help", tooltip="This list of keys"),
         Binding("p", "pause", "Pause", tooltip="Freeze the view (data keeps being recorded)"),
         Binding("b", "baseline", "Baseline", tooltip="Choose the baseline run"),
+        Binding("r", "rerun", "Rerun", tooltip="Plan and launch a reduced-scope rerun"),
+        Binding(
+            "L", "ladder", "Ladder", show=False, tooltip="Each scope's rerun next to the full run"
+        ),
+        Binding(
+            "e", "experiment", "Experiment", show=False, tooltip="Record or judge an experiment"
+        ),
         Binding(
             "ctrl+s",
             "snapshot",
@@ -74,6 +81,9 @@ class RankscopeApp(Clocks, App[int]):
     | ? | The list of keys. |
     | p | Pause or resume the view; data keeps being received and recorded. |
     | b | Choose the baseline run. |
+    | r | Reduced-scope rerun menu: `1` one-rank, `n` one-node, `2` two-node, `f` full. |
+    | L | The ladder: each scope's rerun next to the full run, and the first scope that regresses. |
+    | e | Experiments: record hypothesis, change, prediction and rejection condition; judge them. |
     | ctrl+s | Write a snapshot bundle (Markdown, JSON, screen, raw window) in the current folder. |
     """
 
@@ -402,6 +412,24 @@ class RankscopeApp(Clocks, App[int]):
 
         self.push_screen(BaselinePicker(runs, current, self.baseline_run), done)
 
+    def action_rerun(self) -> None:
+        """Open the reduced-scope rerun menu."""
+        from rankscope.tui.rerun_screen import open_rerun_menu
+
+        open_rerun_menu(self)
+
+    def action_ladder(self) -> None:
+        """Open the ladder of this run and its reruns."""
+        from rankscope.tui.ladder_screen import open_ladder
+
+        open_ladder(self)
+
+    def action_experiment(self) -> None:
+        """Open the experiment form."""
+        from rankscope.tui.experiment_screen import open_experiments
+
+        open_experiments(self)
+
     def action_snapshot(self) -> None:
         """Write a snapshot bundle of what is on screen (``rankscope.snapshot``)."""
         from rankscope.snapshot import View
@@ -441,6 +469,19 @@ class RankscopeApp(Clocks, App[int]):
             ("Rank detail", list(RankDetailScreen.BINDINGS)),
             ("Structure, curves, manifest, stall", list(StructureScreen.BINDINGS)),
             ("Dialogs", list(BaselinePicker.BINDINGS)),
+            *self._rerun_sections(),
+        ]
+
+    @staticmethod
+    def _rerun_sections() -> list[tuple[str, list[BindingType]]]:
+        from rankscope.tui.experiment_screen import ExperimentScreen
+        from rankscope.tui.ladder_screen import LadderScreen
+        from rankscope.tui.rerun_screen import RerunScreen
+
+        return [
+            ("Rerun menu", list(RerunScreen.BINDINGS)),
+            ("Ladder", list(LadderScreen.BINDINGS)),
+            ("Experiments", list(ExperimentScreen.BINDINGS)),
         ]
 
     def action_help(self) -> None:
