@@ -31,13 +31,18 @@ def check_endpoint(endpoint: str) -> str:
         The endpoint, stripped of surrounding spaces.
 
     Raises:
-        ValueError: naming the endpoint when it is not ``tcp://``, ``ipc://`` or ``inproc://``.
+        ValueError: naming the endpoint when it is not ``tcp://``, ``ipc://`` or ``inproc://``,
+            or is a wildcard bind address (``tcp://*:PORT``).
     """
     if not isinstance(endpoint, str):
         raise ValueError(f"hub endpoint must be a string, got {type(endpoint).__name__}")
     ep = endpoint.strip()
     if not ep.startswith(("tcp://", "ipc://", "inproc://")) or ep.endswith("://"):
         raise ValueError(f"hub endpoint {endpoint!r} is not a ZeroMQ address like tcp://HOST:PORT")
+    if ep.startswith("tcp://") and ep[6:].rpartition(":")[0] in ("*", "0.0.0.0", "[::]", "::"):
+        raise ValueError(
+            f"hub endpoint {endpoint!r} is a bind address; name the hub's host to connect to"
+        )
     return ep
 
 

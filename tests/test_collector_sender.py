@@ -114,7 +114,9 @@ def test_send_after_close_is_counted_not_raised() -> None:
     s.close()  # closing twice is harmless
 
 
-@pytest.mark.parametrize("bad", ["", "localhost:5555", "tcp://", "http://x:1", 5555])
+@pytest.mark.parametrize(
+    "bad", ["", "localhost:5555", "tcp://", "http://x:1", 5555, "tcp://*:5555", "tcp://0.0.0.0:1"]
+)
 def test_bad_endpoint_is_named(bad: object) -> None:
     with pytest.raises(ValueError, match="endpoint"):
         check_endpoint(bad)  # type: ignore[arg-type]
