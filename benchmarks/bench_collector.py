@@ -29,7 +29,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _per_call_ns(fn, n: int, repeats: int = 7) -> float:
+def _per_call_ns(fn, n: int, repeats: int = 15) -> float:
     """Best-of-``repeats`` mean ns per call of ``fn`` over ``n`` calls."""
     best = float("inf")
     for _ in range(repeats):
@@ -63,7 +63,7 @@ def hot_path(quick: bool) -> list[tuple[str, float, float]]:
 
     from rankscope.collector import torch_hooks
 
-    n = 50_000 if quick else 400_000
+    n = 20_000 if quick else 50_000
     rows: list[tuple[str, float, float]] = []
     mon = _monitor()
     mon.begin_step(0)
@@ -273,7 +273,7 @@ def run(quick: bool) -> str:
     """Measure and return the Markdown section."""
     lines = ["## Collector", ""]
     lines += [
-        "Hot path per recorded collective (best of 7 loops; ns per call; *added* is the",
+        "Hot path per recorded collective (best of 15 loops; ns per call; *added* is the",
         "cost over the same call without rankscope). Target: ≤ 1 µs added.",
         "",
         "| what | ns per call | added ns | added / 1 µs |",
