@@ -61,7 +61,7 @@ def hot_path(quick: bool) -> list[tuple[str, float, float]]:
     """(what, ns per call, ns added over its bare counterpart)."""
     import torch
 
-    from rankscope.collector import torch_hooks
+    from rankscope.collector import torch_collectives
 
     n = 20_000 if quick else 50_000
     rows: list[tuple[str, float, float]] = []
@@ -95,10 +95,10 @@ def hot_path(quick: bool) -> list[tuple[str, float, float]]:
     def stub(tensor, op=None, group=None, async_op=False):
         return None
 
-    wrapped = torch_hooks._wrap(stub, "all_reduce", "tensor", torch_hooks._T)
+    wrapped = torch_collectives._wrap(stub, "all_reduce", "tensor", torch_collectives._T)
     x = torch.zeros(1024)
-    torch_hooks._state.mon = mon
-    torch_hooks._state.cuda = False
+    torch_collectives._state.mon = mon
+    torch_collectives._state.cuda = False
     try:
         t_bare = _per_call_ns(lambda: stub(x), n)
         t_wrapped = _per_call_ns(lambda: wrapped(x), n)
@@ -108,7 +108,7 @@ def hot_path(quick: bool) -> list[tuple[str, float, float]]:
         t_wrapped_kw = _per_call_ns(lambda: wrapped(x, group=None, async_op=False), n)
         rows.append(("torch wrapper, keyword group", t_wrapped_kw, t_wrapped_kw - t_bare_kw))
     finally:
-        torch_hooks._state.mon = None
+        torch_collectives._state.mon = None
     mon.close(timeout_s=0.1)
     return rows
 

@@ -21,12 +21,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from rankscope.collector import nvml, schema
+from rankscope.collector import schema
 from rankscope.collector.identity import Identity
-from rankscope.collector.manifest import build_manifest
 from rankscope.collector.pump import FLAG_PENDING, Pump
 from rankscope.collector.ring import Ring
 from rankscope.collector.sampling import Sampler
+from rankscope.collector.spans import CollectiveSpan, PhaseSpan, StepSpan
 
 log = logging.getLogger("rankscope")
 
@@ -44,57 +44,6 @@ def op_index(op: str | int) -> int:
     if isinstance(op, int) and 0 <= op < len(schema.OPS):
         return op
     return _OP_INDEX.get(op, _OTHER) if isinstance(op, str) else _OTHER
-
-
-class _Span:
-    """Context manager of one phase span."""
-
-    __slots__ = ("idx", "mon", "t0")
-
-    def __init__(self, mon: Monitor, idx: int) -> None:
-        self.mon = mon
-        self.idx = idx
-        self.t0 = 0
-
-    def __enter__(self) -> _Span:
-        self.t0 = time.monotonic_ns()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.mon._rec_phase(self.idx, self.t0, time.monotonic_ns())
-
-
-class _Coll:
-    """Context manager timing one manually marked collective."""
-
-    __slots__ = ("gid", "mon", "nbytes", "op", "t0")
-
-    def __init__(self, mon: Monitor, op: int, gid: int, nbytes: int) -> None:
-        self.mon, self.op, self.gid, self.nbytes = mon, op, gid, nbytes
-        self.t0 = 0
-
-    def __enter__(self) -> _Coll:
-        self.t0 = time.monotonic_ns()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.mon._rec_coll(
-            self.op, self.gid, self.nbytes, self.t0, time.monotonic_ns(), schema.FLAG_MANUAL
-        )
-
-
-class _Step:
-    __slots__ = ("mon", "step")
-
-    def __init__(self, mon: Monitor, step: int | None) -> None:
-        self.mon, self.step = mon, step
-
-    def __enter__(self) -> Monitor:
-        self.mon.begin_step(self.step)
-        return self.mon
-
-    def __exit__(self, *exc: object) -> None:
-        self.mon.end_step()
 
 
 class Monitor:
@@ -167,8 +116,6 @@ class Monitor:
         self._groups_version = 0
         self._lock = threading.Lock()
         self._errors: dict[str, int] = {}
-        self._manifest_cache: dict[str, Any] | None = None
-        self._identity_enriched = False
         self._closed = False
         self._sampler: Sampler | None = None
         self._sample_interval_s = sample_interval_s
@@ -299,9 +246,9 @@ class Monitor:
         self._step = self._next_step
         self.pump.wake()
 
-    def step(self, step: int | None = None) -> _Step:
+    def step(self, step: int | None = None) -> StepSpan:
         """Context manager around one step: ``with mon.step(): ...``."""
-        return _Step(self, step)
+        return StepSpan(self, step)
 
     def _auto_step_boundary(self) -> None:
         """Optimizer post-step hook: end the step and open the next one at once."""
@@ -379,13 +326,13 @@ class Monitor:
                 self._phase_ids[name] = idx
         return idx
 
-    def phase(self, name: str) -> _Span:
+    def phase(self, name: str) -> PhaseSpan:
         """Context manager timing one phase of the current step: ``with mon.phase("forward")``.
 
         Args:
             name: a built-in phase (``schema.PHASES``) or any user name.
         """
-        return _Span(self, self._phase_id(name))
+        return PhaseSpan(self, self._phase_id(name))
 
     def record_phase(self, name: str, t0: int, t1: int) -> None:
         """Record a phase span measured elsewhere (``time.monotonic_ns()`` times)."""
@@ -458,7 +405,7 @@ class Monitor:
         self._seq[group_id] = s + 1
         return s
 
-    def collective(self, op: str, group: int = 0, nbytes: int = 0) -> _Coll:
+    def collective(self, op: str, group: int = 0, nbytes: int = 0) -> CollectiveSpan:
         """Context manager timing a collective this code issues itself.
 
         Args:
@@ -466,7 +413,7 @@ class Monitor:
             group: registered group id.
             nbytes: this rank's input size in bytes.
         """
-        return _Coll(self, op_index(op), int(group), int(nbytes))
+        return CollectiveSpan(self, op_index(op), int(group), int(nbytes))
 
     def record_collective(
         self,
@@ -584,35 +531,6 @@ class Monitor:
         }
 
     # -- identity and manifest (called on the pump thread) -----------------------------
-    def _header(self, batch: int) -> dict[str, Any]:
-        return {
-            "job": self.job,
-            "run": self.run,
-            "rank": self.identity.rank,
-            "inc": self.identity.incarnation,
-            "batch": batch,
-        }
-
-    def _enrich_identity(self) -> None:
-        # NVML initialisation can take a noticeable time; it runs here, not in start().
-        if self._identity_enriched:
-            return
-        self._identity_enriched = True
-        ident = self.identity
-        if ident.gpu_index is not None and ident.gpu_uuid is None:
-            info = nvml.device_info(ident.gpu_index)
-            self.identity = replace(
-                ident,
-                gpu_uuid=info.get("gpu_uuid"),
-                pci_bus=info.get("pci_bus"),
-                numa_node=info.get("numa_node"),
-            )
-
-    def _manifest(self) -> dict[str, Any]:
-        if self._manifest_cache is None:
-            self._manifest_cache = build_manifest(self.job_config, self.identity.gpu_index)
-        return self._manifest_cache
-
     def update_identity(self, **fields: Any) -> None:
         """Change identity fields (e.g. mesh coordinates learnt late); a hello follows."""
         try:
@@ -625,5 +543,5 @@ class Monitor:
     def update_job_config(self, job_config: Mapping[str, Any]) -> None:
         """Merge more job configuration into the manifest; a hello follows."""
         self.job_config.update(job_config)
-        self._manifest_cache = None
+        self.pump.manifest = None
         self.pump._resend_hello = True

@@ -12,13 +12,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zmq
 
-from rankscope.collector import schema
+from rankscope.collector import nvml, schema
 from rankscope.collector.clock import ClockSync, clock_endpoint
+from rankscope.collector.manifest import build_manifest
 from rankscope.collector.sender import Sender
 
 if TYPE_CHECKING:
@@ -121,6 +123,9 @@ class Pump:
         self._wake_now = False
         self._resend_hello = False
         self._linger_ms = 1000
+        self._identity_enriched = False
+        self.manifest: dict[str, Any] | None = None
+        """Built once on this thread (it may run ``git``); reset when the job config changes."""
         self._thread: threading.Thread | None = None
         self._groups_sent = -1
         self._ctx: zmq.Context | None = None
@@ -183,7 +188,7 @@ class Pump:
                 now = self._now()
                 if now >= next_hello or self._resend_hello:
                     self._resend_hello = False
-                    mon._enrich_identity()
+                    self._enrich_identity()
                     self._send_hello()
                     self._groups_sent = -1
                     next_hello = now + int(HELLO_EVERY_S * 1e9)
@@ -226,7 +231,35 @@ class Pump:
     # -- messages --------------------------------------------------------------------
     def _header(self) -> dict[str, Any]:
         self.batch += 1
-        return self.mon._header(self.batch)
+        mon = self.mon
+        return {
+            "job": mon.job,
+            "run": mon.run,
+            "rank": mon.identity.rank,
+            "inc": mon.identity.incarnation,
+            "batch": self.batch,
+        }
+
+    def _enrich_identity(self) -> None:
+        # NVML initialisation can take a noticeable time; it runs here, not in start().
+        if self._identity_enriched:
+            return
+        self._identity_enriched = True
+        mon = self.mon
+        ident = mon.identity
+        if ident.gpu_index is not None and ident.gpu_uuid is None:
+            info = nvml.device_info(ident.gpu_index)
+            mon.identity = replace(
+                ident,
+                gpu_uuid=info.get("gpu_uuid"),
+                pci_bus=info.get("pci_bus"),
+                numa_node=info.get("numa_node"),
+            )
+
+    def _manifest(self) -> dict[str, Any]:
+        if self.manifest is None:
+            self.manifest = build_manifest(self.mon.job_config, self.mon.identity.gpu_index)
+        return self.manifest
 
     def _send(self, data: bytes) -> None:
         if self.sender is not None:
@@ -240,7 +273,7 @@ class Pump:
                 mon.identity.hello_fields(),
                 scope=mon.scope,
                 parent_run=mon.parent_run,
-                manifest=mon._manifest(),
+                manifest=self._manifest(),
                 t_start_ns=self.clock.to_hub(mon.t_start_local),
             )
         )
