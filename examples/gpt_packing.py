@@ -327,10 +327,14 @@ def train(args: argparse.Namespace) -> int:
         profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
         profiler.__enter__()
     step_ns = np.zeros(args.steps, dtype=np.int64)
+    # Process CPU time (all threads: training, gloo, a monitor's background thread) per
+    # step: less sensitive than wall time to other processes sharing the cores.
+    cpu_ns = np.zeros(args.steps, dtype=np.int64)
     forward_ns = np.zeros(args.steps, dtype=np.int64)
     it = iter(loader)
     for step in range(args.steps):
         t0 = time.perf_counter_ns()
+        c0 = time.process_time_ns()
         probe.begin_step(step)
         micro = next(it)
         ce_sum = 0.0
@@ -372,6 +376,7 @@ def train(args: argparse.Namespace) -> int:
         if profiler is not None:
             profiler.step()
         step_ns[step] = time.perf_counter_ns() - t0
+        cpu_ns[step] = time.process_time_ns() - c0
         if rank == 0 and args.log_every and (step + 1) % args.log_every == 0:
             targets_here = sum(int((mb.targets >= 0).sum()) for mb in micro)
             print(
@@ -390,6 +395,7 @@ def train(args: argparse.Namespace) -> int:
                     "rank": rank,
                     "world": world,
                     "step_ns": step_ns.tolist(),
+                    "cpu_ns": cpu_ns.tolist(),
                     "forward_ns": forward_ns.tolist(),
                 }
             )

@@ -123,6 +123,7 @@ def reproduce(nodes: Any, workdir: Path, *, steps: int = incidents.STEPS) -> Net
     from rankscope.launch.runner import LaunchSettings, prepare
     from rankscope.launch.templates import find_launcher
 
+    workdir.mkdir(parents=True, exist_ok=True)
     record = workdir / "record"
     topology = nodes.topology(workdir / "topology.toml")
     nodes.start_hub(record, workdir / "hub.log")
