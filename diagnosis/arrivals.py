@@ -2,12 +2,13 @@
 
 Every rank records its own side of a collective; the same instance is named on every member
 by ``(group, seq)``. :func:`match` joins those rows into one row per instance — first and
-last entry, the last-arriving rank, skew, margin, transfer — with one sort and a few
-``reduceat`` passes, never a Python loop per row. :func:`row_contributions` turns a matched
-row into its share of the per-rank-step aggregates of ``window.COLL_AGGREGATES`` and
-:func:`rank_step_aggregates` bins them densely. :func:`build_window` assembles a complete
-`Window` from raw tables; the hub's store, the simulator and the tests all rely on these
-functions, so each definition lives here and only here.
+last entry, the last-arriving rank, skew, margin, transfer — with one sort, then one block
+per instance size (`diagnosis.blocks`: column j holds the rows of instance j), never a
+Python loop per row. :func:`row_contributions` turns a matched row into its share of the
+per-rank-step aggregates of ``window.COLL_AGGREGATES`` and :func:`rank_step_aggregates`
+bins them densely. :func:`build_window` assembles a complete `Window` from raw tables; the
+hub's store, the simulator and the tests all rely on these functions and on
+`diagnosis.blocks`, so each definition lives in one place.
 
 Times: raw int64 hub-clock ns (``NO_TIME`` for unknown) are turned into float64 ns relative
 to an origin ``t0_ns`` (NaN for unknown) before any arithmetic, because float64 cannot hold
@@ -29,6 +30,7 @@ from rankscope.collector.schema import (
     FLAG_DEVICE_TIMED,
     NO_TIME,
 )
+from rankscope.diagnosis.blocks import block_nanmedian, contributions, match_block
 from rankscope.diagnosis.window import (
     COLL_AGGREGATES,
     InstanceTable,
@@ -240,52 +242,39 @@ def match(
     starts = np.flatnonzero(new)
     counts = np.diff(np.append(starts, n))
     k = starts.shape[0]
-    head = order[starts]  # original index of each instance's first sorted row
-
-    enter_s = enter[order]
-    rank_s = rank[order]
-    first = np.minimum.reduceat(enter_s, starts)
-    last = np.maximum.reduceat(enter_s, starts)
-    last_b = np.repeat(last, counts)
-    at_last = enter_s == last_b
-    masked = rank_s.copy()
-    masked[~at_last] = np.iinfo(np.int64).max
-    last_rank = np.minimum.reduceat(masked, starts)
-    is_last_s = at_last & (rank_s == np.repeat(last_rank, counts))
-    if (np.add.reduceat(is_last_s, starts) > 1).any():
-        # The same rank twice at the latest entry: keep its first row as the last arriver.
-        run = np.cumsum(is_last_s)
-        before = np.repeat(run[starts] - is_last_s[starts], counts)
-        is_last_s &= run - before == 1
-    e2 = enter_s.copy()
-    e2[is_last_s] = -np.inf
-    margin = last - np.maximum.reduceat(e2, starts)
-    margin[counts == 1] = np.nan
+    head = order[starts]  # original index of each instance's first row
 
     exit_ = relative_ns(rows["t_exit"], t0_ns)
-    exit_s = exit_[order]
-    transfer = segment_nanmedian(exit_s - last_b, starts, counts)
-    flags_s = _column(rows, "flags", n)[order]
-    dev = (flags_s & FLAG_DEVICE_TIMED) != 0
-    if dev.any():
-        ts = relative_ns(rows["t_start"], t0_ns)[order]
-        te = relative_ns(rows["t_end"], t0_ns)[order]
-        ts_dev = np.where(dev & ~np.isnan(ts), ts, -np.inf)
-        max_start = np.maximum.reduceat(ts_dev, starts)
-        y = np.where(dev, te - np.repeat(max_start, counts), np.nan)
-        y[~np.isfinite(y)] = np.nan
-        device_transfer = segment_nanmedian(y, starts, counts)
-    else:
-        device_transfer = np.full(k, np.nan)
-    nbytes_s = _column(rows, "nbytes", n)[order]
-    lo = np.minimum.reduceat(nbytes_s, starts)
-    if (lo == np.maximum.reduceat(nbytes_s, starts)).all():
-        nbytes = lo.astype(np.int64)  # the usual case: every member moves the same size
-    else:
-        med = segment_nanmedian(nbytes_s.astype(np.float64), starts, counts)
-        nbytes = np.rint(med).astype(np.int64)
-    last_row = order[np.flatnonzero(is_last_s)]  # one per instance, in instance order
-
+    flags = _column(rows, "flags", n)
+    dev = bool(((flags & FLAG_DEVICE_TIMED) != 0).any())
+    t_start = relative_ns(rows["t_start"], t0_ns) if dev else None
+    t_end = relative_ns(rows["t_end"], t0_ns) if dev else None
+    nbytes_col = _column(rows, "nbytes", n)
+    first, last, margin, transfer, device_transfer = (np.empty(k) for _ in range(5))
+    last_rank = np.empty(k, np.int64)
+    last_row = np.empty(k, np.int64)
+    nbytes = np.empty(k, np.int64)
+    row_instance = np.empty(n, dtype=np.int64)
+    # One block per instance size: the rows of instance j are column j, in input order.
+    sizes = np.unique(counts) if counts.min() != counts.max() else counts[:1]
+    for c in sizes.tolist():
+        sel = np.flatnonzero(counts == c) if sizes.shape[0] > 1 else np.arange(k)
+        pos = order[starts[sel] + np.arange(c)[:, None]]
+        device: dict[str, np.ndarray] = {}
+        if t_start is not None and t_end is not None:
+            device = {"flags": flags[pos], "t_start": t_start[pos], "t_end": t_end[pos]}
+        b = match_block(enter[pos], exit_[pos], rank[pos], **device)
+        first[sel], last[sel], margin[sel] = b.first, b.last, b.margin
+        transfer[sel], device_transfer[sel] = b.transfer, b.device_transfer
+        last_rank[sel] = b.last_rank
+        last_row[sel] = pos[b.last_row, np.arange(sel.shape[0])]
+        nb = nbytes_col[pos]
+        lo = nb.min(axis=0)
+        if (lo == nb.max(axis=0)).all():
+            nbytes[sel] = lo  # the usual case: every member moves the same size
+        else:
+            nbytes[sel] = np.rint(block_nanmedian(nb.astype(np.float64))).astype(np.int64)
+        row_instance[pos] = sel
     g = group[head].astype(np.int32)
     n_members = _sizes_of(group[head], group_sizes)
     instances = InstanceTable(
@@ -304,8 +293,6 @@ def match(
         transfer=transfer,
         device_transfer=device_transfer,
     )
-    row_instance = np.empty(n, dtype=np.int64)
-    row_instance[order] = np.repeat(np.arange(k), counts)
     row_is_last = np.zeros(n, dtype=bool)
     row_is_last[last_row] = True
     return Matched(
@@ -402,41 +389,24 @@ def row_contributions(
         Name -> float64 per row (entries may share one array: treat them as read-only).
     """
     n = _check_rows(rows)
-    enter = matched.row_enter
-    dur = matched.row_exit - enter
-    dur[~(dur > 0)] = 0.0  # unknown (NaN) or negative: no time inside
-    exit_ = enter + dur
-    last = matched.row_last
-    done = matched.complete[matched.row_instance]
-    wait = np.clip(last - enter, 0.0, dur)
-    transfer = exit_ - np.maximum(enter, last)
-    np.maximum(transfer, 0.0, out=transfer)
-    late = enter - matched.row_first
-    if not done.all():
-        for a in (wait, transfer, late):
-            a[~done] = 0.0
     flags = np.asarray(rows["flags"])
-    is_async = (flags & ASYNC_FLAGS) != 0
-    if is_async.any():
+    is_async: np.ndarray | None = (flags & ASYNC_FLAGS) != 0
+    if is_async is not None and is_async.any():
         if cut is None:
             cut = async_cut(rows["rank"], rows["step"], rows["t_enter"], flags, matched.t0_ns)
-        c = np.where(is_async, np.nan_to_num(cut, nan=-np.inf), -np.inf)
-        # Wait occupies [enter, enter + wait] and transfer [exit - transfer, exit]; only
-        # what lies after the cut is exposed (a blocking row has cut -inf).
-        exposed_wait = np.maximum(enter + wait - np.maximum(enter, c), 0.0)
-        exposed_transfer = np.maximum(exit_ - np.maximum(exit_ - transfer, c), 0.0)
     else:
-        exposed_wait, exposed_transfer = wait, transfer  # blocking: all of it is exposed
-    return {
-        "n": np.ones(n),
-        "coll_ns": dur,
-        "wait_ns": wait,
-        "transfer_ns": transfer,
-        "late_ns": late,
-        "times_last": (done & matched.row_is_last).astype(np.float64),
-        "exposed_wait_ns": exposed_wait,
-        "exposed_transfer_ns": exposed_transfer,
-    }
+        is_async = None  # every row is blocking
+    out = contributions(
+        matched.row_enter,
+        matched.row_exit,
+        matched.row_first,
+        matched.row_last,
+        matched.complete[matched.row_instance],
+        matched.row_is_last,
+        is_async,
+        cut,
+    )
+    return {"n": np.ones(n), **out}
 
 
 def cell_index(
