@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -110,7 +111,8 @@ class RunState:
         self.coll = {n: np.zeros((R, H)) for n in COLL_AGGREGATES}
         # Ingest only records references to the message columns; the periodic pass
         # (store.settle) and readers apply them in vectorized batches.
-        self._staged_steps: list[tuple[int, np.ndarray, Mapping[str, np.ndarray], Any]] = []
+        self._staged_steps: list[tuple[int, Any, Mapping[str, np.ndarray], Any]] = []
+        """(rank, slot or slots, steps table, rows kept or None) of each message."""
         self._staged_phases: list[tuple[int, int, Mapping[str, np.ndarray], Any, np.ndarray]] = []
         self.pending = PendingRows(raw_steps)
         self._luts: dict[tuple[str, ...], np.ndarray] = {}
@@ -245,6 +247,15 @@ class RunState:
         pos = np.minimum(np.searchsorted(self._keys, steps), self._keys.shape[0] - 1)
         return np.where(self._keys[pos] == steps, self._vals[pos], -1)
 
+    def has_step(self, rank: int, inc: int, step: int) -> bool:
+        """Whether this rank's incarnation ``inc`` already reported ``step``."""
+        slot = self.slot_of.get(step)
+        return (
+            slot is not None
+            and bool(self.present[rank, slot])
+            and (int(self.cell_inc[rank, slot]) >= inc)
+        )
+
     def has_steps(self, rank: int, inc: int, steps: np.ndarray) -> np.ndarray:
         """Which of ``steps`` this rank's incarnation ``inc`` already reported."""
         if steps.shape[0] <= 8:  # the usual message holds a step or a few: skip numpy
@@ -319,7 +330,23 @@ class RunState:
             dropped = np.setdiff1d(steps[~keep], steps[keep])
         ids = steps if rows is None else steps[rows]
         late = 0
-        if ids.shape[0]:
+        if ids.shape[0] == 1 and rows is None:  # the usual message: one step, no numpy
+            step = int(ids[0])
+            slot = self.slot_of.get(step)
+            if slot is None:
+                slot = int(self._alloc(ids)[0])
+            if slot < 0:
+                late = 1
+            else:
+                if self.present[r, slot] and self.cell_inc[r, slot] != inc:
+                    self.flush()  # a restarted rank re-executes the step: its cell starts over
+                    self._clear(r, slot)
+                self.present[r, slot] = True
+                self.cell_inc[r, slot] = inc
+                self._staged_steps.append((r, slot, st, None))
+                self.max_step = step if self.max_step is None else max(self.max_step, step)
+                self.first_step = step if self.first_step is None else min(self.first_step, step)
+        elif ids.shape[0]:
             slots = self._alloc(ids)
             ok = slots >= 0
             if not ok.all():
@@ -353,11 +380,15 @@ class RunState:
             n = co["step"].shape[0]
             if n:
                 cut = None
-                if (co["flags"] & ASYNC_FLAGS).any():
-                    cut = async_cut(
-                        np.zeros(n, np.int64), co["step"], co["t_enter"], co["flags"], self.t0
-                    )
-                self.pending.add(r, inc, co, cut, self.raw_cutoff())
+                dev = False
+                flags = co["flags"]
+                if flags.any():  # blocking host-timed rows (the usual case) carry no flag
+                    if (flags & ASYNC_FLAGS).any():
+                        cut = async_cut(
+                            np.zeros(n, np.int64), co["step"], co["t_enter"], flags, self.t0
+                        )
+                    dev = bool((flags & schema.FLAG_DEVICE_TIMED).any())
+                self.pending.add(r, inc, co, cut, self.raw_cutoff(), dev)
                 self.life_rows[r] += n
         return late, n
 
@@ -382,16 +413,27 @@ class RunState:
         """Write staged step values and phase spans into the ring."""
         if self._staged_steps:
             staged, self._staged_steps = self._staged_steps, []
-            rank = np.repeat(
-                np.array([r for r, _, _, _ in staged], np.int64),
-                [sl.shape[0] for _, sl, _, _ in staged],
-            )
-            slot = np.concatenate([sl for _, sl, _, _ in staged])
+            slots = [sl for _, sl, _, _ in staged]
+            ranks = np.array([r for r, _, _, _ in staged], np.int64)
+            if all(isinstance(sl, int) for sl in slots):  # single-step messages
+                rank, slot = ranks, np.array(slots, np.int64)
+            else:
+                arrays = [np.array([sl]) if isinstance(sl, int) else sl for sl in slots]
+                rank = np.repeat(ranks, [a.shape[0] for a in arrays])
+                slot = np.concatenate(arrays)
 
-            def col(name: str) -> np.ndarray:
-                return np.concatenate(
-                    [t[name] if rows is None else t[name][rows] for _, _, t, rows in staged]
-                )
+            if all(rows is None for _, _, _, rows in staged):
+                tables = [t for _, _, t, _ in staged]
+
+                def col(name: str) -> np.ndarray:
+                    return np.concatenate(list(map(itemgetter(name), tables)))
+
+            else:
+
+                def col(name: str) -> np.ndarray:
+                    return np.concatenate(
+                        [t[name] if rows is None else t[name][rows] for _, _, t, rows in staged]
+                    )
 
             self.t_start[rank, slot] = col("t_start")
             self.t_end[rank, slot] = col("t_end")

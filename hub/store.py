@@ -8,8 +8,8 @@ Per run the store keeps
   older than the ring when it arrives is dropped (counted as ``late_steps``); an evicted step
   keeps living in the lifetime totals (step time, per-rank arrivals);
 - collective rows awaiting the rest of their instance (``pending``). They are matched in a
-  periodic vectorized pass (:meth:`Store.settle`, using ``diagnosis.arrivals.match``) so
-  ingest only appends columns; instances whose every member arrived are folded into the
+  periodic vectorized pass (:meth:`Store.settle`, `hub.matching`) so ingest only keeps
+  references to the message columns; instances whose every member arrived are folded into the
   aggregates and the instance table. An instance still incomplete ``stale_steps`` steps
   after its step is closed as incomplete (a rank died or never sends that group);
 - raw collective rows of the last ``raw_steps`` steps, and device/host samples back to the
@@ -35,7 +35,7 @@ import numpy as np
 
 from rankscope.collector import schema
 from rankscope.diagnosis import arrivals
-from rankscope.diagnosis.arrivals import match, row_contributions
+from rankscope.diagnosis.arrivals import match
 from rankscope.diagnosis.assemble import coll_rows, device_means
 from rankscope.diagnosis.window import (
     COLL_AGGREGATES,
@@ -45,6 +45,7 @@ from rankscope.diagnosis.window import (
     InstanceTable,
     Window,
 )
+from rankscope.hub.matching import settle
 from rankscope.hub.runstate import RunState, RunSummary
 
 _INSTANCE_FIELDS = tuple(InstanceTable.__dataclass_fields__)
@@ -182,56 +183,7 @@ class Store:
                 self._settle_run(run)
 
     def _settle_run(self, run: RunState) -> None:
-        run.flush()
-        if run.pending.rows == 0:
-            return
-        P, n_old = run.pending.take()
-        n = P["step"].shape[0]
-        sizes = {gid: len(g["ranks"]) for gid, g in run.groups.items()}
-        m = match(P, sizes, t0_ns=run.t0, epoch=P["epoch"])
-        contrib = row_contributions(P, m, cut=P["cut"])
-        # Rows arrive in runs of one (rank, step, epoch): fold run sums, not rows.
-        starts = _runs(n, n_old, P["rank"], P["step"], P["epoch"])
-        cell, valid = run.cells(P["rank"][starts], P["step"][starts], P["epoch"][starts])
-        fresh = starts >= n_old
-        sums: dict[str, np.ndarray] = {"n": np.diff(np.append(starts, n)).astype(np.float64)}
-        by_array: dict[int, np.ndarray] = {}
-        for k in COLL_AGGREGATES:
-            if k != "n":  # entries may share an array (blocking rows: exposed == total)
-                a = contrib[k]
-                if id(a) not in by_array:
-                    by_array[id(a)] = np.add.reduceat(a, starts)
-                sums[k] = by_array[id(a)]
-        # Calls and time inside count once, when a row is new; the arrival aggregates are
-        # zero until the instance completes, and a complete instance leaves the pending set.
-        counted = {k: (valid & fresh) if k in ("n", "coll_ns") else valid for k in sums}
-        run.fold({k: (cell[counted[k]], v[counted[k]]) for k, v in sums.items()})
-        done = m.complete[m.row_instance]
-        R = run.world_size
-        rk = P["rank"][starts].astype(np.int64)
-        run.life_done += np.bincount(rk, np.add.reduceat(done, starts), minlength=R)[:R].astype(
-            np.int64
-        )
-        run.life_last += np.bincount(rk, sums["times_last"], minlength=R)[:R].astype(np.int64)
-        run.life_late += np.bincount(rk, sums["late_ns"], minlength=R)[:R]
-        # Close instances that can no longer complete: their step left the ring, or they
-        # are stale_steps behind the newest step.
-        inst_step = m.instances.step
-        stale = np.zeros(len(m.instances), bool)
-        if run.max_step is not None:
-            stale |= inst_step <= run.max_step - self.stale_steps
-        oldest = run.oldest_step()
-        if oldest is not None:
-            stale |= inst_step < oldest
-        stale &= ~m.complete
-        closing = m.complete | stale
-        inst_epoch = np.empty(len(m.instances), np.int64)
-        inst_epoch[m.row_instance] = P["epoch"]
-        run.add_instances(m.instances, inst_epoch, closing)
-        run.life_complete += int(m.complete.sum())
-        run.life_incomplete += int(stale.sum())
-        run.pending.put(P, ~closing[m.row_instance])
-        run.trim()
+        settle(run, self.stale_steps)
 
     # -- reading --------------------------------------------------------------------------
 
@@ -390,8 +342,8 @@ class Store:
         done = r.instances.view()
         keep = np.isin(done["step"], steps)
         parts.append({k: v[keep] for k, v in done.items()})
-        if len(r.pending.left):
-            P = r.pending.left.view()
+        P = r.pending.open_rows()
+        if P is not None:
             sizes = {gid: len(g["ranks"]) for gid, g in r.groups.items()}
             m = match(P, sizes, t0_ns=r.t0, epoch=P["epoch"])
             ep = np.empty(len(m.instances), np.int64)
@@ -446,17 +398,6 @@ class Store:
             for k, v in self.extra_health.items():
                 out[k] = v
             return out
-
-
-def _runs(n: int, split: int, *keys: np.ndarray) -> np.ndarray:
-    """Start index of each run of rows with equal ``keys``; a run also starts at ``split``."""
-    new = np.zeros(n, bool)
-    new[0] = True
-    for k in keys:
-        new[1:] |= k[1:] != k[:-1]
-    if 0 < split < n:
-        new[split] = True
-    return np.flatnonzero(new)
 
 
 def merge_counts(into: dict[str, int], more: Mapping[str, int]) -> dict[str, int]:

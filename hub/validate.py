@@ -51,6 +51,10 @@ class Verdict:
     """Nothing is left to ingest (every step was a duplicate)."""
 
 
+_ACCEPT = Verdict()
+"""The verdict of a message kept whole (shared: it is frozen)."""
+
+
 def check(msg: schema.Message, store: Store) -> Verdict:
     """Validate ``msg`` against the store's state.
 
@@ -146,15 +150,24 @@ def _check_steps(msg: schema.Message, run: RunState) -> Verdict:
         ).any():
             raise Reject("bad_time", "a phase span ends before it starts")
     co = msg.tables.get("colls")
-    if co is not None and (co["t_enter"] == schema.NO_TIME).any():
-        n = int((co["t_enter"] == schema.NO_TIME).sum())
-        raise Reject("bad_time", f"{n} collective rows without t_enter")
+    if co is not None and co["t_enter"].shape[0]:
+        t = co["t_enter"]
+        if t.min() <= schema.NO_TIME and (t == schema.NO_TIME).any():
+            n = int((t == schema.NO_TIME).sum())
+            raise Reject("bad_time", f"{n} collective rows without t_enter")
     st = msg.tables["steps"]
+    steps = st["step"]
+    n = steps.shape[0]
+    if n == 1:  # the usual message: one step, checked with Python scalars
+        t_end = int(st["t_end"][0])
+        if t_end < int(st["t_start"][0]) and t_end != schema.NO_TIME:
+            raise Reject("bad_time", "a step ends before it starts")
+        if not run.has_step(h["rank"], h["inc"], int(steps[0])):
+            return _ACCEPT
+        return Verdict(keep_steps=np.zeros(1, bool), duplicate_steps=1, empty=True)
     # Hub-clock times are positive: NO_TIME (-1) can only fail the test as the end.
     if ((st["t_end"] < st["t_start"]) & (st["t_end"] != schema.NO_TIME)).any():
         raise Reject("bad_time", "a step ends before it starts")
-    steps = st["step"]
-    n = steps.shape[0]
     keep = ~run.has_steps(h["rank"], h["inc"], steps)
     if n > 1:
         # Inside the message, the first row of a repeated step wins.

@@ -1,0 +1,406 @@
+"""The store's matching pass: pending collective rows become instances and aggregates.
+
+Two paths compute the same definitions (`diagnosis.blocks`):
+
+- **blocks**, the usual case. The members of a group record the same instances in the same
+  order, so the messages of one step of all the members of one group hold equal ``seq`` and
+  ``step`` columns. Such messages (one group each, one per rank) form a block: row ``i`` is
+  the i-th rank, column ``j`` an instance. Stacking their columns is the whole join; every
+  per-instance statistic is an axis-0 reduction and every per-rank-step sum an axis-1 one.
+  Blocks of the same ranks are stacked side by side, so a pass over many steps is one block.
+- **rows**, everything else (messages that mix groups, ranks that disagree on an instance,
+  a key seen twice): one sort over the rows, as :func:`diagnosis.arrivals.match`.
+
+A block whose instances are not complete yet (its other members have not reported) keeps
+its messages by reference for the next pass; rows keep their columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rankscope.collector import schema
+from rankscope.diagnosis.arrivals import ASYNC_FLAGS, match, row_contributions
+from rankscope.diagnosis.blocks import block_nanmedian, block_sums, match_block
+from rankscope.diagnosis.window import COLL_AGGREGATES, InstanceTable
+from rankscope.hub.pending import PENDING_DTYPES, Part, concat_rows
+from rankscope.hub.runstate import RunState
+
+
+@dataclass
+class _Block:
+    """Parts of the same ranks (ascending), incarnation and group, in sub-blocks of parts
+    whose ``seq`` and ``step`` columns are equal."""
+
+    inc: int
+    group: int
+    ranks: tuple[int, ...]
+    subs: list[list[Part]] = field(default_factory=list)
+    first_part: list[int] = field(default_factory=list)
+    """Per sub-block, the row of the part that arrived first (whose ``op`` is taken)."""
+    seq: np.ndarray | None = None
+    step: np.ndarray | None = None
+    bounds: np.ndarray | None = None
+    """Start column of each sub-block, then the total."""
+
+    def stack(self, col: str) -> np.ndarray:
+        """One column of every part, as a (ranks, instances) array."""
+        assert self.bounds is not None
+        subs = self.subs
+        out = np.empty((len(self.ranks), int(self.bounds[-1])), subs[0][0].cols[col].dtype)
+        for i in range(len(self.ranks)):
+            np.concatenate([sub[i].cols[col] for sub in subs], out=out[i])
+        return out
+
+    def parts(self) -> list[Part]:
+        return [p for sub in self.subs for p in sub]
+
+
+def settle(run: RunState, stale_steps: int) -> None:
+    """Match the pending rows of ``run``, fold complete instances, close stale ones.
+
+    Args:
+        run: the run's state.
+        stale_steps: an instance this many steps behind the newest step is closed.
+    """
+    run.flush()
+    pend = run.pending
+    if pend.rows == 0:
+        return
+    parts, left = pend.take()
+    sizes = {gid: len(g["ranks"]) for gid, g in run.groups.items()}
+    blocks, loose = _blocks(parts)
+    if blocks:
+        blocks, demoted = _unique_keys(blocks, loose, left)
+        loose += demoted
+    stale_at = None if run.max_step is None else run.max_step - stale_steps
+    oldest = run.oldest_step()
+    kept: list[Part] = []
+    rows: list[Mapping[str, np.ndarray]] = []
+    for b in blocks:
+        more_parts, more_rows = _settle_block(run, b, sizes, stale_at, oldest)
+        kept += more_parts
+        rows += more_rows
+    if loose or left is not None:
+        open_rows = _settle_rows(run, left, loose, sizes, stale_at, oldest)
+        if open_rows is not None:
+            rows.append(open_rows)
+    merged = None
+    if rows:
+        merged = (
+            rows[0]
+            if len(rows) == 1
+            else {k: np.concatenate([r[k] for r in rows]) for k in PENDING_DTYPES}
+        )
+    pend.keep(kept, merged)
+    run.trim()
+
+
+def _blocks(parts: list[Part]) -> tuple[list[_Block], list[Part]]:
+    """Group single-group parts into verified blocks; the rest is loose."""
+    by_sig: dict[tuple[int, ...], list[Part]] = {}
+    loose: list[Part] = []
+    for p in parts:
+        if p.group < 0:
+            loose.append(p)
+            continue
+        sig = (p.inc, p.group, p.n, p.cols["seq"].item(0), p.cols["step"].item(0))
+        by_sig.setdefault(sig, []).append(p)
+    blocks: dict[tuple[int, int, tuple[int, ...]], _Block] = {}
+    for (inc, group, *_), members in by_sig.items():
+        members.sort(key=lambda p: p.rank)
+        ranks = tuple(p.rank for p in members)
+        if len(set(ranks)) != len(ranks):  # a rank twice: the rows path sorts it out
+            loose += members
+            continue
+        b = blocks.get((inc, group, ranks))
+        if b is None:
+            b = blocks[(inc, group, ranks)] = _Block(inc, group, ranks)
+        b.subs.append(members)
+        b.first_part.append(int(np.argmin([p.arrival for p in members])))
+    out = []
+    for b in blocks.values():
+        loose += _verify(b)
+        if b.subs:
+            out.append(b)
+    return out, loose
+
+
+def _verify(b: _Block) -> list[Part]:
+    """Check that every part of each sub-block has the ``seq`` and ``step`` columns of its
+    first and only rows of the block's group; drop the sub-blocks that do not (returned as
+    loose parts)."""
+    b.bounds = np.cumsum([0] + [sub[0].n for sub in b.subs])
+    seq, step, group = b.stack("seq"), b.stack("step"), b.stack("group")
+    same = (seq == seq[0]).all(axis=0) & (step == step[0]).all(axis=0)
+    same &= (group == b.group).all(axis=0)
+    if same.all():
+        b.seq, b.step = seq[0].copy(), step[0].copy()
+        return []
+    good = np.logical_and.reduceat(same, b.bounds[:-1])
+    bad = [p for sub, ok in zip(b.subs, good) if not ok for p in sub]
+    b.subs = [sub for sub, ok in zip(b.subs, good) if ok]
+    b.first_part = [f for f, ok in zip(b.first_part, good) if ok]
+    if b.subs:
+        bad += _verify(b)
+    return bad
+
+
+def _key(epoch: np.ndarray, group: np.ndarray, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Order of the rows by (epoch, group, seq) and whether each sorted row repeats the
+    key of the one before."""
+    parts = [epoch, group, seq]
+    lows = [int(p.min()) for p in parts]
+    spans = [int(p.max()) - lo + 1 for p, lo in zip(parts, lows)]
+    if spans[0] * spans[1] * spans[2] < 2**62:
+        key = (epoch - lows[0]) * spans[1] + (group - lows[1])
+        key = key * spans[2] + (seq - lows[2])
+        order = np.argsort(key, kind="stable")
+        ks = key[order]
+        return order, ks[1:] == ks[:-1]
+    order = np.lexsort((seq, group, epoch))
+    same = np.ones(order.shape[0] - 1, bool)
+    for p in parts:
+        ps = p[order]
+        same &= ps[1:] == ps[:-1]
+    return order, same
+
+
+def _unique_keys(
+    blocks: list[_Block], loose: list[Part], left: Mapping[str, np.ndarray] | None
+) -> tuple[list[_Block], list[Part]]:
+    """Blocks whose instance keys appear nowhere else in the pass; the parts of the others
+    go to the rows path."""
+    epoch, group, seq, owner = [], [], [], []
+    for i, b in enumerate(blocks):
+        assert b.seq is not None
+        k = b.seq.shape[0]
+        epoch.append(np.full(k, b.inc, np.int64))
+        group.append(np.full(k, b.group, np.int64))
+        seq.append(b.seq)
+        owner.append(np.full(k, i, np.int64))
+    for p in loose:
+        epoch.append(np.full(p.n, p.inc, np.int64))
+        group.append(p.cols["group"].astype(np.int64))
+        seq.append(p.cols["seq"])
+        owner.append(np.full(p.n, -1, np.int64))
+    if left is not None:
+        epoch.append(left["epoch"])
+        group.append(left["group"].astype(np.int64))
+        seq.append(left["seq"])
+        owner.append(np.full(left["seq"].shape[0], -1, np.int64))
+    order, same = _key(np.concatenate(epoch), np.concatenate(group), np.concatenate(seq))
+    if not same.any():
+        return blocks, []
+    own = np.concatenate(owner)[order]
+    bad = set(np.concatenate([own[1:][same], own[:-1][same]]).tolist()) - {-1}
+    keep = [b for i, b in enumerate(blocks) if i not in bad]
+    demoted = [p for i, b in enumerate(blocks) if i in bad for p in b.parts()]
+    return keep, demoted
+
+
+def _relative(t: np.ndarray, t0: int) -> np.ndarray:
+    """int64 hub-clock ns -> float64 relative to ``t0`` (NaN for ``NO_TIME``), in one pass
+    (the subtraction is exact in int64; only its result is converted)."""
+    out = np.empty(t.shape)
+    np.subtract(t, np.int64(t0), out=out, casting="unsafe")
+    if t.min() <= schema.NO_TIME:
+        out[t == schema.NO_TIME] = np.nan
+    return out
+
+
+def _settle_block(
+    run: RunState,
+    b: _Block,
+    sizes: Mapping[int, int],
+    stale_at: int | None,
+    oldest: int | None,
+) -> tuple[list[Part], list[Mapping[str, np.ndarray]]]:
+    """Match, fold and close the instances of one block. Returns the parts to keep whole
+    and rows to keep as columns."""
+    assert b.seq is not None and b.step is not None and b.bounds is not None
+    c, k = len(b.ranks), b.seq.shape[0]
+    parts = b.parts()
+    n_members = sizes.get(b.group, -1)
+    done = 0 < n_members <= c
+    closing = np.full(k, done)
+    if not done:  # instances that can no longer complete close as incomplete
+        if stale_at is not None:
+            closing |= b.step <= stale_at
+        if oldest is not None:
+            closing |= b.step < oldest
+    fresh = np.array([[p.fresh for p in sub] for sub in b.subs], bool).T
+    if not closing.any() and not fresh.any():
+        return parts, []  # still waiting for other members, and counted already
+
+    # Sums per (rank, run of equal steps inside a sub-block): each is one ring cell.
+    new = np.zeros(k, bool)
+    new[b.bounds[:-1]] = True
+    new[1:] |= b.step[1:] != b.step[:-1]
+    starts = np.flatnonzero(new)
+    nr = starts.shape[0]
+    fresh = fresh[:, np.searchsorted(b.bounds, starts, side="right") - 1].reshape(-1)
+    cell, valid = run.cells(
+        np.repeat(np.array(b.ranks, np.int64), nr),
+        np.tile(b.step[starts], c),
+        np.full(c * nr, b.inc, np.int64),
+    )
+    counted = valid & fresh
+    lens = np.broadcast_to(np.diff(np.append(starts, k)).astype(np.float64), (c, nr))
+    folds = {"n": (cell[counted], lens.reshape(-1)[counted])}
+    enter = _relative(b.stack("t_enter"), run.t0)
+    exit_ = _relative(b.stack("t_exit"), run.t0)
+    if not closing.any():  # only the calls and the time inside count before completion
+        sums = block_sums(enter, exit_, None, starts)
+        folds["coll_ns"] = (cell[counted], sums["coll_ns"].reshape(-1)[counted])
+        run.fold(folds)
+        return parts, []
+
+    ranks = np.array(b.ranks, np.int64)[:, None]
+    device: dict[str, np.ndarray] = {}
+    if any(p.dev for p in parts):
+        device = {
+            "flags": b.stack("flags"),
+            "t_start": _relative(b.stack("t_start"), run.t0),
+            "t_end": _relative(b.stack("t_end"), run.t0),
+        }
+    m = match_block(enter, exit_, ranks, **device)
+    is_async = cut = None
+    if done and any(p.is_async for p in parts):
+        flags = device["flags"] if device else b.stack("flags")
+        is_async = (flags & ASYNC_FLAGS) != 0
+        cut = np.full((c, k), np.nan)
+        for j, sub in enumerate(b.subs):
+            a = int(b.bounds[j])
+            for i, p in enumerate(sub):
+                if p.cut is not None:
+                    cut[i, a : a + p.n] = p.cut
+    sums = block_sums(enter, exit_, m if done else None, starts, is_async, cut)
+    folds["coll_ns"] = (cell[counted], sums["coll_ns"].reshape(-1)[counted])
+    if done:  # the arrival aggregates are zero until an instance completes
+        for name in COLL_AGGREGATES:
+            if name not in folds:
+                folds[name] = (cell[valid], sums[name].reshape(-1)[valid])
+        run.life_done[ranks[:, 0]] += k
+        run.life_last[ranks[:, 0]] += sums["times_last"].sum(axis=1).astype(np.int64)
+        run.life_late[ranks[:, 0]] += sums["late_ns"].sum(axis=1)
+    run.fold(folds)
+
+    nb = b.stack("nbytes")
+    lo = nb.min(axis=0)
+    if (lo == nb.max(axis=0)).all():
+        nbytes = lo  # the usual case: every member moves the same size
+    else:
+        nbytes = np.rint(block_nanmedian(nb.astype(np.float64))).astype(np.int64)
+    inst = InstanceTable(
+        group=np.full(k, b.group, np.int32),
+        seq=b.seq,
+        step=b.step,
+        op=np.concatenate([sub[f].cols["op"] for sub, f in zip(b.subs, b.first_part)]),
+        nbytes=nbytes,
+        n_members=np.full(k, n_members, np.int32),
+        n_arrived=np.full(k, c, np.int32),
+        first=m.first,
+        last=m.last,
+        last_rank=m.last_rank.astype(np.int32),
+        margin=m.margin,
+        skew=m.last - m.first,
+        transfer=m.transfer,
+        device_transfer=m.device_transfer,
+    )
+    run.add_instances(inst, np.full(k, b.inc, np.int64), closing)
+    if done:
+        run.life_complete += k
+        return [], []
+    run.life_incomplete += int(closing.sum())
+    kept: list[Part] = []
+    rows: list[Mapping[str, np.ndarray]] = []
+    for j, sub in enumerate(b.subs):
+        open_ = ~closing[int(b.bounds[j]) : int(b.bounds[j + 1])]
+        if open_.all():
+            kept += sub
+        elif open_.any():
+            rows += [p.rows(open_) for p in sub]
+    return kept, rows
+
+
+def _settle_rows(
+    run: RunState,
+    left: Mapping[str, np.ndarray] | None,
+    loose: list[Part],
+    sizes: Mapping[int, int],
+    stale_at: int | None,
+    oldest: int | None,
+) -> dict[str, np.ndarray] | None:
+    """The rows path: match, fold and close; returns the rows to keep, or None."""
+    # Rows a pass has seen come first: their calls and time were counted then.
+    loose = sorted(loose, key=lambda p: (p.fresh, p.arrival))
+    chunks = [] if left is None else [left]
+    if loose:
+        chunks.append(concat_rows(loose))
+    P = (
+        chunks[0]
+        if len(chunks) == 1
+        else {k: np.concatenate([c[k] for c in chunks]) for k in PENDING_DTYPES}
+    )
+    n = P["step"].shape[0]
+    n_old = (0 if left is None else left["step"].shape[0]) + sum(p.n for p in loose if not p.fresh)
+    m = match(P, sizes, t0_ns=run.t0, epoch=P["epoch"])
+    contrib = row_contributions(P, m, cut=P["cut"])
+    # Rows arrive in runs of one (rank, step, epoch): fold run sums, not rows.
+    starts = _runs(n, n_old, P["rank"], P["step"], P["epoch"])
+    cell, valid = run.cells(P["rank"][starts], P["step"][starts], P["epoch"][starts])
+    fresh = starts >= n_old
+    sums: dict[str, np.ndarray] = {"n": np.diff(np.append(starts, n)).astype(np.float64)}
+    by_array: dict[int, np.ndarray] = {}
+    for k in COLL_AGGREGATES:
+        if k != "n":  # entries may share an array (blocking rows: exposed == total)
+            a = contrib[k]
+            if id(a) not in by_array:
+                by_array[id(a)] = np.add.reduceat(a, starts)
+            sums[k] = by_array[id(a)]
+    # Calls and time inside count once, when a row is new; the arrival aggregates are
+    # zero until the instance completes, and a complete instance leaves the pending set.
+    counted = {k: (valid & fresh) if k in ("n", "coll_ns") else valid for k in sums}
+    run.fold({k: (cell[counted[k]], v[counted[k]]) for k, v in sums.items()})
+    done = m.complete[m.row_instance]
+    R = run.world_size
+    rk = P["rank"][starts].astype(np.int64)
+    run.life_done += np.bincount(rk, np.add.reduceat(done, starts), minlength=R)[:R].astype(
+        np.int64
+    )
+    run.life_last += np.bincount(rk, sums["times_last"], minlength=R)[:R].astype(np.int64)
+    run.life_late += np.bincount(rk, sums["late_ns"], minlength=R)[:R]
+    # Close instances that can no longer complete: their step left the ring, or they
+    # are stale_steps behind the newest step.
+    inst_step = m.instances.step
+    stale = np.zeros(len(m.instances), bool)
+    if stale_at is not None:
+        stale |= inst_step <= stale_at
+    if oldest is not None:
+        stale |= inst_step < oldest
+    stale &= ~m.complete
+    closing = m.complete | stale
+    inst_epoch = np.empty(len(m.instances), np.int64)
+    inst_epoch[m.row_instance] = P["epoch"]
+    run.add_instances(m.instances, inst_epoch, closing)
+    run.life_complete += int(m.complete.sum())
+    run.life_incomplete += int(stale.sum())
+    keep = ~closing[m.row_instance]
+    if not keep.any():
+        return None
+    return {k: v[keep] for k, v in P.items()}
+
+
+def _runs(n: int, split: int, *keys: np.ndarray) -> np.ndarray:
+    """Start index of each run of rows with equal ``keys``; a run also starts at ``split``."""
+    new = np.zeros(n, bool)
+    new[0] = True
+    for k in keys:
+        new[1:] |= k[1:] != k[:-1]
+    if 0 < split < n:
+        new[split] = True
+    return np.flatnonzero(new)
