@@ -156,9 +156,12 @@ def hub_loop(world: int, steps: int, colls: int, record: bool) -> tuple[float, f
 def breakdown(world: int, steps: int, colls: int) -> dict[str, float]:
     """CPU ns per collective row of each stage, in-process on the same batches (steady
     state: the second half of the batches, matching every 160k rows as the hub would)."""
+    from rankscope.hub.allocator import keep_freed_memory
     from rankscope.hub.recording import RecordingWriter
     from rankscope.hub.store import Store
     from rankscope.hub.validate import check
+
+    keep_freed_memory()  # as `Hub.start` does
 
     head, body = make_messages(world, steps, colls)
     store = Store()

@@ -26,6 +26,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from rankscope.collector import schema
+from rankscope.hub import allocator
 from rankscope.hub.intake import Intake
 from rankscope.hub.recording import ReadReport, RecordingWriter, segments
 from rankscope.hub.replay import load
@@ -86,6 +87,7 @@ class Hub:
         flush_s: float = 0.5,
         rcvhwm: int = 10_000,
         resume: bool = True,
+        keep_freed_memory: bool = True,
     ) -> None:
         """Configure (nothing is bound until `start`).
 
@@ -100,6 +102,9 @@ class Hub:
             resume: when ``record_dir`` already holds a recording, replay it into the
                 store before listening, so a restarted hub knows the runs, ranks and steps
                 it had (ranks need not say hello again).
+            keep_freed_memory: on `start`, let the process keep freed heap memory for
+                reuse (`hub.allocator`; a process-wide glibc setting): the matching pass
+                then stops faulting its temporaries in from the kernel on every pass.
         """
         self.bind = bind
         self.transport, self.host, self.port = parse_bind(bind)
@@ -109,6 +114,7 @@ class Hub:
         self.flush_s = flush_s
         self.rcvhwm = rcvhwm
         self.resume = resume
+        self.keep_freed_memory = keep_freed_memory
         self.resumed_frames = 0
         self.recorder: RecordingWriter | None = None
         self.intake: Intake | None = None
@@ -134,6 +140,8 @@ class Hub:
         with self._lock:
             if self._started:
                 return self
+            if self.keep_freed_memory:
+                allocator.keep_freed_memory()
             if self.resume and self.record_dir is not None and segments(self.record_dir):
                 report = ReadReport()
                 load(self.record_dir, store=self.store, report=report)
