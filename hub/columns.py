@@ -11,7 +11,8 @@ class Columns:
     """A table of equal-length numpy columns with amortised O(1) append of whole batches.
 
     Capacity doubles when full and halves after many `keep` calls that left it mostly empty,
-    so memory follows the live row count without churning.
+    so memory follows the live row count without churning. Rows live at ``[lo, lo + n)`` of
+    the buffers: `trim` forgets leading rows by moving ``lo``, without copying.
     """
 
     def __init__(self, dtypes: Mapping[str, np.dtype | type], capacity: int = 1024) -> None:
@@ -19,6 +20,8 @@ class Columns:
         self._min = max(int(capacity), 16)
         self._cols = {name: np.empty(self._min, dt) for name, dt in self.dtypes.items()}
         self.n = 0
+        """Rows in use."""
+        self._lo = 0
         self._quiet = 0
 
     def __len__(self) -> int:
@@ -33,10 +36,12 @@ class Columns:
         return sum(c.nbytes for c in self._cols.values())
 
     def _resize(self, capacity: int) -> None:
+        lo, hi = self._lo, self._lo + self.n
         for name, col in self._cols.items():
             grown = np.empty(capacity, col.dtype)
-            grown[: self.n] = col[: self.n]
+            grown[: self.n] = col[lo:hi]
             self._cols[name] = grown
+        self._lo = 0
 
     def append(self, cols: Mapping[str, np.ndarray | int | float], n: int) -> None:
         """Append ``n`` rows. Scalars broadcast; every column must be given.
@@ -52,18 +57,20 @@ class Columns:
         if n <= 0:
             return
         need = self.n + n
-        if need > self.capacity:
+        if self._lo + need > self.capacity:
             cap = self.capacity
             while cap < need:
                 cap *= 2
-            self._resize(cap)
+            self._resize(cap)  # also moves the rows back to the start
+        start = self._lo + self.n
         for name, col in self._cols.items():
-            col[self.n : need] = cols[name]
+            col[start : start + n] = cols[name]
         self.n = need
 
     def view(self) -> dict[str, np.ndarray]:
-        """The rows in use, as views (valid until the next append or keep)."""
-        return {name: col[: self.n] for name, col in self._cols.items()}
+        """The rows in use, as views (valid until the next append, keep or trim)."""
+        lo, hi = self._lo, self._lo + self.n
+        return {name: col[lo:hi] for name, col in self._cols.items()}
 
     def keep(self, mask: np.ndarray) -> None:
         """Keep only the rows where ``mask`` is True, in order."""
@@ -71,9 +78,11 @@ class Columns:
         m = idx.shape[0]
         if m == self.n:
             return
+        idx += self._lo
         for col in self._cols.values():
             col[:m] = col[idx]
         self.n = m
+        self._lo = 0
         # Give memory back only after a long quiet spell: shrinking and regrowing every
         # pass would fault fresh pages in on every append.
         cap = self.capacity
@@ -82,5 +91,23 @@ class Columns:
             self._resize(max(self._min, cap // 2))
             self._quiet = 0
 
+    def trim(self, mask: np.ndarray) -> None:
+        """Forget rows where ``mask`` is False, cheaply: a leading run of them at once (no
+        copy), the others only once they are a quarter of the table (one `keep`). Until
+        then they stay visible: callers filter what they read.
+
+        Args:
+            mask: bool per row in use, True for rows still wanted.
+        """
+        if self.n == 0:
+            return
+        lead = int(np.argmax(mask)) if mask.any() else self.n
+        self._lo += lead
+        self.n -= lead
+        rest = mask[lead:]
+        if 4 * (self.n - int(np.count_nonzero(rest))) > self.n:
+            self.keep(rest)
+
     def clear(self) -> None:
         self.n = 0
+        self._lo = 0

@@ -188,3 +188,22 @@ def test_incomplete_blocks_close_when_stale() -> None:
     assert (w.instances.n_arrived[w.instances.step >= 8] == 3).all()  # still open
     assert w.coll["times_last"][:3, 2:].sum() == 0 and np.isnan(w.coll["n"][3, 2:]).all()
     assert w.coll["n"][:3, 2:].sum() == 10 * 3 * 3  # calls count at once, complete or not
+
+
+def test_columns_trim_moves_past_a_leading_run_and_compacts_stragglers_later() -> None:
+    from rankscope.hub.columns import Columns
+
+    table = Columns({"step": np.int64, "x": np.float64}, 16)
+    table.append({"step": np.arange(10), "x": np.arange(10) * 1.5}, 10)
+    before = table.view()["step"]
+    table.trim(table.view()["step"] >= 4)
+    assert table.view()["step"].tolist() == [4, 5, 6, 7, 8, 9]
+    assert np.shares_memory(table.view()["step"], before)  # no copy for a leading run
+    table.append({"step": np.array([1, 12]), "x": 0.0}, 2)  # a straggler closed late
+    table.trim(table.view()["step"] >= 5)
+    assert table.view()["step"].tolist() == [5, 6, 7, 8, 9, 1, 12]  # 1 of 7: kept for now
+    table.trim(table.view()["step"] >= 9)
+    assert table.view()["step"].tolist() == [9, 12]  # 1 of 3 stale: compacted
+    assert table.view()["x"].tolist() == [13.5, 0.0]
+    table.append({"step": np.arange(20, 40), "x": 1.0}, 20)  # grows past the capacity
+    assert table.view()["step"].tolist() == [9, 12, *range(20, 40)]
