@@ -201,8 +201,8 @@ class Pump:
                     self._wake_now = False
                     self._flush(final=stopping)
                     next_flush = now + self.flush_ns
+                self.cpu_s = time.thread_time()
                 if stopping or now >= next_stats:
-                    self.cpu_s = time.thread_time()
                     self._send_stats()
                     next_stats = now + int(STATS_EVERY_S * 1e9)
             except Exception as exc:  # keep pumping: a bad batch must not stop the stream
