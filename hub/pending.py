@@ -100,6 +100,8 @@ class PendingRows:
         """Rows left incomplete by the last pass, outside any kept part."""
         self.rows = 0
         """Rows the next pass will see (left over plus newly arrived)."""
+        self.new_rows = 0
+        """Rows arrived since the last pass."""
         self._raw: list[tuple[int, int, Mapping[str, np.ndarray]]] = []
         self._raw_base = -(2**62)
         self._arrivals = 0
@@ -126,6 +128,7 @@ class PendingRows:
         part = Part(rank, inc, cols, cut, cut is not None, dev, self._arrivals)
         self._new.append(part)
         self.rows += part.n
+        self.new_rows += part.n
         if self.raw_steps:
             self._raw.append((int(cols["step"].max()), rank, cols))
             # Filter once the parts span twice the steps to keep: each part is looked at a
@@ -143,7 +146,7 @@ class PendingRows:
         if len(self.left):
             left = {k: v.copy() for k, v in self.left.view().items()}
         self.left.clear()
-        self.rows = 0
+        self.rows = self.new_rows = 0
         return parts, left
 
     def keep(self, parts: list[Part], rows: Mapping[str, np.ndarray] | None) -> None:

@@ -84,7 +84,7 @@ class Store:
         history_steps: int = 512,
         raw_steps: int = 8,
         stale_steps: int = 32,
-        settle_rows: int = 2_000_000,
+        settle_rows: int = 250_000,
         max_cells: int = 4_000_000,
     ) -> None:
         """Create an empty store.
@@ -94,8 +94,9 @@ class Store:
             raw_steps: most recent steps whose raw collective rows are kept.
             stale_steps: an instance still incomplete this many steps after its own is
                 closed as incomplete.
-            settle_rows: pending rows that trigger a matching pass during ingest (the hub
-                also settles on a timer).
+            settle_rows: rows arrived since the last matching pass that trigger one during
+                ingest (the hub also settles on a timer); passes of a few hundred thousand
+                rows keep their temporaries in cache.
             max_cells: bound on ranks × history steps per run; a large world keeps fewer
                 steps (at least 16) so the ring stays within memory.
         """
@@ -168,7 +169,7 @@ class Store:
                 late, events = run.add_steps(h, msg.tables, keep_steps)
                 self._counters["late_steps"] += late
                 self._counters["events"] += events
-                if run.pending.rows >= self.settle_rows:
+                if run.pending.new_rows >= self.settle_rows:
                     self._settle_run(run)
             now = time.monotonic()
             if not self._rate or now - self._rate[-1][0] >= 0.25:
