@@ -173,6 +173,10 @@ def _slow_host_input(ev: Evidence) -> Candidate:
         return _NONE
     top = int(cands[np.argmax(inp[cands])])
     impact = float(inp[top] - ref)
+    # Implicate the ranks that carry the loss: at least half the worst rank's excess. With
+    # thousands of ranks a long-tailed loader puts a few stray ranks past the z threshold.
+    cands = cands[inp[cands] - ref >= 0.5 * impact]
+    cands = cands[np.argsort(-inp[cands], kind="stable")]
     # A host's input pipeline slows all of its ranks; scattered single ranks are weaker
     # evidence (one rank's loader, or noise in a long tail).
     host = ev.window.ranks.host
