@@ -345,20 +345,36 @@ def _empty_match(t0_ns: int) -> Matched:
 
 
 def async_cut(
-    rank: np.ndarray, step: np.ndarray, t_enter: np.ndarray, flags: np.ndarray, t0_ns: int = 0
+    rank: np.ndarray,
+    step: np.ndarray,
+    t_enter: np.ndarray,
+    flags: np.ndarray,
+    t0_ns: int = 0,
+    t_exit: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Per row, the latest asynchronous issue (``ASYNC_FLAGS``) of its rank in its step.
+    """Per row, where its exposed time may start: the latest asynchronous issue
+    (``ASYNC_FLAGS``) of its rank in its step, and, given ``t_exit``, no earlier than the
+    exit of the asynchronous row of that rank-step that finishes just before it.
+
+    Asynchronous rows still running after the cut are nested intervals ``[cut, exit]``
+    (eight DDP buckets in flight after backward all end after the last issue); a per-row
+    sum would count that wall time once per bucket. Ordered by exit, each row is charged
+    only the piece ``[max(cut, previous exit), exit]``, so the per-row shares add up to the
+    union ``[cut, last exit]`` and stay additive (the hub folds rows as their instances
+    complete). The piece is split into wait and transfer by the row's own instance.
 
     Args:
         rank, step, t_enter, flags: row columns (times as for :func:`relative_ns`).
         t0_ns: origin of the relative result.
+        t_exit: row exits; without them every async row starts at the cut (the bare cut).
 
     Returns:
         float64 per row, relative ns; NaN where the rank-step issued nothing asynchronous.
     """
     flags = np.asarray(flags)
     is_async = (flags & ASYNC_FLAGS) != 0
-    out = np.full(flags.shape[0], np.nan)
+    n = flags.shape[0]
+    out = np.full(n, np.nan)
     if not is_async.any():
         return out
     enter = relative_ns(t_enter, t0_ns)
@@ -368,7 +384,21 @@ def async_cut(
     cut = np.maximum.reduceat(np.where(is_async, enter, -np.inf)[order], starts)
     cut[np.isinf(cut)] = np.nan
     out[order] = np.repeat(cut, counts)
-    return out
+    if t_exit is None:
+        return out
+    ex = relative_ns(t_exit, t0_ns)
+    ex = np.where(is_async & np.isfinite(ex), ex, -np.inf)
+    seg = np.empty(n, np.int64)
+    seg[order] = np.cumsum(new) - 1
+    by_exit = np.lexsort((ex, seg))
+    prev = np.empty(n)
+    prev[1:] = ex[by_exit][:-1]
+    first_of_seg = np.ones(n, bool)
+    first_of_seg[1:] = seg[by_exit][1:] != seg[by_exit][:-1]
+    prev[first_of_seg] = -np.inf
+    prev_row = np.empty(n)
+    prev_row[by_exit] = prev
+    return np.where(is_async, np.maximum(out, prev_row), out)
 
 
 def row_contributions(
@@ -393,7 +423,9 @@ def row_contributions(
     is_async: np.ndarray | None = (flags & ASYNC_FLAGS) != 0
     if is_async is not None and is_async.any():
         if cut is None:
-            cut = async_cut(rows["rank"], rows["step"], rows["t_enter"], flags, matched.t0_ns)
+            cut = async_cut(
+                rows["rank"], rows["step"], rows["t_enter"], flags, matched.t0_ns, rows["t_exit"]
+            )
     else:
         is_async = None  # every row is blocking
     out = contributions(

@@ -148,7 +148,10 @@ COLL_AGGREGATES = (
 - ``exposed_wait_ns`` / ``exposed_transfer_ns``: the same sums restricted to time the step
   could not hide: all of a blocking collective, and for asynchronous ones (``FLAG_ASYNC``,
   DDP buckets) only the part after the step's last asynchronous issue — the last gradient
-  bucket is issued when backward compute ends, so anything after it is exposed.
+  bucket is issued when backward compute ends, so anything after it is exposed. Buckets
+  still in flight then overlap; ordered by exit, each is charged only the piece after the
+  previous one ended, so the sums equal the union ``[last issue, last exit]``
+  (``arrivals.async_cut``).
 Only instances whose every member has arrived contribute to wait/transfer/late/times_last.
 """
 

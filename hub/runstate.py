@@ -385,7 +385,12 @@ class RunState:
                 if flags.any():  # blocking host-timed rows (the usual case) carry no flag
                     if (flags & ASYNC_FLAGS).any():
                         cut = async_cut(
-                            np.zeros(n, np.int64), co["step"], co["t_enter"], flags, self.t0
+                            np.zeros(n, np.int64),
+                            co["step"],
+                            co["t_enter"],
+                            flags,
+                            self.t0,
+                            co["t_exit"],
                         )
                     dev = bool((flags & schema.FLAG_DEVICE_TIMED).any())
                 self.pending.add(r, inc, co, cut, self.raw_cutoff(), dev)

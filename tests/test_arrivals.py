@@ -173,10 +173,38 @@ def test_async_rows_expose_only_what_follows_the_last_async_issue() -> None:
     assert c["exposed_wait_ns"].tolist() == [50.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     assert c["transfer_ns"].tolist() == [150.0, 150.0, 300.0, 300.0, 100.0, 100.0]
     assert c["exposed_transfer_ns"].tolist() == [150.0, 150.0, 300.0, 250.0, 100.0, 100.0]
-    # Computed without an explicit cut, the same.
-    assert row_contributions(r, m)["exposed_transfer_ns"].tolist() == (
-        c["exposed_transfer_ns"].tolist()
+
+
+def test_overlapping_async_rows_are_exposed_once() -> None:
+    """Buckets still in flight after the last issue are nested intervals [cut, exit]: each
+    row is charged only the piece after the previous exit, so the shares add up to the
+    union [cut, last exit], not once per bucket."""
+    a = schema.FLAG_ASYNC
+    b = schema.FLAG_DDP_BUCKET
+    r = rows(
+        (0, 1, 0, 0, 100, 400, b),
+        (1, 1, 0, 0, 250, 400, b),
+        (0, 1, 0, 1, 200, 500, a),
+        (1, 1, 0, 1, 150, 500, a),
+        (0, 1, 0, 2, 600, 700),
+        (1, 1, 0, 2, 600, 700),
     )
+    start = async_cut(r["rank"], r["step"], r["t_enter"], r["flags"], t_exit=r["t_exit"])
+    # Row 2 ends after row 0 (rank 0) and row 3 after row 1 (rank 1): they start at 400.
+    assert start[:4].tolist() == [200.0, 250.0, 400.0, 400.0]
+    m = match(r, {0: 2})
+    c = row_contributions(r, m)  # computes the same starts from the rows
+    # Row 0: piece [200, 400] = wait [200, 250] + transfer [250, 400].
+    # Row 2: piece [400, 500], all transfer (its instance was complete at 200).
+    # Rank 1: row 1 [250, 400] transfer, row 3 [400, 500] transfer.
+    assert c["exposed_wait_ns"].tolist() == [50.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert c["exposed_transfer_ns"].tolist() == [150.0, 150.0, 100.0, 100.0, 100.0, 100.0]
+    agg = rank_step_aggregates(r, m, 2, np.array([1]))
+    exposed = agg["exposed_wait_ns"] + agg["exposed_transfer_ns"]
+    # Union after the cut plus the blocking row: rank 0 [200, 500] + 100, rank 1 [250, 500] + 100.
+    assert exposed[:, 0].tolist() == [400.0, 350.0]
+    # The unexposed sums still count every row whole.
+    assert agg["transfer_ns"][:, 0].tolist() == [550.0, 550.0]
 
 
 def test_epochs_keep_restarted_sequences_apart() -> None:

@@ -174,3 +174,27 @@ def test_bad_tables_are_named() -> None:
     phases = table("phases", [0], step=[1], phase=[42], t0=[BASE], t1=[BASE + 1])
     with pytest.raises(ValueError, match="phase code"):
         build_window(job="j", run="r", identities={}, groups=[], steps=steps, phases=phases)
+
+
+def test_store_aggregates_agree_with_the_union_of_raw_rows(tmp_path) -> None:
+    """The hub folds exposed time row by row as instances complete; the diagnosis can also
+    take the union of overlapping async rows from raw rows. Both must give the same
+    numbers, so the decomposition does not depend on how many raw steps the store kept."""
+    from rankscope.diagnosis.exposure import exposed_union, rows_cover_window
+    from rankscope.hub import replay
+    from rankscope.hub.server import Hub
+    from rankscope.sim import load_scenario, run
+
+    rec = tmp_path / "rec"
+    with Hub(record_dir=str(rec)) as hub:
+        run(load_scenario("data-imbalance", ranks=16, seed=2), hub.endpoint, 12, run_id="u")
+    w = replay.load(rec, raw_steps=64).window("u")
+    assert rows_cover_window(w)
+    union = exposed_union(w)
+    for name in ("exposed_wait_ns", "exposed_transfer_ns"):
+        seen = np.isfinite(union[name])
+        assert seen.any()
+        np.testing.assert_allclose(w.coll[name][seen], union[name][seen], rtol=0, atol=1.0)
+    # Overlapping DDP buckets are counted once: exposed time never exceeds the step.
+    exposed = w.coll["exposed_wait_ns"] + w.coll["exposed_transfer_ns"]
+    assert np.all(exposed[w.present] <= w.step_ns[w.present] + 1.0)
