@@ -107,13 +107,16 @@ def windows(record: Path, specs: Sequence[incidents.RunSpec], timeout: float = 2
             time.sleep(0.5)
 
 
-def reproduce(nodes: Any, workdir: Path, *, steps: int = incidents.STEPS) -> NetworkIncident:
+def reproduce(
+    nodes: Any, workdir: Path, *, steps: int = incidents.STEPS, record: Path | None = None
+) -> NetworkIncident:
     """Baseline, degraded rail, diagnosis, and the one-node rerun.
 
     Args:
         nodes: the two namespaces (``tests/netns.TwoNodes``), freshly created.
-        workdir: where the recording, topology file and logs go.
+        workdir: where the topology file and logs go (and the recording by default).
         steps: steps per run.
+        record: the hub's recording directory (default ``workdir/record``).
 
     Returns:
         The incident's windows and analyses.
@@ -124,7 +127,7 @@ def reproduce(nodes: Any, workdir: Path, *, steps: int = incidents.STEPS) -> Net
     from rankscope.launch.templates import find_launcher
 
     workdir.mkdir(parents=True, exist_ok=True)
-    record = workdir / "record"
+    record = record if record is not None else workdir / "record"
     topology = nodes.topology(workdir / "topology.toml")
     nodes.start_hub(record, workdir / "hub.log")
     base = incidents.RunSpec("net-baseline", FLAGS, nproc=2, steps=steps)

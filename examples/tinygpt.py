@@ -174,7 +174,11 @@ def linear_weight(cfg: GPTConfig) -> float:
 
 class ExtraCompute:
     """Real extra work for the slow-rank fault: a loop of square matmuls sized by a
-    one-time calibration to take about ``ms`` milliseconds on an idle core."""
+    one-time calibration to cost about ``ms`` milliseconds of CPU time.
+
+    The calibration measures process CPU time, not wall time, so ranks starting together
+    on shared cores still size the same amount of work.
+    """
 
     SIZE = 128
     _calibrated_ms: float | None = None
@@ -202,9 +206,9 @@ class ExtraCompute:
         n = 50
         best = float("inf")
         for _ in range(5):
-            t = time.perf_counter()
+            t = time.process_time()
             self._loop(n)
-            best = min(best, (time.perf_counter() - t) * 1e3 / n)
+            best = min(best, (time.process_time() - t) * 1e3 / n)
         return best
 
     def __call__(self) -> float:

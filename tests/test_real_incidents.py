@@ -7,8 +7,11 @@ shared through module fixtures, so the packing baseline also serves the numerato
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -115,38 +118,57 @@ def test_packing_verdict_is_data_imbalance_with_compute_following_attention(pack
     assert "Σseq²" in d.verdict.top.next_experiment.change
 
 
+def _cli(*args: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-m", "rankscope", *args, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+def _recorded(hub) -> str:
+    # The hub puts what it received on disk within its flush interval (0.5 s).
+    time.sleep(1.0)
+    return str(hub.record_dir)
+
+
+def test_packing_diagnosed_through_the_cli(packing, hub):
+    record = _recorded(hub)
+    steps = str(packing.windows["fault"].steps.shape[0])
+    d = _cli(
+        "diagnose", record, "--run", "packing-fault",
+        "--baseline", record, "--baseline-run", "packing-baseline", "--steps", steps,
+    )  # fmt: skip
+    assert d["verdict"]["top"] == "data_imbalance"
+    assert d["numerator"]["has_baseline"] and not d["numerator"]["numerator_changed"]
+
+
 def test_packing_experiment_attention_packer_is_supported(packing, hub):
-    from rankscope.diagnosis.experiment import evaluate, metric_value
-    from rankscope.launch.experiments import load_experiment, record_experiment, save_evaluation
+    from rankscope.diagnosis.experiment import metric_value
 
     plan = incidents.PACKING.experiment
-    record = Path(hub.record_dir)
-    rec = record_experiment(
-        record,
-        hypothesis="data_imbalance",
-        change=plan.change,
-        metric=plan.metric,
-        direction=plan.direction,
-        rejection=plan.rejection,
-        parent_run=packing.windows["fault"].run,
-    )
     before, after = packing.windows["fault"], packing.windows["after"]
-    result = evaluate(before, after, rec)
-    save_evaluation(
-        record,
-        rec.id,
-        before_run=before.run,
-        after_run=after.run,
-        evaluation=result.to_dict(),
-    )
-    assert result.verdict == "supported", result
-    assert result.after < result.before
+    record = _recorded(hub)
+    rec = _cli(
+        "experiment", "record", record, "--hypothesis", "data_imbalance",
+        "--change", plan.change, "--metric", plan.metric, "--direction", plan.direction,
+        "--rejection", plan.rejection, "--run", before.run,
+    )  # fmt: skip
+    done = _cli(
+        "experiment", "evaluate", record, "--id", rec["id"], "--before", before.run,
+        "--after", after.run, "--last", str(before.steps.shape[0]),
+    )  # fmt: skip
+    result = done["evaluation"]
+    assert result["verdict"] == "supported", result
+    assert result["after"] < result["before"]
+    assert done["before_run"] == before.run and done["after_run"] == after.run
     # The rejection condition stated in advance: transfer must not move like the spread.
     spread_drop = metric_value(before, "entry_spread") - metric_value(after, "entry_spread")
     transfer_move = abs(metric_value(after, "transfer") - metric_value(before, "transfer"))
     assert transfer_move < 0.5 * spread_drop, (transfer_move, spread_drop)
-    stored = load_experiment(record, rec.id)
-    assert stored.status == "supported" and stored.after_run == after.run
 
 
 @pytest.fixture(scope="module")
