@@ -4,9 +4,16 @@ A training rank must never wait for the hub. Every send is ``NOBLOCK`` against a
 high-water mark: when the hub is slow or gone and the queue is full, the message is dropped
 and counted instead of queued without bound. ZeroMQ reconnects by itself, so a hub that
 starts late or restarts on the same address receives data again without any action here.
+
+Producers that may wait (the simulator replaying a cluster faster than real time) pass
+``timeout_ms`` to ``send``: it waits for room up to that long and counts a drop only when
+the wait runs out. The collector inside a training job never does.
 """
 
 from __future__ import annotations
+
+import threading
+import time
 
 import zmq
 
@@ -19,6 +26,9 @@ LINGER_MS = 200
 RECONNECT_IVL_MS = 100
 RECONNECT_IVL_MAX_MS = 1000
 """Reconnect quickly to a restarted hub, backing off to at most one try a second."""
+
+CANCEL_CHECK_MS = 50
+"""While waiting for room, how often a ``cancel`` event is looked at."""
 
 
 def check_endpoint(endpoint: str) -> str:
@@ -56,9 +66,11 @@ class Sender:
     Attributes:
         endpoint: the address connected to.
         sent: messages accepted by ZeroMQ.
-        dropped: messages dropped because the queue was full (hub slow, absent or restarting).
+        dropped: messages not sent: the queue was full (hub slow, absent or restarting) and
+            any wait allowed by ``timeout_ms`` ran out or was cancelled.
         dropped_bytes: total size of the dropped messages.
         errors: sends that failed for another reason (closed context, bad state).
+        waited: sends that found the queue full and then got room within their timeout.
     """
 
     def __init__(
@@ -88,6 +100,8 @@ class Sender:
         self.dropped = 0
         self.dropped_bytes = 0
         self.errors = 0
+        self.waited = 0
+        self._poller: zmq.Poller | None = None
         self._ctx = context or zmq.Context.instance()
         sock = self._ctx.socket(zmq.PUSH)
         sock.setsockopt(zmq.SNDHWM, hwm)
@@ -104,35 +118,69 @@ class Sender:
             raise ValueError(f"cannot connect to hub endpoint {self.endpoint!r}: {exc}") from None
         self._sock: zmq.Socket | None = sock
 
-    def send(self, data: bytes) -> bool:
-        """Queue one message without blocking.
+    def send(
+        self, data: bytes, timeout_ms: float = 0, *, cancel: threading.Event | None = None
+    ) -> bool:
+        """Queue one message; by default without ever blocking.
+
+        The collector's own path always uses the default (``timeout_ms=0``): a training
+        rank must never wait for the hub. A producer with nothing better to do than wait
+        (the simulator) may give a timeout; the message then counts as dropped only when
+        no room appeared before it ran out.
 
         Args:
             data: the encoded message.
+            timeout_ms: longest wait for room in the queue when it is full; 0 never waits.
+            cancel: when set, a wait ends at once (the message is dropped and counted);
+                looked at every ``CANCEL_CHECK_MS``.
 
         Returns:
             True when ZeroMQ accepted it, False when it was dropped (counted).
         """
         sock = self._sock
         if sock is None:
-            self.dropped += 1
-            self.dropped_bytes += len(data)
-            return False
+            return self._drop(data)
         try:
             # Always copy: zero-copy sends need pyzmq's garbage-collector thread, which is
             # gone at interpreter exit, exactly when the final flush runs.
             sock.send(data, zmq.NOBLOCK, copy=True)
         except zmq.Again:
-            self.dropped += 1
-            self.dropped_bytes += len(data)
-            return False
+            if not timeout_ms > 0 or not self._wait_and_send(sock, data, timeout_ms, cancel):
+                return self._drop(data)
+            self.waited += 1
         except zmq.ZMQError:
             self.errors += 1
-            self.dropped += 1
-            self.dropped_bytes += len(data)
-            return False
+            return self._drop(data)
         self.sent += 1
         return True
+
+    def _drop(self, data: bytes) -> bool:
+        self.dropped += 1
+        self.dropped_bytes += len(data)
+        return False
+
+    def _wait_and_send(
+        self, sock: zmq.Socket, data: bytes, timeout_ms: float, cancel: threading.Event | None
+    ) -> bool:
+        """Wait for POLLOUT (room below the HWM) and send; False when time or ``cancel``
+        ran out first. ZMQ errors other than a full queue propagate to ``send``."""
+        if self._poller is None:
+            self._poller = zmq.Poller()
+            self._poller.register(sock, zmq.POLLOUT)
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        while True:
+            if cancel is not None and cancel.is_set():
+                return False
+            left_ms = (deadline - time.monotonic()) * 1000.0
+            if left_ms <= 0:
+                return False
+            slice_ms = min(left_ms, CANCEL_CHECK_MS) if cancel is not None else left_ms
+            if self._poller.poll(max(1, int(slice_ms))):
+                try:
+                    sock.send(data, zmq.NOBLOCK, copy=True)
+                    return True
+                except zmq.Again:
+                    continue  # another message took the room (or a spurious wake)
 
     @property
     def closed(self) -> bool:
@@ -146,6 +194,7 @@ class Sender:
             linger_ms: override of the linger given at construction.
         """
         sock, self._sock = self._sock, None
+        self._poller = None
         if sock is None:
             return
         try:

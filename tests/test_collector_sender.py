@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
 import pytest
@@ -131,3 +132,70 @@ def test_bad_hwm(hwm: object) -> None:
 def test_unresolvable_tcp_address_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="cannot connect"):
         Sender("tcp://:not-a-port")
+
+
+def test_timeout_waits_for_a_late_hub_instead_of_dropping() -> None:
+    ctx = zmq.Context()
+    port = _free_port()
+    n, hwm = 300, 5
+    got: list[bytes] = []
+
+    def late_hub() -> None:
+        time.sleep(0.3)  # the sender fills its queue (hwm) and has to wait for this hub
+        pull = _pull(ctx, port)
+        got.extend(_recv_all(pull, n))
+        pull.close()
+
+    reader = threading.Thread(target=late_hub)
+    reader.start()
+    s = Sender(f"tcp://127.0.0.1:{port}", hwm=hwm, context=ctx)
+    try:
+        results = [s.send(i.to_bytes(4, "little"), timeout_ms=20_000) for i in range(n)]
+        reader.join(30)
+    finally:
+        s.close(linger_ms=0)
+        ctx.term()
+    assert all(results)
+    assert s.sent == n and s.dropped == 0 and s.dropped_bytes == 0
+    assert s.waited >= 1  # the queue was full at least once: the wait is what saved them
+    assert [int.from_bytes(b, "little") for b in got] == list(range(n))
+
+
+def test_timeout_that_runs_out_counts_one_drop() -> None:
+    with Sender(f"tcp://127.0.0.1:{_free_port()}", hwm=2, linger_ms=0) as s:
+        while s.send(b"fill"):  # no hub: fills the queue, then drops once
+            pass
+        before = s.dropped
+        assert s.send(b"late", timeout_ms=50) is False
+        assert s.dropped == before + 1
+        assert s.dropped_bytes == 4 * (before + 1)
+        assert s.waited == 0
+
+
+def test_cancel_ends_a_wait_and_counts_the_drop() -> None:
+    cancel = threading.Event()
+    with Sender(f"tcp://127.0.0.1:{_free_port()}", hwm=1, linger_ms=0) as s:
+        while s.send(b"fill"):
+            pass
+        before = s.dropped
+        out: list[bool] = []
+        waiter = threading.Thread(
+            target=lambda: out.append(s.send(b"x", timeout_ms=600_000, cancel=cancel))
+        )
+        waiter.start()
+        time.sleep(0.1)
+        cancel.set()
+        waiter.join(30)
+        assert not waiter.is_alive(), "a cancelled wait did not end"
+        assert out == [False]
+        assert s.dropped == before + 1
+        assert s.send(b"y", timeout_ms=600_000, cancel=cancel) is False  # already set
+        assert s.dropped == before + 2
+
+
+def test_default_send_never_waits_even_when_full() -> None:
+    # The collector's path: a full queue drops at once, the poller is never created.
+    with Sender(f"tcp://127.0.0.1:{_free_port()}", hwm=1, linger_ms=0) as s:
+        results = [s.send(b"z") for _ in range(50)]
+        assert results.count(False) == s.dropped >= 40
+        assert s._poller is None and s.waited == 0
