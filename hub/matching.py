@@ -49,11 +49,8 @@ class _Block:
     def stack(self, col: str) -> np.ndarray:
         """One column of every part, as a (ranks, instances) array."""
         assert self.bounds is not None
-        subs = self.subs
-        out = np.empty((len(self.ranks), int(self.bounds[-1])), subs[0][0].cols[col].dtype)
-        for i in range(len(self.ranks)):
-            np.concatenate([sub[i].cols[col] for sub in subs], out=out[i])
-        return out
+        cols = [sub[i].cols[col] for i in range(len(self.ranks)) for sub in self.subs]
+        return np.concatenate(cols).reshape(len(self.ranks), int(self.bounds[-1]))
 
     def parts(self) -> list[Part]:
         return [p for sub in self.subs for p in sub]
@@ -202,12 +199,13 @@ def _unique_keys(
     return keep, demoted
 
 
-def _relative(t: np.ndarray, t0: int) -> np.ndarray:
-    """int64 hub-clock ns -> float64 relative to ``t0`` (NaN for ``NO_TIME``), in one pass
-    (the subtraction is exact in int64; only its result is converted)."""
+def _relative(t: np.ndarray, t0: int, known: bool = False) -> np.ndarray:
+    """int64 hub-clock ns -> float64 relative to ``t0`` (NaN for ``NO_TIME``, unless the
+    times are ``known``), in one pass (the subtraction is exact in int64; only its result is
+    converted)."""
     out = np.empty(t.shape)
     np.subtract(t, np.int64(t0), out=out, casting="unsafe")
-    if t.min() <= schema.NO_TIME:
+    if not known and t.min() <= schema.NO_TIME:
         out[t == schema.NO_TIME] = np.nan
     return out
 
@@ -251,7 +249,7 @@ def _settle_block(
     counted = valid & fresh
     lens = np.broadcast_to(np.diff(np.append(starts, k)).astype(np.float64), (c, nr))
     folds = {"n": (cell[counted], lens.reshape(-1)[counted])}
-    enter = _relative(b.stack("t_enter"), run.t0)
+    enter = _relative(b.stack("t_enter"), run.t0, known=True)  # validation saw to it
     exit_ = _relative(b.stack("t_exit"), run.t0)
     if not closing.any():  # only the calls and the time inside count before completion
         sums = block_sums(enter, exit_, None, starts)
