@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rankscope.tui.settings import ViewSettings
+
 SCHEMA = "rankscope.snapshot/1"
 """Schema id of ``snapshot.json``."""
 
@@ -27,11 +29,12 @@ class SnapshotError(ValueError):
 
 @dataclass(frozen=True)
 class View:
-    """The view a snapshot restores: the TUI's choices when it was taken."""
+    """The view a snapshot restores: the TUI's choices when it was taken. Defaults are
+    the TUI's own (``rankscope.tui.settings.ViewSettings``)."""
 
     run: str | None = None
-    metric: str = "step"
-    group_by: str = "host"
+    metric: str = ViewSettings.metric
+    group_by: str = ViewSettings.group_by
     pins: tuple[int, ...] = ()
     baseline_run: str | None = None
     filter: str = ""
@@ -66,8 +69,8 @@ class View:
             raise SnapshotError(f"view.zoom must be an integer or null, got {zoom!r}")
         return cls(
             run=opt_str("run"),
-            metric=opt_str("metric") or "step",
-            group_by=opt_str("group_by") or "host",
+            metric=opt_str("metric") or ViewSettings.metric,
+            group_by=opt_str("group_by") or ViewSettings.group_by,
             pins=tuple(pins),
             baseline_run=opt_str("baseline_run"),
             filter=opt_str("filter") or "",

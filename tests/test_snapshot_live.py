@@ -89,6 +89,6 @@ def test_viewer_snapshot_of_a_live_hub_and_of_a_recording(tmp_path) -> None:
     replayed = RecordingSource(record, follow=False)
     saved = snapshot_from_source(tmp_path / "snaps2", replayed, View(), last=8)
     assert saved.content["run"] == handles.run_id
-    assert saved.content["view"]["metric"] == "step"
+    assert saved.content["view"]["metric"] == "lateness"  # the TUI's default
     assert saved.folder.parent == tmp_path / "snaps2"
     assert saved.folder.name.startswith(f"snapshot-{handles.run_id}-")

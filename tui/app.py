@@ -41,7 +41,7 @@ from rankscope.tui.report_screens import (
     StallScreen,
     StructureScreen,
 )
-from rankscope.tui.settings import GROUP_BY, METRICS, Settings
+from rankscope.tui.settings import GROUP_BY, METRICS, Settings, ViewSettings
 from rankscope.tui.sources import Sample, Source
 from rankscope.tui.viewstate import SavedView, load_view, save_view
 
@@ -87,7 +87,7 @@ class RankscopeApp(Clocks, App[int]):
     | ctrl+s | Write a snapshot bundle (Markdown, JSON, screen, raw window) in the current folder. |
     """
 
-    metric: reactive[str] = reactive("step")
+    metric: reactive[str] = reactive(ViewSettings.metric)
     """Heatmap metric (``settings.METRICS``)."""
     group_by: reactive[str] = reactive("host")
     """Row grouping dimension (``settings.GROUP_BY``)."""
