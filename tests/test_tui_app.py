@@ -349,3 +349,47 @@ async def test_narrow_terminal_hides_structure_and_keeps_the_heatmap(slow13) -> 
         heatmap = screen.query_one(Heatmap)
         assert heatmap.size.height >= 8 and heatmap.dense
         assert heatmap.size.width >= 60
+
+
+@run_async
+async def test_rerun_menu_and_experiment_form_start_from_the_verdict_on_screen(
+    slow13, healthy, monkeypatch
+) -> None:
+    from textual.widgets import Input, Select
+
+    import rankscope.diagnosis.engine as engine
+    from rankscope.tui.experiment_screen import ExperimentScreen
+    from rankscope.tui.rerun_screen import RerunScreen
+
+    app = _app([healthy, slow13])
+    app.initial_view(baseline_run="run-a")
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app)
+        await wait_for(pilot, lambda: app.analysis.baseline_run == "run-a")
+        ranked = app.analysis.ranked
+        assert [h.mechanism for h in ranked] == [h.mechanism for h in app.analysis.hypotheses]
+        top = ranked[0]
+        assert top.mechanism == "slow_device" and 13 in top.ranks
+        calls = []
+        real = engine.diagnose
+        monkeypatch.setattr(engine, "diagnose", lambda *a, **k: calls.append(a) or real(*a, **k))
+
+        await pilot.press("e")
+        form = app.screen
+        assert isinstance(form, ExperimentScreen)
+        await wait_for(pilot, lambda: form.suggested)
+        nxt = top.next_experiment
+        assert form.query_one("#hypothesis", Input).value == "slow_device"
+        assert form.query_one("#change", Input).value == nxt.change
+        assert form.query_one("#rejection", Input).value == nxt.rejects
+        assert form.query_one("#metric", Select).value == nxt.metric
+        await pilot.press("escape")
+
+        await pilot.press("r", "1")
+        menu = app.screen
+        assert isinstance(menu, RerunScreen)
+        await wait_for(pilot, lambda: menu.result is not None and not menu.planning)
+        assert menu.result.launch is None  # no hub: shown, not launched
+        ranks_line = next(line for line in menu.result.lines if line.strip().startswith("ranks:"))
+        assert ranks_line.split()[1] == "13"  # the verdict's slow rank
+        assert calls == []  # neither diagnosed the run again

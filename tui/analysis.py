@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rankscope.diagnosis.window import Window
+
+if TYPE_CHECKING:
+    from rankscope.diagnosis.verdict import Hypothesis as RankedHypothesis
 
 NS_PER_MS = 1e6
 
@@ -96,6 +99,11 @@ class AnalysisView:
     run: str
     baseline_run: str | None
     hypotheses: tuple[Hypothesis, ...] = ()
+    """Display rows of `ranked`, same order."""
+    ranked: tuple[RankedHypothesis, ...] = field(default=(), repr=False)
+    """The engine's hypotheses as ranked (``Diagnosis.verdict.hypotheses``), each with its
+    full ``next_experiment`` (change, metric, direction, supports, rejects): what the rerun
+    menu and the experiment form start from, so they agree with the verdict line."""
     structure: tuple[StructureRow, ...] = ()
     decomposition: tuple[CategoryRow, ...] = ()
     step_ms: float = math.nan
@@ -225,6 +233,7 @@ def analyse(
         run=window.run,
         baseline_run=d.baseline_run,
         hypotheses=hypothesis_rows(d.verdict),
+        ranked=tuple(d.verdict.hypotheses),
         structure=structure_rows(d.correlations),
         decomposition=rows,
         step_ms=float(np.nanmean(step)) / NS_PER_MS if np.isfinite(step).any() else math.nan,

@@ -26,7 +26,12 @@ from rankscope.launch.experiments import (
     list_experiments,
     record_experiment,
 )
-from rankscope.tui.rerun_context import RerunContext, load_windows, parent_of
+from rankscope.tui.rerun_context import (
+    RerunContext,
+    load_windows,
+    parent_of,
+    shown_hypotheses,
+)
 
 
 def result_lines(rec: ExperimentRecord) -> list[str]:
@@ -115,6 +120,9 @@ class ExperimentScreen(ModalScreen[None]):
         self.context = context
         self.evaluating = False
         self.suggested = False
+        """The form was prefilled from the diagnosis."""
+        self.suggestion_settled = False
+        """The verdict on screen was read (it may have had nothing to suggest)."""
         self.last_result: ExperimentRecord | None = None
 
     def compose(self) -> ComposeResult:
@@ -143,9 +151,32 @@ class ExperimentScreen(ModalScreen[None]):
     def on_mount(self) -> None:
         self._reload()
         self.query_one("#change", Input).focus()
+        run = parent_of(self.app)
+        if self._suggest_from(shown_hypotheses(self.app, run) if run is not None else None):
+            return
+        if getattr(self.app, "diagnosing", False) and _on_screen(self.app) == run:
+            return  # the pass under way is of this run: `show_analysis` takes it
         self._suggest_worker()
 
-    @work(thread=True, group="experiment-suggest", exit_on_error=False)
+    def _suggest_from(self, hypotheses: tuple[Any, ...] | None) -> bool:
+        """Prefill from the verdict's hypotheses; False when there are none to read."""
+        if hypotheses is None:
+            return False
+        self.suggestion_settled = True
+        suggestion = suggestion_of(hypotheses)
+        if suggestion is not None:
+            self.post_message(self.Suggested(*suggestion))
+        return True
+
+    def show_analysis(self, analysis: Any) -> None:
+        """A diagnosis pass finished while the form is open (the app routes it here)."""
+        if self.suggestion_settled:
+            return
+        run = parent_of(self.app)
+        if run is None or not self._suggest_from(shown_hypotheses(self.app, run)):
+            self._suggest_worker()
+
+    @work(thread=True, group="experiment-suggest", exclusive=True, exit_on_error=False)
     def _suggest_worker(self) -> None:
         suggestion = suggest(self.app, self.context)
         if suggestion is not None:
@@ -259,8 +290,31 @@ def judge(
         return None, str(exc)
 
 
+def suggestion_of(hypotheses: tuple[Any, ...]) -> tuple[str, str, str, str, str] | None:
+    """The next experiment of the most likely mechanism that is not ``healthy``.
+
+    Args:
+        hypotheses: ``rankscope.diagnosis.verdict.Hypothesis`` in the verdict's order.
+
+    Returns:
+        ``(hypothesis, change, metric, direction, rejects)``, or None for a healthy run.
+    """
+    top = next((h for h in hypotheses if h.mechanism != "healthy"), None)
+    if top is None:
+        return None
+    nxt = top.next_experiment
+    return top.mechanism, nxt.change, nxt.metric, nxt.direction, nxt.rejects
+
+
+def _on_screen(app: Any) -> str | None:
+    window = getattr(getattr(app, "model", None), "window", None)
+    return window.run if window is not None else None
+
+
 def suggest(app: Any, ctx: RerunContext) -> tuple[str, str, str, str, str] | None:
-    """The diagnosis' next experiment for the top hypothesis of the run on screen.
+    """The diagnosis' next experiment for the top hypothesis of the run on screen: the
+    verdict on screen when it is of that run, else a diagnosis of the run's window (the
+    run on screen is a rerun and the experiment is about its parent).
 
     Args:
         app: the app.
@@ -275,14 +329,13 @@ def suggest(app: Any, ctx: RerunContext) -> tuple[str, str, str, str, str] | Non
     run = parent_of(app)
     if run is None:
         return None
-    window = load_windows(app, ctx, [run]).get(run)
-    if window is None:
-        return None
-    top = next((h for h in diagnose(window).verdict.hypotheses if h.mechanism != "healthy"), None)
-    if top is None:
-        return None
-    nxt = top.next_experiment
-    return top.mechanism, nxt.change, nxt.metric, nxt.direction, nxt.rejects
+    hypotheses = shown_hypotheses(app, run)
+    if hypotheses is None:
+        window = load_windows(app, ctx, [run]).get(run)
+        if window is None:
+            return None
+        hypotheses = diagnose(window).verdict.hypotheses
+    return suggestion_of(hypotheses)
 
 
 def open_experiments(app: Any) -> None:

@@ -128,6 +128,27 @@ def load_windows(app: Any, ctx: RerunContext, runs: list[str]) -> dict[str, Wind
     return out
 
 
+def shown_hypotheses(app: Any, run: str) -> tuple[Any, ...] | None:
+    """The ranked hypotheses of the diagnosis on screen, when it is of ``run``.
+
+    The app's diagnosis clock has already judged the run on screen (against the baseline
+    when one is chosen); the rerun menu and the experiment form start from that verdict
+    instead of diagnosing again, so they propose what the verdict line says.
+
+    Args:
+        app: the app (its ``analysis``, a `rankscope.tui.analysis.AnalysisView`).
+        run: the run to plan or experiment on.
+
+    Returns:
+        ``rankscope.diagnosis.verdict.Hypothesis`` in the verdict's order, or None when the
+        analysis on screen is of another run, failed, or has not arrived yet.
+    """
+    analysis = getattr(app, "analysis", None)
+    if analysis is None or analysis.run != run or not analysis.ranked:
+        return None
+    return tuple(analysis.ranked)
+
+
 def session_of(app: Any) -> RerunSession:
     """The app's rerun session, created on first use."""
     session = getattr(app, "_rerun_session", None)

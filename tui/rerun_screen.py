@@ -20,7 +20,13 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from rankscope.launch.runner import Launch
-from rankscope.tui.rerun_context import RerunContext, load_windows, parent_of, session_of
+from rankscope.tui.rerun_context import (
+    RerunContext,
+    load_windows,
+    parent_of,
+    session_of,
+    shown_hypotheses,
+)
 
 SCOPE_KEYS = {"one-rank": "1", "one-node": "n", "two-node": "2", "full": "f"}
 
@@ -187,7 +193,8 @@ class RerunScreen(ModalScreen[str | None]):
 
 
 def plan_rerun(app: Any, ctx: RerunContext, scope: str) -> PlanResult:
-    """Diagnose the run on screen, propose a rerun at ``scope`` and render its command.
+    """Propose a rerun of the run on screen at ``scope`` from its verdict (the one on
+    screen, else a fresh diagnosis) and render its command.
 
     Args:
         app: the app (its source and the run on screen).
@@ -212,7 +219,11 @@ def plan_rerun(app: Any, ctx: RerunContext, scope: str) -> PlanResult:
         if window is None:
             return PlanResult(scope, None, (), f"run {parent} has no steps yet")
         ctx = ctx.with_launcher_for(window)
-        plan = propose(window, diagnose(window).verdict.hypotheses, scope)
+        # The verdict on screen when it is of this run, so the plan acts on what it says.
+        hypotheses = shown_hypotheses(app, parent)
+        if hypotheses is None:
+            hypotheses = diagnose(window).verdict.hypotheses
+        plan = propose(window, hypotheses, scope)
         if ctx.hub is None or ctx.record is None:
             why = "no hub to report to" if ctx.hub is None else "no recording to log beside"
             text = tuple(plan_text(plan))
