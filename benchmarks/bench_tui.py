@@ -16,15 +16,21 @@ instance table the arrivals panel reads). The diagnosis runs on its own slower c
 is benchmarked in the diagnosis section.
 
 Memory (target ≤ 1 GiB for 16,384 ranks × 1,000 steps). A hub store (the one ``watch``
-runs) takes 1,000 steps from 16,384 ranks as real wire messages through its intake; the
-view then asks it for its window and builds its model. Reported: the process's resident
-memory growth for the store, and what the view holds on top (window + model), from
-tracemalloc. Absolute times depend on this machine; compare ratios across sizes.
+runs) takes 1,000 steps from 16,384 ranks as real wire messages through its intake, then
+the same again for a second run, the baseline; the view asks the store for its window,
+builds its model, and reads the baseline's window as the app does once a baseline is
+chosen (``sources.baseline_window``, bounded by ``view.baseline_max_cells``). Reported: the
+store's memory (resident growth, and what it still holds once the C heap returns the
+memory freed by ingest, ``malloc_trim``), and what the view holds on top (window + model,
+baseline window), from tracemalloc. Absolute times depend on this machine; compare ratios
+across sizes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import gc
 import os
 import statistics
@@ -190,27 +196,23 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def store_and_view_memory(n_ranks: int, n_steps: int, chunk: int) -> dict[str, float]:
-    """Feed ``n_steps`` steps of ``n_ranks`` ranks into a hub store, then build the view.
-
-    Returns:
-        ``store_mib`` (RSS growth while ingesting), ``view_mib`` (tracemalloc of window +
-        model), ``kept_steps`` (steps the store holds per rank), ``ingest_s``.
-    """
-    from rankscope.collector import schema
-    from rankscope.hub.intake import Intake
-    from rankscope.hub.store import Store
-    from rankscope.tui.mainmodel import ViewState, build_main_model
-    from rankscope.tui.settings import Settings
-    from rankscope.tui.sources import StoreSource, sample
-
+def _held_bytes() -> int:
+    """Resident memory once the C heap has returned what was freed (glibc's
+    ``malloc_trim``; elsewhere the plain resident size)."""
     gc.collect()
-    rss0 = _rss_bytes()
-    store = Store(history_steps=n_steps)
-    intake = Intake(store)
-    t0 = time.perf_counter()
+    name = ctypes.util.find_library("c")
+    if name:
+        trim = getattr(ctypes.CDLL(name), "malloc_trim", None)
+        if trim is not None:
+            trim(0)
+    return _rss_bytes()
+
+
+def _feed(intake, run: str, n_ranks: int, n_steps: int, chunk: int) -> None:
+    from rankscope.collector import schema
+
     for r in range(n_ranks):
-        header = {"job": "bench", "run": "mem", "rank": r, "inc": 0, "batch": 0}
+        header = {"job": "bench", "run": run, "rank": r, "inc": 0, "batch": 0}
         ident = {
             "rank": r,
             "world_size": n_ranks,
@@ -228,28 +230,82 @@ def store_and_view_memory(n_ranks: int, n_steps: int, chunk: int) -> dict[str, f
             cols["step"] = steps
             cols["t_start"] = base + steps * 1_300_000_000 + r
             cols["t_end"] = cols["t_start"] + 1_000_000_000
-            header = {"job": "bench", "run": "mem", "rank": r, "inc": 0, "batch": 1 + s0}
+            header = {"job": "bench", "run": run, "rank": r, "inc": 0, "batch": 1 + s0}
             intake.feed(schema.steps_message(header, cols), 0)
-    store.settle()
-    ingest_s = time.perf_counter() - t0
+    intake.store.settle()
+
+
+def _traced(fn):
+    """``(result, MiB that fn's result holds)`` by tracemalloc."""
     gc.collect()
-    store_mib = (_rss_bytes() - rss0) / 2**20
-    kept = store.window("mem", None).steps.size
     tracemalloc.start()
-    view_settings = Settings().view
-    smp = sample(
-        StoreSource(store, "bench"), None, view_settings.window_steps, view_settings.max_cells
-    )
-    model = build_main_model(smp, ViewState())
+    out = fn()
     current, _peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    assert model.grid is not None
-    assert smp.window is not None
+    return out, current / 2**20
+
+
+def store_and_view_memory(n_ranks: int, n_steps: int, chunk: int) -> dict[str, float]:
+    """Feed ``n_steps`` steps of ``n_ranks`` ranks of a run and of its baseline run into a
+    hub store, then build the view with the baseline chosen.
+
+    Returns:
+        ``store_rss_mib`` (resident growth while ingesting the run), ``store_mib`` (what
+        the store holds for it), ``baseline_store_mib`` (what it holds for the baseline
+        run), ``view_mib`` (window + model), ``baseline_mib`` (the baseline window as the
+        app reads it), ``uncapped_baseline_mib`` (the same within ``view.max_cells``, as
+        before the baseline had its own bound), ``kept_steps``, ``view_steps``,
+        ``baseline_steps``, ``ingest_s``.
+    """
+    from rankscope.hub.intake import Intake
+    from rankscope.hub.store import Store
+    from rankscope.tui.mainmodel import ViewState, build_main_model
+    from rankscope.tui.settings import Settings
+    from rankscope.tui.sources import StoreSource, baseline_window, sample
+
+    held0 = _held_bytes()
+    rss0 = _rss_bytes()
+    store = Store(history_steps=n_steps)
+    intake = Intake(store)
+    t0 = time.perf_counter()
+    _feed(intake, "mem", n_ranks, n_steps, chunk)
+    ingest_s = time.perf_counter() - t0
+    gc.collect()
+    store_rss = _rss_bytes() - rss0
+    held1 = _held_bytes()
+    _feed(intake, "base", n_ranks, n_steps, chunk)
+    held2 = _held_bytes()
+    kept = store.run_state("mem").H  # the ring's steps per rank (a full window would be ~1 GiB)
+
+    v = Settings().view
+    source = StoreSource(store, "bench")
+
+    def build_view():
+        smp = sample(source, "mem", v.window_steps, v.max_cells)
+        return smp, build_main_model(smp, ViewState())
+
+    (smp, model), view_mib = _traced(build_view)
+    assert model.grid is not None and smp.window is not None
+
+    def read_baseline(max_cells: int):
+        return baseline_window(source, "base", smp.runs, v.window_steps, max_cells)
+
+    uncapped, uncapped_mib = _traced(lambda: read_baseline(v.max_cells))
+    del uncapped
+    baseline, baseline_mib = _traced(lambda: read_baseline(v.baseline_max_cells))
+    assert baseline is not None
+    with_baseline = build_main_model(smp, ViewState(), baseline)
+    assert with_baseline.header is not None and with_baseline.header.baseline is not None
     return {
-        "store_mib": store_mib,
-        "view_mib": current / 2**20,
+        "store_rss_mib": store_rss / 2**20,
+        "store_mib": (held1 - held0) / 2**20,
+        "baseline_store_mib": (held2 - held1) / 2**20,
+        "view_mib": view_mib,
+        "baseline_mib": baseline_mib,
+        "uncapped_baseline_mib": uncapped_mib,
         "kept_steps": float(kept),
         "view_steps": float(smp.window.steps.size),
+        "baseline_steps": float(baseline.steps.size),
         "ingest_s": ingest_s,
     }
 
@@ -287,19 +343,29 @@ def run(quick: bool) -> str:
     ]
     n_ranks, n_steps = (4096, 200) if quick else (16384, 1000)
     mem = store_and_view_memory(n_ranks, n_steps, chunk=100 if not quick else 50)
-    total = mem["store_mib"] + mem["view_mib"]
+    total = mem["store_mib"] + mem["view_mib"] + mem["baseline_mib"]
     lines += [
         "",
         f"Memory with {n_ranks:,} ranks × {n_steps:,} steps fed to a hub store through its "
-        f"intake ({mem['ingest_s']:.0f} s): the store keeps {mem['kept_steps']:.0f} steps per "
-        "rank (its `max_cells` bound); target ≤ 1 GiB.",
+        f"intake ({mem['ingest_s']:.0f} s), then a baseline run of the same size: the store "
+        f"keeps {mem['kept_steps']:.0f} steps per rank of each (its `max_cells` bound). The "
+        f"store's resident growth while ingesting the run was {mem['store_rss_mib']:.0f} MiB; "
+        "the rest of that is heap freed by ingest that the C library keeps for reuse (the "
+        "view's windows reuse it), so the table counts what the store holds once it is "
+        "returned. Target ≤ 1 GiB.",
         "",
         "| part | MiB |",
         "|---|---:|",
-        f"| store (RSS growth, steps table only) | {mem['store_mib']:.0f} |",
-        f"| view: window of {mem['view_steps']:.0f} steps (the view's `max_cells` bound) + "
-        f"main model (tracemalloc) | {mem['view_mib']:.0f} |",
-        f"| total | {total:.0f} |",
+        f"| store: the run (steps table only) | {mem['store_mib']:.0f} |",
+        f"| view: window of {mem['view_steps']:.0f} steps (`view.max_cells`) + main model "
+        f"(tracemalloc) | {mem['view_mib']:.0f} |",
+        f"| view: baseline window of {mem['baseline_steps']:.0f} steps "
+        f"(`view.baseline_max_cells`) | {mem['baseline_mib']:.0f} |",
+        f"| **total, baseline chosen** | **{total:.0f}** |",
+        f"| (the baseline window within `view.max_cells` instead) "
+        f"| ({mem['uncapped_baseline_mib']:.0f}) |",
+        f"| (the baseline run's own rows in the store, held whether or not it is chosen) "
+        f"| ({mem['baseline_store_mib']:.0f}) |",
     ]
     return "\n".join(lines) + "\n"
 

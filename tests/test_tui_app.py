@@ -393,3 +393,48 @@ async def test_rerun_menu_and_experiment_form_start_from_the_verdict_on_screen(
         ranks_line = next(line for line in menu.result.lines if line.strip().startswith("ranks:"))
         assert ranks_line.split()[1] == "13"  # the verdict's slow rank
         assert calls == []  # neither diagnosed the run again
+
+
+@run_async
+async def test_a_baseline_cut_to_its_own_bound_still_serves_every_comparison() -> None:
+    from dataclasses import replace
+
+    from rankscope.tui.screenshots import simulated_store
+    from rankscope.tui.sources import StoreSource
+
+    store = simulated_store(
+        [("seed-example-baseline", "run-0412", 32, 40), ("seed-example", "run-0419", 32, 40)]
+    )
+    reads: list[tuple[str, int]] = []
+
+    class Counting(StoreSource):
+        def window(self, run, last):
+            reads.append((run, last))
+            return super().window(run, last)
+
+    settings = deterministic_settings()
+    settings = replace(settings, view=replace(settings.view, baseline_max_cells=1024))
+    app = make_app(settings, Counting(store, "store"))
+    app.initial_view(baseline_run="run-0412")
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app)
+        await wait_for(pilot, lambda: app.analysis.baseline_run == "run-0412")
+        assert app.model.window.steps.size == 40
+        assert app._baseline.steps.size == 32  # 1,024 cells / 32 ranks
+        header = app.model.header
+        assert header.baseline is not None and header.baseline.steps == 32
+        assert header.baseline.p50 < header.stats.p50
+        analysis = app.analysis
+        rows = {r.category: r for r in analysis.decomposition}
+        assert all(np.isfinite(r.baseline_ms) for r in rows.values())
+        assert analysis.first_appears == "arrival_wait"
+        assert abs(rows["compute"].delta_ms) < 0.1 * rows["compute"].baseline_ms
+        assert any(np.isfinite(c.baseline_busbw_gbps) for c in analysis.curves)
+        assert {m.field for m in analysis.manifest}  # the worked example changed its config
+        assert analysis.ranked[0].mechanism == "data_imbalance"
+        # A finished baseline is read once, not on every tick of the sampling clock.
+        before = [r for r in reads if r[0] == "run-0412"]
+        assert before == [("run-0412", 32)]
+        await pilot.pause(0.8)  # three sampling periods at 4 Hz
+        assert [r for r in reads if r[0] == "run-0412"] == before
+        assert sum(r[0] == "run-0419" for r in reads) > 1

@@ -16,6 +16,7 @@ from rankscope.tui.sources import (
     RunEntry,
     StaticSource,
     StoreSource,
+    baseline_window,
     run_entry,
     sample,
 )
@@ -37,6 +38,29 @@ def test_sample_picks_the_newest_full_run(window) -> None:
     missing = sample(StaticSource([window]), "nope", 100)
     assert missing.window is None and missing.error == "no steps yet"
     assert sample(StaticSource([]), None, 10).error == "no runs yet"
+
+
+def test_baseline_window_has_its_own_bound_and_is_read_again_only_when_it_grows() -> None:
+    base = synthetic_run(64, 12, run="base")
+    asked: list[int] = []
+
+    class Counting(StaticSource):
+        def window(self, run, last):
+            asked.append(last)
+            return super().window(run, last)
+
+    source = Counting([base])
+    runs = source.runs()
+    first = baseline_window(source, "base", runs, 120, max_cells=2048)
+    assert first is base and asked == [32]  # 2,048 cells / 64 ranks
+    # A finished baseline: its last step is the one already read, so it is not read again.
+    assert baseline_window(source, "base", runs, 120, 2048, previous=first) is first
+    assert asked == [32]
+    grown = [RunEntry(r.job, r.run, world_size=64, last_step=r.last_step + 1) for r in runs]
+    baseline_window(source, "base", grown, 120, 2048, previous=first)
+    assert asked == [32, 32]
+    # Another baseline run never reuses the previous one's window.
+    assert baseline_window(source, "other", runs, 120, 2048, previous=first) is None
 
 
 def test_sample_reports_store_errors_instead_of_raising(window) -> None:

@@ -20,7 +20,7 @@ from rankscope.tui.mainmodel import ViewState, build_main_model
 from rankscope.tui.messages import AnalysisReady, ModelReady
 from rankscope.tui.report_screens import StallScreen
 from rankscope.tui.settings import Settings
-from rankscope.tui.sources import Sample, Source, sample, steps_within
+from rankscope.tui.sources import Sample, Source, baseline_window, sample
 
 if TYPE_CHECKING:
     from textual.app import App
@@ -107,9 +107,14 @@ class Clocks(_Base):
         ):
             try:
                 v = self.settings.view
-                world = next((r.world_size for r in smp.runs if r.run == baseline_run), 0)
-                last = steps_within(v.window_steps, world, v.max_cells)
-                baseline = self.source.window(baseline_run, last)
+                baseline = baseline_window(
+                    self.source,
+                    baseline_run,
+                    smp.runs,
+                    v.window_steps,
+                    v.baseline_max_cells,
+                    previous=baseline,
+                )
             except Exception:  # a baseline that cannot be read is shown as none
                 baseline = None
         model = build_main_model(smp, view, baseline)

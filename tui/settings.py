@@ -65,6 +65,11 @@ class ViewSettings:
     """Most rank × step cells one window may hold: a larger world gets fewer steps (at
     least 16), which keeps the view's memory bounded (a window is ~40 float64 arrays of
     that many cells)."""
+    baseline_max_cells: int = 262_144
+    """Most rank × step cells of the baseline run's window. The baseline is a reference —
+    its step-time distribution, mean decomposition, work per step, message-size curves and
+    manifest — which a few steps of every rank measure about as well as many, so it gets a
+    quarter of ``max_cells``: 16 steps (~75 MiB) at 16,384 ranks next to the run's 64."""
     rank_rows_max: int = 64
     """Up to this many ranks each get their own heatmap row; above it, rows are groups
     showing their worst rank (zoom into a group with ``enter``)."""
@@ -160,6 +165,11 @@ def _validate(settings: Settings, where: str) -> Settings:
         (v.window_steps >= 2, "view.window_steps", f"must be >= 2, got {v.window_steps}"),
         (v.rank_rows_max >= 1, "view.rank_rows_max", f"must be >= 1, got {v.rank_rows_max}"),
         (v.max_cells >= 1024, "view.max_cells", f"must be >= 1024, got {v.max_cells}"),
+        (
+            v.baseline_max_cells >= 1024,
+            "view.baseline_max_cells",
+            f"must be >= 1024, got {v.baseline_max_cells}",
+        ),
         (v.pin_slowest >= 1, "view.pin_slowest", f"must be >= 1, got {v.pin_slowest}"),
         (v.last_arrivals >= 1, "view.last_arrivals", f"must be >= 1, got {v.last_arrivals}"),
         (

@@ -130,6 +130,45 @@ def sample(source: Source, run: str | None, last: int, max_cells: int | None = N
     return Sample(runs, run, window, health, "" if window is not None else "no steps yet")
 
 
+def baseline_window(
+    source: Source,
+    run: str,
+    runs: Sequence[RunEntry],
+    last: int,
+    max_cells: int | None,
+    previous: Window | None = None,
+) -> Window | None:
+    """The baseline run's window, within its own cell bound (``view.baseline_max_cells``).
+
+    A baseline is usually a finished run: ``previous`` (the window read last time) is
+    returned as it is while the run list shows no newer step, so a finished baseline is
+    read once, not on every tick.
+
+    Args:
+        source: where to read.
+        run: the baseline run.
+        runs: the run list of the latest sample.
+        last: steps wanted.
+        max_cells: bound on ranks × steps of the baseline window (see `steps_within`).
+        previous: the baseline window read before, if any.
+
+    Returns:
+        The window (None when the run has no steps).
+    """
+    entry = next((r for r in runs if r.run == run), None)
+    if (
+        previous is not None
+        and previous.run == run
+        and entry is not None
+        and entry.last_step >= 0
+        and previous.steps.size > 0
+        and int(previous.steps[-1]) == entry.last_step
+    ):
+        return previous
+    world = entry.world_size if entry is not None else 0
+    return source.window(run, steps_within(last, world, max_cells))
+
+
 def run_entry(summary: Any) -> RunEntry:
     """Convert a store's run summary (any object or mapping with the usual names).
 
