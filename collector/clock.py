@@ -102,7 +102,8 @@ class ClockSync:
         self.synced = False
         self.pings = 0
         self.answered = 0
-        self._burst_left = max(0, int(burst))
+        self._burst = max(0, int(burst))
+        self._burst_left = self._burst
         self._resync_ns = int(resync_s * 1e9)
         self._timeout_ns = int(timeout_s * 1e9)
         self._window_ns = int(window_s * 1e9)
@@ -122,6 +123,16 @@ class ClockSync:
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
             sock.connect(check_endpoint(endpoint))
             self.socket = sock
+
+    def restart(self) -> None:
+        """Forget the samples and ping in a burst again (the hub restarted, maybe elsewhere).
+
+        The current offset stays in use until the first new answer replaces it.
+        """
+        self._samples.clear()
+        self._outstanding = None
+        self._burst_left = self._burst
+        self._next_ns = self._now()
 
     def to_hub(self, local_ns: int) -> int:
         """Convert one local monotonic time to the hub clock."""

@@ -512,7 +512,8 @@ class Monitor:
             rows refused when full), ``incomplete_colls``, ``errors`` (reason -> count),
             ``clock_offset_ns``, ``clock_error_ns``, ``clock_synced``, ``sent_batches``,
             ``sent_rows``, ``sampler_dropped``, ``pump_cpu_s`` and ``sampler_cpu_s`` (CPU
-            seconds the background threads used).
+            seconds the background threads used), ``reconnects`` (times the hub came back
+            after the connection was lost).
         """
         sender = self.pump.sender
         return {
@@ -528,6 +529,7 @@ class Monitor:
             "sampler_dropped": self._sampler.dropped if self._sampler else 0,
             "pump_cpu_s": round(self.pump.cpu_s, 4),
             "sampler_cpu_s": round(self._sampler.cpu_s, 4) if self._sampler else 0.0,
+            "reconnects": sender.reconnects if sender else 0,
         }
 
     # -- identity and manifest (called on the pump thread) -----------------------------

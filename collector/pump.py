@@ -39,7 +39,8 @@ MAX_BATCH_ROWS = 100_000
 """Rows of one table in one message (well under ``schema.MAX_ROWS``)."""
 
 HELLO_EVERY_S = 30.0
-"""A restarted hub learns identity and groups again within this long."""
+"""Hello and groups are sent again this often, besides at once after a reconnect: a
+restarted hub learns them within this long even if the reconnect went unseen."""
 
 STATS_EVERY_S = 5.0
 
@@ -178,6 +179,10 @@ class Pump:
         poller = zmq.Poller()
         if self.clock.socket is not None:
             poller.register(self.clock.socket, zmq.POLLIN)
+        sender = self.sender
+        link = sender.watch()
+        if link is not None:
+            poller.register(link, zmq.POLLIN)
         now = self._now()
         next_flush = now
         next_hello = now
@@ -186,23 +191,32 @@ class Pump:
             stopping = self._stop.is_set()
             try:
                 now = self._now()
-                if now >= next_hello or self._resend_hello:
+                if sender.read_events():
+                    # The hub came back, maybe as a fresh process that knows nothing of
+                    # this rank: identity and groups first, then the rows held meanwhile.
+                    self._resend_hello = True
+                    self._wake_now = True
+                    self.clock.restart()
+                # While the hub is away, rows wait in the rings (bounded; full rings drop
+                # and count) instead of queueing behind a hello the next hub never saw.
+                held = sender.connected is False and not stopping
+                if not held and (now >= next_hello or self._resend_hello):
                     self._resend_hello = False
                     self._enrich_identity()
                     self._send_hello()
                     self._groups_sent = -1
                     next_hello = now + int(HELLO_EVERY_S * 1e9)
-                if self._groups_sent != mon._groups_version:
+                if not held and self._groups_sent != mon._groups_version:
                     self._send_groups()
                 self.clock.tick()
                 for task in self.tasks:
                     task()
-                if stopping or now >= next_flush or self._wake_now:
+                if not held and (stopping or now >= next_flush or self._wake_now):
                     self._wake_now = False
                     self._flush(final=stopping)
                     next_flush = now + self.flush_ns
                 self.cpu_s = time.thread_time()
-                if stopping or now >= next_stats:
+                if not held and (stopping or now >= next_stats):
                     self._send_stats()
                     next_stats = now + int(STATS_EVERY_S * 1e9)
             except Exception as exc:  # keep pumping: a bad batch must not stop the stream
@@ -211,7 +225,7 @@ class Pump:
                 break
             due = min(next_flush, next_hello, next_stats, self.clock.next_due_ns())
             wait_ms = max(1, min(self.flush_ns, due - self._now()) // 1_000_000)
-            if self.clock.socket is not None:
+            if poller.sockets:
                 poller.poll(wait_ms)
             else:
                 self._stop.wait(wait_ms / 1000)

@@ -16,6 +16,7 @@ import threading
 import time
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 DEFAULT_HWM = 1000
 """Messages queued per connection before new ones are dropped (a few MB of step batches)."""
@@ -71,6 +72,9 @@ class Sender:
         dropped_bytes: total size of the dropped messages.
         errors: sends that failed for another reason (closed context, bad state).
         waited: sends that found the queue full and then got room within their timeout.
+        connected: after ``watch``: True while connected to the hub, False after the
+            connection was lost, None before the first connection.
+        reconnects: connections made after a lost one (the hub restarted or came back).
     """
 
     def __init__(
@@ -101,7 +105,10 @@ class Sender:
         self.dropped_bytes = 0
         self.errors = 0
         self.waited = 0
+        self.connected: bool | None = None
+        self.reconnects = 0
         self._poller: zmq.Poller | None = None
+        self._monitor: zmq.Socket | None = None
         self._ctx = context or zmq.Context.instance()
         sock = self._ctx.socket(zmq.PUSH)
         sock.setsockopt(zmq.SNDHWM, hwm)
@@ -182,6 +189,48 @@ class Sender:
                 except zmq.Again:
                     continue  # another message took the room (or a spurious wake)
 
+    def watch(self) -> zmq.Socket | None:
+        """Follow the connection to the hub through ZeroMQ's socket monitor.
+
+        Returns:
+            A socket that turns readable (``POLLIN``) when the connection is made or lost;
+            call ``read_events`` then. None when monitoring is unavailable or closed.
+        """
+        if self._monitor is None and self._sock is not None:
+            try:
+                self._monitor = self._sock.get_monitor_socket(
+                    zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+                )
+            except zmq.ZMQError:
+                self._monitor = None
+        return self._monitor
+
+    def read_events(self) -> bool:
+        """Take the pending connection events (never blocks).
+
+        Returns:
+            True when the connection came back after being lost since the last call: a
+            hub that restarted without its recording must then hear ``hello`` again.
+        """
+        mon = self._monitor
+        back = False
+        while mon is not None:
+            try:
+                event = recv_monitor_message(mon, zmq.NOBLOCK)["event"]
+            except zmq.Again:
+                break
+            except zmq.ZMQError:
+                self.errors += 1
+                break
+            if event == zmq.EVENT_CONNECTED:
+                if self.connected is False:
+                    self.reconnects += 1
+                    back = True
+                self.connected = True
+            elif event == zmq.EVENT_DISCONNECTED:
+                self.connected = False
+        return back
+
     @property
     def closed(self) -> bool:
         """True after ``close``."""
@@ -195,8 +244,15 @@ class Sender:
         """
         sock, self._sock = self._sock, None
         self._poller = None
+        mon, self._monitor = self._monitor, None
         if sock is None:
             return
+        if mon is not None:
+            try:
+                sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            mon.close(linger=0)
         try:
             sock.close(linger=None if linger_ms is None else max(0, int(linger_ms)))
         except zmq.ZMQError:

@@ -26,6 +26,7 @@ class FakeHub:
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.bind(f"tcp://127.0.0.1:{port}")
+        self.port = port
         self.offset_ns = offset_ns
         self.delay_s = delay_s
         self.answered = 0
@@ -153,3 +154,31 @@ def test_clock_endpoint_convention() -> None:
     for bad in ("tcp://host", "tcp://host:port", "tcp://host:65535", "nonsense"):
         with pytest.raises(ValueError, match="endpoint"):
             clock_endpoint(bad)
+
+
+def test_restart_forgets_the_old_hub_and_learns_the_new_offset() -> None:
+    # A hub restarted on another machine has another clock: its first answers must win
+    # even when the old hub's samples had a smaller round trip.
+    ctx = zmq.Context()
+    port = _free_port()
+    old = FakeHub(ctx, port, offset_ns=0)
+    clock = ClockSync(f"tcp://127.0.0.1:{port}", context=ctx, burst=4, resync_s=3600)
+    try:
+        _drive(clock, time.monotonic() + 10, want_answers=4)
+        assert abs(clock.offset_ns) <= clock.error_ns
+        old.close()
+        new = FakeHub(ctx, _free_port(), offset_ns=7_000_000_000_000, delay_s=0.002)
+        try:
+            clock.socket.disconnect(f"tcp://127.0.0.1:{port}")  # type: ignore[union-attr]
+            clock.socket.connect(f"tcp://127.0.0.1:{new.port}")  # type: ignore[union-attr]
+            before = clock.answered
+            clock.restart()
+            assert clock.next_due_ns() <= time.monotonic_ns()  # pings again at once
+            _drive(clock, time.monotonic() + 10, want_answers=before + 4)
+            assert clock.answered >= before + 4
+            assert abs(clock.offset_ns - 7_000_000_000_000) <= clock.error_ns
+        finally:
+            new.close()
+    finally:
+        clock.close()
+        ctx.term()

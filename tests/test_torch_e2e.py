@@ -9,9 +9,13 @@ nothing it had recorded while the job carries on.
 from __future__ import annotations
 
 import os
+import random
+import re
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -35,23 +39,28 @@ STEPS = 12
 
 
 def free_port_pair() -> int:
-    """A port P with P and P + 1 free (hub data and clock)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port >= 65534:
+    """A port P with P and P + 1 free (hub data and clock), outside the ephemeral range:
+    a collector reconnecting to a port in that range may be handed the same port as its
+    own local end (a TCP self-connection), and a hub restarted there could not bind it."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(v) for v in f.read().split())
+    except (OSError, ValueError):
+        lo, hi = 32768, 60999
+    rng = random.Random()
+    for _ in range(500):
+        port = rng.randrange(20000, lo - 2) if lo > 20002 else rng.randrange(hi + 1, 65533)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 1))
+        except OSError:
             continue
-        with socket.socket() as s2:
-            try:
-                s2.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
         return port
     raise RuntimeError("no free port pair")
 
 
-def start_hub_on(port: int, record: str) -> Hub:
+def start_hub_on(port: int, record: str | None) -> Hub:
     """A hub on a port just released: the kernel may need a moment to free it."""
     for _ in range(50):
         try:
@@ -254,6 +263,83 @@ def test_hub_killed_and_restarted_mid_run(tmp_path: Path) -> None:
     assert steps_before <= complete, "steps recorded before the restart were lost"
     assert max(complete) >= steps - 1, "no data after the restart"
     assert len(complete) > len(steps_before)
+
+
+def test_fresh_hub_without_recording_learns_the_ranks_again(tmp_path: Path) -> None:
+    """A hub process killed, and a new one on the same port that knows nothing (no
+    recording): the running job's collectors say hello again as soon as they reconnect,
+    and from then on every message is accepted."""
+    port = free_port_pair()
+    endpoint = f"tcp://127.0.0.1:{port}"
+    first = subprocess.Popen(
+        [sys.executable, "-m", "rankscope", "hub", "--bind", endpoint, "--status-every", "0.2"],
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    seen = [-1]
+
+    def follow() -> None:
+        assert first.stdout is not None
+        for line in first.stdout:
+            m = re.search(r"last step (\d+)", line)
+            if m:
+                seen[0] = int(m.group(1))
+
+    threading.Thread(target=follow, daemon=True).start()
+    steps = 100
+    job = torchrun(
+        "--standalone",
+        "--nproc_per_node=4",
+        SCRIPT,
+        f"--steps={steps}",
+        "--step-sleep-ms=60",
+        "--rankscope=explicit",
+    )
+    proc = subprocess.Popen(
+        job,
+        env=clean_env(RANKSCOPE_HUB=endpoint),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    hub: Hub | None = None
+    try:
+        assert wait_for(lambda: seen[0] >= 5, timeout=90), "the first hub saw no steps"
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        assert proc.poll() is None, "the job should still be running"
+        hub = start_hub_on(port, None)
+
+        def ranks_known() -> int:
+            runs = hub.store.runs()
+            return runs[0].n_ranks_seen if runs else 0
+
+        assert wait_for(lambda: ranks_known() == 4, timeout=20), (
+            f"the new hub did not hear every rank's hello: {hub.health['rejects']}"
+        )
+        unknown_at_hello = hub.health["rejects"].get("unknown_rank", 0)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-4000:]
+        run_id = hub.store.runs()[0].run
+        assert wait_for(lambda: (hub.store.runs()[0].last_step or -1) >= steps - 1)
+        hub.stop()
+        rejects = hub.health["rejects"]
+        assert rejects.get("unknown_rank", 0) == unknown_at_hello, rejects
+        w = hub.store.window(run_id)
+        complete = sorted(w.steps[w.present.all(axis=0)].tolist())
+        # Every step from the first one the new hub saw to the end, from all four ranks.
+        assert complete == list(range(complete[0], steps)), complete
+        assert complete[0] < steps - 20, "too little of the job ran after the restart"
+        assert 0 in w.groups and len(w.groups[0].ranks) == 4
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if first.poll() is None:
+            first.kill()
+        if hub is not None:
+            hub.stop()
 
 
 P2P_SCRIPT = """

@@ -51,6 +51,11 @@ def mon(world):
         sample_interval_s=0,
         clock_sync=False,
     ).start()
+    # The background thread's first pass ships whatever is in the rings; let it happen
+    # before the test writes rows it means to read back.
+    end = time.monotonic() + 20
+    while m.pump.cpu_s == 0.0 and time.monotonic() < end:
+        time.sleep(0.005)
     torch_hooks.install(m)
     yield m
     torch_hooks.uninstall()
