@@ -4,7 +4,8 @@ Run it with torchrun (gloo on CPU, NCCL when CUDA is present):
 
     torchrun --nproc_per_node=2 examples/gpt_packing.py --steps 40 --packer attn
 
-Instrumented without touching the code:
+Instrumented without touching the code, with a hub running (``rankscope hub --record
+/tmp/rec``, or ``rankscope watch`` for the live view):
 
     rankscope run --hub tcp://127.0.0.1:5555 -- torchrun --nproc_per_node=2 \\
         examples/gpt_packing.py --steps 40
