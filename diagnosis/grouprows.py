@@ -4,10 +4,10 @@ Arrival skew, transfer, message-size curves and slow-link findings all read the 
 so the instance table — ten million rows at 4,096 ranks with tensor parallelism — is keyed
 once here. Only complete instances (every member arrived, two or more members) contribute.
 
-Counts, means and maxima use every instance. Percentiles use every instance of a row with
-up to ``SAMPLE_CAP`` of them, and an evenly spread deterministic sample of ``SAMPLE_CAP``
-otherwise (a row's p99 from 2,048 draws is within a fraction of a percentile of the full
-one); per-step transfer bursts read the same sample.
+Counts and maxima use every instance. Percentiles and mean sizes use every instance of a
+row with up to ``SAMPLE_CAP`` of them, and an even deterministic stride of about
+``SAMPLE_CAP`` otherwise (a row's p99 from 2,048 draws is within a fraction of a
+percentile of the full one); per-step transfer bursts read the same sample.
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ from rankscope.diagnosis.robust import dense_codes, group_quantiles
 from rankscope.diagnosis.window import InstanceTable
 
 SAMPLE_CAP = 2048
-"""Instances per row that percentiles are computed from (all of them below this)."""
-_GOLDEN = 0.6180339887498949
+"""About how many instances per row percentiles are computed from (all of them below this)."""
 _N_OPS = len(OPS) + 1
 _N_BUCKETS = 66  # buckets -1..64, stored +1
 
@@ -87,14 +86,50 @@ class GroupSkew:
         return int(self.group.shape[0])
 
 
-def _row_max(inv: np.ndarray, values: np.ndarray, k: int) -> np.ndarray:
-    """Maximum per row over known values (NaN for a row with none)."""
+def _row_max(inv: np.ndarray, values: np.ndarray, k: int, starts: np.ndarray | None) -> np.ndarray:
+    """Maximum per row over known values (NaN for a row with none).
+
+    ``starts`` are the starts of runs of equal ``inv`` (instances usually arrive grouped by
+    process group): the maximum of each run first, then of the runs per row.
+    """
     out = np.full(k, -np.inf)
-    if np.isnan(values).any():
-        values = np.where(np.isnan(values), -np.inf, values)
-    np.maximum.at(out, inv, values)
+    if starts is not None:
+        run_max = np.fmax.reduceat(values, starts)
+        np.maximum.at(out, inv[starts], np.where(np.isnan(run_max), -np.inf, run_max))
+    else:
+        if np.isnan(values).any():
+            values = np.where(np.isnan(values), -np.inf, values)
+        np.maximum.at(out, inv, values)
     out[np.isneginf(out)] = np.nan
     return out
+
+
+def _prime_at_least(n: int) -> int:
+    """The smallest prime ≥ n (1 stays 1: no thinning)."""
+    if n <= 2:
+        return n
+    while any(n % d == 0 for d in range(2, int(n**0.5) + 1)):
+        n += 1
+    return n
+
+
+def _sample(inv: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Indices of the instances percentiles are computed from: every instance of a row
+    with up to ``SAMPLE_CAP`` of them; for larger rows an even global stride that leaves
+    each of them about ``SAMPLE_CAP`` (a strided view costs no pass over the table).
+    The stride is prime so that it does not fall in step with a periodic issue order
+    (e.g. every 8th collective of a step always being the same layer's)."""
+    n = inv.size
+    large = count > SAMPLE_CAP
+    if not large.any():
+        return np.arange(n)
+    stride = _prime_at_least(max(1, int(count[large].min()) // SAMPLE_CAP))
+    strided = np.arange(0, n, stride)
+    strided = strided[large[inv[strided]]]
+    if large.all():
+        return strided
+    small = np.flatnonzero(~large[inv])
+    return np.sort(np.concatenate([small, strided]))
 
 
 def group_rows(inst: InstanceTable) -> GroupSkew:
@@ -130,25 +165,27 @@ def group_rows(inst: InstanceTable) -> GroupSkew:
     del key
     k = keys.size
     count = np.bincount(inv, minlength=k)
-    # Evenly spread, deterministic: instance i is kept when frac(i * golden) < rate.
-    rate = np.minimum(1.0, SAMPLE_CAP / np.maximum(count, 1))
-    if (rate < 1.0).any():
-        take = np.flatnonzero(((idx * _GOLDEN) % 1.0) < rate[inv])
-    else:
-        take = np.arange(idx.size)
+    take = _sample(inv, count)
     skew_all = col(inst.skew)
     dev = inst.device_transfer
     tr_all = col(inst.transfer if np.isnan(dev).all() else transfer_time(inst))
     inv_t = inv[take]
     skew = group_quantiles(inv_t, skew_all[take], k, (0.5, 0.99))
     tr = group_quantiles(inv_t, tr_all[take], k, (0.1, 0.5, 0.99))
-    skew_max = _row_max(inv, skew_all, k)
-    tr_max = _row_max(inv, tr_all, k)
-    per_row = np.maximum(count, 1).astype(np.float64)
-    nb_sum = np.bincount(inv, weights=col(inst.nbytes).astype(np.float64), minlength=k)
-    m_sum = np.bincount(inv, weights=col(inst.n_members).astype(np.float64), minlength=k)
-    nbytes = nb_sum / per_row
-    members = m_sum / per_row
+    starts: np.ndarray | None = None
+    if inv.size:
+        starts = np.flatnonzero(np.diff(inv)) + 1
+        # Worth it only when the rows come in long runs.
+        starts = np.concatenate(([0], starts)) if starts.size < inv.size // 8 else None
+    skew_max = _row_max(inv, skew_all, k, starts)
+    tr_max = _row_max(inv, tr_all, k, starts)
+    # Sizes and group sizes are near constant within a row: their means come from the
+    # sample (exact for rows of up to SAMPLE_CAP instances).
+    n_take = np.maximum(np.bincount(inv_t, minlength=k), 1).astype(np.float64)
+    nbytes = np.bincount(inv_t, weights=col(inst.nbytes)[take].astype(np.float64), minlength=k)
+    members = np.bincount(inv_t, weights=col(inst.n_members)[take].astype(np.float64), minlength=k)
+    nbytes = nbytes / n_take
+    members = members / n_take
     with np.errstate(invalid="ignore", divide="ignore"):
         share = skew[0] / (skew[0] + tr[1])
     sampled = np.zeros(n, dtype=bool)
