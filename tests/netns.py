@@ -40,7 +40,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -109,6 +109,9 @@ class TwoNodes:
     """
 
     ns: tuple[str, str]
+    procs: list[subprocess.Popen] = field(default_factory=list, compare=False, repr=False)
+    """Everything started through `popen`, stopped by `destroy` even if it never got as
+    far as entering its namespace."""
 
     @property
     def hosts(self) -> tuple[str, str]:
@@ -146,9 +149,11 @@ class TwoNodes:
         full_env = dict(os.environ)
         full_env.update(self.env(node))
         full_env.update(env or {})
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             [*self.prefix(node), *argv], env=full_env, start_new_session=True, **kw
         )
+        self.procs.append(proc)
+        return proc
 
     def start_hub(self, record_dir: str | os.PathLike[str], log: Path) -> subprocess.Popen:
         """Run a rankscope hub inside namespace A, recording to ``record_dir``.
@@ -213,20 +218,32 @@ class TwoNodes:
             found += [int(p) for p in out.stdout.split() if p.isdigit()]
         return found
 
+    def _running(self) -> list[subprocess.Popen]:
+        return [p for p in self.procs if p.poll() is None]
+
     def destroy(self) -> None:
-        """Stop what runs inside, then delete both namespaces (and with them the veths)."""
+        """Stop what runs inside, then delete both namespaces (and with them the veths).
+
+        Each process started through `popen` leads its own session, so its whole group
+        (torchrun's workers included) is signalled; anything else still inside the
+        namespaces was started from those and is signalled by pid.
+        """
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            pids = self.pids()
-            if not pids:
-                break
-            for pid in pids:
+            for p in self._running():
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    pass
+            for pid in self.pids():
                 try:
                     os.kill(pid, sig)
                 except ProcessLookupError:
                     pass
             deadline = time.monotonic() + 5
-            while self.pids() and time.monotonic() < deadline:
+            while (self.pids() or self._running()) and time.monotonic() < deadline:
                 time.sleep(0.1)
+            if not self.pids() and not self._running():
+                break
         for ns in self.ns:
             _ip("netns", "del", ns, check=False)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,11 @@ def test_namespaces_are_removed_after_destroy() -> None:
         pytest.skip(reason)
     nodes = netns.create()
     p = nodes.popen(0, ["sleep", "60"])
+    # Wait until it has joined the namespace (`ip netns exec` enters it, then execs).
+    deadline = time.monotonic() + 10
+    while p.pid not in nodes.pids() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert p.pid in nodes.pids()
     nodes.destroy()
     assert p.wait(timeout=10) != 0
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
