@@ -137,8 +137,9 @@ def test_one_node_rerun_through_torchrun_does_not_reproduce(degraded) -> None:
 @pytest.mark.xfail(
     strict=True,
     reason="diagnosis: network_rail gets no strength with fewer than 3 rails "
-    "(verdict._link_candidate compares a rail only with peer rails of the same window); the "
-    "degraded rail's cross-host transfer against the baseline run's same group is not used",
+    "(diagnosis.mechanisms._link_candidate compares a rail only with peer rails of the same "
+    "window); the degraded rail's cross-host transfer against the baseline run's same group "
+    "is not used",
 )
 def test_verdict_names_the_degraded_rail(degraded) -> None:
     import incident_network
