@@ -11,6 +11,7 @@ from rankscope.tui.heatgrid import GROUP, PIN, RANK, build_grid
 from rankscope.tui.heatmap_render import PALETTES, HeatmapPainter, legend, palette_for
 from rankscope.tui.metrics import (
     METRIC_SPECS,
+    Dimension,
     dimension,
     filter_mask,
     metric_values,
@@ -56,11 +57,52 @@ def test_compute_metric_matches_the_decomposition() -> None:
     assert got[0, 0] == pytest.approx(90.0)
 
 
+def test_collective_metrics_stay_within_the_step() -> None:
+    from rankscope.diagnosis.decomposition import decompose
+
+    world, steps = 8, 4
+    # Twenty overlapping gradient buckets a step, each waiting 30 ms: their raw sums
+    # (600 ms) exceed the 100 ms step; the exposed parts the decomposition counts do not.
+    n = np.full((world, steps), 20.0)
+    late = np.zeros((world, steps))
+    late[6] = 20 * 4 * MS  # rank 6 enters each bucket 4 ms after the first rank
+    coll = {
+        "n": n,
+        "wait_ns": np.full((world, steps), 20 * 30 * MS),
+        "exposed_wait_ns": np.full((world, steps), 30 * MS),
+        "transfer_ns": np.full((world, steps), 20 * 5 * MS),
+        "exposed_transfer_ns": np.full((world, steps), 5 * MS),
+        "late_ns": late,
+    }
+    w = _window(world, steps, coll=coll)
+    d = decompose(w)
+    wait = metric_values(w, "wait")
+    assert np.allclose(wait, d.category("arrival_wait") / MS)
+    assert np.allclose(metric_values(w, "transfer"), d.category("exposed_comm") / MS)
+    assert (wait <= metric_values(w, "step")).all()
+    lateness = metric_values(w, "lateness")
+    assert lateness[6].tolist() == [4.0] * steps and lateness[0].tolist() == [0.0] * steps
+    assert METRIC_SPECS["lateness"].unit == "ms/call"
+    # The rank detail gives the same collectives per call.
+    from rankscope.tui.detailmodel import rank_detail
+
+    per = {c.label: c for c in rank_detail(w, 6).collectives}
+    assert per["calls"].rank == 20
+    assert per["wait / call"].rank == pytest.approx(30.0)
+    assert per["transfer / call"].median == pytest.approx(5.0)
+    assert per["lateness / call"].rank == pytest.approx(4.0)
+    assert per["lateness / call"].median == pytest.approx(0.0)
+    none = _window(world, steps, coll={"n": np.zeros((world, steps))})
+    assert np.isnan(metric_values(none, "lateness")).all()  # no collective, no lateness
+
+
 def test_dimensions_and_filter() -> None:
     w = _window(32, 3, ranks=rank_layout(32, ranks_per_host=8, tp=2))
     host = dimension(w, "host")
     assert host.codes.tolist()[:9] == [0] * 8 + [1]
-    assert host.name_of(1) == "node0001" and host.name_of(-1) == "?"
+    assert host.name_of(1) == "node0001" and host.name_of(-1) == "host ?"
+    assert host.reported
+    assert not Dimension("ep", np.full(32, -1), ()).reported
     tp = dimension(w, "tp")
     assert tp.codes.tolist()[:4] == [0, 1, 0, 1] and tp.names == ("tp 0", "tp 1")
     assert (dimension(w, "cp").codes == 0).all()
@@ -193,6 +235,18 @@ def test_dense_lines_keep_pins_whole_and_columns_stretch() -> None:
     # 10 steps in 30 cells: each step three cells wide.
     assert p.cell_width(46) == 3 and p.cell_width(26) == 1
     assert p.render_line(1, 46).text[16:46] == "▀" * 30
+
+
+def test_a_dense_line_across_two_hosts_names_both() -> None:
+    w = _window(16, 4)
+    grid = build_grid(
+        metric_values(w, "step"), w.steps, METRIC_SPECS["step"], dimension(w, "host"), pins=(0,)
+    )
+    p = HeatmapPainter(grid, PALETTES["truecolor"], dense=True, label_width=20)
+    # With rank 0 pinned, ranks 7 (node0000) and 8 (node0001) share a line.
+    assert p.rows_of_line(4) == (7, 8)
+    assert p.render_line(4, 40).text.startswith(" ▀r7 ▄r8 node0000/1")
+    assert p.render_line(3, 40).text.startswith(" ▀r5 ▄r6 node0000 ")
 
 
 def test_painter_shows_newest_steps_when_narrow_and_marks_missing() -> None:

@@ -29,6 +29,19 @@ def _fmt(value: float, unit: str) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
+def fmt_bytes(value: float) -> str:
+    """A byte count with a binary unit (``437 MiB``); "–" when unknown."""
+    if not math.isfinite(value):
+        return "–"
+    if abs(value) < 1024:
+        return f"{value:.0f} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if abs(value) < 1024 or unit == "TiB":
+            break
+    return f"{value:.3g} {unit}"
+
+
 def _ratio(c: Compare) -> str:
     r = c.ratio
     return "–" if not math.isfinite(r) else f"×{r:.2f}"
@@ -114,12 +127,20 @@ class RankDetailScreen(Screen):
             yield Static(id="series")
             with Horizontal():
                 yield compare_table("phase", "phases")
-                yield compare_table("collectives per step", "collectives")
+                yield compare_table("collectives", "collectives")
             with Horizontal():
                 yield compare_table("device / host", "samples")
                 yield compare_table("work per step", "work")
             table: DataTable = DataTable(id="calls", cursor_type="none")
-            for i, label in enumerate(("group", "op", "calls", "bytes", "wait ms", "transfer ms")):
+            labels = (
+                "group",
+                "op",
+                "calls / step",
+                "size / call",
+                "wait ms/call",
+                "transfer ms/call",
+            )
+            for i, label in enumerate(labels):
                 table.add_column(label, key=f"c{i}")
             yield table
         yield Footer()
@@ -162,8 +183,8 @@ class RankDetailScreen(Screen):
                     (
                         r.group,
                         r.op,
-                        str(r.calls),
-                        f"{r.bytes_per_call:,.0f}",
+                        f"{r.calls / max(r.steps, 1):.3g}",
+                        fmt_bytes(r.bytes_per_call),
                         fmt_ms(r.wait_ms),
                         fmt_ms(r.transfer_ms),
                     ),

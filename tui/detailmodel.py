@@ -9,14 +9,14 @@ import numpy as np
 
 from rankscope.collector.schema import OPS
 from rankscope.diagnosis.window import Window
-from rankscope.tui.metrics import NS_PER_MS
+from rankscope.tui.metrics import NS_PER_MS, finite_sum
 
 SERIES = (
     ("step", "step time", "ms"),
     ("compute", "local compute", "ms"),
     ("wait", "arrival wait", "ms"),
-    ("transfer", "transfer", "ms"),
-    ("lateness", "lateness", "ms"),
+    ("transfer", "exposed comm", "ms"),
+    ("lateness", "lateness", "ms/call"),
     ("input", "input gap", "ms"),
 )
 """Series compared over time: metric key, label, unit."""
@@ -76,6 +76,8 @@ class CollRow:
     group: str
     op: str
     calls: int
+    steps: int
+    """Steps the raw rows cover (the store keeps them for its last few steps only)."""
     bytes_per_call: float
     wait_ms: float
     """Mean arrival wait per call."""
@@ -95,7 +97,9 @@ class RankDetail:
     phases: tuple[Compare, ...]
     """Mean ms per step in each phase."""
     collectives: tuple[Compare, ...]
-    """Per-step collective aggregates (calls, wait, transfer, lateness, times last)."""
+    """Calls and times last per step; arrival wait, transfer and lateness per call (a sum
+    over a step's calls counts overlapping DDP buckets once each and can exceed the
+    step)."""
     coll_rows: tuple[CollRow, ...]
     """Per (group, op) from the raw rows the store kept (empty when none)."""
     samples: tuple[Compare, ...]
@@ -164,15 +168,25 @@ def rank_detail(window: Window, rank: int) -> RankDetail:
         vals = np.where(present, arr, np.nan)
         phases.append(_compare(name, "ms", vals, rank, 1 / NS_PER_MS))
     coll = []
-    for key, label, unit, factor in (
-        ("n", "calls", "", 1.0),
-        ("wait_ns", "arrival wait", "ms", 1 / NS_PER_MS),
-        ("transfer_ns", "transfer", "ms", 1 / NS_PER_MS),
-        ("late_ns", "lateness", "ms", 1 / NS_PER_MS),
-        ("times_last", "times last", "", 1.0),
+    calls = np.where(present, window.coll["n"], np.nan)
+    for key, label, unit, per_call in (
+        ("n", "calls", "", False),
+        ("wait_ns", "wait / call", "ms", True),
+        ("transfer_ns", "transfer / call", "ms", True),
+        ("late_ns", "lateness / call", "ms", True),
+        ("times_last", "times last", "", False),
     ):
         vals = np.where(present, window.coll[key], np.nan)
-        coll.append(_compare(label, unit, vals, rank, factor))
+        if per_call:
+            # Each rank's total over the window divided by its calls (each call weighs the
+            # same), against the median rank's.
+            with np.errstate(all="ignore"):
+                n = finite_sum(calls, 1)
+                each = np.where(n > 0, finite_sum(vals, 1) / np.maximum(n, 1), np.nan)
+                med = float(np.nanmedian(each)) if np.isfinite(each).any() else math.nan
+            coll.append(Compare(label, unit, each[rank] / NS_PER_MS, med / NS_PER_MS))
+        else:
+            coll.append(_compare(label, unit, vals, rank, 1.0))
     samples = [
         _compare(label, unit, np.where(present, window.device[col], np.nan), rank, factor)
         for col, label, unit, factor in SAMPLES
@@ -218,6 +232,7 @@ def _coll_rows(window: Window, rank: int) -> tuple[CollRow, ...]:
     wait = np.clip(last - enter, 0, None)
     transfer = exit_ - np.maximum(enter, np.where(np.isfinite(last), last, enter))
     op = rows.op[mine].astype(np.int64)
+    n_steps = int(np.unique(rows.step[mine]).size)
     out = []
     pair = g * 64 + op
     for p in np.unique(pair).tolist():
@@ -229,6 +244,7 @@ def _coll_rows(window: Window, rank: int) -> tuple[CollRow, ...]:
                 group=ginfo.name if ginfo is not None else f"g{gid}",
                 op=OPS[o] if 0 <= o < len(OPS) else "?",
                 calls=int(sel.sum()),
+                steps=n_steps,
                 bytes_per_call=float(np.mean(rows.nbytes[mine][sel])),
                 wait_ms=_mean(wait[sel]) / NS_PER_MS,
                 transfer_ms=_mean(transfer[sel]) / NS_PER_MS,

@@ -152,10 +152,18 @@ class HeatmapPainter:
         elif bottom is not None:
             shown = top
             text = f"▀{_short(labels[top])} ▄{_short(labels[bottom])}"
-            # Two ranks of one group: name the group once.
+            # Two ranks of one group: name the group once; of two groups (a pin moved the
+            # pairs across a host boundary): name both, the second by what differs.
             a, b = labels[top].split(" ", 1), labels[bottom].split(" ", 1)
-            if len(a) == len(b) == 2 and a[0].startswith("r") and a[1] == b[1]:
-                text += f" {a[1]}"
+            if len(a) == len(b) == 2 and a[0].startswith("r") and b[0].startswith("r"):
+                if a[1] == b[1]:
+                    text += f" {a[1]}"
+                else:
+                    common = next(
+                        (i for i, (x, y) in enumerate(zip(a[1], b[1])) if x != y),
+                        min(len(a[1]), len(b[1])),
+                    )
+                    text += f" {a[1]}/{b[1][common:] or b[1]}"
         else:
             shown = top
             text = labels[top]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rankscope.diagnosis.window import Window
+from rankscope.tui.settings import GROUP_BY
 
 NS_PER_MS = 1e6
 
@@ -36,9 +37,9 @@ METRIC_SPECS: dict[str, MetricSpec] = {
     for s in (
         MetricSpec("step", "step time", "ms", True),
         MetricSpec("compute", "local compute", "ms", True),
-        MetricSpec("lateness", "arrival lateness", "ms", True),
+        MetricSpec("lateness", "arrival lateness", "ms/call", True),
         MetricSpec("wait", "arrival wait", "ms", True),
-        MetricSpec("transfer", "transfer", "ms", True),
+        MetricSpec("transfer", "exposed comm", "ms", True),
         MetricSpec("input", "input gap", "ms", True),
         MetricSpec("sm_clock", "SM clock", "MHz", False),
         MetricSpec("power", "power", "W", True),
@@ -50,8 +51,13 @@ METRIC_SPECS: dict[str, MetricSpec] = {
 def metric_values(window: Window, name: str) -> np.ndarray:
     """The ``(R, S)`` values of one metric in display units; NaN where unknown.
 
-    ``compute`` is the decomposition's local compute (``rankscope.diagnosis.decomposition``),
-    so the heatmap and the decomposition panel never disagree about it.
+    ``compute``, ``wait`` and ``transfer`` are the decomposition's ``compute``,
+    ``arrival_wait`` and ``exposed_comm`` (``rankscope.diagnosis.decomposition``): the part
+    of the step each took, so they never exceed the step time (raw sums over a step's
+    collectives count overlapping DDP buckets once each) and the heatmap and the
+    decomposition panel never disagree. ``lateness`` is the mean over the step's
+    collectives of how long after the first rank this rank entered (the ranking's "late
+    ms"): a sum would grow with the number of collectives, not with how late the rank is.
 
     Args:
         window: the window.
@@ -68,13 +74,15 @@ def metric_values(window: Window, name: str) -> np.ndarray:
     shape = window.present.shape
     if name == "step":
         out = window.step_ns / NS_PER_MS
-    elif name == "compute":
+    elif name in ("compute", "wait", "transfer"):
         from rankscope.diagnosis.decomposition import decompose
 
-        out = decompose(window).category("compute") / NS_PER_MS
-    elif name in ("lateness", "wait", "transfer"):
-        key = {"lateness": "late_ns", "wait": "wait_ns", "transfer": "transfer_ns"}[name]
-        out = window.coll[key] / NS_PER_MS
+        category = {"compute": "compute", "wait": "arrival_wait", "transfer": "exposed_comm"}
+        out = decompose(window).category(category[name]) / NS_PER_MS
+    elif name == "lateness":
+        n = window.coll["n"]
+        with np.errstate(all="ignore"):
+            out = np.where(n > 0, window.coll["late_ns"] / np.maximum(n, 1), np.nan) / NS_PER_MS
     elif name == "input":
         arr = window.phase_ns.get("input")
         out = np.full(shape, np.nan) if arr is None else arr / NS_PER_MS
@@ -97,8 +105,14 @@ class Dimension:
     """Printable name of each code."""
 
     def name_of(self, code: int) -> str:
-        """The printable name of a group code (``?`` when unknown)."""
-        return self.names[code] if 0 <= code < len(self.names) else "?"
+        """The printable name of a group code (``<dimension> ?`` when unknown)."""
+        return self.names[code] if 0 <= code < len(self.names) else f"{self.name} ?"
+
+    @property
+    def reported(self) -> bool:
+        """Whether any rank has a known value (a run without context parallelism reports
+        no ``cp`` coordinate, and grouping by it would put every rank in one unknown row)."""
+        return bool((self.codes >= 0).any())
 
 
 def dimension(window: Window, name: str) -> Dimension:
@@ -219,3 +233,40 @@ def slowest_ranks(window: Window, k: int, candidates: np.ndarray | None = None) 
         mean = np.where(candidates, mean, -np.inf)
     order = np.lexsort((np.arange(mean.size), -mean))
     return [int(r) for r in order[:k] if np.isfinite(mean[r])]
+
+
+def busy_excess(window: Window, ranks: list[int]) -> list[float]:
+    """How much longer each rank is busy than the median rank (0.05 = 5 % longer).
+
+    Args:
+        window: the window.
+        ranks: global ranks.
+
+    Returns:
+        One fraction per rank (NaN when the median is unknown or zero).
+    """
+    busy = busy_mean(window)
+    finite = busy[np.isfinite(busy)]
+    median = float(np.median(finite)) if finite.size else float("nan")
+    if not median > 0:
+        return [float("nan")] * len(ranks)
+    return [float(busy[r] / median - 1) for r in ranks]
+
+
+def next_dimension(window: Window | None, current: str) -> str:
+    """The grouping dimension after ``current`` that the run reports (any, without a
+    window yet).
+
+    Args:
+        window: the window, or None.
+        current: a ``settings.GROUP_BY`` name.
+
+    Returns:
+        The next name in ``GROUP_BY`` order (``current`` when no other is reported).
+    """
+    start = GROUP_BY.index(current) if current in GROUP_BY else -1
+    for i in range(1, len(GROUP_BY) + 1):
+        name = GROUP_BY[(start + i) % len(GROUP_BY)]
+        if window is None or dimension(window, name).reported:
+            return name
+    return current
