@@ -438,3 +438,119 @@ async def test_a_baseline_cut_to_its_own_bound_still_serves_every_comparison() -
         await pilot.pause(0.8)  # three sampling periods at 4 Hz
         assert [r for r in reads if r[0] == "run-0412"] == before
         assert sum(r[0] == "run-0419" for r in reads) > 1
+
+
+@run_async
+async def test_group_by_skips_dimensions_the_run_does_not_report(slow13) -> None:
+    app = _app([slow13])
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app)
+        seen = [app.group_by]
+        for _ in range(len(GROUP_BY)):
+            await pilot.press("g")
+            await settle(pilot, app, analysis=False)
+            seen.append(app.group_by)
+        # This run has no pipeline, context or expert parallel coordinates.
+        assert seen == [
+            "host",
+            "rack",
+            "rail",
+            "gpu",
+            "dp",
+            "tp",
+            "shard",
+            "host",
+            "rack",
+            "rail",
+            "gpu",
+        ]
+        assert app.screen.query_one(Heatmap).grid.dimension == "gpu"
+
+
+def _panel_text(widget) -> str:
+    """What a Static-like panel shows, as plain text at its width."""
+    import io
+
+    from rich.console import Console
+
+    console = Console(width=widget.content_region.width, file=io.StringIO(), record=True)
+    console.print(widget.content)
+    return console.export_text()
+
+
+@run_async
+async def test_panels_say_what_is_missing_and_keep_each_category_whole(slow13, healthy) -> None:
+    import re
+
+    from rankscope.tui.panels import DecompositionPanel, HeaderBar, fmt_ms
+
+    alone = _app([slow13])
+    async with alone.run_test(size=SIZE) as pilot:
+        await settle(pilot, alone)
+        header = alone.screen.query_one(HeaderBar).content.plain
+        assert "no other run to compare" in header
+        panel = _panel_text(alone.screen.query_one(DecompositionPanel))
+        assert "no other run here to compare with" in panel
+        # A category and its number are never split over two lines.
+        for row in alone.analysis.decomposition:
+            if row.current_ms >= 0.01 * alone.analysis.step_ms:
+                shown = rf"{row.category} {re.escape(fmt_ms(row.current_ms))}"
+                assert any(re.search(shown, line) for line in panel.splitlines()), panel
+    both = _app([healthy, slow13])
+    async with both.run_test(size=SIZE) as pilot:
+        await settle(pilot, both)
+        assert "no baseline (b)" in both.screen.query_one(HeaderBar).content.plain
+        panel = _panel_text(both.screen.query_one(DecompositionPanel))
+        assert "press b to choose one" in panel
+
+
+@run_async
+async def test_the_view_follows_the_newest_full_run_as_runs_appear(slow13, healthy) -> None:
+    class Growing(StaticSource):
+        def __init__(self):
+            super().__init__([healthy])
+
+        def add(self, window):
+            self._windows = {**self._windows, window.run: window}
+
+    source = Growing()
+    app = make_app(deterministic_settings(), source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app)
+        assert app.model.header.run == "run-a"
+        source.add(slow13)  # a recording being read, or the job restarted
+        await wait_for(pilot, lambda: app.model.header.run == "run-b")
+        assert app.run_id is None
+        assert any("showing run-b" in n.message for n in app._notifications)
+
+
+@run_async
+async def test_screens_say_why_they_have_nothing_to_compare(slow13) -> None:
+    from textual.widgets import Input
+
+    from rankscope.tui.experiment_screen import ExperimentScreen
+    from rankscope.tui.ladder_screen import LadderScreen
+
+    app = _app([slow13])
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app)
+        await pilot.press("L")
+        ladder = app.screen
+        assert isinstance(ladder, LadderScreen)
+        await wait_for(pilot, lambda: not ladder.building)
+        assert ladder.ladder is None  # one rung would name "full" as the first scope
+        assert "no reduced-scope rerun of run-b yet" in str(ladder.query_one("#table").render())
+        await pilot.press("escape", "d")
+        assert isinstance(app.screen, ManifestScreen)
+        assert app.screen.query_one("#title").content.plain.startswith("Manifest of run-b")
+        assert "no other run here to compare with" in app.screen.query_one("#note").content.plain
+        await pilot.press("escape", "c")
+        assert isinstance(app.screen, CurvesScreen)
+        assert app.screen.query_one("#note").content.plain.startswith("no baseline (no other run")
+        await pilot.press("escape", "e")
+        form = app.screen
+        assert isinstance(form, ExperimentScreen)
+        assert "no recording" in form.query_one("#result").content.plain
+        assert form.query_one("#change", Input).border_title == "the one change"
+        await pilot.press("escape")
+        assert isinstance(app.screen, MainScreen)

@@ -63,6 +63,25 @@ def test_baseline_window_has_its_own_bound_and_is_read_again_only_when_it_grows(
     assert baseline_window(source, "other", runs, 120, 2048, previous=first) is None
 
 
+def test_a_followed_recording_is_live_until_its_hub_has_stopped(tmp_path: Path, window) -> None:
+    class Follower:
+        def __init__(self, p):
+            self.store = StaticSource([window])
+
+    path = tmp_path / "rec"
+    path.mkdir()
+    meta = path / "meta.json"
+
+    def source() -> RecordingSource:
+        return RecordingSource(path, follow=True, follower=Follower)
+
+    assert source().live  # no meta.json yet: a hub may be starting
+    meta.write_text(json.dumps({"sessions": [{"endpoint": "tcp://h:5555", "stopped_ns": None}]}))
+    assert source().live
+    meta.write_text(json.dumps({"sessions": [{"endpoint": "tcp://h:5555", "stopped_ns": 7}]}))
+    assert not source().live  # finished: its end is not a stall
+
+
 def test_sample_reports_store_errors_instead_of_raising(window) -> None:
     class Broken(StaticSource):
         def window(self, run, last):

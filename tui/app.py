@@ -14,10 +14,8 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from textual import work
 from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.css.query import NoMatches
@@ -34,14 +32,14 @@ from rankscope.tui.heatmap import Heatmap
 from rankscope.tui.main_screen import MainScreen
 from rankscope.tui.mainmodel import MainModel, ViewState
 from rankscope.tui.messages import AnalysisReady, ModelReady
-from rankscope.tui.metrics import filter_mask, slowest_ranks
+from rankscope.tui.metrics import busy_excess, filter_mask, next_dimension, slowest_ranks
 from rankscope.tui.report_screens import (
     CurvesScreen,
     ManifestScreen,
     StallScreen,
     StructureScreen,
 )
-from rankscope.tui.settings import GROUP_BY, METRICS, Settings, ViewSettings
+from rankscope.tui.settings import METRICS, Settings, ViewSettings
 from rankscope.tui.sources import Sample, Source
 from rankscope.tui.viewstate import SavedView, load_view, save_view
 
@@ -130,6 +128,7 @@ class RankscopeApp(Clocks, App[int]):
         self._last_progress = clock()
         self._stall_dismissed = False
         self._fixed_view = False
+        self._shown_run: str | None = None
         self.set_reactive(RankscopeApp.metric, settings.view.metric)
         self.set_reactive(RankscopeApp.group_by, settings.view.group_by)
         if not settings.display.animation:
@@ -227,9 +226,12 @@ class RankscopeApp(Clocks, App[int]):
         self._baseline = message.baseline
         self._baseline_for = message.baseline_run
         self.model = message.model
-        if message.model.window is not None and self.run_id is None:
-            # Stay on this run when reruns of it start reporting.
-            self.run_id = message.model.window.run
+        shown = message.model.window.run if message.model.window is not None else None
+        if shown is not None and self._shown_run not in (None, shown) and self.run_id is None:
+            # Without --run the view follows the newest full run (reruns name their parent
+            # and never take its place): a recording being read, or a job restarted.
+            self.notify(f"showing {shown}, the newest run", timeout=4)
+        self._shown_run = shown or self._shown_run
         if message.detail is not None:
             self.detail = message.detail
         self._restore_view(message.model)
@@ -367,15 +369,22 @@ class RankscopeApp(Clocks, App[int]):
         new = [r for r in slow if r not in self.pins]
         if new:
             self.pins = (*self.pins, *new)
-        self.notify("pinned " + ", ".join(f"r{r}" for r in slow) if slow else "no steps yet")
+        if not slow:
+            self.notify("no steps yet")
+            return
+        # How much slower each is says whether it stands out or only ranks k-th.
+        parts = [f"r{r} {100 * x:+.1f}%" for r, x in zip(slow, busy_excess(w, slow))]
+        self.notify("pinned " + ", ".join(parts) + " (busy time vs the median rank)")
 
     def cycle_metric(self) -> None:
         """Next heatmap metric."""
         self.metric = METRICS[(METRICS.index(self.metric) + 1) % len(METRICS)]
 
     def cycle_group_by(self) -> None:
-        """Next grouping dimension."""
-        self.group_by = GROUP_BY[(GROUP_BY.index(self.group_by) + 1) % len(GROUP_BY)]
+        """Next grouping dimension that the run reports (every one before the first
+        window)."""
+        w = self.model.window if self.model is not None else None
+        self.group_by = next_dimension(w, self.group_by)
 
     def ask_filter(self) -> None:
         """Open the filter dialog."""
@@ -432,33 +441,9 @@ class RankscopeApp(Clocks, App[int]):
 
     def action_snapshot(self) -> None:
         """Write a snapshot bundle of what is on screen (``rankscope.snapshot``)."""
-        from rankscope.snapshot import View
+        from rankscope.tui.snapshot_key import write_snapshot
 
-        w = self.model.window if self.model is not None else None
-        view = View(
-            run=w.run if w is not None else self.run_id,
-            metric=self.metric,
-            group_by=self.group_by,
-            pins=self.pins,
-            baseline_run=self.baseline_run,
-            filter=self.filter_text,
-            zoom=self.zoom,
-        )
-        self.notify("snapshot: writing…", timeout=2)
-        self._snapshot_worker(view, self.export_screenshot())
-
-    @work(thread=True, group="snapshot", exclusive=True)
-    def _snapshot_worker(self, view: Any, svg: str) -> None:
-        from rankscope.snapshot import snapshot_from_source
-
-        try:
-            bundle = snapshot_from_source(
-                Path.cwd(), self.source, view, last=self.settings.view.window_steps, screen_svg=svg
-            )
-        except Exception as exc:  # a failed snapshot must not take the view down
-            self.call_from_thread(self.notify, f"snapshot failed: {exc}", severity="error")
-            return
-        self.call_from_thread(self.notify, f"snapshot: {bundle.folder}", timeout=8)
+        write_snapshot(self)
 
     def help_sections(self) -> list[tuple[str, list[BindingType]]]:
         """Every screen's bindings, for the help screen."""

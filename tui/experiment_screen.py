@@ -64,6 +64,16 @@ def result_lines(rec: ExperimentRecord) -> list[str]:
     return lines
 
 
+FIELD_LABELS = {
+    "hypothesis": "hypothesis",
+    "change": "the one change",
+    "metric": "metric that should move",
+    "direction": "direction",
+    "rejection": "rejected if",
+}
+"""Border title of each field of the form."""
+
+
 class ExperimentScreen(ModalScreen[None]):
     """Record a prediction; judge recorded ones against the run on screen."""
 
@@ -149,7 +159,16 @@ class ExperimentScreen(ModalScreen[None]):
             yield Static(id="result")
 
     def on_mount(self) -> None:
+        # Placeholders vanish once a field is filled: the border keeps naming it.
+        for wid, label in FIELD_LABELS.items():
+            self.query_one(f"#{wid}").border_title = label
         self._reload()
+        if self.context.record is None:
+            self._say(
+                "no recording: experiments are kept beside one (start the view with "
+                "--record DIR); the form can be read but not recorded",
+                "yellow",
+            )
         self.query_one("#change", Input).focus()
         run = parent_of(self.app)
         if self._suggest_from(shown_hypotheses(self.app, run) if run is not None else None):
@@ -188,6 +207,7 @@ class ExperimentScreen(ModalScreen[None]):
             field = self.query_one(f"#{wid}", Input)
             if not field.value:
                 field.value = message.values[wid]
+                field.cursor_position = 0  # show the beginning of a long text
         if message.values["metric"] in METRICS:
             self.query_one("#metric", Select).value = message.values["metric"]
         if message.values["direction"] in ("down", "up"):
@@ -199,9 +219,17 @@ class ExperimentScreen(ModalScreen[None]):
         ol.clear_options()
         if self.context.record is None:
             return
-        for rec in list_experiments(self.context.record):
+        records = list_experiments(self.context.record)
+        for rec in records:
             label = f"{rec.id}  [{rec.status}]  {rec.hypothesis}: {rec.metric} {rec.direction}"
             ol.add_option(Option(label, id=rec.id))
+        if not records:
+            ol.add_option(
+                Option(
+                    Text("none yet: ctrl+s records the prediction above", style="dim italic"),
+                    disabled=True,
+                )
+            )
 
     def _say(self, text: str, style: str = "") -> None:
         self.query_one("#result", Static).update(Text(text, style=style))

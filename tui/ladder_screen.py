@@ -92,7 +92,10 @@ class LadderScreen(Screen):
         self.ladder = message.ladder
         status = self.query_one("#status", Static)
         if message.ladder is None:
-            status.update(Text(message.error or "no ladder", style="yellow"))
+            self.query_one("#table", Static).update(
+                Text(message.error or "no ladder", style="yellow")
+            )
+            status.update(Text("r: refresh · esc: back"))
             return
         lad = message.ladder
         self.query_one("#title", Static).update(Text(f"Ladder of {lad.parent_run}"))
@@ -127,6 +130,14 @@ def build_for_app(app: Any, ctx: RerunContext) -> tuple[Ladder | None, str]:
         return None, "no run on screen yet"
     runs = app.source.runs()
     children = [r.run for r in runs if r.parent_run == parent]
+    if not children:
+        # A ladder of one rung would name the full scale as the first that regresses,
+        # which says nothing about the mechanism before a smaller scope has been tried.
+        return None, (
+            f"no reduced-scope rerun of {parent} yet: press r on the main screen to plan one "
+            "(one-rank, one-node, two-node); the ladder then puts each next to this run and "
+            "names the first scope where the regression appears"
+        )
     windows = load_windows(app, ctx, [parent, *children])
     if parent not in windows:
         return None, f"run {parent} has no steps yet"

@@ -113,6 +113,8 @@ class MainScreen(Screen):
     def show_model(self, model: MainModel) -> None:
         """Draw a new model (called by the app on every sample or view change)."""
         app = self.rs_app
+        current = model.header.run if model.header is not None else None
+        other_runs = any(r.run != current for r in model.runs)
         self.query_one(HeaderBar).show(
             model.header,
             paused=app.paused,
@@ -120,7 +122,9 @@ class MainScreen(Screen):
             live=app.source.live,
             extra=app.header_extra(),
             message=model.message,
+            other_runs=other_runs,
         )
+        self.query_one(DecompositionPanel).set_other_runs(other_runs)
         legend_widget = self.query_one("#legend", Static)
         if model.grid is None:
             legend_widget.update(Text(model.message, style="italic"))

@@ -90,6 +90,10 @@ def hub_health(health: dict[str, Any]) -> list[str]:
     return out
 
 
+def _plain(cells: Sequence[Any]) -> tuple[str, ...]:
+    return tuple(str(c) for c in cells)
+
+
 def sync_table(
     table: DataTable,
     rows: Sequence[tuple[Hashable, Sequence[Any]]],
@@ -118,8 +122,9 @@ def sync_table(
     if [r.key.value for r in table.ordered_rows] != list(wanted) and len(wanted) > 1:
         # The sort key sees cell values, not row keys; each row's cells are distinct
         # because its key is derived from them.
-        position = {tuple(cells): i for i, cells in enumerate(wanted.values())}
-        table.sort(key=lambda values: position.get(tuple(values), len(position)))
+        # Rich texts are not hashable: rows are told apart by their plain text.
+        position = {_plain(cells): i for i, cells in enumerate(wanted.values())}
+        table.sort(key=lambda values: position.get(_plain(values), len(position)))
 
 
 class HeaderBar(Static):
@@ -145,6 +150,7 @@ class HeaderBar(Static):
         live: bool,
         extra: str = "",
         message: str = "",
+        other_runs: bool = True,
     ) -> None:
         """Format the header.
 
@@ -155,6 +161,7 @@ class HeaderBar(Static):
             live: the source keeps receiving.
             extra: right-hand text (clock, machine), already formatted.
             message: shown instead of numbers while ``header`` is None.
+            other_runs: the source holds a run that could be chosen as the baseline.
         """
         # Live/paused comes first: on a narrow terminal the end of the line is cut.
         top = Text()
@@ -190,7 +197,8 @@ class HeaderBar(Static):
             if math.isfinite(change):
                 bottom.append(f"{change:+.0f}%", style="bold red" if worse else "green")
         elif s is not None:
-            bottom.append(" │ no baseline (b)", style="dim")
+            hint = " │ no baseline (b)" if other_runs else " │ no other run to compare"
+            bottom.append(hint, style="dim")
         bottom.append(f" │ {fmt_rate(header.tokens_per_s)} tok/s")
         hub = hub_health(header.health)
         if header.clock_error_ms is not None:
@@ -292,6 +300,18 @@ class LastArrivalsPanel(Vertical):
         )
 
 
+STRUCTURE_FLOOR = 0.25
+"""An effect size below this (a dimension explaining under a quarter of a metric's spread
+across ranks) is shown dimmed: placement does not explain that metric."""
+
+
+def standout_label(dimension: str, standout: str) -> str:
+    """The standout group without the dimension's name the next column already gives
+    (``rail=3`` under ``rail`` reads ``3``)."""
+    prefix = f"{dimension}="
+    return standout[len(prefix) :] if standout.startswith(prefix) else standout
+
+
 class StructurePanel(Vertical):
     """Which placement dimension explains a per-rank metric, and the group that stands
     out (effect size ε²)."""
@@ -302,13 +322,15 @@ class StructurePanel(Vertical):
         border: round $primary 50%;
     }
     StructurePanel > DataTable { height: auto; max-height: 9; scrollbar-size-horizontal: 0; }
+    StructurePanel > Static { height: auto; padding: 0 1; color: $text-muted; }
     """
 
     def compose(self) -> ComposeResult:
         table: DataTable = DataTable(id="structure", cursor_type="none")
-        for i, label in enumerate(("metric", "dimension", "ε²", "stands out")):
+        for i, label in enumerate(("metric", "by", "ε²", "stands out")):
             table.add_column(label, key=f"c{i}")
         yield table
+        yield Static(id="structure-note")
 
     def on_mount(self) -> None:
         self.border_title = "structure"
@@ -316,16 +338,44 @@ class StructurePanel(Vertical):
     def show(self, analysis: AnalysisView | None, limit: int = 6) -> None:
         """Update the correlation table from the latest diagnosis."""
         rows = analysis.structure[:limit] if analysis is not None else ()
-        sync_table(
-            self.query_one(DataTable),
-            [
-                (
-                    f"{r.metric}/{r.dimension}",
-                    (r.metric, r.dimension, f"{r.effect:.2f}", f"{r.standout} (z {r.z:+.1f})"),
+        cells = []
+        for r in rows:
+            style = "" if r.effect >= STRUCTURE_FLOOR else "dim"
+            values = (
+                r.metric,
+                r.dimension,
+                f"{r.effect:.2f}",
+                f"{standout_label(r.dimension, r.standout)} z{r.z:+.1f}",
+            )
+            cells.append((f"{r.metric}/{r.dimension}", tuple(Text(v, style=style) for v in values)))
+        sync_table(self.query_one(DataTable), cells)
+        note = self.query_one("#structure-note", Static)
+        weak = analysis is not None and rows and rows[0].effect < STRUCTURE_FLOOR
+        note.display = bool(weak)
+        if weak:
+            note.update(
+                Text(
+                    f"no dimension explains {STRUCTURE_FLOOR:.0%} of a metric's spread "
+                    "across ranks: not a placement effect",
+                    style="italic",
                 )
-                for r in rows
-            ],
-        )
+            )
+
+
+def _flow(items: Sequence[Text], width: int, gap: int = 2) -> list[Text]:
+    """Lay ``items`` out left to right on lines of at most ``width`` cells."""
+    lines: list[Text] = []
+    line = Text()
+    for item in items:
+        if line.cell_len and line.cell_len + gap + item.cell_len > width:
+            lines.append(line)
+            line = Text()
+        if line.cell_len:
+            line.append(" " * gap)
+        line.append_text(item)
+    if line.cell_len or not lines:
+        lines.append(line)
+    return lines
 
 
 class DecompositionPanel(Static):
@@ -341,12 +391,20 @@ class DecompositionPanel(Static):
     """
 
     _analysis: AnalysisView | None = None
+    _other_runs: bool = True
 
     def on_mount(self) -> None:
-        self.border_title = "decomposition (mean ms per rank-step)"
+        self.border_title = "decomposition (ms per rank-step)"
 
     def on_resize(self) -> None:
         self.show(self._analysis)
+
+    def set_other_runs(self, present: bool) -> None:
+        """Say whether the source holds another run to choose as the baseline (the hint
+        under the bars depends on it)."""
+        if present != self._other_runs:
+            self._other_runs = present
+            self.show(self._analysis)
 
     def show(self, analysis: AnalysisView | None, width: int | None = None) -> None:
         """Draw the bars for the latest diagnosis."""
@@ -372,7 +430,6 @@ class DecompositionPanel(Static):
             b.append_text(stacked_bar(base, CATEGORY_COLOURS, bar_width, full))
             b.append(f" {fmt_ms(total_base)}")
             lines.append(b)
-        key = Text()
         # Categories under 1% of the step, then and now, would only add noise.
         floor = 0.01 * max(full, 1e-9)
         shown = [
@@ -381,15 +438,21 @@ class DecompositionPanel(Static):
             if (math.isfinite(r.current_ms) and r.current_ms >= floor)
             or (math.isfinite(r.baseline_ms) and r.baseline_ms >= floor)
         ]
+        items = []
         for r in sorted(shown, key=lambda r: -r.current_ms):
-            key.append("■", style=Style(color=CATEGORY_COLOURS.get(r.category, "white")))
+            item = Text()
+            item.append("■", style=Style(color=CATEGORY_COLOURS.get(r.category, "white")))
             delta = f" {r.delta_ms:+.0f}" if has_base and math.isfinite(r.delta_ms) else ""
-            key.append(f"{r.category} {fmt_ms(r.current_ms)}{delta}  ")
-        key.rstrip()
-        lines.append(key)
+            item.append(f"{r.category} {fmt_ms(r.current_ms)}{delta}")
+            items.append(item)
+        # Wrapped between items, never inside one (a number apart from its category
+        # reads as another category's).
+        lines += _flow(items, max((width or self.size.width or 40) - 4, 20))
         verdict = Text()
-        if not has_base:
+        if not has_base and self._other_runs:
             verdict.append("no baseline: press b to choose one", style="dim italic")
+        elif not has_base:
+            verdict.append("no baseline: no other run here to compare with", style="dim italic")
         elif analysis.first_appears is None:
             verdict.append("no category grew against the baseline", style="green")
         else:

@@ -59,10 +59,25 @@ class ReportScreen(Screen):
         rows, text = self.rows(analysis)
         sync_table(self.query_one(DataTable), rows)
         note.update(text)
+        self.query_one("#title", Static).update(Text(self.title_for(analysis), style="bold"))
 
     def rows(self, analysis: AnalysisView) -> tuple[list, Text]:
         """``(key, cells)`` rows and the note for one analysis."""
         raise NotImplementedError
+
+    def title_for(self, analysis: AnalysisView) -> str:
+        """The title line for one analysis."""
+        return self.TITLE_TEXT
+
+    def baseline_hint(self) -> str:
+        """How to get a baseline: choose one, or there is no other run to choose."""
+        model = getattr(self.app, "model", None)
+        runs = getattr(model, "runs", ()) or ()
+        window = getattr(model, "window", None)
+        current = window.run if window is not None else None
+        if any(r.run != current for r in runs):
+            return "press b to choose one"
+        return "no other run here to compare with"
 
 
 class StructureScreen(ReportScreen):
@@ -118,6 +133,9 @@ class CurvesScreen(ReportScreen):
         note = Text(analysis.curves_convention or "")
         if not rows:
             note = Text("no complete collectives with sizes in the window", style="italic")
+        elif analysis.baseline_run is None:
+            note = Text(f"no baseline ({self.baseline_hint()}): nothing to compare with. ")
+            note.append(analysis.curves_convention or "")
         return rows, note
 
 
@@ -128,10 +146,16 @@ class ManifestScreen(ReportScreen):
     TITLE_TEXT = "Manifest: what differs from the baseline"
     COLUMNS = ("field", "baseline", "current")
 
+    def title_for(self, analysis: AnalysisView) -> str:
+        if analysis.baseline_run is None:
+            return f"Manifest of {analysis.run}, field by field (no baseline to diff against)"
+        return f"Manifest: what differs between {analysis.baseline_run} and {analysis.run}"
+
     def rows(self, analysis: AnalysisView) -> tuple[list, Text]:
         if analysis.baseline_run is None:
             rows = [(f, (f, "", v)) for f, v in analysis.manifest_fields]
-            return rows, Text("no baseline: press b to choose one; showing this run's manifest")
+            hint = self.baseline_hint()
+            return rows, Text(f"no baseline ({hint}): every field of this run is listed")
         rows = [(m.field, (m.field, m.baseline, m.current)) for m in analysis.manifest]
         if not rows:
             return rows, Text(f"identical to {analysis.baseline_run}", style="green")
@@ -179,6 +203,12 @@ class StallScreen(ReportScreen):
         if stall.silent_ranks:
             silent = ", ".join(f"r{r}" for r in stall.silent_ranks[:16])
             note.append(f"silent since the last step: {silent}\n")
+        if not stall.pending and not stall.silent_ranks:
+            note.append(
+                "no collective is half-entered and every rank reported the last step: the "
+                "job ended or stopped reporting, or every rank is outside collectives "
+                "(input, checkpoint, evaluation)\n"
+            )
         idle = stall.idle_steps
         note.append(
             f"last step ended {fmt_ms((stall.now_ns - stall.last_step_end_ns) / 1e6)} ms ago "

@@ -225,7 +225,11 @@ def plan_rerun(app: Any, ctx: RerunContext, scope: str) -> PlanResult:
             hypotheses = diagnose(window).verdict.hypotheses
         plan = propose(window, hypotheses, scope)
         if ctx.hub is None or ctx.record is None:
-            why = "no hub to report to" if ctx.hub is None else "no recording to log beside"
+            why = (
+                "no hub to report to"
+                if ctx.hub is None
+                else "no recording to log beside (start the view with --record DIR to launch)"
+            )
             text = tuple(plan_text(plan))
             return PlanResult(scope, None, text, f"{why}: shown, not launchable", ctx.launcher)
         launch = prepare(

@@ -14,6 +14,7 @@ other than the one that created it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -244,6 +245,10 @@ class LiveSource(StoreSource):
         self.hub = hub
 
 
+WRITER_CHECK_S = 5.0
+"""Seconds between two looks at a followed recording's ``meta.json``."""
+
+
 class RecordingSource(StoreSource):
     """A recording replayed into a private store, optionally followed as it grows.
 
@@ -280,8 +285,27 @@ class RecordingSource(StoreSource):
         else:
             store = replay.load(self.path)
         super().__init__(store, str(self.path))
-        self.live = follow
+        self._follow = follow
+        self._writer_checked = -float("inf")
+        self._writer = True
         self._started = False
+
+    @property
+    def live(self) -> bool:  # type: ignore[override]
+        """Following, and the recording may still grow: its ``meta.json`` does not say
+        that the last hub writing it has stopped. A finished recording is not live, so
+        the view does not call the end of its job a stall."""
+        if not self._follow:
+            return False
+        now = time.monotonic()
+        if now - self._writer_checked >= WRITER_CHECK_S:
+            self._writer_checked = now
+            from rankscope.hub.recording import read_meta
+
+            sessions = read_meta(self.path).get("sessions") or []
+            last = sessions[-1] if isinstance(sessions, list) and sessions else None
+            self._writer = not (isinstance(last, dict) and last.get("stopped_ns") is not None)
+        return self._writer
 
     def start(self) -> None:
         """Start following the file (once)."""
