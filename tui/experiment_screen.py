@@ -138,8 +138,11 @@ class ExperimentScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static("Experiment: one change, one predicted movement", classes="title")
-            yield Input(placeholder="hypothesis (mechanism)", id="hypothesis")
-            yield Input(placeholder="the one change", id="change")
+            # Focus keeps the cursor where it is: a prefilled text shows from its start.
+            yield Input(
+                placeholder="hypothesis (mechanism)", id="hypothesis", select_on_focus=False
+            )
+            yield Input(placeholder="the one change", id="change", select_on_focus=False)
             with Horizontal():
                 yield Select(
                     [(m, m) for m in sorted(METRICS)],
@@ -153,7 +156,7 @@ class ExperimentScreen(ModalScreen[None]):
                     allow_blank=False,
                     id="direction",
                 )
-            yield Input(placeholder="rejected if…", id="rejection")
+            yield Input(placeholder="rejected if…", id="rejection", select_on_focus=False)
             yield Static("Recorded (enter: judge against the run on screen)", classes="title")
             yield OptionList(id="records")
             yield Static(id="result")
@@ -161,7 +164,10 @@ class ExperimentScreen(ModalScreen[None]):
     def on_mount(self) -> None:
         # Placeholders vanish once a field is filled: the border keeps naming it.
         for wid, label in FIELD_LABELS.items():
-            self.query_one(f"#{wid}").border_title = label
+            field = self.query_one(f"#{wid}")
+            if isinstance(field, Select):  # its border is drawn by the part showing the value
+                field = field.query_one("SelectCurrent")
+            field.border_title = label
         self._reload()
         if self.context.record is None:
             self._say(

@@ -67,6 +67,7 @@ class MainScreen(Screen):
     MainScreen.-narrow #body { layout: vertical; }
     MainScreen.-narrow #side { width: 1fr; height: auto; max-height: 9; layout: horizontal; }
     MainScreen.-narrow LastArrivalsPanel > DataTable { max-height: 4; }
+    MainScreen.-narrow LastArrivalsPanel > Static { max-height: 2; }
     MainScreen.-narrow #side > * { width: 1fr; }
     MainScreen.-narrow StructurePanel { display: none; }
     """
