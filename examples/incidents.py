@@ -389,9 +389,16 @@ def _network(record: Path, steps: int) -> list[str]:
     finally:
         nodes.destroy()
     top = inc.diagnosis.verdict.top
+    before = incident_network.transfer_by_group(inc.baseline)
+    after = incident_network.transfer_by_group(inc.fault)
     return [
         "network: one rail of two namespaces rate-limited with tc tbf",
-        f"  transfer by group (ns): {incident_network.transfer_by_group(inc.fault)}",
+        "  median transfer by group (ranks: baseline -> degraded ms): "
+        + ", ".join(
+            f"{list(g)}: {before[g] / 1e6:.1f} -> {t / 1e6:.1f}"
+            for g, t in sorted(after.items())
+            if g in before
+        ),
         f"  {top.mechanism} score {top.score:.2f}",
         *[f"      {e}" for e in top.evidence],
     ]
