@@ -23,7 +23,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "RESULTS.md"
-ORDER = ["collector", "hub", "sim", "diagnosis", "tui"]
+ORDER = ["collector", "hub", "sim", "diagnosis", "tui", "real"]
 
 
 def machine() -> str:
