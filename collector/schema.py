@@ -80,6 +80,22 @@ PHASES = (
 """Built-in phase names; the ``phase`` column indexes ``PHASES + message["phase_names"]``."""
 PHASE_INDEX = {name: i for i, name in enumerate(PHASES)}
 
+MECHANISMS = (
+    "data_imbalance",
+    "slow_device",
+    "slow_host_input",
+    "local_fabric",
+    "network_rail",
+    "placement",
+    "checkpoint",
+    "allocator_growth",
+    "intermittent_congestion",
+    "numerator_change",
+    "healthy",
+)
+"""The hypothesis vocabulary (ARCHITECTURE §6): verdicts, the CLI's JSON, the TUI, snapshots
+and the simulator's ground truth (``sim.truth.mechanism``) all use exactly these names."""
+
 MESH_DIMS = ("dp", "tp", "pp", "cp", "ep")
 """Mesh coordinates a rank may report in its hello."""
 

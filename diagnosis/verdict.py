@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rankscope.collector.schema import MECHANISMS
 from rankscope.diagnosis.evidence import Evidence
 from rankscope.diagnosis.mechanisms import candidates
 from rankscope.diagnosis.nextstep import NextExperiment, next_experiment
@@ -28,20 +29,6 @@ from rankscope.diagnosis.robust import logistic
 
 __all__ = ["MECHANISMS", "MIN_IMPACT", "Evidence", "Hypothesis", "Verdict", "judge"]
 
-MECHANISMS = (
-    "data_imbalance",
-    "slow_device",
-    "slow_host_input",
-    "local_fabric",
-    "network_rail",
-    "placement",
-    "checkpoint",
-    "allocator_growth",
-    "intermittent_congestion",
-    "numerator_change",
-    "healthy",
-)
-"""The verdict vocabulary (ARCHITECTURE §6), used by the CLI, the TUI and snapshots."""
 
 MIN_IMPACT = 0.01
 """A mechanism costing less than ~1 % of the step is not called a regression: below this

@@ -115,3 +115,41 @@ class Follower:
             self._thread.join(timeout=5)
         self.store.extra_health["recording"] = _report_health(self.report)
         self.store.extra_health["recorded"] = recorded_counters(self.path)
+
+
+def load_run(path: str | os.PathLike[str], run: str | None, steps: int) -> tuple[Store, Any]:
+    """Replay a recording and take the window of one run, keeping the raw collective rows of
+    every step in it (what ``diagnose``, ``export`` and the ladder need).
+
+    Args:
+        path: recording directory.
+        run: run id, or None for the most recent run.
+        steps: steps in the window (at least 1).
+
+    Returns:
+        ``(store, window)``.
+
+    Raises:
+        ValueError: naming what is wrong (no recording, unreadable recording, no run,
+            unknown run, bad step count).
+    """
+    from pathlib import Path
+
+    from rankscope.hub.recording import RecordingError
+
+    if steps < 1:
+        raise ValueError(f"--steps must be at least 1, got {steps}")
+    if not Path(path).exists():
+        raise ValueError(f"no recording at {str(path)!r}")
+    try:
+        store = load(path, history_steps=steps, raw_steps=steps)
+    except RecordingError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    if not store.run_ids():
+        raise ValueError(f"{path}: the recording holds no run")
+    try:
+        window = store.window(run, last=steps)
+    except KeyError as exc:
+        known = ", ".join(store.run_ids())
+        raise ValueError(f"{path}: {exc.args[0]} (runs: {known})") from None
+    return store, window

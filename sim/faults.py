@@ -15,25 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rankscope.collector.schema import MECHANISMS
 from rankscope.sim.draw import ScenarioError, draw, pick_target
 
 if TYPE_CHECKING:
     from rankscope.sim.spec import TopologySpec
-
-MECHANISMS = (
-    "data_imbalance",
-    "slow_device",
-    "slow_host_input",
-    "local_fabric",
-    "network_rail",
-    "placement",
-    "checkpoint",
-    "allocator_growth",
-    "intermittent_congestion",
-    "numerator_change",
-    "healthy",
-)
-"""Fault vocabulary, shared with the diagnosis verdicts (ARCHITECTURE §6)."""
 
 
 @dataclass(frozen=True)

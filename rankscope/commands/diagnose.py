@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 HELP = "Diagnose a recorded run: ranked hypotheses with evidence and the next experiment"
@@ -50,27 +49,11 @@ def load_window(path: str, run: str | None, steps: int) -> Any:
     Raises:
         ValueError: naming what is wrong (no recording, unknown run, bad step count).
     """
-    from rankscope.hub import replay
-    from rankscope.hub.recording import RecordingError
+    from rankscope.hub.replay import load_run
 
     if steps < 2:
         raise ValueError(f"--steps must be at least 2, got {steps}")
-    if not Path(path).exists():
-        raise ValueError(f"no recording at {path!r}")
-    try:
-        store = replay.load(path, history_steps=steps, raw_steps=steps)
-    except RecordingError as exc:
-        raise ValueError(f"{path}: {exc}") from None
-    if not store.run_ids():
-        raise ValueError(f"{path}: the recording holds no run")
-    try:
-        window = store.window(run, last=steps)
-    except KeyError as exc:
-        known = ", ".join(store.run_ids())
-        raise ValueError(f"{path}: {exc.args[0]} (runs: {known})") from None
-    if window.steps.size < 2:
-        raise ValueError(f"{path}: run {window.run} has {window.steps.size} step(s); need 2")
-    return window
+    return load_run(path, run, steps)[1]
 
 
 def run(args: argparse.Namespace) -> int:

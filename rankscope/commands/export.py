@@ -37,38 +37,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def load_run(path: str, run: str | None, steps: int) -> tuple[Any, Window]:
-    """Replay a recording and take the window of one run, keeping raw collective rows for
-    every step of it.
+    """Replay a recording and take the window of one run (``hub.replay.load_run``)."""
+    from rankscope.hub.replay import load_run as replay_run
 
-    Args:
-        path: recording directory.
-        run: run id, or None for the most recent run.
-        steps: steps in the window.
-
-    Returns:
-        ``(store, window)``.
-
-    Raises:
-        ValueError: naming what is wrong (no recording, unknown run, bad step count).
-    """
-    from rankscope.hub import replay
-    from rankscope.hub.recording import RecordingError
-
-    if steps < 1:
-        raise ValueError(f"--steps must be at least 1, got {steps}")
-    if not Path(path).exists():
-        raise ValueError(f"no recording at {path!r}")
-    try:
-        store = replay.load(path, history_steps=steps, raw_steps=steps)
-    except RecordingError as exc:
-        raise ValueError(f"{path}: {exc}") from None
-    if not store.run_ids():
-        raise ValueError(f"{path}: the recording holds no run")
-    try:
-        window = store.window(run, last=steps)
-    except KeyError as exc:
-        raise ValueError(f"{path}: {exc.args[0]}") from None
-    return store, window
+    return replay_run(path, run, steps)
 
 
 def recorded_phases(path: str, window: Window) -> tuple[dict[str, np.ndarray], list[str]]:
