@@ -182,10 +182,10 @@ def group_rows(inst: InstanceTable) -> GroupSkew:
     # Sizes and group sizes are near constant within a row: their means come from the
     # sample (exact for rows of up to SAMPLE_CAP instances).
     n_take = np.maximum(np.bincount(inv_t, minlength=k), 1).astype(np.float64)
-    nbytes = np.bincount(inv_t, weights=col(inst.nbytes)[take].astype(np.float64), minlength=k)
-    members = np.bincount(inv_t, weights=col(inst.n_members)[take].astype(np.float64), minlength=k)
-    nbytes = nbytes / n_take
-    members = members / n_take
+    nb_sum = np.bincount(inv_t, weights=col(inst.nbytes)[take].astype(np.float64), minlength=k)
+    m_sum = np.bincount(inv_t, weights=col(inst.n_members)[take].astype(np.float64), minlength=k)
+    nbytes = nb_sum / n_take
+    members = m_sum / n_take
     with np.errstate(invalid="ignore", divide="ignore"):
         share = skew[0] / (skew[0] + tr[1])
     sampled = np.zeros(n, dtype=bool)
