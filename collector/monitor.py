@@ -67,7 +67,7 @@ class Monitor:
         job_config: Mapping[str, Any] | None = None,
         capacity: int = 1 << 16,
         hwm: int = 1000,
-        flush_interval_s: float = 0.15,
+        flush_interval_s: float = 0.5,
         sample_interval_s: float = 1.0,
         clock_sync: bool = True,
         enabled: bool = True,
@@ -81,7 +81,9 @@ class Monitor:
             job_config: the user's configuration, sent in the manifest.
             capacity: rows per ring (collectives; steps and phases get a fraction).
             hwm: send high-water mark in messages.
-            flush_interval_s: how often the background thread ships data.
+            flush_interval_s: shortest time between two shipments: a step end ships once
+                this long has passed since the last one; without step ends, rows ship
+                every four intervals.
             sample_interval_s: device/host sampling period (0 turns sampling off).
             clock_sync: ping the hub's clock service (else wall-clock fallback only).
             enabled: False builds an inert monitor.
@@ -133,10 +135,10 @@ class Monitor:
         if not self.enabled or self.pump.running:
             return self
         if self._sample_interval_s > 0:
+            # Sampled on the pump's thread, on its wake-ups: no thread of its own to wake.
             self._sampler = Sampler(
                 self.identity.gpu_index, interval_s=self._sample_interval_s, on_error=self._error
             )
-            self._sampler.start()
         self.pump.start()
         return self
 
@@ -161,9 +163,6 @@ class Monitor:
                 if self._activity_since_begin():
                     self.end_step()
                 self._open = False
-            if self._sampler is not None:
-                self._sampler.sample_once()
-                self._sampler.stop()
         except Exception as exc:
             self._error("close", exc)
         self.pump.stop(timeout_s)
@@ -244,7 +243,7 @@ class Monitor:
             self._last_ended = self._step
         self._open = False
         self._step = self._next_step
-        self.pump.wake()
+        self.pump.step_ended(t)
 
     def step(self, step: int | None = None) -> StepSpan:
         """Context manager around one step: ``with mon.step(): ...``."""
@@ -511,9 +510,10 @@ class Monitor:
             ``dropped_batches`` (messages the sender dropped), ``dropped_events`` (ring
             rows refused when full), ``incomplete_colls``, ``errors`` (reason -> count),
             ``clock_offset_ns``, ``clock_error_ns``, ``clock_synced``, ``sent_batches``,
-            ``sent_rows``, ``sampler_dropped``, ``pump_cpu_s`` and ``sampler_cpu_s`` (CPU
-            seconds the background threads used), ``reconnects`` (times the hub came back
-            after the connection was lost).
+            ``sent_rows``, ``sampler_dropped``, ``pump_cpu_s`` (CPU seconds of the
+            background thread), ``sampler_cpu_s`` (the part of it spent sampling),
+            ``pump_wakes``, ``reconnects`` (times the hub came back after the connection
+            was lost).
         """
         sender = self.pump.sender
         return {
@@ -529,6 +529,7 @@ class Monitor:
             "sampler_dropped": self._sampler.dropped if self._sampler else 0,
             "pump_cpu_s": round(self.pump.cpu_s, 4),
             "sampler_cpu_s": round(self._sampler.cpu_s, 4) if self._sampler else 0.0,
+            "pump_wakes": self.pump.wakes,
             "reconnects": sender.reconnects if sender else 0,
         }
 

@@ -128,8 +128,10 @@ def sample(h: Any) -> tuple[float, float, float, float, int, float]:
     Args:
         h: an NVML handle (None gives all-unknown).
     """
+    if h is None:  # no GPU for this rank: do not even import pynvml
+        return (NAN, NAN, NAN, NAN, -1, NAN)
     nv = nvml()
-    if nv is None or h is None:
+    if nv is None:
         return (NAN, NAN, NAN, NAN, -1, NAN)
 
     def get(call: Any, default: Any) -> Any:

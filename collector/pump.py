@@ -2,13 +2,20 @@
 
 Everything that costs more than a few hundred nanoseconds happens here, off the training
 thread: turning ring rows into columnar ``steps`` messages, converting local monotonic
-times to the hub clock, clock pings, hello/groups/stats messages and device samples.
-The thread wakes every ``flush_interval_s`` (and immediately on clock answers) and never
-waits on the hub: sends are non-blocking and a full queue drops and counts.
+times to the hub clock, clock pings, hello/groups/stats messages and host/device samples.
+It never waits on the hub: sends are non-blocking and a full queue drops and counts.
+
+Each wake-up has a fixed cost that dwarfs the work per row (on a busy host the thread
+wakes with cold caches and competes for the GIL), so the thread wakes rarely and ships
+many steps at once: when a step ends and at least ``flush_interval_s`` has passed since
+the last shipment (the training thread signals it through a pipe, at most once per
+shipment), and otherwise every ``IDLE_FLUSHES`` intervals (rows of a long step, samples).
+Clock answers and connection changes wake it too; nothing else does.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +50,11 @@ HELLO_EVERY_S = 30.0
 restarted hub learns them within this long even if the reconnect went unseen."""
 
 STATS_EVERY_S = 5.0
+
+IDLE_FLUSHES = 4
+"""Without step ends, rows are shipped every ``IDLE_FLUSHES * flush_interval_s``."""
+
+_NEVER = 1 << 62
 
 _COLL_TIMES = ("t_enter", "t_start", "t_end", "t_exit")
 
@@ -107,7 +119,8 @@ class Pump:
         self.mon = monitor
         self.endpoint = endpoint
         self.hwm = hwm
-        self.flush_ns = int(flush_interval_s * 1e9)
+        self.flush_ns = max(1, int(flush_interval_s * 1e9))
+        self.idle_ns = IDLE_FLUSHES * self.flush_ns
         self._now = now
         self._clock_ep = clock_endpoint(endpoint) if clock_sync else None
         self.clock = ClockSync(None, now=now)
@@ -115,10 +128,17 @@ class Pump:
         self.batch = 0
         self.incomplete = 0
         self.sent_rows = 0
+        self.wakes = 0
+        """Times the thread woke up (its cost is mostly per wake)."""
         self.cpu_s = 0.0
         """CPU seconds this thread has used (the collector's own cost, off the hot path)."""
         self.tasks: list[Callable[[], None]] = []
         """Extra work run on every wake (e.g. resolving CUDA events)."""
+        self.wake_after_ns = _NEVER
+        """A step ending at or after this local time wakes the thread to ship it (read on
+        the training thread; the pump moves it on after each shipment)."""
+        self._wake_r: int | None = None
+        self._wake_w: int | None = None
         self._stop = threading.Event()
         self._closed = threading.Event()
         self._wake_now = False
@@ -134,12 +154,38 @@ class Pump:
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
         """Start the daemon thread; sockets are created on it."""
+        try:
+            self._wake_r, self._wake_w = os.pipe()
+            os.set_blocking(self._wake_r, False)
+            os.set_blocking(self._wake_w, False)
+        except OSError as exc:  # no pipe: the thread still ships on its timer
+            self.mon._error("wake_pipe", exc)
+            self._wake_r = self._wake_w = None
         self._thread = threading.Thread(target=self._run, name="rankscope-pump", daemon=True)
         self._thread.start()
 
+    def step_ended(self, t: int) -> None:
+        """Training thread, at each step end: wake the pump when a shipment is due.
+
+        Costs one comparison, plus a one-byte pipe write at most once per shipment.
+
+        Args:
+            t: the step's end time (local monotonic ns).
+        """
+        if t >= self.wake_after_ns:
+            # Once per shipment: the pump sets the next due time when it has shipped.
+            self.wake_after_ns = _NEVER
+            self.wake()
+
     def wake(self) -> None:
-        """Ask for a flush at the next wake-up (cheap; called at step end)."""
+        """Wake the thread now and ship at this pass."""
         self._wake_now = True
+        fd = self._wake_w
+        if fd is not None:
+            try:
+                os.write(fd, b"\x01")
+            except OSError:  # full (a wake is already pending) or closed
+                pass
 
     def stop(self, timeout_s: float = 3.0) -> None:
         """Final flush, stats, close the sockets; waits at most ``timeout_s``."""
@@ -148,6 +194,7 @@ class Pump:
         self._stop.set()
         t = self._thread
         if t is not None and t.is_alive() and t is not threading.current_thread():
+            self.wake()
             t.join(timeout_s)
         elif t is None:
             self._closed.set()
@@ -162,6 +209,25 @@ class Pump:
         self.clock.socket = None
         self._thread = None
         self._stop.set()
+        self._close_pipe()
+
+    def _close_pipe(self) -> None:
+        fds = (self._wake_r, self._wake_w)
+        self._wake_r = self._wake_w = None
+        for fd in fds:
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    def _drain_pipe(self) -> None:
+        fd = self._wake_r
+        if fd is not None:
+            try:
+                os.read(fd, 4096)
+            except OSError:  # nothing there (a spurious wake)
+                pass
 
     # -- the loop --------------------------------------------------------------------
     def _run(self) -> None:
@@ -176,27 +242,38 @@ class Pump:
             mon._error("sockets", exc)
             self._closed.set()
             return
-        poller = zmq.Poller()
-        if self.clock.socket is not None:
-            poller.register(self.clock.socket, zmq.POLLIN)
         sender = self.sender
+        clock = self.clock
+        poller = zmq.Poller()
+        if clock.socket is not None:
+            poller.register(clock.socket, zmq.POLLIN)
         link = sender.watch()
         if link is not None:
             poller.register(link, zmq.POLLIN)
+        pipe = self._wake_r
+        if pipe is not None:
+            poller.register(pipe, zmq.POLLIN)
+        sampler = mon._sampler
+        sample_ns = int(sampler.interval_s * 1e9) if sampler is not None else 0
         now = self._now()
         next_flush = now
         next_hello = now
         next_stats = now + int(STATS_EVERY_S * 1e9)
+        next_sample = now + sample_ns if sampler is not None else _NEVER
+        ready: dict[Any, int] = {}
         while True:
             stopping = self._stop.is_set()
+            self.wakes += 1
             try:
                 now = self._now()
-                if sender.read_events():
+                if pipe is not None and pipe in ready:
+                    self._drain_pipe()
+                if link is not None and link in ready and sender.read_events():
                     # The hub came back, maybe as a fresh process that knows nothing of
                     # this rank: identity and groups first, then the rows held meanwhile.
                     self._resend_hello = True
                     self._wake_now = True
-                    self.clock.restart()
+                    clock.restart()
                 # While the hub is away, rows wait in the rings (bounded; full rings drop
                 # and count) instead of queueing behind a hello the next hub never saw.
                 held = sender.connected is False and not stopping
@@ -208,13 +285,20 @@ class Pump:
                     next_hello = now + int(HELLO_EVERY_S * 1e9)
                 if not held and self._groups_sent != mon._groups_version:
                     self._send_groups()
-                self.clock.tick()
+                if clock.socket is not None and (
+                    clock.socket in ready or now >= clock.next_due_ns()
+                ):
+                    clock.tick()
                 for task in self.tasks:
                     task()
+                if sampler is not None and (stopping or now >= next_sample):
+                    self._sample(sampler)
+                    next_sample = now + sample_ns
                 if not held and (stopping or now >= next_flush or self._wake_now):
                     self._wake_now = False
                     self._flush(final=stopping)
-                    next_flush = now + self.flush_ns
+                    next_flush = now + self.idle_ns
+                    self.wake_after_ns = now + self.flush_ns
                 self.cpu_s = time.thread_time()
                 if not held and (stopping or now >= next_stats):
                     self._send_stats()
@@ -223,13 +307,29 @@ class Pump:
                 mon._error("pump", exc)
             if stopping:
                 break
-            due = min(next_flush, next_hello, next_stats, self.clock.next_due_ns())
-            wait_ms = max(1, min(self.flush_ns, due - self._now()) // 1_000_000)
+            # Samples and stats ride on wake-ups that happen anyway; they get one of their
+            # own only when a whole extra interval late (no step has ended meanwhile).
+            due = min(
+                next_flush,
+                next_hello,
+                next_stats + self.idle_ns,
+                next_sample + sample_ns,
+                clock.next_due_ns(),
+            )
+            wait_ms = max(1, min(self.idle_ns, due - self._now()) // 1_000_000)
             if poller.sockets:
-                poller.poll(wait_ms)
+                ready = dict(poller.poll(wait_ms))
             else:
                 self._stop.wait(wait_ms / 1000)
         self._shutdown()
+
+    def _sample(self, sampler: Any) -> None:
+        c0 = time.thread_time()
+        try:
+            sampler.sample_once()
+        except Exception as exc:  # a sampler failure must not end sampling or shipping
+            self.mon._error("sampler", exc)
+        sampler.cpu_s += time.thread_time() - c0
 
     def _shutdown(self) -> None:
         try:
@@ -240,6 +340,7 @@ class Pump:
                 self._ctx.term()
         except Exception as exc:
             self.mon._error("close", exc)
+        self._close_pipe()
         self._closed.set()
 
     # -- messages --------------------------------------------------------------------
@@ -303,6 +404,11 @@ class Pump:
 
     def _flush(self, final: bool) -> None:
         mon = self.mon
+        sampler = mon._sampler
+        if not (len(mon._colls) or len(mon._phases) or len(mon._steps)) and (
+            sampler is None or not sampler.pending
+        ):
+            return  # nothing to ship: skip the column work
         now = self._now()
         offset = self.clock.offset_ns
         while True:

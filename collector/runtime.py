@@ -108,7 +108,7 @@ def start(
     topology: str | None = None,
     capacity: int = 1 << 16,
     hwm: int = DEFAULT_HWM,
-    flush_interval_s: float = 0.15,
+    flush_interval_s: float = 0.5,
     sample_interval_s: float = 1.0,
     clock_sync: bool = True,
     instrument_torch: bool | None = None,
@@ -129,7 +129,8 @@ def start(
             overrides (see ``rankscope.collector.identity``).
         capacity: rows buffered per ring before new ones are dropped.
         hwm: messages queued for the hub before new ones are dropped.
-        flush_interval_s: shipping period of the background thread.
+        flush_interval_s: shortest time between two shipments to the hub (a step end
+            ships once this long has passed since the last one).
         sample_interval_s: device/host sampling period (0: off).
         clock_sync: ping the hub's clock service.
         instrument_torch: wrap torch.distributed collectives, optimizer steps and the

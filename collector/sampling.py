@@ -1,10 +1,12 @@
-"""Device and host sampling at about 1 Hz, on its own thread.
+"""Device and host sampling at about 1 Hz.
 
 Host figures come straight from ``/proc`` (no psutil): CPU busy % of the whole host (a
 rank starved by a noisy neighbour shows here, not in its own usage), the 1-minute load and
 this process's RSS. Device figures come from NVML when this rank has a GPU and NVML works;
 otherwise those columns are NaN. Samples wait in a small bounded buffer until the
-collector's sender thread ships them.
+collector's sender thread ships them. Inside a ``Monitor`` that same thread takes the
+samples on its wake-ups (one thread fewer to wake); ``Sampler.start`` gives a sampler
+its own thread for use elsewhere.
 """
 
 from __future__ import annotations
@@ -138,6 +140,11 @@ class Sampler:
             except Exception as exc:  # a sampler failure must not end sampling
                 if self._on_error is not None:
                     self._on_error("sampler", exc)
+
+    @property
+    def pending(self) -> int:
+        """Samples waiting to be drained."""
+        return len(self._rows)
 
     def drain(self) -> dict[str, np.ndarray] | None:
         """Take every queued sample as ``SAMPLE_COLUMNS`` arrays (local clock in ``t``).

@@ -309,3 +309,30 @@ def test_run_and_job_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
         )
     finally:
         runtime.close()
+
+
+def test_host_samples_ship_from_the_pump_and_steps_batch(pull: Pull) -> None:
+    # Sampling rides on the background thread's wake-ups; steps ending faster than the
+    # flush interval are shipped together, not one wake-up per step.
+    mon = _monitor(pull.endpoint, sample_interval_s=0.1, flush_interval_s=0.2)
+    n = 0
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:
+        with mon.step(), mon.collective("all_reduce", group=0, nbytes=64):
+            pass
+        n += 1
+        time.sleep(0.002)
+    wakes = mon.pump.wakes
+    mon.close()
+    msgs = pull.messages()
+    steps = _tables(msgs, "steps")
+    assert steps["step"].tolist() == list(range(n))
+    assert len([m for m in msgs if m.kind == "steps"]) < n / 4
+    assert wakes < n / 4
+    samples = _tables(msgs, "samples")
+    assert len(samples["t"]) >= 2  # periodic ones plus the last one at close
+    assert np.all(np.diff(samples["t"]) > 0)
+    assert np.all(samples["rss_bytes"] > 0) and np.all(samples["load1"] >= 0)
+    assert np.isnan(samples["sm_clock_mhz"]).all()  # no GPU here: device columns unknown
+    stats = [m for m in msgs if m.kind == "stats"][-1].header["stats"]
+    assert stats["sampler_cpu_s"] > 0 and stats["pump_cpu_s"] >= stats["sampler_cpu_s"]

@@ -156,6 +156,21 @@ def test_training_loop_auto_steps_phases_and_ddp_buckets(mon: Monitor) -> None:
     assert np.all(rows["t_exit"][bucket] >= rows["t_enter"][bucket])
     n_params = sum(p.numel() for p in model.parameters())
     assert rows["nbytes"][bucket].tolist() == [4 * n_params] * 3
+    # The forward phase comes from DDP's forward, not module hooks: every call of the model
+    # keeps torch's fast path.
+    assert not model._forward_hooks and not model._forward_pre_hooks
+
+
+def test_plain_module_forward_is_timed_through_hooks(mon: Monitor) -> None:
+    model = nn.Linear(4, 2)
+    torch_hooks.instrument(model, mon)
+    with mon.step(0):
+        model(torch.randn(3, 4))
+    phases = mon._phases.unread()
+    assert phases["phase"].tolist() == [PH["forward"]]
+    torch_hooks.uninstall()
+    assert not model._forward_hooks and not model._forward_pre_hooks
+    assert not hasattr(DDP.forward, "__wrapped__")  # the class patch is undone too
 
 
 def test_ddp_gradients_match_without_instrumentation(mon: Monitor) -> None:
