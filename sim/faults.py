@@ -86,7 +86,7 @@ def resolve_fault(table: Any, topo: TopologySpec, seed: int) -> FaultSpec:
     mech = table.get("mechanism")
     if mech not in MECHANISMS:
         raise ScenarioError(f"fault.mechanism {mech!r} is not one of {list(MECHANISMS)}")
-    allowed = FAULT_DEFAULTS[mech]
+    allowed = FAULT_DEFAULTS[str(mech)]
     unknown = sorted(set(table) - set(allowed) - {"mechanism"})
     if unknown:
         raise ScenarioError(f"[fault] {mech} does not take {unknown}; it takes {sorted(allowed)}")
