@@ -70,14 +70,20 @@ async def wait_for(pilot, predicate, timeout: float = 30.0) -> None:
         await pilot.pause(0.05)
 
 
-async def settle(pilot, app: RankscopeApp, analysis: bool = True) -> None:
-    """Wait until the model (and the diagnosis) for the current view have arrived."""
-    for _ in range(1500):
+async def settle(pilot, app: RankscopeApp, analysis: bool = True, timeout: float = 120.0) -> None:
+    """Wait until the model (and the diagnosis) for the current view have arrived and been
+    drawn: no worker running, no sample being built and, when the diagnosis is waited for,
+    none whose result is still on its way (``diagnosing`` stays set until the app has
+    handled it). The deadline is wall-clock time, generous for a shared machine."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
         await pilot.pause(0.02)
-        busy = any(w.is_running for w in app.workers)
+        busy = any(w.is_running for w in app.workers) or app._sampling
+        busy = busy or (analysis and app.diagnosing)
         ready = app.model is not None and (not analysis or app.analysis is not None)
-        if ready and not busy and not app._sampling:
-            await pilot.pause(0.02)
+        if ready and not busy:
+            await pilot.pause(0.02)  # ends with a layout pass of the screen
             return
     raise AssertionError("the app did not settle")
 
