@@ -66,10 +66,13 @@ class BaselinePicker(ModalScreen[str | None]):
         with Vertical():
             yield Static("Baseline run", classes="title")
             yield OptionList(*options, id="runs")
-            yield Static(
-                "The healthy run the header, decomposition and manifest compare against.",
-                classes="hint",
-            )
+            hint = "The healthy run the header, decomposition and manifest compare against."
+            if not self.runs:
+                hint += (
+                    " No other run here yet: a run that reports to this hub (or is in this "
+                    "recording) appears in this list."
+                )
+            yield Static(hint, classes="hint")
 
     def on_mount(self) -> None:
         ol = self.query_one(OptionList)

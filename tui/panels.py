@@ -305,6 +305,11 @@ STRUCTURE_FLOOR = 0.25
 across ranks) is shown dimmed: placement does not explain that metric."""
 
 
+SHORT_DIMENSIONS = {"time_since_start": "time", "gpu_index": "gpu"}
+"""Shorter names for the panel's narrow "by" column (the structure screen keeps the full
+ones)."""
+
+
 def standout_label(dimension: str, standout: str) -> str:
     """The standout group without the dimension's name the next column already gives
     (``rail=3`` under ``rail`` reads ``3``)."""
@@ -343,7 +348,7 @@ class StructurePanel(Vertical):
             style = "" if r.effect >= STRUCTURE_FLOOR else "dim"
             values = (
                 r.metric,
-                r.dimension,
+                SHORT_DIMENSIONS.get(r.dimension, r.dimension),
                 f"{r.effect:.2f}",
                 f"{standout_label(r.dimension, r.standout)} z{r.z:+.1f}",
             )

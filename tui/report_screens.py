@@ -22,6 +22,19 @@ REPORT_CSS = """
 """
 
 
+def fmt_duration(ms: float) -> str:
+    """A wait in the unit that reads best: ms below a second, then s, then min and s."""
+    if not math.isfinite(ms):
+        return "–"
+    if ms < 1000:
+        return f"{fmt_ms(ms)} ms"
+    seconds = ms / 1000
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest:02d} s"
+
+
 class ReportScreen(Screen):
     """A title, one keyed table and a note, redrawn on every diagnosis pass."""
 
@@ -169,7 +182,7 @@ class StallScreen(ReportScreen):
         "StallScreen #title { background: $error 40%; }"
     )
     TITLE_TEXT = "STALLED: no step is completing"
-    COLUMNS = ("group", "op", "seq", "entered", "missing ranks", "waiting ms")
+    COLUMNS = ("group", "op", "seq", "entered", "missing ranks", "waiting")
 
     def rows(self, analysis: AnalysisView) -> tuple[list, Text]:
         stall = analysis.stall
@@ -190,7 +203,7 @@ class StallScreen(ReportScreen):
                         str(p.seq),
                         f"{p.entered}/{p.members}",
                         missing,
-                        fmt_ms(waited / 1e6),
+                        fmt_duration(waited / 1e6),
                     ),
                 )
             )
@@ -211,7 +224,7 @@ class StallScreen(ReportScreen):
             )
         idle = stall.idle_steps
         note.append(
-            f"last step ended {fmt_ms((stall.now_ns - stall.last_step_end_ns) / 1e6)} ms ago "
+            f"last step ended {fmt_duration((stall.now_ns - stall.last_step_end_ns) / 1e6)} ago "
             f"({idle:.1f} median steps)"
             if math.isfinite(idle)
             else "no step has ended yet"
