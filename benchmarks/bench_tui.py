@@ -255,7 +255,9 @@ def store_and_view_memory(n_ranks: int, n_steps: int, chunk: int) -> dict[str, f
         run), ``view_mib`` (window + model), ``baseline_mib`` (the baseline window as the
         app reads it), ``uncapped_baseline_mib`` (the same within ``view.max_cells``, as
         before the baseline had its own bound), ``kept_steps``, ``view_steps``,
-        ``baseline_steps``, ``ingest_s``.
+        ``baseline_steps``, ``ingest_s``; ``process_rss_mib`` / ``process_held_mib``: the
+        process's resident growth with all of it alive (both runs in the store, the view,
+        the baseline window), as is and once freed heap is returned.
     """
     from rankscope.hub.intake import Intake
     from rankscope.hub.store import Store
@@ -296,7 +298,12 @@ def store_and_view_memory(n_ranks: int, n_steps: int, chunk: int) -> dict[str, f
     assert baseline is not None
     with_baseline = build_main_model(smp, ViewState(), baseline)
     assert with_baseline.header is not None and with_baseline.header.baseline is not None
+    gc.collect()
+    process_rss = _rss_bytes() - rss0
+    process_held = _held_bytes() - held0
     return {
+        "process_rss_mib": process_rss / 2**20,
+        "process_held_mib": process_held / 2**20,
         "store_rss_mib": store_rss / 2**20,
         "store_mib": (held1 - held0) / 2**20,
         "baseline_store_mib": (held2 - held1) / 2**20,
@@ -366,6 +373,10 @@ def run(quick: bool) -> str:
         f"| ({mem['uncapped_baseline_mib']:.0f}) |",
         f"| (the baseline run's own rows in the store, held whether or not it is chosen) "
         f"| ({mem['baseline_store_mib']:.0f}) |",
+        "",
+        f"The whole process with all of it alive (both runs in the store, the view, the "
+        f"baseline window) grew by {mem['process_rss_mib']:.0f} MiB resident, "
+        f"{mem['process_held_mib']:.0f} MiB once freed heap is returned.",
     ]
     return "\n".join(lines) + "\n"
 
