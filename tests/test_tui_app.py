@@ -444,6 +444,10 @@ async def test_a_baseline_cut_to_its_own_bound_still_serves_every_comparison() -
         await pilot.pause(0.8)  # three sampling periods at 4 Hz
         assert [r for r in reads if r[0] == "run-0412"] == before
         assert sum(r[0] == "run-0419" for r in reads) > 1
+        # What was read is kept by the sampling side itself, so a sample that starts before
+        # the previous model reached the UI does not read the baseline again either.
+        again = await asyncio.to_thread(app._baseline_window, app._sample, "run-0412", True)
+        assert again is not None and [r for r in reads if r[0] == "run-0412"] == before
 
 
 @run_async

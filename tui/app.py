@@ -12,6 +12,7 @@ from the last sample without waiting for the next one.
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import ClassVar
@@ -120,6 +121,8 @@ class RankscopeApp(Clocks, App[int]):
         self._sample: Sample | None = None
         self._baseline: Window | None = None
         self._baseline_for: str | None = None
+        self._baseline_read: Window | None = None
+        self._baseline_lock = threading.Lock()
         self._generation = 0
         self._sampling = False
         self._analysed: tuple | None = None

@@ -8,6 +8,7 @@ runs while the view is paused or a dialog is open. `RankscopeApp` mixes this in.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,8 @@ class Clocks(_Base):
     _sample: Sample | None
     _baseline: Window | None
     _baseline_for: str | None
+    _baseline_read: Window | None
+    _baseline_lock: threading.Lock
     _generation: int
     _sampling: bool
     _analysed: tuple | None
@@ -101,28 +104,32 @@ class Clocks(_Base):
         *,
         fetch_baseline: bool,
     ) -> None:
-        baseline = self._baseline if baseline_run is not None else None
-        if baseline_run is not None and (
-            fetch_baseline or baseline is None or baseline.run != baseline_run
-        ):
-            try:
-                v = self.settings.view
-                baseline = baseline_window(
-                    self.source,
-                    baseline_run,
-                    smp.runs,
-                    v.window_steps,
-                    v.baseline_max_cells,
-                    previous=baseline,
-                )
-            except Exception:  # a baseline that cannot be read is shown as none
-                baseline = None
+        baseline = None
+        if baseline_run is not None:
+            baseline = self._baseline_window(smp, baseline_run, fetch_baseline)
         model = build_main_model(smp, view, baseline)
         detail = None
         w = smp.window
         if detail_rank is not None and w is not None and 0 <= detail_rank < w.world_size:
             detail = rank_detail(w, detail_rank)
         self.post_message(ModelReady(model, generation, smp, baseline_run, baseline, detail))
+
+    def _baseline_window(self, smp: Sample, run: str, fetch: bool) -> Window | None:
+        # The window last read, not the last one the UI has handled: a sample that starts
+        # before the previous model reached the UI must not read a finished baseline again.
+        with self._baseline_lock:
+            previous = self._baseline_read
+            if not fetch and previous is not None and previous.run == run:
+                return previous
+            try:
+                v = self.settings.view
+                baseline = baseline_window(
+                    self.source, run, smp.runs, v.window_steps, v.baseline_max_cells, previous
+                )
+            except Exception:  # a baseline that cannot be read is shown as none
+                baseline = None
+            self._baseline_read = baseline
+            return baseline
 
     def rebuild(self) -> None:
         """Rebuild the model from the last sample with the current view."""
