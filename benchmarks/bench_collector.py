@@ -1,26 +1,42 @@
-"""Collector overhead: the hot path per recorded collective, and step time of a real gloo
-DDP job with and without the collector.
+"""Collector overhead: the hot path per recorded collective, the per-step cost by part, and
+step time of a real gloo DDP job with and without the collector.
 
     python benchmarks/bench_collector.py [--quick]
 
 ``run(quick)`` returns the Markdown section that ``benchmarks/run.py`` puts in RESULTS.md.
 Targets (ARCHITECTURE §9): ≤ 1 µs per recorded collective; ≤ 0.5 % of step time.
+
+This machine is small and shared (other jobs run beside the benchmark), so every
+comparison is paired and interleaved: both arms run in the same process, alternating step
+by step (world size 1) or block by block (torchrun jobs, the same processes running both
+arms), and each figure is a median of per-pair differences or ratios with its IQR. CPU
+time is reported next to wall time: with more runnable threads than cores, wall time
+measures the machine's load as much as the job.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import random
 import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "examples" / "tiny_ddp.py"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from collector_jobs import (
+    Installed,
+    bootstrap_cost,
+    in_job_ab,
+    in_job_steps,
+    load,
+    python_comm_hook,
+    quartiles,
+    zero_code_pairs,
+)
 
 
 def _free_port() -> int:
@@ -29,7 +45,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _per_call_ns(fn, n: int, repeats: int = 15) -> float:
+def _per_call_ns(fn: Any, n: int, repeats: int = 15) -> float:
     """Best-of-``repeats`` mean ns per call of ``fn`` over ``n`` calls."""
     best = float("inf")
     for _ in range(repeats):
@@ -40,23 +56,30 @@ def _per_call_ns(fn, n: int, repeats: int = 15) -> float:
     return best
 
 
-def _monitor():
+def _monitor(world: int = 1) -> Any:
     from rankscope.collector.identity import Identity
     from rankscope.collector.monitor import Monitor
 
-    # Capacity above the call count: every call records a row (none is dropped).
+    # Nothing listens and nothing is shipped during the loops: the rings are drained by
+    # hand, so only the recording side is measured.
     return Monitor(
         job="bench",
         run="bench",
-        identity=Identity(rank=0, world_size=1, local_rank=0, host="h", node_rank=0, pid=1),
+        identity=Identity(rank=0, world_size=world, local_rank=0, host="h", node_rank=0, pid=1),
         hub=f"tcp://127.0.0.1:{_free_port()}",
-        capacity=1 << 16,
+        capacity=1 << 20,
         flush_interval_s=3600,
         sample_interval_s=0,
         clock_sync=False,
-    )
+    ).start()
 
 
+def _drain(mon: Any) -> None:
+    for ring in (mon._colls, mon._phases, mon._steps):
+        ring.consume(ring.head - ring.tail)
+
+
+# -- 1. hot path ------------------------------------------------------------------------
 def hot_path(quick: bool) -> list[tuple[str, float, float]]:
     """(what, ns per call, ns added over its bare counterpart)."""
     import torch
@@ -68,13 +91,12 @@ def hot_path(quick: bool) -> list[tuple[str, float, float]]:
     mon = _monitor()
     mon.begin_step(0)
 
-    # 1. The record alone, and the explicit API.
     def record() -> None:
         mon._rec_coll(0, 0, 4096, 1, 2, 0)
 
     rec = _per_call_ns(record, n)
     rows.append(("`Monitor._rec_coll` (one ring row)", rec, rec))
-    mon._colls.consume(mon._colls.head - mon._colls.tail)
+    _drain(mon)
 
     def manual() -> None:
         with mon.collective("all_reduce", 0, 4096):
@@ -88,11 +110,11 @@ def hot_path(quick: bool) -> list[tuple[str, float, float]]:
     bare = _per_call_ns(bare_ctx, n)
     man = _per_call_ns(manual, n)
     rows.append(("`with mon.collective(...)` vs two clock reads", man, man - bare))
-    mon._colls.consume(mon._colls.head - mon._colls.tail)
+    _drain(mon)
 
-    # 2. The torch wrapper around a stand-in with all_reduce's signature that returns at
+    # The torch wrapper around a stand-in with all_reduce's signature that returns at
     # once, so the figure is the wrapper's own cost: bare call vs wrapped and recording.
-    def stub(tensor, op=None, group=None, async_op=False):
+    def stub(tensor, op=None, group=None, async_op=False):  # type: ignore[no-untyped-def]
         return None
 
     wrapped = torch_collectives._wrap(stub, "all_reduce", "tensor", torch_collectives._T)
@@ -103,7 +125,7 @@ def hot_path(quick: bool) -> list[tuple[str, float, float]]:
         t_bare = _per_call_ns(lambda: stub(x), n)
         t_wrapped = _per_call_ns(lambda: wrapped(x), n)
         rows.append(("torch wrapper on `all_reduce(t)`", t_wrapped, t_wrapped - t_bare))
-        mon._colls.consume(mon._colls.head - mon._colls.tail)
+        _drain(mon)
         t_bare_kw = _per_call_ns(lambda: stub(x, group=None, async_op=False), n)
         t_wrapped_kw = _per_call_ns(lambda: wrapped(x, group=None, async_op=False), n)
         rows.append(("torch wrapper, keyword group", t_wrapped_kw, t_wrapped_kw - t_bare_kw))
@@ -113,14 +135,15 @@ def hot_path(quick: bool) -> list[tuple[str, float, float]]:
     return rows
 
 
-def in_process_ab(quick: bool) -> dict[str, object]:
-    """Step time of one real gloo DDP rank (world size 1) in alternating blocks, bare vs
-    instrumented, in one process: machine-load drift cancels block by block.
+# -- 2. per-step cost by part (world size 1, step-interleaved) ----------------------------
+def step_parts(quick: bool) -> dict[str, Any]:
+    """Per-step cost of the collector at world size 1, arms interleaved step by step.
 
-    The instrumented arm is the full collector (optimizer-step, DataLoader, forward and
-    DDP comm hooks, wrapped explicit collectives, background pump and sampler) shipping to
-    a hub that runs in a separate process. The bare arm trains an identical, never
-    instrumented DDP model with the monitor closed.
+    Arms: ``bare`` (DDP's built-in all-reduce, no rankscope), ``python_hook`` (a Python
+    comm hook doing DDP's default, no rankscope) and ``rankscope`` (everything installed:
+    wrapped collectives, DataLoader, optimizer hooks, DDP forward and comm hook). Each step
+    runs one arm, in a shuffled order per round; per round the arm's cost minus the bare
+    arm's is one paired difference.
     """
     import torch
     import torch.distributed as dist
@@ -128,217 +151,262 @@ def in_process_ab(quick: bool) -> dict[str, object]:
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, TensorDataset
 
-    from rankscope.collector import runtime
+    from rankscope.collector import torch_hooks
 
-    blocks = 5 if quick else 12
-    steps = 200 if quick else 400
-    port = _free_port()
-    hub = subprocess.Popen(
-        [sys.executable, "-m", "rankscope", "hub", "--bind", f"tcp://127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    rounds = 1500 if quick else 5000
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
     try:
-        torch.manual_seed(0)
+        colls = ("all_reduce", "all_gather_single", "reduce_scatter_single")
+        bare_fns = [getattr(dist, n) for n in colls]
 
-        def make() -> DDP:
+        def make() -> Any:
+            torch.manual_seed(0)
             return DDP(nn.Sequential(nn.Linear(16, 256), nn.ReLU(), nn.Linear(256, 4)))
 
-        plain = make()
-        data = TensorDataset(torch.randn(8 * steps, 16), torch.randn(8 * steps, 4))
-        warm = 20  # untimed steps after each switch: the monitor's start-up (hello, manifest)
-        metric = torch.zeros(4)
+        models = {"bare": make(), "python_hook": make()}
+        models["python_hook"].register_comm_hook(None, python_comm_hook)
+        mon = _monitor()
+        torch_hooks.install(mon)
+        models["rankscope"] = torch_hooks.instrument(make(), mon)
+        switch = Installed()
+        fns = {"bare": bare_fns, "python_hook": bare_fns}
+        fns["rankscope"] = [getattr(dist, n) for n in colls]
+        data = TensorDataset(torch.randn(512, 16), torch.randn(512, 4))
+        opts = {k: torch.optim.SGD(m.parameters(), lr=0.01) for k, m in models.items()}
+        iters: dict[str, Any] = {k: None for k in models}
+        metric, gathered = torch.zeros(4), torch.zeros(4)
 
-        def block(model: DDP, n: int = steps) -> tuple[float, float]:
-            opt = torch.optim.SGD(model.parameters(), lr=0.01)
-            t0 = time.perf_counter()
-            c0 = time.thread_time()
-            part = TensorDataset(*(t[: 8 * n] for t in data.tensors))
-            for x, y in DataLoader(part, batch_size=8):
-                loss = nn.functional.mse_loss(model(x), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                metric.fill_(float(loss.detach()))
-                dist.all_reduce(metric)
-                dist.all_reduce(metric)
-                dist.all_reduce(metric)
-            return (time.perf_counter() - t0) / n, (time.thread_time() - c0) / n
+        def step(arm: str) -> tuple[int, int] | None:
+            switch.set(arm == "rankscope")
+            mon._auto = arm == "rankscope"
+            model, opt = models[arm], opts[arm]
+            all_reduce, all_gather, reduce_scatter = fns[arm]
+            if iters[arm] is None:
+                iters[arm] = iter(DataLoader(data, batch_size=8))
+            c0, p0 = time.thread_time_ns(), time.process_time_ns()
+            try:
+                x, y = next(iters[arm])
+            except StopIteration:
+                iters[arm] = None
+                return None
+            loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            metric.fill_(float(loss.detach()))
+            all_reduce(metric)
+            all_gather(gathered, metric)
+            reduce_scatter(metric, gathered)
+            return time.thread_time_ns() - c0, time.process_time_ns() - p0
 
-        time.sleep(3.0)  # let the hub process finish starting before anything is timed
-        mon = runtime.start(job="bench-ab", hub=f"tcp://127.0.0.1:{port}", instrument_torch=True)
-        inst = make()  # instrumented through the DDP patch
-        block(inst)
-        runtime.close()
-        block(plain)  # warm both
-        bare_s, inst_s = [], []
-        stats: dict = {}
-        for i in range(blocks):
-            for arm in ("bare", "inst") if i % 2 else ("inst", "bare"):
-                if arm == "inst":
-                    mon = runtime.start(job="bench-ab", hub=f"tcp://127.0.0.1:{port}")
-                    runtime.instrument(inst)  # its hooks went with the previous monitor
-                    block(inst, warm)
-                    inst_s.append(block(inst))
-                    stats = mon.stats()
-                    runtime.close()
-                else:
-                    block(plain, warm)
-                    bare_s.append(block(plain))
+        arms = list(models)
+        got: dict[str, list[tuple[int, int]]] = {k: [] for k in arms}
+        rng = random.Random(0)
+        load_before = load()
+        for r in range(rounds + 200):
+            order = arms[:]
+            rng.shuffle(order)
+            out = {a: step(a) for a in order}
+            if r >= 200 and all(v is not None for v in out.values()):
+                for a in arms:
+                    got[a].append(out[a])  # type: ignore[arg-type]
+            if r % 256 == 0:
+                _drain(mon)
+        switch.set(True)
+        errors = dict(mon._errors)
+        torch_hooks.uninstall()
+        mon.close(timeout_s=0.1)
     finally:
         dist.destroy_process_group()
-        hub.terminate()
-        hub.wait(10)
-    return {
-        "blocks": blocks,
-        "steps": steps,
-        "bare": bare_s,
-        "inst": inst_s,
-        "dropped": stats["dropped_batches"] + stats["dropped_events"],
-        "pump_us_per_step": stats["pump_cpu_s"] / (steps + warm) * 1e6,
-    }
+    result: dict[str, Any] = {"rounds": len(got["bare"]), "load": (load_before, load())}
+    for k, name in ((0, "thread"), (1, "process")):
+        base = [v[k] for v in got["bare"]]
+        result[name] = {
+            a: {
+                "median_us": statistics.median(v[k] for v in got[a]) / 1e3,
+                "diff_us": quartiles([(v[k] - b) / 1e3 for v, b in zip(got[a], base)]),
+            }
+            for a in arms
+        }
+    result["errors"] = errors
+    return result
 
 
-def _run_job(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """Median step wall time and mean process CPU per step of rank 0 (after warm-up)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "t.json"
-        subprocess.run(
-            [*cmd, f"--timings={out}"],
-            env=env,
-            check=True,
-            capture_output=True,
-            timeout=600,
-        )
-        data = json.loads(out.read_text())
-    wall, cpu = data["step_s"][20:], data["cpu_s"][20:]
-    return statistics.median(wall), sum(cpu) / len(cpu)
-
-
-def step_overhead(quick: bool) -> dict[str, object]:
-    """Paired, interleaved torchrun runs of the tiny DDP job: bare vs zero-code."""
-    from rankscope.hub.server import Hub
-
-    pairs = 3 if quick else 8
-    steps = 150 if quick else 300
-    hub = Hub(bind="tcp://127.0.0.1:0").start()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RANKSCOPE_")}
-    env["OMP_NUM_THREADS"] = "1"
-    job = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=4",
-        str(SCRIPT),
-        f"--steps={steps}",
-        "--hidden=256",
-    ]
-    instrumented = [
-        sys.executable,
-        "-m",
-        "rankscope",
-        "run",
-        "--hub",
-        hub.endpoint,
-        "--job",
-        "bench",
-        "--",
-        *job,
-    ]
-    rows = []
-    try:
-        for i in range(pairs):
-            # Alternate which goes first, so drift in machine load hits both alike.
-            order = [("bare", job), ("inst", instrumented)]
-            if i % 2:
-                order.reverse()
-            got = {name: _run_job(cmd, env) for name, cmd in order}
-            rows.append((got["bare"], got["inst"]))
-        received = sum(r.steps_complete for r in hub.store.runs())
-    finally:
-        hub.stop()
-    return {"pairs": pairs, "steps": steps, "rows": rows, "received_steps": received}
-
-
-def _spread(values: list[float]) -> str:
-    v = sorted(values)
-    q1, q3 = v[len(v) // 4], v[(3 * len(v)) // 4]
-    return f"median **{statistics.median(v):.4f}**, IQR {q1:.4f} – {q3:.4f}, range {v[0]:.4f} – {v[-1]:.4f}"
+# -- report ------------------------------------------------------------------------------
+def _q(q: tuple[float, float, float], fmt: str = "{:.4f}") -> str:
+    return f"**{fmt.format(q[1])}** ({fmt.format(q[0])} – {fmt.format(q[2])})"
 
 
 def run(quick: bool) -> str:
     """Measure and return the Markdown section."""
+    cores = os.cpu_count()
     lines = ["## Collector", ""]
     lines += [
-        "Hot path per recorded collective (best of 15 loops; ns per call; *added* is the",
-        "cost over the same call without rankscope). Target: ≤ 1 µs added.",
+        f"Machine: {cores} cores shared with other work; load average is given per "
+        "measurement. Every comparison is paired and interleaved; ranges are the "
+        "interquartile range of the paired figures.",
+        "",
+        "### Hot path per recorded collective",
+        "",
+        "Best of 15 loops; *added* is the cost over the same call without rankscope. "
+        "Target: ≤ 1 µs added.",
         "",
         "| what | ns per call | added ns | added / 1 µs |",
         "|---|---:|---:|---:|",
     ]
     for what, ns, added in hot_path(quick):
         lines.append(f"| {what} | {ns:.0f} | {added:.0f} | {added / 1000:.2f} |")
-    ab = in_process_ab(quick)
-    bare, inst = ab["bare"], ab["inst"]
+
+    parts = step_parts(quick)
     lines += [
         "",
-        f"One real gloo DDP rank (world size 1, MLP 16-256-4, a DataLoader, 3 explicit "
-        f"all-reduces per step) in {ab['blocks']} alternating blocks of {ab['steps']} steps per "
-        "arm, in one process: bare (no monitor, an uninstrumented DDP model) vs fully "
-        "instrumented (optimizer, DataLoader, forward and DDP comm hooks, wrapped "
-        "collectives, background pump) shipping to a hub in another process. This step is "
-        "tiny (a fraction of a millisecond), so it shows the per-step cost in microseconds; "
-        "in a real job the same cost divides a step of tens of milliseconds or more.",
+        "### Cost per training step, by part (world size 1)",
         "",
-        "| per step | bare (min / median) | instrumented (min / median) | added (min) | "
-        "per-pair ratio |",
-        "|---|---:|---:|---:|---|",
+        f"One gloo DDP rank (MLP 16-256-4, batch 8, a DataLoader, three explicit "
+        f"collectives per step). Three arms alternate step by step in shuffled order, "
+        f"{parts['rounds']} rounds: DDP's built-in C++ all-reduce; the same all-reduce "
+        "as a minimal Python comm hook (no rankscope); and the full collector (wrapped "
+        "collectives, DataLoader, optimizer step hooks, DDP forward, DDP comm hook). "
+        "*Added* is the median per-round difference against the built-in arm (IQR in "
+        f"brackets). Load before/after: {parts['load'][0]} / {parts['load'][1]}.",
+        "",
+        "| arm | training-thread CPU µs/step | added | process CPU µs/step | added |",
+        "|---|---:|---:|---:|---:|",
     ]
-    for k, name in ((0, "wall µs"), (1, "training-thread CPU µs")):
-        b = [x[k] * 1e6 for x in bare]  # type: ignore[union-attr]
-        i = [x[k] * 1e6 for x in inst]  # type: ignore[union-attr]
-        ratios = [y / x for x, y in zip(b, i)]
+    for arm, label in (
+        ("bare", "built-in all-reduce"),
+        ("python_hook", "Python comm hook, no rankscope"),
+        ("rankscope", "full collector"),
+    ):
+        t, p = parts["thread"][arm], parts["process"][arm]
         lines.append(
-            f"| {name} | {min(b):.1f} / {statistics.median(b):.1f} | "
-            f"{min(i):.1f} / {statistics.median(i):.1f} | {min(i) - min(b):.1f} | "
-            f"{_spread(ratios)} |"
+            f"| {label} | {t['median_us']:.1f} | {_q(t['diff_us'], '{:.1f}')} | "
+            f"{p['median_us']:.1f} | {_q(p['diff_us'], '{:.1f}')} |"
         )
-    lines.append("")
-    lines.append(
-        f"Rows or batches dropped by the collector: {ab['dropped']}. The background thread "
-        f"(encode, send, clock, hello) used {ab['pump_us_per_step']:.1f} µs of CPU per step "
-        "of the last instrumented block, its start-up included; it runs beside the training "
-        "thread, which the table above measures."
-    )
-    res = step_overhead(quick)
+    hook_us = parts["thread"]["python_hook"]["diff_us"][1]
+    full_us = parts["thread"]["rankscope"]["diff_us"][1]
     lines += [
         "",
-        f"Step time of `examples/tiny_ddp.py` under torchrun (4 ranks, gloo, hidden 256, "
-        f"{res['steps']} steps, first 20 dropped), bare vs `rankscope run` reporting to a live "
-        f"hub, {res['pairs']} interleaved pairs of runs. Per run: rank 0's median step wall time "
-        "and its mean process CPU time per step (every thread: training, gloo, rankscope).",
-        "",
-        "| pair | bare ms | instrumented ms | wall ratio | bare CPU ms | instr. CPU ms | CPU ratio |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        f"A Python DDP comm hook alone, with nothing of rankscope in it, costs "
+        f"{hook_us:.0f} µs of the {full_us:.0f} µs (the hook call from C++, and a future "
+        "callback that takes the GIL on gloo's thread). Timing each gradient bucket needs "
+        "such a hook, so that share is paid once per bucket per step whatever the hook "
+        "does; the rest is the wrapped collectives, the step, input and optimizer marks.",
     ]
-    wall_r, cpu_r = [], []
-    for i, ((bw, bc), (iw, ic)) in enumerate(res["rows"]):  # type: ignore[arg-type]
-        wall_r.append(iw / bw)
-        cpu_r.append(ic / bc)
+
+    jobs = [in_job_ab(4, quick), in_job_ab(2, quick)]
+    lines += [
+        "",
+        "### The real gloo DDP job under torchrun",
+        "",
+        "The training loop of `examples/tiny_ddp.py` (MLP 16-256-4, batch 8, three explicit "
+        "collectives per step), launched once; each pair is a bare block and an "
+        "instrumented block (full collector reporting to a live hub, started per block) "
+        "run back to back, in random order, by the same processes. Per block: median step "
+        "wall time and process CPU per step (every thread: training, gloo, rankscope), "
+        "averaged over ranks; the start-up of each instrumented block (hello, manifest, "
+        "clock burst) falls in untimed warm-up steps. Ratio = instrumented / bare.",
+        "",
+        "| ranks | pairs × steps | bare step (wall / CPU) | wall ratio | CPU ratio | "
+        "background thread | load before / after |",
+        "|---:|---:|---:|---|---|---|---|",
+    ]
+    for j in jobs:
         lines.append(
-            f"| {i + 1} | {bw * 1e3:.3f} | {iw * 1e3:.3f} | {iw / bw:.4f} | "
-            f"{bc * 1e3:.3f} | {ic * 1e3:.3f} | {ic / bc:.4f} |"
+            f"| {j['nproc']} | {j['pairs']} × {j['steps']} | {j['bare']['wall'] * 1e3:.2f} ms"
+            f" / {j['bare']['proc'] * 1e3:.2f} ms | {_q(j['ratios']['wall'])} | "
+            f"{_q(j['ratios']['proc'])} | {j['pump_us_per_step']:.0f} µs/step, "
+            f"{j['wakes_per_s']:.1f} wakes/s | {j['load'][0]} / {j['load'][1]} |"
         )
     lines += [
         "",
-        f"Wall ratio {_spread(wall_r)}; CPU ratio {_spread(cpu_r)}; the hub received "
-        f"{res['received_steps']} complete steps. Four ranks share this machine's cores with "
-        "the hub and anything else running, so run-to-run scheduling noise is far larger "
-        "than the collector's cost; the in-process block comparison above is the sharper "
-        "measure.",
+        "Rows or batches dropped: "
+        + ", ".join(f"{j['dropped']} ({j['nproc']} ranks)" for j in jobs)
+        + ". The hub ran in the benchmark's process and used "
+        + ", ".join(f"{j['hub_cpu_share'] * 100:.1f} %" for j in jobs)
+        + f" of one core. With {cores} cores, four ranks (three busy threads each: "
+        "training, gloo's loop and work threads) and the machine's other load, each step "
+        "waits mostly for a core: a rank's CPU per step is the figure that adds up, and "
+        "the wall ratio follows the CPU ratio with the scheduler's noise on top.",
+    ]
+
+    steps = [in_job_steps(4, quick), in_job_steps(2, quick)]
+    lines += [
+        "",
+        "Step by step in the same job (one monitor throughout, its hooks switched on only "
+        "for the instrumented steps; each round runs a built-in, a Python-comm-hook and an "
+        "instrumented step in shuffled order). *Added* is the training thread's extra CPU "
+        "per step against the built-in step of the same round; the background thread is "
+        "measured on its own.",
+        "",
+        "| ranks | rounds | bare step (wall / training-thread CPU) | Python comm hook: "
+        "added CPU, wall ratio | full collector: added CPU, wall ratio | background thread "
+        "| load before / after |",
+        "|---:|---:|---:|---|---|---:|---|",
+    ]
+    for j in steps:
+        lines.append(
+            f"| {j['nproc']} | {j['pairs']} | {j['bare_wall_ms']:.2f} ms / "
+            f"{j['bare_thread_us']:.0f} µs | "
+            f"{_q(j['thread_us']['python_hook'], '{:.0f}')} µs, "
+            f"{_q(j['wall']['python_hook'], '{:.3f}')} | "
+            f"{_q(j['thread_us']['inst'], '{:.0f}')} µs, {_q(j['wall']['inst'], '{:.3f}')} | "
+            f"{j['pump_us_per_step']:.0f} µs/step | {j['load'][0]} / {j['load'][1]} |"
+        )
+    scale = steps[0]["thread_us"]["inst"][1] / max(full_us, 1e-9)
+    lines += [
+        "",
+        "Single steps of an oversubscribed job vary by a factor of two from one to the next "
+        "(see the wall IQR), so the wall ratios here are loose; the CPU figures are the "
+        "cost. With many busy threads per core each step resumes on cold caches, and the "
+        f"same hooks cost {scale:.1f}× what they cost at world size 1 (so does the job's own "
+        "Python: compare the bare steps' CPU).",
+        "",
+        "### Against the target (≤ 0.5 % of step time)",
+        "",
+        "| ranks | added per rank-step (training thread + background) | bare step wall | "
+        "share of step wall | share of a rank's CPU per step | step length where it is "
+        "0.5 % |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for st, ab in zip(steps, jobs):
+        added = st["thread_us"]["inst"][1] + st["pump_us_per_step"]
+        wall_us = st["bare_wall_ms"] * 1e3
+        cpu_us = ab["bare"]["proc"] * 1e6
+        lines.append(
+            f"| {st['nproc']} | {added:.0f} µs | {st['bare_wall_ms']:.2f} ms | "
+            f"{100 * added / wall_us:.2f} % | {100 * added / cpu_us:.1f} % | "
+            f"{added * 200 / 1e3:.0f} ms |"
+        )
+    lines += [
+        "",
+        "The collector's cost is a fixed amount per step (plus about 1 µs per collective "
+        "and one Python comm hook call per DDP bucket), not a fraction of the work: this "
+        "benchmark job does almost nothing per step, so the same microseconds are a "
+        "large share of it. On this machine the target holds for steps of the length in "
+        "the last column; the block comparison above cannot resolve a difference below "
+        "a few per cent of wall time, since its own pairs scatter that much.",
+    ]
+
+    zc = zero_code_pairs(quick)
+    boot = bootstrap_cost(quick)
+    lines += [
+        "",
+        "### Zero-code (`rankscope run`), separate launches",
+        "",
+        f"Unmodified `examples/tiny_ddp.py` (4 ranks, {zc['steps']} steps, first 50 "
+        f"dropped), bare vs `rankscope run`, {zc['pairs']} pairs of launches in alternating "
+        f"order; rank 0's median step wall and CPU per step. Wall ratio {_q(zc['wall'])}, "
+        f"CPU ratio {_q(zc['proc'])}; the hub received {zc['received_steps']} complete "
+        f"steps. Load before/after: {zc['load'][0]} / {zc['load'][1]}. Separate launches "
+        "differ by placement and by what else runs at the time, so these ratios scatter "
+        "far more than the in-job pairs above; they show the zero-code path costs what "
+        "the explicit one does, within that noise.",
+        "",
+        f"One-time cost of the injected `sitecustomize`: `import torch.distributed` takes "
+        f"{boot[1]:.0f} ms of process CPU with it and {boot[0]:.0f} ms without (median of "
+        f"{boot[2]} launches each).",
     ]
     return "\n".join(lines) + "\n"
 
