@@ -73,6 +73,23 @@ class WorkCorrelation:
     compute_excess: float
     """Median over steps of (largest − median) measured compute over the step time."""
 
+    def rho_text(self, name: str) -> str:
+        """``"ρ 0.93"`` for ``"tokens"`` or ``"attn_cost"``; where ρ is undefined, why.
+
+        A work column equal on every rank (the token-balanced packer's tokens) has no rank
+        order to correlate with, which says more than a NaN.
+        """
+        rho, ratio = (
+            (self.tokens_rho, self.tokens_max_ratio)
+            if name == "tokens"
+            else (self.attn_rho, self.attn_max_ratio)
+        )
+        if np.isfinite(rho):
+            return f"ρ {rho:.2f}"
+        if ratio == 1.0:
+            return "equal on every rank"
+        return "ρ undefined (not recorded or constant)"
+
 
 def relative_to_step(x: np.ndarray) -> np.ndarray:
     """Divide each step's values by that step's median rank (NaN where the median is ≤ 0).

@@ -158,7 +158,7 @@ def _structure(diag: Diagnosis) -> list[str]:
     )
     wc = corr.work
     out.append(
-        f"  compute vs tokens ρ {wc.tokens_rho:.2f}, vs Σseq² ρ {wc.attn_rho:.2f}; "
+        f"  compute vs tokens {wc.rho_text('tokens')}, vs Σseq² {wc.rho_text('attn_cost')}; "
         f"max/median Σseq² {wc.attn_max_ratio:.2f}, tokens {wc.tokens_max_ratio:.2f}"
     )
     if diag.curve_shifts:

@@ -193,6 +193,8 @@ def test_work_correlation_explains_data_imbalance() -> None:
     assert wc.work_excess == pytest.approx(wc.compute_excess, rel=0.05)
     assert np.isnan(wc.tokens_rho)  # tokens are equal on every rank
     assert wc.tokens_max_ratio == 1.0
+    assert wc.rho_text("tokens") == "equal on every rank"
+    assert wc.rho_text("attn_cost") == f"ρ {wc.attn_rho:.2f}"
 
 
 def test_input_effect_points_at_the_host() -> None:
