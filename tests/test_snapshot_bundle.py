@@ -37,7 +37,8 @@ def recording(tmp_path_factory) -> Path:
 def bundle(recording, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("snap") / "incident"
     argv = ["snapshot", str(recording), "--out", str(out), "--tar", "--steps", str(STEPS)]
-    assert main([*argv, "--pin", "3", "--pin", "9", "--metric", "lateness"]) == 0
+    # No --metric: the bundle records the metric the TUI opens with (lateness).
+    assert main([*argv, "--pin", "3", "--pin", "9"]) == 0
     return out
 
 
@@ -155,6 +156,9 @@ def test_errors_name_the_problem(bundle, recording, tmp_path, capsys) -> None:
     assert "not empty" in capsys.readouterr().err
     assert main(["snapshot", str(recording), "--out", str(tmp_path / "x"), "--pin", "99"]) == 2
     assert "--pin [99]" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["snapshot", str(recording), "--out", str(tmp_path / "y"), "--metric", "speed"])
+    assert "invalid choice: 'speed'" in capsys.readouterr().err
     assert main(["report", str(tmp_path)]) == 2
     assert "no snapshot.json" in capsys.readouterr().err
     other = tmp_path / "other"

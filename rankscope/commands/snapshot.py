@@ -15,6 +15,7 @@ HELP = "Write a snapshot bundle (Markdown, JSON, screen, raw window, manifests) 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from rankscope.snapshot import DEFAULT_STEPS
+    from rankscope.tui.settings import GROUP_BY, METRICS, ViewSettings
 
     p.add_argument("path", metavar="PATH", help="recording directory (rankscope hub --record)")
     p.add_argument(
@@ -34,8 +35,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="baseline run id (in --baseline, or in PATH when --baseline is not given)",
     )
     p.add_argument("--pin", type=int, action="append", default=[], help="pin a rank (repeat)")
-    p.add_argument("--metric", default="step", help="heatmap metric to restore (step)")
-    p.add_argument("--group-by", default="host", help="rank grouping to restore (host)")
+    view = ViewSettings()
+    p.add_argument(
+        "--metric",
+        default=view.metric,
+        choices=METRICS,
+        help=f"heatmap metric to restore ({view.metric}, as the TUI opens)",
+    )
+    p.add_argument(
+        "--group-by",
+        default=view.group_by,
+        choices=GROUP_BY,
+        help=f"rank grouping to restore ({view.group_by})",
+    )
 
 
 def _main_run(store: Any) -> str | None:
