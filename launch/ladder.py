@@ -167,6 +167,10 @@ class Ladder:
     """Ladder scopes with no run."""
     tolerances: Tolerances
     rule: str = RULE
+    unmeasured_below: tuple[str, ...] = ()
+    """Scopes below ``first_scope`` with no run: the regression may first appear there, so
+    ``first_scope`` is only the smallest *measured* scope and the mechanisms of these
+    scopes stay implicated."""
 
 
 def decomposition(window: Window) -> Decomposition:
@@ -346,13 +350,23 @@ def build_ladder(
         for m in MECHANISMS.values()
         if any(scope_index(s) >= scope_index(m.first_scope) for s in clean)
     )
+    present = {r.scope for r in rungs}
+    unmeasured: tuple[str, ...] = ()
     if first is None:
         meaning = "the regression appears at no measured scope: " + ABSENT_MEANS["full"]
         implicated: tuple[str, ...] = ()
     else:
+        unmeasured = tuple(s for s in LADDER[: scope_index(first.scope)] if s not in present)
         meaning = APPEARS_MEANS[first.scope]
-        implicated = tuple(m for m in implicated_by(first.scope) if m not in eliminated)
-    present = {r.scope for r in rungs}
+        if unmeasured:
+            meaning = (
+                f"present at {first.scope}, but {', '.join(unmeasured)} "
+                f"{'was' if len(unmeasured) == 1 else 'were'} not run, so it may first appear "
+                f"lower; rerun there to narrow it. If {first.scope} is the first: {meaning}"
+            )
+        implicated = tuple(
+            m for s in (*unmeasured, first.scope) for m in implicated_by(s) if m not in eliminated
+        )
     return Ladder(
         parent_run=parent.run,
         reference=reference,
@@ -365,4 +379,5 @@ def build_ladder(
         implicated=implicated,
         missing=tuple(s for s in LADDER if s not in present),
         tolerances=tol,
+        unmeasured_below=unmeasured,
     )

@@ -106,7 +106,12 @@ def ladder_text(ladder: Ladder) -> list[str]:
     for r in ladder.rungs:
         parts = ", ".join(f"{k} {_ms(v)}" for k, v in r.decomposition.items() if v > 0)
         lines.append(f"  {r.scope:<9} {parts}")
-    if ladder.first_scope:
+    if ladder.first_scope and ladder.unmeasured_below:
+        lines.append(
+            f"smallest measured scope with the regression: {ladder.first_scope} "
+            f"({ladder.first_run}); not run below it: {', '.join(ladder.unmeasured_below)}"
+        )
+    elif ladder.first_scope:
         lines.append(f"first scope with the regression: {ladder.first_scope} ({ladder.first_run})")
     else:
         lines.append("first scope with the regression: none")
@@ -144,7 +149,9 @@ def ladder_dict(ladder: Ladder) -> dict[str, Any]:
         ``local_ratio``, ``spread_ratio``, ``comm`` {group, op, size, busbw_gbps, reference_gbps, ratio} or
         null, ``unmatched_points``, ``regression``, ``why``, ``verdict``, ``verdict_score``),
         ``first_scope``, ``first_run``, ``meaning``, ``eliminated``, ``implicated``,
-        ``missing``, ``tolerances`` {local, spread, comm}, ``rule``.
+        ``missing``, ``unmeasured_below`` (scopes under ``first_scope`` with no run, so
+        ``first_scope`` is only the smallest measured one), ``tolerances`` {local, spread,
+        comm}, ``rule``.
     """
     out = asdict(ladder)
     for rung, obj in zip(out["rungs"], ladder.rungs):

@@ -208,3 +208,22 @@ def test_decomposition_and_distribution_per_rung() -> None:
     assert rung.hosts == ("node0000", "node0001")
     with pytest.raises(ValueError, match="tolerance comm"):
         Tolerances(comm=2)
+
+
+def test_a_parent_alone_is_only_the_smallest_measured_scope() -> None:
+    # A slow device: with no rerun the ladder cannot claim the regression needs the full job.
+    full = _flat(32)
+    full[13] *= 1.4
+    alone = build_ladder(_window(full, run="full", scope="full", parent=None), [])
+    assert alone.first_scope == "full"
+    assert alone.unmeasured_below == ("one-rank", "one-node", "two-node")
+    assert "may first appear lower" in alone.meaning
+    assert "slow_device" in alone.implicated  # a one-rank mechanism stays a suspect
+    one_node = full[8:16]
+    narrowed = build_ladder(
+        _window(full, run="full", scope="full", parent=None),
+        [_window(one_node, run="c2", scope="one-node")],
+    )
+    assert narrowed.first_scope == "one-node"
+    assert narrowed.unmeasured_below == ("one-rank",)
+    assert "slow_device" in narrowed.implicated
