@@ -110,6 +110,11 @@ def flatten(manifest: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+SIMULATOR_ONLY = ("sim.truth", "sim.spec")
+"""Manifest fields a simulated run carries for scoring and for reruns. They name the
+injected fault, so the diagnosis never reads them, and the diff leaves them out."""
+
+
 def manifest_diff(current: dict[str, Any], baseline: dict[str, Any]) -> tuple[ManifestChange, ...]:
     """Field-by-field difference of two manifests.
 
@@ -124,6 +129,8 @@ def manifest_diff(current: dict[str, Any], baseline: dict[str, Any]) -> tuple[Ma
     b = flatten(current)
     out = []
     for key in sorted(set(a) | set(b)):
+        if key.startswith(SIMULATOR_ONLY):
+            continue
         if a.get(key) != b.get(key) or (key in a) != (key in b):
             out.append(ManifestChange(key, a.get(key), b.get(key)))
     return tuple(out)

@@ -213,6 +213,14 @@ def prepare(
     values = plan_values(
         plan, settings, manifest=manifest, log=log, record=Path(record), local=local
     )
+    spec = _sim_spec(manifest)
+    if spec is not None and settings.scenario is None:
+        # The parent's scenario as it ran (overrides included), not the file's name.
+        from rankscope.sim.spec import write_spec
+
+        folder.mkdir(parents=True, exist_ok=True)
+        name, raw = spec
+        values["scenario"] = str(write_spec(folder / f"{plan.run}.scenario.json", name, raw))
     commands = render(template, values, plan.hosts, local=local)
     return Launch(
         plan=plan,
@@ -222,6 +230,16 @@ def prepare(
         values=values,
         warnings=_launch_warnings(commands, values, local),
     )
+
+
+def _sim_spec(manifest: Mapping[str, Any] | None) -> tuple[str, dict[str, Any]] | None:
+    sim = (manifest or {}).get("sim")
+    if not isinstance(sim, Mapping):
+        return None
+    name, raw = sim.get("scenario"), sim.get("spec")
+    if isinstance(name, str) and isinstance(raw, dict):
+        return name, raw
+    return None
 
 
 _LOOPBACK = ("127.", "localhost", "[::1]")

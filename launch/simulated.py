@@ -31,7 +31,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Rerun a simulated job at a reduced scope, reporting to a hub.",
     )
     p.add_argument("--hub", required=True, help="hub data endpoint")
-    p.add_argument("--scenario", required=True, help="scenario name (the parent's)")
+    p.add_argument(
+        "--scenario",
+        required=True,
+        help="the parent's scenario: a name, a .toml file, or its saved .json spec",
+    )
     p.add_argument("--seed", type=int, default=None, help="scenario seed (the parent's)")
     p.add_argument("--world-size", type=int, default=None, help="the parent's world size")
     p.add_argument("--job", default=None, help="job name (the parent's)")

@@ -83,7 +83,10 @@ PLACEHOLDERS: dict[str, tuple[str, str]] = {
     "micro_batch": ("int", "per-rank micro batch (preserved)"),
     "grad_accum": ("int", "gradient accumulation steps"),
     "global_batch": ("int", "global batch of the rerun"),
-    "scenario": ("name", "simulated scenario (the simulated launcher)"),
+    "scenario": (
+        "path",
+        "simulated scenario: a name, or the parent's exact spec saved beside the log",
+    ),
     "seed": ("int", "random seed (the simulated launcher)"),
     "steps": ("int", "steps to run"),
     "record": ("path", "recording folder of the parent run"),

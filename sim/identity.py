@@ -192,6 +192,10 @@ def manifest(scenario: Scenario, layout: Layout, argv: list[str] | None = None) 
             "scenario": scenario.name,
             "description": scenario.description,
             "seed": scenario.seed,
+            # The scenario exactly as run (file contents, base merged, overrides applied):
+            # a simulated rerun rebuilds it from here rather than from a file that may have
+            # changed or that another machine does not have.
+            "spec": scenario.raw,
             "truth": truth(scenario, layout),
         },
     }

@@ -25,6 +25,8 @@ A minimal file::
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -340,7 +342,8 @@ def load_scenario(name_or_path: str | Path, **overrides: Any) -> Scenario:
     """Load a shipped scenario by name, or any scenario file by path.
 
     Args:
-        name_or_path: a name from `list_scenarios` or a path to a ``.toml`` file.
+        name_or_path: a name from `list_scenarios`, a path to a ``.toml`` file, or a
+            ``.json`` spec written by `write_spec` (a parent run's exact scenario).
         **overrides: ``seed=``, ``ranks=`` (sets the host count), ``job=``,
             ``fault="healthy"`` (the same scenario and draws with another mechanism and its
             default parameters: the healthy twin), or ``section__key=value`` (e.g.
@@ -354,6 +357,9 @@ def load_scenario(name_or_path: str | Path, **overrides: Any) -> Scenario:
         ScenarioError: unknown scenario, unreadable file, or a bad key or value.
     """
     path = Path(name_or_path)
+    if path.suffix == ".json":
+        name, raw = read_spec(path)
+        return build_scenario(_apply_overrides(raw, overrides), name=name, source=str(path))
     if path.suffix != ".toml":
         path = scenario_dir() / f"{name_or_path}.toml"
         if not path.exists():
@@ -361,3 +367,48 @@ def load_scenario(name_or_path: str | Path, **overrides: Any) -> Scenario:
             raise ScenarioError(f"no scenario named {str(name_or_path)!r}; shipped: {names}")
     raw = _read(path)
     return build_scenario(_apply_overrides(raw, overrides), name=path.stem, source=str(path))
+
+
+def write_spec(path: str | Path, name: str, raw: Mapping[str, Any]) -> Path:
+    """Save a resolved scenario's contents (``Scenario.raw``, as a run's manifest records it
+    under ``sim.spec``) so that `load_scenario` rebuilds exactly that scenario, overrides
+    and all, whatever happens to the file it came from.
+
+    Args:
+        path: the ``.json`` file to write.
+        name: the scenario's name.
+        raw: its contents, overrides applied.
+
+    Returns:
+        The path written.
+    """
+    out = Path(path)
+    out.write_text(json.dumps({"scenario": name, "spec": dict(raw)}, indent=1, sort_keys=True))
+    return out
+
+
+def read_spec(path: str | Path) -> tuple[str, dict[str, Any]]:
+    """Read a file written by `write_spec`.
+
+    Args:
+        path: the ``.json`` file.
+
+    Returns:
+        ``(name, raw)``.
+
+    Raises:
+        ScenarioError: the file is missing or not such a spec.
+    """
+    try:
+        obj = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ScenarioError(f"scenario spec {str(path)!r} does not exist") from None
+    except json.JSONDecodeError as exc:
+        raise ScenarioError(f"{path}: not valid JSON: {exc}") from None
+    if not (
+        isinstance(obj, dict)
+        and isinstance(obj.get("scenario"), str)
+        and isinstance(obj.get("spec"), dict)
+    ):
+        raise ScenarioError(f"{path}: expected {{'scenario': name, 'spec': {{...}}}}")
+    return obj["scenario"], obj["spec"]

@@ -111,6 +111,10 @@ def test_manifest_diff_field_by_field() -> None:
         "y": (None, [1, 2]),
     }
     assert flatten({"a": {"b": {"c": 1}}}) == {"a.b.c": 1}
+    # What a simulated run records about its injected fault is never part of the diff.
+    sim_base = {"sim": {"scenario": "x", "truth": {"mechanism": "healthy"}, "spec": {"s": 1}}}
+    sim_cur = {"sim": {"scenario": "x", "truth": {"mechanism": "slow"}, "spec": {"s": 2}}}
+    assert manifest_diff(sim_cur, sim_base) == ()
 
 
 def test_compare_runs_ratios_and_stalls() -> None:

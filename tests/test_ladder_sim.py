@@ -15,6 +15,7 @@ import pytest
 
 from rankscope.cli import main
 from rankscope.commands.demo import start_demo
+from rankscope.hub import replay
 from rankscope.hub.server import Hub
 from rankscope.sim import load_scenario
 
@@ -32,9 +33,9 @@ CASES = [
 ]
 
 
-def _record_parent(scenario: str, rec: Path) -> None:
+def _record_parent(scenario: str, rec: Path, **overrides: object) -> None:
     handles = start_demo(
-        load_scenario(scenario, ranks=RANKS),
+        load_scenario(scenario, ranks=RANKS, **overrides),
         STEPS,
         pace="fast",
         record_dir=str(rec),
@@ -90,3 +91,27 @@ def test_first_scope_matches_the_fault(
         assert mechanism in ladder["implicated"]
         # The diagnosis of the full run agrees with the fault it was built with.
         assert ladder["rungs"][-1]["verdict"] == mechanism
+
+
+def test_a_rerun_reproduces_the_parent_as_it_ran_overrides_included(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The parent is the "healthy" scenario with a slow device put in by override: a rerun
+    # that reloaded the scenario by name would come back healthy.
+    rec = tmp_path / "rec"
+    _record_parent("healthy", rec, fault="slow_device")
+    with Hub(record_dir=str(rec)):
+        argv = ["rerun", str(rec), "--scope", "one-rank", "--launcher", "simulated"]
+        assert main([*argv, "--steps", str(STEPS), "--yes", "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        spec = Path(out["commands"][0]["argv"][4].partition("=")[2])
+        assert spec.suffix == ".json" and spec.parent == rec / "reruns"
+    assert main(["ladder", str(rec), "--json"]) == 0
+    ladder = json.loads(capsys.readouterr().out)
+    assert [r["scope"] for r in ladder["rungs"]] == ["one-rank", "full"]
+    assert ladder["first_scope"] == "one-rank", json.dumps(ladder["rungs"], indent=1)
+    store = replay.load(str(rec))
+    specs = {r: store.window(r).manifest["sim"]["spec"] for r in store.run_ids()}
+    assert len(specs) == 2
+    assert len({json.dumps(v, sort_keys=True) for v in specs.values()}) == 1
+    assert next(iter(specs.values()))["fault"]["mechanism"] == "slow_device"

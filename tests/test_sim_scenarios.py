@@ -3,6 +3,7 @@ and a bad file or value gets an error naming it."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,16 @@ def test_a_file_can_start_from_a_shipped_scenario(tmp_path: Path) -> None:
     sc = load_scenario(tmp_path / "big.toml")
     assert (sc.seed, sc.topology.hosts, sc.topology.gpus_per_host) == (5, 2, 4)
     assert sc.name == "big"
+
+
+def test_a_saved_spec_rebuilds_the_scenario_exactly(tmp_path) -> None:
+    from rankscope.sim.spec import write_spec
+
+    sc = load_scenario("data-imbalance", ranks=16, seed=4, workload__packer="attn_balanced")
+    path = write_spec(tmp_path / "parent.scenario.json", sc.name, sc.raw)
+    again = load_scenario(path)
+    assert dataclasses.replace(again, source=sc.source) == sc
+    assert again.name == "data-imbalance" and again.raw == sc.raw
+    (tmp_path / "bad.json").write_text('{"spec": 3}')
+    with pytest.raises(ScenarioError, match=r"bad\.json"):
+        load_scenario(tmp_path / "bad.json")
