@@ -412,3 +412,19 @@ def read_spec(path: str | Path) -> tuple[str, dict[str, Any]]:
     ):
         raise ScenarioError(f"{path}: expected {{'scenario': name, 'spec': {{...}}}}")
     return obj["scenario"], obj["spec"]
+
+
+def healthy_twin(scenario: Scenario) -> Scenario:
+    """The same scenario without its fault: same seed, same draws, same cluster. A
+    healthy baseline for the incident, as ``load_scenario(..., fault="healthy")`` gives.
+
+    Args:
+        scenario: a resolved scenario.
+
+    Returns:
+        The twin (the scenario itself when it is already healthy).
+    """
+    if scenario.fault.mechanism == "healthy":
+        return scenario
+    raw = _apply_overrides(scenario.raw, {"fault": "healthy"})
+    return build_scenario(raw, name=scenario.name, source=scenario.source)

@@ -177,3 +177,44 @@ def test_demo_tui_shows_the_simulated_straggler(tmp_path: Path) -> None:
         asyncio.run(drive())
     finally:
         handles.stop()
+
+
+def test_demo_opens_against_its_healthy_twin(tmp_path: Path, capsys) -> None:
+    import asyncio
+
+    from rankscope.commands.demo import make_demo_app
+    from rankscope.tui.settings import deterministic_settings
+
+    scenario = load_scenario("slow-device", ranks=16)
+    handles = start_demo(scenario, 4, pace="fast", baseline_steps=5)
+    try:
+        handles.wait(timeout=30)
+        assert handles.wait_ingested(timeout=30)
+        base = handles.baseline
+        assert base is not None and base.run == f"{handles.run_id}-healthy"
+        twin = handles.hub.store.window(base.run)
+        assert twin.steps.tolist() == [0, 1, 2, 3, 4]
+        assert twin.job == handles.hub.store.window(handles.run_id).job
+        assert twin.manifest["sim"]["truth"]["mechanism"] == "healthy"
+        app = make_demo_app(handles, settings=deterministic_settings(tmp_path))
+
+        async def drive() -> None:
+            async with app.run_test(size=(120, 36)) as pilot:
+                for _ in range(400):
+                    await pilot.pause(0.02)
+                    if app.model is not None and not any(w.is_running for w in app.workers):
+                        break
+                assert app.model.header.run == handles.run_id
+                assert app.model.header.baseline_run == base.run
+                assert app.model.header.baseline is not None
+                await pilot.press("q")
+
+        asyncio.run(drive())
+    finally:
+        handles.stop()
+    rec = tmp_path / "rec"
+    argv = ["demo", "--headless", "--scenario", "slow-device", "--ranks", "16", "--steps", "3"]
+    assert main([*argv, "--baseline-steps", "4", "--record", str(rec), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["complete"] and out["hub_messages"] > out["messages"]
+    assert sorted(load(rec).run_ids()) == sorted([out["run"], out["baseline_run"]])

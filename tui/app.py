@@ -484,6 +484,7 @@ def make_app(
     *,
     clock: Callable[[], float] = time.monotonic,
     run: str | None = None,
+    baseline: str | None = None,
 ) -> RankscopeApp:
     """Build the TUI. The CLI and every test call this.
 
@@ -493,8 +494,13 @@ def make_app(
             ``StaticSource``).
         clock: monotonic seconds, for stall detection (tests pass a fake one).
         run: the run to show (default: the newest run that is not a rerun).
+        baseline: the healthy run to compare with from the start (``b`` changes it); a
+            baseline saved in the job's view state takes precedence.
 
     Returns:
         The app, not yet running.
     """
-    return RankscopeApp(settings, source, clock=clock, run=run)
+    app = RankscopeApp(settings, source, clock=clock, run=run)
+    if baseline is not None:
+        app.set_reactive(RankscopeApp.baseline_run, baseline)
+    return app

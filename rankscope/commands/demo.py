@@ -22,11 +22,14 @@ from rankscope.hub.server import Hub
 from rankscope.sim import RunInfo, Scenario, ScenarioError, ScopeSpec, list_scenarios, load_scenario
 from rankscope.sim import run as run_sim
 from rankscope.sim.emit import default_run_id
+from rankscope.sim.spec import healthy_twin
 
 HELP = "Hub + simulated cluster + live view in one process (no GPU or torch needed)"
 DEFAULT_SCENARIO = "seed-example"
 DEFAULT_RANKS = 64
 HEADLESS_STEPS = 20
+BASELINE_STEPS = 30
+"""Healthy-twin steps recorded before an interactive demo: enough for stable medians."""
 INGEST_WAIT_S = 30.0
 """Longest wait, after the simulated job ends, for the hub to take in what was sent."""
 
@@ -51,6 +54,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=("realtime", "fast"),
         default=None,
         help="realtime (default when interactive) or as fast as possible",
+    )
+    p.add_argument(
+        "--baseline-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help=(
+            "first record N steps of the scenario's healthy twin (same seed, no fault) as "
+            f"the baseline to compare with (default {BASELINE_STEPS} with a view, 0 headless)"
+        ),
     )
     p.add_argument("--headless", action="store_true", help="no view: record and exit")
     p.add_argument("--record", metavar="DIR", default=None, help="write a recording to DIR")
@@ -92,6 +105,8 @@ class DemoHandles:
     stop_event: threading.Event
     result: list[RunInfo] = field(default_factory=list)
     errors: list[BaseException] = field(default_factory=list)
+    baseline: RunInfo | None = None
+    """The healthy twin recorded first, when one was asked for."""
 
     @property
     def running(self) -> bool:
@@ -114,10 +129,11 @@ class DemoHandles:
         info = self.info
         if info is None:
             return False
+        expected = info.messages + (self.baseline.messages if self.baseline is not None else 0)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             h = self.hub.health
-            if h["messages"] + sum(h["rejects"].values()) >= info.messages:
+            if h["messages"] + sum(h["rejects"].values()) >= expected:
                 return True
             time.sleep(0.05)
         return False
@@ -140,6 +156,7 @@ def start_demo(
     run_id: str | None = None,
     parent_run: str | None = None,
     argv: list[str] | None = None,
+    baseline_steps: int = 0,
 ) -> DemoHandles:
     """Start a hub and a simulated job in background threads.
 
@@ -153,6 +170,9 @@ def start_demo(
         run_id: the run's id (default: a fresh one).
         parent_run: the run this one is a reduced rerun of.
         argv: command line recorded in the manifest.
+        baseline_steps: first run this many steps of the scenario's healthy twin (same
+            seed and cluster, no fault) as fast as possible, as a separate run of the same
+            job: the baseline the view compares the incident with. 0: none.
 
     Returns:
         Handles; call ``stop()`` when done.
@@ -162,6 +182,22 @@ def start_demo(
     rid = run_id or default_run_id(scenario, spec.scope)
     stop = threading.Event()
     handles = DemoHandles(hub=hub, scenario=scenario, run_id=rid, thread=None, stop_event=stop)  # type: ignore[arg-type]
+    twin = healthy_twin(scenario)
+    if baseline_steps > 0 and twin is not scenario:
+        try:
+            handles.baseline = run_sim(
+                twin,
+                hub.endpoint,
+                baseline_steps,
+                pace="fast",
+                scope=spec,
+                run_id=f"{rid}-healthy",
+                stop=stop,
+                argv=argv,
+            )
+        except BaseException:
+            hub.stop()
+            raise
 
     def job() -> None:
         try:
@@ -245,7 +281,8 @@ def make_demo_app(handles: DemoHandles, config: str | None = None, settings: Any
 
     label = f"demo {handles.scenario.name} @ {handles.hub.endpoint}"
     settings = settings if settings is not None else load_settings(config)
-    return make_app(settings, LiveSource(handles.hub, label), run=handles.run_id)
+    base = handles.baseline.run if handles.baseline is not None else None
+    return make_app(settings, LiveSource(handles.hub, label), run=handles.run_id, baseline=base)
 
 
 def _scenario_from_args(args: argparse.Namespace) -> Scenario:
@@ -272,7 +309,16 @@ def run(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 1:
         print(f"rankscope demo: --steps must be >= 1, got {args.steps}", file=sys.stderr)
         return 2
+    if args.baseline_steps is not None and args.baseline_steps < 0:
+        print(
+            f"rankscope demo: --baseline-steps must be >= 0, got {args.baseline_steps}",
+            file=sys.stderr,
+        )
+        return 2
     headless = args.headless
+    baseline_steps = args.baseline_steps
+    if baseline_steps is None:
+        baseline_steps = 0 if headless else BASELINE_STEPS
     steps = args.steps or (HEADLESS_STEPS if headless else 10**9)
     pace = args.pace or ("fast" if headless else "realtime")
     view = args.view or ("tui" if sys.stdout.isatty() else "text")
@@ -288,6 +334,7 @@ def run(args: argparse.Namespace) -> int:
             run_id=args.run_id,
             parent_run=args.parent_run,
             argv=argv,
+            baseline_steps=baseline_steps,
         )
     except ValueError as exc:
         print(f"rankscope demo: {exc}", file=sys.stderr)
@@ -302,7 +349,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(
                 f"rankscope demo: {scenario.name} ({scenario.description}); hub at "
-                f"{handles.hub.endpoint}; Ctrl-C to stop",
+                f"{handles.hub.endpoint}"
+                + (f"; baseline {handles.baseline.run}" if handles.baseline is not None else "")
+                + "; Ctrl-C to stop",
                 flush=True,
             )
             text_view(handles)
@@ -328,6 +377,7 @@ def run(args: argparse.Namespace) -> int:
         "world_size": info.world_size,
         "steps": info.steps,
         "messages": info.messages,
+        "baseline_run": handles.baseline.run if handles.baseline is not None else None,
         "bytes": info.bytes,
         "dropped": info.dropped,
         "hub_messages": health["messages"],
@@ -342,7 +392,13 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"{info.run}: {info.steps} steps x {info.world_size} ranks, {info.messages} messages "
             f"({info.bytes / 1e6:.1f} MB) in {info.wall_s:.1f} s; hub accepted "
-            f"{health['messages']}, rejected {sum(health['rejects'].values())}"
+            f"{health['messages']}"
+            + (
+                f" (with baseline {handles.baseline.run}'s {handles.baseline.messages})"
+                if handles.baseline is not None
+                else ""
+            )
+            + f", rejected {sum(health['rejects'].values())}"
             + (f"; recording in {args.record}" if args.record else "")
         )
     ok = complete and info.dropped == 0 and not health["rejects"]
