@@ -35,6 +35,22 @@ _NEVER = -(1 << 62)
 MAX_USER_PHASES = 1024
 MAX_GROUP_ID = (1 << 31) - 1
 
+DDP_BUCKET_MODES = ("every", "sampled", "off")
+"""How DDP gradient buckets are timed (``rankscope.start(ddp_buckets=...)``):
+
+- ``every``: a comm hook times every bucket of every step (per-bucket arrival and
+  transfer). A Python comm hook costs more than DDP's built-in C++ all-reduce, per bucket
+  (the reducer calls into Python for the hook and again for its completion callback).
+- ``sampled``: the same hook, recording buckets on one step in ``ddp_sample_every``; the
+  other steps run the hook without recording (a little cheaper than ``every``, still a
+  Python hook per bucket).
+- ``off``: no comm hook, DDP keeps its built-in path. Steps, phases and the collectives
+  the program calls itself are still recorded; DDP's gradient all-reduce is not seen.
+"""
+
+DDP_SAMPLE_EVERY = 10
+"""Default ``ddp_sample_every``: with ``ddp_buckets="sampled"``, buckets of one step in ten."""
+
 _OP_INDEX = schema.OP_INDEX
 _OTHER = schema.OP_INDEX["other"]
 
@@ -71,6 +87,8 @@ class Monitor:
         sample_interval_s: float = 1.0,
         clock_sync: bool = True,
         enabled: bool = True,
+        ddp_buckets: str = "every",
+        ddp_sample_every: int = DDP_SAMPLE_EVERY,
     ) -> None:
         """Build a monitor; ``start()`` launches its threads (``rankscope.start`` does both).
 
@@ -87,7 +105,26 @@ class Monitor:
             sample_interval_s: device/host sampling period (0 turns sampling off).
             clock_sync: ping the hub's clock service (else wall-clock fallback only).
             enabled: False builds an inert monitor.
+            ddp_buckets: how DDP gradient buckets are timed, one of ``DDP_BUCKET_MODES``.
+            ddp_sample_every: with ``ddp_buckets="sampled"``, record the buckets of the
+                steps whose number is a multiple of this.
+
+        Raises:
+            ValueError: on a ``ddp_buckets`` or ``ddp_sample_every`` it cannot use.
         """
+        if ddp_buckets not in DDP_BUCKET_MODES:
+            raise ValueError(
+                f"ddp_buckets {ddp_buckets!r} is not one of {', '.join(DDP_BUCKET_MODES)}"
+            )
+        if (
+            not isinstance(ddp_sample_every, int)
+            or isinstance(ddp_sample_every, bool)
+            or ddp_sample_every < 1
+        ):
+            raise ValueError(f"ddp_sample_every must be an int >= 1, got {ddp_sample_every!r}")
+        self.ddp_buckets = ddp_buckets
+        """How DDP gradient buckets are timed (read when a model's hook is registered)."""
+        self.ddp_sample_every = ddp_sample_every
         self.job = job
         self.run = run
         self.scope = scope

@@ -23,7 +23,7 @@ from rankscope.collector import schema
 from rankscope.collector.clock import clock_endpoint
 from rankscope.collector.identity import Identity, IdentityError, resolve_identity
 from rankscope.collector.identity import parse_label as _parse_label
-from rankscope.collector.monitor import Monitor
+from rankscope.collector.monitor import DDP_BUCKET_MODES, DDP_SAMPLE_EVERY, Monitor
 from rankscope.collector.sender import DEFAULT_HWM, check_endpoint
 
 log = logging.getLogger("rankscope")
@@ -63,6 +63,39 @@ def _env_label(env: Mapping[str, str], name: str) -> str | None:
     except ValueError as exc:
         log.warning("rankscope: ignoring %s", exc)
         return None
+
+
+def _ddp_settings(env: Mapping[str, str], mode: str | None, every: int | None) -> tuple[str, int]:
+    """DDP bucket timing from the arguments (strict) or the environment (a bad value is
+    ignored with a warning)."""
+    if mode is None:
+        raw = env.get("RANKSCOPE_DDP_BUCKETS", "").strip().lower()
+        mode = raw or "every"
+        if mode not in DDP_BUCKET_MODES:
+            log.warning(
+                "rankscope: ignoring RANKSCOPE_DDP_BUCKETS=%r (not one of %s)",
+                raw,
+                ", ".join(DDP_BUCKET_MODES),
+            )
+            mode = "every"
+    elif mode not in DDP_BUCKET_MODES:
+        raise ValueError(f"ddp_buckets {mode!r} is not one of {', '.join(DDP_BUCKET_MODES)}")
+    if every is None:
+        raw = env.get("RANKSCOPE_DDP_SAMPLE_EVERY", "").strip()
+        every = DDP_SAMPLE_EVERY
+        if raw:
+            try:
+                every = int(raw)
+                if every < 1:
+                    raise ValueError
+            except ValueError:
+                log.warning(
+                    "rankscope: ignoring RANKSCOPE_DDP_SAMPLE_EVERY=%r (not an int >= 1)", raw
+                )
+                every = DDP_SAMPLE_EVERY
+    elif not isinstance(every, int) or isinstance(every, bool) or every < 1:
+        raise ValueError(f"ddp_sample_every must be an int >= 1, got {every!r}")
+    return mode, every
 
 
 def _agree_run_id(job: str) -> str:
@@ -112,6 +145,8 @@ def start(
     sample_interval_s: float = 1.0,
     clock_sync: bool = True,
     instrument_torch: bool | None = None,
+    ddp_buckets: str | None = None,
+    ddp_sample_every: int | None = None,
 ) -> Monitor:
     """Start monitoring this rank (or return the monitor already running).
 
@@ -135,6 +170,12 @@ def start(
         clock_sync: ping the hub's clock service.
         instrument_torch: wrap torch.distributed collectives, optimizer steps and the
             DataLoader (default: when torch is already imported).
+        ddp_buckets: how DDP gradient buckets are timed (``RANKSCOPE_DDP_BUCKETS``, else
+            ``every``): ``every`` bucket of every step through a Python comm hook;
+            ``sampled``, the same hook recording one step in ``ddp_sample_every``; ``off``,
+            no hook (DDP's built-in all-reduce, the cheapest; its buckets are not seen).
+        ddp_sample_every: with ``sampled``, the step period (``RANKSCOPE_DDP_SAMPLE_EVERY``,
+            else 10).
 
     Returns:
         The active monitor (inert when this rank's identity could not be determined).
@@ -187,6 +228,7 @@ def start(
                     hub = DEFAULT_HUB
         if job_config is not None and not isinstance(job_config, Mapping):
             raise ValueError(f"job_config must be a mapping, got {type(job_config).__name__}")
+        ddp_buckets, ddp_sample_every = _ddp_settings(env, ddp_buckets, ddp_sample_every)
         for name, size in (("capacity", capacity), ("hwm", hwm)):
             if not isinstance(size, int) or isinstance(size, bool) or size < 1:
                 raise ValueError(f"{name} must be a positive int, got {size!r}")
@@ -259,6 +301,8 @@ def start(
             sample_interval_s=sample_interval_s,
             clock_sync=clock_sync,
             enabled=enabled,
+            ddp_buckets=ddp_buckets,
+            ddp_sample_every=ddp_sample_every,
         )
         if warned:
             mon._errors["bad_env"] = len(warned)

@@ -5,7 +5,8 @@ What is captured, and how (torch is imported only when this module is used):
 - ``torch.distributed`` Python collectives: wrapped by ``torch_collectives``.
 - DDP gradient buckets: a comm hook equivalent to DDP's default all-reduce, registered at
   the model's first forward unless the user registered their own (then the collectives
-  inside theirs are seen through the wrappers instead).
+  inside theirs are seen through the wrappers instead). ``Monitor.ddp_buckets`` chooses
+  every step, one step in N, or no hook at all (``monitor.DDP_BUCKET_MODES``).
 - Step boundaries: torch's global optimizer step hooks (the first optimizer that steps
   is the step clock); the optimizer itself is the ``optimizer`` phase.
 - Input waits: the DataLoader iterator's ``__next__`` is the ``input`` phase.
@@ -31,7 +32,6 @@ from rankscope.collector.torch_collectives import (
     _DEV,
     COLLECTIVES,
     NO_TIME,
-    _complete,
     _group_id,
     _name_group,
     _state,
@@ -50,7 +50,56 @@ MESH_ALIASES = {
 """DeviceMesh dimension names mapped onto ``schema.MESH_DIMS``."""
 
 
-def _ddp_allreduce_hook(process_group, bucket):  # type: ignore[no-untyped-def]
+class _BucketDone:
+    """Completion callback of one DDP bucket's all-reduce: stamps the row's exit and hands
+    DDP the reduced tensor. One per bucket index, reused every step (a bucket's previous
+    all-reduce has completed before DDP runs its hook again), so timing a bucket allocates
+    no closure."""
+
+    __slots__ = ("ev0", "row")
+
+    def __init__(self) -> None:
+        self.row = -1
+        self.ev0: Any = None
+
+    def __call__(self, fut: Any) -> Any:
+        t = time.monotonic_ns()
+        mon = _state.mon
+        if mon is not None:
+            try:
+                if self.ev0 is None:
+                    mon._colls.complete(self.row, "t_exit", t, _DEV)
+                elif mon._colls.set_field(self.row, "t_exit", t):
+                    _state.timer.track(self.row, self.ev0, _state.timer.event())
+            except Exception as exc:
+                mon._error("ddp_bucket_done", exc)
+        return fut.value()[0]
+
+
+class _BucketHookState:
+    """Per-model state of the DDP comm hook: the group and what is constant about it,
+    looked up once instead of per bucket.
+
+    Attributes:
+        group: the process group DDP reduces over.
+        size: its size (the gradient divisor).
+        gid: its rankscope group id (-1: this rank is not a member).
+        every: record buckets on steps whose number is a multiple of this (1: all).
+        done: the reusable completion callback per bucket index.
+    """
+
+    __slots__ = ("done", "every", "gid", "group", "size")
+
+    def __init__(self, group: Any, every: int) -> None:
+        dist = sys.modules["torch.distributed"]
+        self.group = group if group is not None else dist.group.WORLD
+        self.size = self.group.size()
+        self.gid = _group_id(group)
+        self.every = every
+        self.done: dict[int, _BucketDone] = {}
+
+
+def _ddp_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]
     """DDP's default gradient all-reduce, timed: entry when the bucket is ready, exit when
     its future completes. (Left unannotated: DDP refuses a hook whose ``bucket``
     annotation is not ``dist.GradBucket``.)
@@ -58,38 +107,40 @@ def _ddp_allreduce_hook(process_group, bucket):  # type: ignore[no-untyped-def]
     It calls the process group directly, as DDP's built-in C++ path does, instead of
     ``dist.all_reduce``, whose Python argument handling would cost more than the timing.
     """
-    dist = sys.modules["torch.distributed"]
-    group = process_group if process_group is not None else dist.group.WORLD
-    tensor = bucket.buffer()
     t0 = time.monotonic_ns()
-    tensor.div_(group.size())
-    ev0 = _state.timer.event() if (_state.cuda and tensor.is_cuda) else None
-    if tensor.is_complex():
-        work = _state.orig_all_reduce(tensor, group=group, async_op=True)
-    else:
-        work = group.allreduce([tensor])
-    fut = work.get_future()
+    tensor = bucket.buffer()
+    tensor.div_(state.size)
     mon = _state.mon
-    row = -1
-    if mon is not None:
-        try:
-            gid = _state.gids.get(process_group)
-            if gid is None:
-                gid = _group_id(process_group)
-            if gid >= 0:
-                row = mon._rec_coll(
-                    _ALL_REDUCE, gid, tensor.nbytes, t0, NO_TIME, _ASYNC | _BUCKET | _DEV
-                )
-        except Exception as exc:
-            mon._error("ddp_hook", exc)
+    ev0 = None
+    if mon is not None and _state.cuda and tensor.is_cuda:
+        ev0 = _state.timer.event()
+    if tensor.is_complex():
+        work = _state.orig_all_reduce(tensor, group=state.group, async_op=True)
+    else:
+        work = state.group.allreduce([tensor])
+    fut = work.get_future()
+    if mon is None or state.gid < 0:
+        return fut.then(_bucket_value)
+    if state.every > 1 and mon._step % state.every:
+        # Not a sampled step: keep the group's sequence in issue order, record nothing.
+        seqs = mon._seq
+        seqs[state.gid] = seqs.get(state.gid, 0) + 1
+        return fut.then(_bucket_value)
+    try:
+        row = mon._rec_coll(
+            _ALL_REDUCE, state.gid, tensor.nbytes, t0, NO_TIME, _ASYNC | _BUCKET | _DEV
+        )
+    except Exception as exc:
+        mon._error("ddp_hook", exc)
+        row = -1
     if row < 0:
         return fut.then(_bucket_value)
-    stamp = _complete(row, ev0)
-
-    def done(f: Any) -> Any:
-        stamp(f)
-        return f.value()[0]
-
+    index = bucket.index()
+    done = state.done.get(index)
+    if done is None:
+        done = state.done[index] = _BucketDone()
+    done.row = row
+    done.ev0 = ev0
     return fut.then(done)
 
 
@@ -121,11 +172,16 @@ def _register_ddp_hook(model: Any) -> None:
     model._rankscope_hook_set = True
     if getattr(model, "_comm_hooks", None) or getattr(model, "_rankscope_user_hook", False):
         return
+    mon = _state.mon
+    mode, every = (mon.ddp_buckets, mon.ddp_sample_every) if mon is not None else ("off", 1)
+    if mode == "off":
+        return  # DDP keeps its built-in C++ all-reduce
     try:
-        model.register_comm_hook(model.process_group, _ddp_allreduce_hook)
+        state = _BucketHookState(model.process_group, every if mode == "sampled" else 1)
+        model.register_comm_hook(state, _ddp_allreduce_hook)
     except Exception as exc:  # e.g. a built-in hook registered through another path
-        if _state.mon is not None:
-            _state.mon._error("ddp_comm_hook", exc)
+        if mon is not None:
+            mon._error("ddp_comm_hook", exc)
 
 
 def instrument(model: Any, monitor: Monitor | None = None) -> Any:

@@ -336,3 +336,39 @@ def test_host_samples_ship_from_the_pump_and_steps_batch(pull: Pull) -> None:
     assert np.isnan(samples["sm_clock_mhz"]).all()  # no GPU here: device columns unknown
     stats = [m for m in msgs if m.kind == "stats"][-1].header["stats"]
     assert stats["sampler_cpu_s"] > 0 and stats["pump_cpu_s"] >= stats["sampler_cpu_s"]
+
+
+def test_ddp_bucket_setting_from_arguments_and_env(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("RANKSCOPE_HUB", f"tcp://127.0.0.1:{_free_port()}")
+    with pytest.raises(ValueError, match="ddp_buckets 'sometimes'"):
+        runtime.start(job="j", ddp_buckets="sometimes")
+    with pytest.raises(ValueError, match="ddp_sample_every"):
+        runtime.start(job="j", ddp_buckets="sampled", ddp_sample_every=0)
+    with pytest.raises(ValueError, match="ddp_buckets"):
+        Monitor(job="j", run="r", identity=_identity(), hub="tcp://127.0.0.1:1", ddp_buckets="")
+    monkeypatch.setenv("RANKSCOPE_DDP_BUCKETS", "Sampled")
+    monkeypatch.setenv("RANKSCOPE_DDP_SAMPLE_EVERY", "25")
+    mon = runtime.start(job="j", sample_interval_s=0, instrument_torch=False)
+    try:
+        assert (mon.ddp_buckets, mon.ddp_sample_every) == ("sampled", 25)
+    finally:
+        runtime.close()
+    # Arguments win over the environment.
+    mon = runtime.start(job="j", sample_interval_s=0, instrument_torch=False, ddp_buckets="off")
+    try:
+        assert mon.ddp_buckets == "off"
+    finally:
+        runtime.close()
+    # A bad environment value is untrusted input: warned about, the default used.
+    monkeypatch.setenv("RANKSCOPE_DDP_BUCKETS", "never")
+    monkeypatch.setenv("RANKSCOPE_DDP_SAMPLE_EVERY", "-3")
+    with caplog.at_level("WARNING", logger="rankscope"):
+        mon = runtime.start(job="j", sample_interval_s=0, instrument_torch=False)
+    try:
+        assert (mon.ddp_buckets, mon.ddp_sample_every) == ("every", 10)
+    finally:
+        runtime.close()
+    assert "RANKSCOPE_DDP_BUCKETS='never'" in caplog.text
+    assert "RANKSCOPE_DDP_SAMPLE_EVERY='-3'" in caplog.text

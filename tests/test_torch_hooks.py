@@ -241,3 +241,48 @@ def test_device_mesh_coordinates_and_group_names(mon: Monitor) -> None:
     gid = int(_colls(mon)["group"][0])
     _, groups = mon._groups_snapshot()
     assert next(g for g in groups if g["id"] == gid)["name"] == "tp"
+
+
+@pytest.mark.parametrize("mode", ["every", "sampled", "off"])
+def test_ddp_bucket_timing_settings(mon: Monitor, mode: str) -> None:
+    mon.ddp_buckets, mon.ddp_sample_every = mode, 2
+    torch.manual_seed(0)
+    layers = [nn.Linear(32, 32) for _ in range(3)]
+    ref = nn.Sequential(*[nn.Linear(32, 32) for _ in range(3)])
+    ref.load_state_dict(nn.Sequential(*layers).state_dict())
+    # A small bucket cap: one bucket per parameter or so, several per step.
+    model = DDP(nn.Sequential(*layers), bucket_cap_mb=0.004)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    xs = torch.randn(4, 8, 32)
+    for x in xs:
+        for m, o in ((model, opt), (ref, ref_opt)):
+            o.zero_grad()
+            m(x).square().mean().backward()
+            o.step()
+    # World size 1: DDP's averaged gradient is the local one, whatever the setting.
+    for a, b in zip(model.parameters(), ref.parameters()):
+        assert torch.allclose(a, b)
+    deadline = time.monotonic() + 5
+    while np.any(_colls(mon)["t_exit"] == schema.NO_TIME) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    rows = _colls(mon)
+    bucket = rows[(rows["flags"] & schema.FLAG_DDP_BUCKET) != 0]
+    assert mon._steps.unread()["step"].tolist() == [0, 1, 2, 3]
+    assert set(mon._phases.unread()["phase"].tolist()) >= {PH["forward"], PH["optimizer"]}
+    if mode == "off":
+        assert len(bucket) == 0 and not model._comm_hooks  # DDP's built-in path
+        return
+    per_step = np.bincount(bucket["step"], minlength=4).tolist()
+    assert np.all(bucket["t_exit"] >= bucket["t_enter"])
+    # DDP's first step runs one bucket, then rebuilds them in gradient order.
+    first, n = per_step[0], per_step[2]
+    assert first >= 1 and n >= 3
+    if mode == "every":
+        assert per_step == [first, n, n, n]
+        assert bucket["seq"].tolist() == list(range(len(bucket)))
+    else:
+        # Steps 0 and 2 only; the group's sequence still counts every bucket issued, so
+        # instances match across ranks whichever steps each of them recorded.
+        assert per_step == [first, 0, n, 0]
+        assert bucket["seq"].tolist() == list(range(first)) + list(range(first + n, first + 2 * n))
