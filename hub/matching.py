@@ -45,12 +45,74 @@ class _Block:
     step: np.ndarray | None = None
     bounds: np.ndarray | None = None
     """Start column of each sub-block, then the total."""
+    _plan: list[tuple[Mapping[str, np.ndarray], np.ndarray, np.ndarray]] | None = None
+    _plan_done: bool = False
+    """`_gather` ran for the current sub-blocks (reset when they change)."""
 
     def stack(self, col: str) -> np.ndarray:
         """One column of every part, as a (ranks, instances) array."""
         assert self.bounds is not None
-        cols = [sub[i].cols[col] for i in range(len(self.ranks)) for sub in self.subs]
-        return np.concatenate(cols).reshape(len(self.ranks), int(self.bounds[-1]))
+        c, k = len(self.ranks), int(self.bounds[-1])
+        plan = self._gather()
+        if plan is None:
+            cols = [sub[i].column(col) for i in range(c) for sub in self.subs]
+            return np.concatenate(cols).reshape(c, k)
+        if len(plan) == 1:
+            batch, _, idx = plan[0]
+            return batch[col][idx].reshape(c, k)
+        out = np.empty(c * k, plan[0][0][col].dtype)
+        for batch, pos, idx in plan:
+            out[pos] = batch[col][idx]
+        return out.reshape(c, k)
+
+    def _gather(self) -> list[tuple[Mapping[str, np.ndarray], np.ndarray, np.ndarray]] | None:
+        """When every part is a piece: per batch its parts come from, the flat positions in
+        the (ranks, instances) block and the rows of the batch that fill them (computed once
+        for the current sub-blocks); None when some part is a whole message."""
+        if self._plan_done:
+            return self._plan
+        self._plan_done, self._plan = True, None
+        assert self.bounds is not None
+        k = int(self.bounds[-1])
+        spans: dict[int, tuple[Mapping[str, np.ndarray], list[int], list[int], list[int]]] = {}
+        for j, sub in enumerate(self.subs):
+            a = int(self.bounds[j])
+            for i, p in enumerate(sub):
+                if p.batch is None:
+                    return None
+                entry = spans.get(id(p.batch))
+                if entry is None:
+                    entry = spans[id(p.batch)] = (p.batch, [], [], [])
+                entry[1].append(i * k + a)
+                entry[2].append(p.start)
+                entry[3].append(p.n)
+        plan = []
+        for src, at, first, lens in spans.values():
+            if len(set(lens)) == 1:  # the usual case: every part of the batch has n rows
+                off = np.arange(lens[0])
+                plan.append(
+                    (
+                        src,
+                        (np.array(at)[:, None] + off).reshape(-1),
+                        (np.array(first)[:, None] + off).reshape(-1),
+                    )
+                )
+            else:
+                plan.append(
+                    (
+                        src,
+                        np.concatenate([np.arange(a, a + m) for a, m in zip(at, lens)]),
+                        np.concatenate([np.arange(f, f + m) for f, m in zip(first, lens)]),
+                    )
+                )
+        if len(plan) == 1:
+            # One batch: gather in block order (positions are then 0..c*k-1).
+            batch, pos, idx = plan[0]
+            in_order = np.empty_like(idx)
+            in_order[pos] = idx
+            plan = [(batch, pos, in_order)]
+        self._plan = plan
+        return plan
 
     def parts(self) -> list[Part]:
         return [p for sub in self.subs for p in sub]
@@ -67,7 +129,7 @@ def settle(run: RunState, stale_steps: int) -> None:
     pend = run.pending
     if pend.rows == 0:
         return
-    parts, left = pend.take()
+    parts, left = pend.take(run.t0)
     sizes = {gid: len(g["ranks"]) for gid, g in run.groups.items()}
     blocks, loose = _blocks(parts)
     if blocks:
@@ -104,7 +166,7 @@ def _blocks(parts: list[Part]) -> tuple[list[_Block], list[Part]]:
         if p.group < 0:
             loose.append(p)
             continue
-        sig = (p.inc, p.group, p.n, p.cols["seq"].item(0), p.cols["step"].item(0))
+        sig = (p.inc, p.group, p.n, p.seq0, p.step0)
         by_sig.setdefault(sig, []).append(p)
     blocks: dict[tuple[int, int, tuple[int, ...]], _Block] = {}
     for (inc, group, *_), members in by_sig.items():
@@ -140,6 +202,7 @@ def _verify(b: _Block) -> list[Part]:
     good = np.logical_and.reduceat(same, b.bounds[:-1])
     bad = [p for sub, ok in zip(b.subs, good) if not ok for p in sub]
     b.subs = [sub for sub, ok in zip(b.subs, good) if ok]
+    b._plan_done = False
     b.first_part = [f for f, ok in zip(b.first_part, good) if ok]
     if b.subs:
         bad += _verify(b)
@@ -181,8 +244,8 @@ def _unique_keys(
         owner.append(np.full(k, i, np.int64))
     for p in loose:
         epoch.append(np.full(p.n, p.inc, np.int64))
-        group.append(p.cols["group"].astype(np.int64))
-        seq.append(p.cols["seq"])
+        group.append(p.column("group").astype(np.int64))
+        seq.append(p.column("seq"))
         owner.append(np.full(p.n, -1, np.int64))
     if left is not None:
         epoch.append(left["epoch"])
@@ -270,12 +333,16 @@ def _settle_block(
     if done and any(p.is_async for p in parts):
         flags = device["flags"] if device else b.stack("flags")
         is_async = (flags & ASYNC_FLAGS) != 0
-        cut = np.full((c, k), np.nan)
-        for j, sub in enumerate(b.subs):
-            a = int(b.bounds[j])
-            for i, p in enumerate(sub):
-                if p.cut is not None:
-                    cut[i, a : a + p.n] = p.cut
+        plan = b._gather()
+        if plan is not None and all("cut" in batch for batch, _, _ in plan):
+            cut = b.stack("cut")  # NaN on the rows of pieces without a cut
+        else:
+            cut = np.full((c, k), np.nan)
+            for j, sub in enumerate(b.subs):
+                a = int(b.bounds[j])
+                for i, p in enumerate(sub):
+                    if p.cut is not None:
+                        cut[i, a : a + p.n] = p.cut
     sums = block_sums(enter, exit_, m if done else None, starts, is_async, cut)
     folds["coll_ns"] = (cell[counted], sums["coll_ns"].reshape(-1)[counted])
     if done:  # the arrival aggregates are zero until an instance completes
@@ -297,7 +364,7 @@ def _settle_block(
         group=np.full(k, b.group, np.int32),
         seq=b.seq,
         step=b.step,
-        op=np.concatenate([sub[f].cols["op"] for sub, f in zip(b.subs, b.first_part)]),
+        op=np.concatenate([sub[f].column("op") for sub, f in zip(b.subs, b.first_part)]),
         nbytes=nbytes,
         n_members=np.full(k, n_members, np.int32),
         n_arrived=np.full(k, c, np.int32),

@@ -1,10 +1,15 @@
 """Collective rows between arrival and matching, and the raw rows of the latest steps.
 
 Ingest only keeps references to the columns of each accepted message (a `Part`); the
-store's matching pass (`hub.matching`) takes them all at once. Parts whose instances are
-not complete yet wait for the next pass as they are (no copy) when they form a block
-(`hub.matching`), otherwise their rows wait as columns (``left``). The raw rows of the last
-``raw_steps`` step ids are kept the same way, as references.
+store's matching pass (`hub.matching`) takes them all at once. Before a pass, the new parts
+are prepared in one batch each: the asynchronous cut of every part with asynchronous rows
+(:func:`diagnosis.arrivals.async_cut`, over the rows of all such parts at once instead of
+one call per message), and parts that mix groups (a rank's tensor-parallel calls and its
+data-parallel buckets in one message) are split into one part per group, so that they too
+form blocks. Parts whose instances are not complete yet wait for the next pass as they are
+(no copy) when they form a block (`hub.matching`), otherwise their rows wait as columns
+(``left``). The raw rows of the last ``raw_steps`` step ids are kept the same way, as
+references.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from rankscope.collector import schema
+from rankscope.diagnosis.arrivals import ASYNC_FLAGS, async_cut
 from rankscope.hub.columns import Columns
 
 PENDING_DTYPES = {
@@ -26,9 +32,26 @@ PENDING_DTYPES = {
 
 
 class Part:
-    """The collective rows of one message of one rank."""
+    """The collective rows of one message of one rank, or one group's rows of it (a
+    *piece*: its columns are rows ``start:start + n`` of a batch shared by the pieces that
+    one split made, which a block gathers with one index instead of one slice a piece)."""
 
-    __slots__ = ("arrival", "cols", "cut", "dev", "fresh", "group", "inc", "is_async", "n", "rank")
+    __slots__ = (
+        "_cols",
+        "arrival",
+        "batch",
+        "cut",
+        "dev",
+        "fresh",
+        "group",
+        "inc",
+        "is_async",
+        "n",
+        "rank",
+        "seq0",
+        "start",
+        "step0",
+    )
 
     def __init__(
         self,
@@ -41,24 +64,70 @@ class Part:
         arrival: int = 0,
     ) -> None:
         self.arrival = arrival
-        """Order of arrival among the run's parts."""
+        """Order of arrival among the run's parts (the pieces of a split part share it)."""
         self.rank = rank
         self.inc = inc
-        self.cols = cols
+        self._cols: Mapping[str, np.ndarray] | None = cols
+        self.batch: Mapping[str, np.ndarray] | None = None
+        """For a piece: the columns its rows are a range of (with ``cut``), else None."""
+        self.start = 0
+        """For a piece: its first row in ``batch``."""
         self.cut = cut
-        """Per-row async cut relative to the run's origin; None when no row is async."""
+        """Per-row async cut relative to the run's origin (NaN on blocking rows, which do
+        not use it); None when no row is async, or until the pass computes it
+        (:func:`prepare`)."""
         self.n = int(cols["step"].shape[0])
         g = cols["group"]
         g0 = int(g[0])
-        self.group = g0 if g0 == int(g[-1]) else -1
-        """-1 when the rows mix groups; otherwise the group of the first and last row
-        (a block checks that every row has it)."""
+        mixed = g0 != int(g[-1]) or (self.n > 2 and bool((g != g0).any()))
+        self.group = -1 if mixed else g0
+        """-1 when the rows mix groups, otherwise the group of every row."""
+        self.seq0 = int(cols["seq"][0])
+        self.step0 = int(cols["step"][0])
+        """``seq`` and ``step`` of the first row."""
         self.fresh = True
         """Not seen by a matching pass yet (its calls and time are not counted yet)."""
         self.is_async = is_async
         """Some row is asynchronous (``arrivals.ASYNC_FLAGS``)."""
         self.dev = dev
         """Some row is device-timed."""
+
+    @classmethod
+    def piece(
+        cls,
+        parent: Part,
+        batch: Mapping[str, np.ndarray],
+        start: int,
+        n: int,
+        group: int,
+        is_async: bool,
+        dev: bool,
+    ) -> Part:
+        """The rows ``start:start + n`` of ``batch``: one group's rows of ``parent``."""
+        p = cls.__new__(cls)
+        p.arrival, p.rank, p.inc, p.fresh = parent.arrival, parent.rank, parent.inc, parent.fresh
+        p._cols, p.batch, p.start, p.n = None, batch, start, n
+        p.group, p.is_async, p.dev = group, is_async, dev
+        p.seq0 = int(batch["seq"][start])
+        p.step0 = int(batch["step"][start])
+        p.cut = batch["cut"][start : start + n] if is_async else None
+        return p
+
+    @property
+    def cols(self) -> Mapping[str, np.ndarray]:
+        """``COLL_COLUMNS`` of the rows."""
+        if self._cols is None:
+            assert self.batch is not None
+            a, b = self.start, self.start + self.n
+            self._cols = {c: self.batch[c][a:b] for c in schema.COLL_COLUMNS}
+        return self._cols
+
+    def column(self, name: str) -> np.ndarray:
+        """One column of the rows (without building the others of a piece)."""
+        if self._cols is None:
+            assert self.batch is not None
+            return self.batch[name][self.start : self.start + self.n]
+        return self._cols[name]
 
     def rows(self, sel: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """The rows (all, or ``sel``) as ``PENDING_DTYPES`` columns."""
@@ -73,10 +142,92 @@ class Part:
         return cols
 
 
+def prepare(parts: list[Part], t0: int) -> list[Part]:
+    """Ready parts for a matching pass: compute the missing async cuts and split the parts
+    that mix groups into one part per group (each keeps its rows in order).
+
+    Args:
+        parts: the parts of a pass, in arrival order.
+        t0: the run's origin (the cut is relative to it).
+
+    Returns:
+        The parts, a mixed one replaced by its pieces in its place.
+    """
+    todo = [p for p in parts if p.is_async and p.cut is None]
+    if todo:
+        _fill_cuts(todo, t0)
+    if not any(p.group < 0 for p in parts):
+        return parts
+    mixed = [p for p in parts if p.group < 0]
+    pieces = _split(mixed)
+    out: list[Part] = []
+    for p in parts:
+        if p.group < 0:
+            out += pieces[id(p)]
+        else:
+            out.append(p)
+    return out
+
+
+def _fill_cuts(parts: list[Part], t0: int) -> None:
+    """Set ``cut`` of ``parts`` with one `async_cut` over their asynchronous rows: the cut
+    of a row depends only on the asynchronous rows of its message and step, so each part
+    stands for the rank of its rows."""
+    bounds = np.cumsum([0] + [p.n for p in parts])
+    flags = np.concatenate([p.cols["flags"] for p in parts])
+    rows = np.flatnonzero(flags & ASYNC_FLAGS)
+    owner = np.searchsorted(bounds, rows, side="right") - 1
+
+    def pick(name: str) -> np.ndarray:
+        return np.concatenate([p.cols[name] for p in parts])[rows]
+
+    cut = np.full(flags.shape[0], np.nan)
+    cut[rows] = async_cut(owner, pick("step"), pick("t_enter"), flags[rows], t0, pick("t_exit"))
+    for p, a, b in zip(parts, bounds[:-1].tolist(), bounds[1:].tolist()):
+        p.cut = cut[a:b]
+
+
+def _split(mixed: list[Part]) -> dict[int, list[Part]]:
+    """One piece per (part, group) of ``mixed``, by one stable sort of all their rows.
+
+    Returns:
+        id of each mixed part -> its pieces, in ascending group order.
+    """
+    lens = [p.n for p in mixed]
+    cols = {c: np.concatenate([p.cols[c] for p in mixed]) for c in schema.COLL_COLUMNS}
+    if any(p.cut is not None for p in mixed):
+        cols["cut"] = np.concatenate(
+            [np.full(p.n, np.nan) if p.cut is None else p.cut for p in mixed]
+        )
+    n = cols["step"].shape[0]
+    group = cols["group"].astype(np.int64)
+    lo = int(group.min())
+    span = int(group.max()) - lo + 1  # at most 2**32 (int32 ids): the key fits in int64
+    key = np.repeat(np.arange(len(mixed), dtype=np.int64), lens) * span + (group - lo)
+    order = np.argsort(key, kind="stable")
+    ks = key[order]
+    new = np.ones(n, bool)
+    new[1:] = ks[1:] != ks[:-1]
+    starts = np.flatnonzero(new)
+    batch = {c: v[order] for c, v in cols.items()}
+    flags = batch["flags"]
+    has_async = np.logical_or.reduceat((flags & ASYNC_FLAGS) != 0, starts)
+    has_dev = np.logical_or.reduceat((flags & schema.FLAG_DEVICE_TIMED) != 0, starts)
+    sizes = np.diff(np.append(starts, n))
+    out: dict[int, list[Part]] = {id(p): [] for p in mixed}
+    piece = Part.piece
+    for a, m, k, is_async, dev in zip(
+        starts.tolist(), sizes.tolist(), ks[starts].tolist(), has_async.tolist(), has_dev.tolist()
+    ):
+        parent = mixed[k // span]
+        out[id(parent)].append(piece(parent, batch, a, m, k % span + lo, is_async, dev))
+    return out
+
+
 def concat_rows(parts: list[Part]) -> dict[str, np.ndarray]:
     """The rows of ``parts``, in order, as ``PENDING_DTYPES`` columns."""
     lens = [p.n for p in parts]
-    out = {c: np.concatenate([p.cols[c] for p in parts]) for c in schema.COLL_COLUMNS}
+    out = {c: np.concatenate([p.column(c) for p in parts]) for c in schema.COLL_COLUMNS}
     out["rank"] = np.repeat(np.array([p.rank for p in parts], np.int32), lens)
     out["epoch"] = np.repeat(np.array([p.inc for p in parts], np.int64), lens)
     if all(p.cut is None for p in parts):
@@ -111,7 +262,7 @@ class PendingRows:
         rank: int,
         inc: int,
         cols: Mapping[str, np.ndarray],
-        cut: np.ndarray | None,
+        is_async: bool,
         raw_cutoff: int | None,
         dev: bool = False,
     ) -> None:
@@ -120,12 +271,12 @@ class PendingRows:
         Args:
             rank, inc: sender and its incarnation.
             cols: ``COLL_COLUMNS`` arrays (kept by reference), at least one row.
-            cut: per-row async cut (relative to the run's origin), None when no row is async.
+            is_async: some row is asynchronous (its cut is computed by the pass).
             raw_cutoff: oldest step whose raw rows the run keeps.
             dev: some row is device-timed.
         """
         self._arrivals += 1
-        part = Part(rank, inc, cols, cut, cut is not None, dev, self._arrivals)
+        part = Part(rank, inc, cols, None, is_async, dev, self._arrivals)
         self._new.append(part)
         self.rows += part.n
         self.new_rows += part.n
@@ -137,10 +288,11 @@ class PendingRows:
                 self._raw = [p for p in self._raw if p[0] >= raw_cutoff]
                 self._raw_base = raw_cutoff
 
-    def take(self) -> tuple[list[Part], dict[str, np.ndarray] | None]:
+    def take(self, t0: int) -> tuple[list[Part], dict[str, np.ndarray] | None]:
         """Everything for a matching pass: the parts in arrival order (those a pass saw
-        before have ``fresh`` False), and the left-over rows (None when there are none)."""
-        parts = sorted(self.kept, key=lambda p: p.arrival) + self._new
+        before have ``fresh`` False), made ready by :func:`prepare` (``t0``: the run's
+        origin), and the left-over rows (None when there are none)."""
+        parts = sorted(self.kept, key=lambda p: p.arrival) + prepare(self._new, t0)
         self.kept, self._new = [], []
         left = None
         if len(self.left):

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from rankscope.collector import schema
-from rankscope.diagnosis.arrivals import ASYNC_FLAGS, async_cut
+from rankscope.diagnosis.arrivals import ASYNC_FLAGS
 from rankscope.diagnosis.assemble import group_info, rank_info
 from rankscope.diagnosis.window import (
     COLL_AGGREGATES,
@@ -379,21 +379,13 @@ class RunState:
                 co = {k: v[sel] for k, v in co.items()}
             n = co["step"].shape[0]
             if n:
-                cut = None
-                dev = False
+                is_async = dev = False
                 flags = co["flags"]
                 if flags.any():  # blocking host-timed rows (the usual case) carry no flag
-                    if (flags & ASYNC_FLAGS).any():
-                        cut = async_cut(
-                            np.zeros(n, np.int64),
-                            co["step"],
-                            co["t_enter"],
-                            flags,
-                            self.t0,
-                            co["t_exit"],
-                        )
+                    # The async cut is computed by the matching pass, for all parts at once.
+                    is_async = bool((flags & ASYNC_FLAGS).any())
                     dev = bool((flags & schema.FLAG_DEVICE_TIMED).any())
-                self.pending.add(r, inc, co, cut, self.raw_cutoff(), dev)
+                self.pending.add(r, inc, co, is_async, self.raw_cutoff(), dev)
                 self.life_rows[r] += n
         return late, n
 
