@@ -35,6 +35,7 @@ rank's own thread, at its host entry.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -164,8 +165,10 @@ def _us(ns: np.ndarray) -> list[float]:
     return (np.round(np.asarray(ns, dtype=np.float64)) / 1000.0).tolist()
 
 
-def _flag_names(flags: int) -> list[str]:
-    return [name for bit, name in _FLAG_NAMES if flags & bit]
+@functools.lru_cache(maxsize=256)
+def _flag_names(flags: int) -> tuple[str, ...]:
+    # A trace holds millions of slices but only a handful of distinct flag words.
+    return tuple(name for bit, name in _FLAG_NAMES if flags & bit)
 
 
 def _assign_lanes(
@@ -317,7 +320,7 @@ def _collective_event(
             args[key] = v
     flag_list = _flag_names(cols["flags"][c])
     if flag_list:
-        args["flags"] = flag_list
+        args["flags"] = list(flag_list)
     mark = None
     if args["last_arriver"]:
         mark = {"group": gid, "seq": args["seq"], "op": op, "rank": r}
