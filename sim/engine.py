@@ -24,7 +24,7 @@ import numpy as np
 
 from rankscope.collector import schema
 from rankscope.sim import program as P
-from rankscope.sim.hardware import build_hardware
+from rankscope.sim.hardware import Hardware, build_hardware
 from rankscope.sim.identity import identities, manifest, truth
 from rankscope.sim.spec import Scenario
 from rankscope.sim.tables import StepTables, assemble
@@ -129,20 +129,16 @@ class Cluster:
         )
         shape = (lay.pp, lay.dp, lay.tp)
         self.shape = shape
-        self.speed = hw.speed[lay.device].reshape(shape)
         self.rank_host = lay.host.reshape(shape)
-        nic = hw.nic_gbps[lay.device].reshape(shape)
-        a_in, a_x = topo.alpha_intra_us * 1e3, topo.alpha_inter_us * 1e3
-        self.tp_links = group_links(self.rank_host, nic, hw.intra_gbps, a_in, a_x)
-        self.dp_links = group_links(
-            self.rank_host.transpose(0, 2, 1), nic.transpose(0, 2, 1), hw.intra_gbps, a_in, a_x
-        )
-        pairs_h = np.stack([self.rank_host[:-1], self.rank_host[1:]], axis=-1)
-        pairs_n = np.stack([nic[:-1], nic[1:]], axis=-1)
-        self.pp_links = group_links(pairs_h, pairs_n, hw.intra_gbps, a_in, a_x)
-        self.world_links = group_links(
-            lay.host[None], hw.nic_gbps[lay.device][None], hw.intra_gbps, a_in, a_x
-        )
+        self._physics(hw)
+        # A fault with an onset: the steps before it run on the same cluster, healthy.
+        self._onset = scenario.fault.onset
+        self._states = {True: self._state()}
+        if self._onset > 0:
+            from rankscope.sim.spec import healthy_twin
+
+            self._physics(build_hardware(healthy_twin(scenario)))
+            self._states[False] = self._state()
         self.any_crossing = len(lay.hosts) > 1
         rng = np.random.default_rng([scenario.seed & 0xFFFFFFFF, 0x5E55, lay.world_size])
         # Residual clock-alignment error: constant per rank, never larger than reported.
@@ -156,6 +152,45 @@ class Cluster:
         self.reserved_bytes = np.zeros(lay.world_size)
         """Allocator reserve of each rank so far (it only grows)."""
         self.next_step = 0
+
+    def _physics(self, hw: Hardware) -> None:
+        """Derive what the steps read (device speed, group links) from the hardware."""
+        lay, topo, shape = self.layout, self.scenario.topology, self.shape
+        self.hardware = hw
+        self.speed = hw.speed[lay.device].reshape(shape)
+        nic = hw.nic_gbps[lay.device].reshape(shape)
+        a_in, a_x = topo.alpha_intra_us * 1e3, topo.alpha_inter_us * 1e3
+        self.tp_links = group_links(self.rank_host, nic, hw.intra_gbps, a_in, a_x)
+        self.dp_links = group_links(
+            self.rank_host.transpose(0, 2, 1), nic.transpose(0, 2, 1), hw.intra_gbps, a_in, a_x
+        )
+        pairs_h = np.stack([self.rank_host[:-1], self.rank_host[1:]], axis=-1)
+        pairs_n = np.stack([nic[:-1], nic[1:]], axis=-1)
+        self.pp_links = group_links(pairs_h, pairs_n, hw.intra_gbps, a_in, a_x)
+        self.world_links = group_links(
+            lay.host[None], hw.nic_gbps[lay.device][None], hw.intra_gbps, a_in, a_x
+        )
+
+    def _state(self) -> tuple[Any, ...]:
+        return (
+            self.hardware,
+            self.speed,
+            self.tp_links,
+            self.dp_links,
+            self.pp_links,
+            self.world_links,
+        )
+
+    def _fault_acts(self, k: int) -> None:
+        """Put the cluster in the state of step ``k``: faulty from the onset on."""
+        (
+            self.hardware,
+            self.speed,
+            self.tp_links,
+            self.dp_links,
+            self.pp_links,
+            self.world_links,
+        ) = self._states[k >= self._onset]
 
     # -- per-step inputs --------------------------------------------------------------
 
@@ -189,6 +224,8 @@ class Cluster:
             k = self.next_step
         if k != self.next_step:
             raise ValueError(f"steps run in order: next is {self.next_step}, asked for {k}")
+        if self._onset > 0:
+            self._fault_acts(k)
         sc, lay, wl, prog = self.scenario, self.layout, self.workload, self.program
         noise = sc.noise
         pp, dp, tp = self.shape

@@ -42,19 +42,23 @@ class FaultSpec:
     """intermittent_congestion: chance that a step has a congestion burst."""
     variant: str = ""
     """numerator_change: ``padding`` or ``longer``."""
+    onset: int = 0
+    """Hardware faults (slow device, slow host input, local fabric, network rail): the
+    first step the fault acts in; the steps before it run on the healthy cluster."""
 
 
 FAULT_DEFAULTS: dict[str, dict[str, Any]] = {
     "healthy": {},
     "data_imbalance": {},
-    "slow_device": {"magnitude": [0.55, 0.85], "device": "random"},
-    "slow_host_input": {"magnitude": [120.0, 400.0], "host": "random"},
-    "local_fabric": {"magnitude": [0.04, 0.2], "host": "random"},
+    "slow_device": {"magnitude": [0.55, 0.85], "device": "random", "onset": 0},
+    "slow_host_input": {"magnitude": [120.0, 400.0], "host": "random", "onset": 0},
+    "local_fabric": {"magnitude": [0.04, 0.2], "host": "random", "onset": 0},
     "network_rail": {
         "magnitude": [0.08, 0.3],
         "rail": "random",
         "extent": "rail",
         "host": "random",
+        "onset": 0,
     },
     "placement": {"magnitude": 0.5, "host": "random", "peer_host": "random"},
     "checkpoint": {"magnitude": [0.8, 2.5], "every": [4, 6]},
@@ -93,7 +97,7 @@ def resolve_fault(table: Any, topo: TopologySpec, seed: int) -> FaultSpec:
     spec = {**allowed, **table}
     base = FaultSpec()
     kw: dict[str, Any] = {"mechanism": mech}
-    for key in ("magnitude", "every", "prob", "extent", "variant"):
+    for key in ("magnitude", "every", "prob", "extent", "variant", "onset"):
         if key in spec:
             kw[key] = draw(f"fault.{key}", spec[key], getattr(base, key), seed)
     n_dev = topo.hosts * topo.gpus_per_host
@@ -115,6 +119,9 @@ def resolve_fault(table: Any, topo: TopologySpec, seed: int) -> FaultSpec:
         raise ScenarioError(f"fault.extent must be 'rail' or 'nic', got {kw['extent']!r}")
     if mech == "network_rail" and kw["extent"] == "rail":
         kw["host"] = -1  # every host's NIC on that rail
+    onset = kw.get("onset", 0)
+    if not isinstance(onset, int) or isinstance(onset, bool) or onset < 0:
+        raise ScenarioError(f"fault.onset must be a step number >= 0, got {onset!r}")
     if kw.get("variant", "") not in ("", "padding", "longer"):
         raise ScenarioError(f"fault.variant must be 'padding' or 'longer', got {kw['variant']!r}")
     return FaultSpec(**kw)

@@ -115,6 +115,8 @@ def truth(scenario: Scenario, layout: Layout) -> dict[str, Any]:
         extra["variant"] = f.variant
     elif mech == "data_imbalance":
         present = layout.dp > 1
+    if mech in ("slow_device", "slow_host_input", "local_fabric", "network_rail"):
+        extra["onset"] = f.onset
     magnitude = scenario.workload.tail_fraction if mech == "data_imbalance" else f.magnitude
     return {
         "mechanism": mech if present else "healthy",

@@ -151,6 +151,20 @@ def test_slow_device_vanishes_on_another_node() -> None:
     assert_same_tables(faulty, healthy)
 
 
+@pytest.mark.parametrize("name", ["slow-device", "network-rail"])
+def test_a_fault_with_an_onset_leaves_the_steps_before_it_healthy(name: str) -> None:
+    faulty, healthy, cluster = twin_tables(name, ScopeSpec("full"), 6, fault__onset=3)
+    assert cluster.truth["onset"] == 3
+    assert_same_tables(faulty[:3], healthy[:3])
+    always = simulate(Cluster(load_scenario(name), ScopeSpec("full")), 6)
+    # From the onset on, the cluster is the faulty one (its clock carries the healthy past).
+    late = step_ns(faulty[3:]) - step_ns(healthy[3:])
+    assert np.median(late) > 0
+    np.testing.assert_array_equal(
+        faulty[5].samples["throttle"], always[5].samples["throttle"], err_msg="samples"
+    )
+
+
 # -- packing imbalance ----------------------------------------------------------------------
 
 
