@@ -144,7 +144,7 @@ class MainScreen(Screen):
             text = prefix
         legend_widget.update(text)
         self.heatmap.set_grid(grid)
-        self.query_one(LastArrivalsPanel).show(model.arrivals, model.ranking)
+        self.query_one(LastArrivalsPanel).show(model.arrivals, model.ranking, model.regime_step)
 
     def show_analysis(self, analysis: AnalysisView | None) -> None:
         """Draw a new diagnosis."""

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from rankscope.collector.schema import OPS
+from rankscope.diagnosis.regime import current_regime
 from rankscope.diagnosis.window import Window
 from rankscope.tui.heatgrid import HeatGrid, build_grid
 from rankscope.tui.metrics import (
@@ -116,6 +117,9 @@ class MainModel:
     view: ViewState = field(default_factory=ViewState)
     message: str = ""
     """Why there is nothing to show (waiting for data, an error)."""
+    regime_step: int | None = None
+    """First step of the current regime when the step time shifted inside the window
+    (`diagnosis.regime`): the ranking counts only the steps since."""
 
 
 MEDIAN_RANKS = 1024
@@ -213,19 +217,23 @@ def latest_arrivals(window: Window, limit: int) -> tuple[Arrival, ...]:
     return tuple(out)
 
 
-def last_ranking(window: Window, limit: int = 5) -> tuple[LastRank, ...]:
+def last_ranking(window: Window, limit: int = 5, first_index: int = 0) -> tuple[LastRank, ...]:
     """Ranks that arrived last most often, then by mean lateness.
 
     Args:
         window: the window.
         limit: most rows returned.
+        first_index: count only the steps from this column on (the current regime: a
+            straggler that appeared a few steps ago tops the list at once instead of after
+            it outnumbers the whole healthy history).
 
     Returns:
         The rows (ranks never last and never late are left out).
     """
-    times = finite_sum(window.coll["times_last"], 1)
-    n = finite_sum(window.coll["n"], 1)
-    late = finite_sum(window.coll["late_ns"], 1)
+    cols = slice(first_index, None)
+    times = finite_sum(window.coll["times_last"][:, cols], 1)
+    n = finite_sum(window.coll["n"][:, cols], 1)
+    late = finite_sum(window.coll["late_ns"][:, cols], 1)
     with np.errstate(all="ignore"):
         late_mean = np.where(n > 0, late / np.maximum(n, 1), 0.0)
     order = np.lexsort((np.arange(times.size), -late_mean, -times))
@@ -304,6 +312,7 @@ def build_main_model(
         return MainModel(
             None, None, (), (), sample.runs, None, view, sample.error or "waiting for data"
         )
+    regime = current_regime(w)
     spec = METRIC_SPECS[view.metric]
     values = metric_values(w, view.metric)
     grid = build_grid(
@@ -321,8 +330,9 @@ def build_main_model(
         header=header_model(w, sample.health, baseline),
         grid=grid,
         arrivals=latest_arrivals(w, view.last_arrivals),
-        ranking=last_ranking(w),
+        ranking=last_ranking(w, first_index=regime.start_index if regime else 0),
         runs=sample.runs,
         window=w,
         view=view,
+        regime_step=regime.start_step if regime else None,
     )

@@ -277,8 +277,17 @@ class LastArrivalsPanel(Vertical):
     def on_mount(self) -> None:
         self.border_title = "last to arrive"
 
-    def show(self, arrivals: Sequence[Arrival], ranking: Sequence[LastRank]) -> None:
-        """Format the latest instances and update the ranking table."""
+    def show(
+        self,
+        arrivals: Sequence[Arrival],
+        ranking: Sequence[LastRank],
+        since_step: int | None = None,
+    ) -> None:
+        """Format the latest instances and update the ranking table (counted over the
+        steps since ``since_step`` when the step time shifted there)."""
+        self.border_title = (
+            "last to arrive" if since_step is None else f"last to arrive · since step {since_step}"
+        )
         text = Text()
         if not arrivals:
             text.append("no complete collectives in the window", style="dim italic")

@@ -1,0 +1,175 @@
+"""Where the current regime of a run starts: a level shift in step time inside the window.
+
+A fault that begins mid-run (a GPU that starts throttling, a link that degrades) leaves
+the window with two regimes: healthy steps, then slow ones. Every pooled statistic of the
+window — the modal slowest rank, the last-arrival counts, the trend — is then dominated by
+the longer, older regime, and names the fault only once it fills most of the window. The
+method asks "when did it start?" before "why?"; this module answers the first so that the
+second is asked of the steps that matter.
+
+The rule, on the job's step time (the median rank's, per step):
+
+- the *current regime* starts at the earliest step ``s`` such that every step from ``s`` on
+  lies on the same side of the earlier steps' median, farther than
+  ``max(SHIFT_SIGMAS × σ, MIN_SHIFT × median)`` (σ: robust spread of the earlier steps);
+- at least ``MIN_BEFORE`` steps precede it and at least ``MIN_AFTER`` follow it (one odd
+  step is a hiccup, not a regime).
+
+A periodic spike (checkpoints) or a burst never qualifies: the steps between spikes return
+to the earlier level. A slow drift (allocator growth) rarely does: its later steps are not
+all beyond the threshold at once, and the trend analysis covers it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from rankscope.diagnosis.window import CollRows, InstanceTable, Window
+
+MIN_BEFORE = 6
+"""Steps of the earlier regime needed to know its level."""
+MIN_AFTER = 2
+"""Steps of the new regime needed to call it one."""
+SHIFT_SIGMAS = 4.0
+"""Distance from the earlier level, in robust standard deviations of the earlier steps."""
+MIN_SHIFT = 0.03
+"""...and at least this fraction of the earlier median (a regime change users care about)."""
+
+
+@dataclass(frozen=True)
+class Regime:
+    """The current regime of a window whose step time shifted."""
+
+    start_step: int
+    """First step id of the current regime."""
+    start_index: int
+    """Its column in the window."""
+    steps: int
+    """Steps in the current regime."""
+    before_ns: float
+    """Median step time of the earlier steps."""
+    after_ns: float
+    """Median step time of the current regime."""
+
+    @property
+    def change(self) -> float:
+        """Relative change of the median step time (+0.25 = 25 % slower)."""
+        return self.after_ns / self.before_ns - 1.0
+
+    def describe(self) -> str:
+        """One line for the verdict's evidence."""
+        word = "slower" if self.change > 0 else "faster"
+        return (
+            f"step time changed at step {self.start_step}: median {self.before_ns / 1e6:,.1f} "
+            f"→ {self.after_ns / 1e6:,.1f} ms ({abs(self.change):.0%} {word}); the verdict "
+            f"reads the {self.steps} step(s) since"
+        )
+
+
+def job_step_ns(window: Window) -> np.ndarray:
+    """Per step, the median rank's step time (NaN where no rank reported).
+
+    Args:
+        window: the window.
+
+    Returns:
+        float64 (S,).
+    """
+    step = np.where(window.present, window.t_end - window.t_start, np.nan)
+    out = np.full(step.shape[1], np.nan)
+    seen = np.isfinite(step).any(axis=0)
+    if seen.any():
+        out[seen] = np.nanmedian(step[:, seen], axis=0)
+    return out
+
+
+def _beyond(before: np.ndarray, after: np.ndarray) -> bool:
+    med = float(np.median(before))
+    sigma = 1.4826 * float(np.median(np.abs(before - med)))
+    gap = max(SHIFT_SIGMAS * sigma, MIN_SHIFT * med)
+    return bool(np.all(after > med + gap) or np.all(after < med - gap))
+
+
+def current_regime(window: Window) -> Regime | None:
+    """The start of the current regime, when the step time shifted inside the window.
+
+    Args:
+        window: the window.
+
+    Returns:
+        The regime, or None when the window is one regime (or too short to tell).
+    """
+    y = job_step_ns(window)
+    ok = np.flatnonzero(np.isfinite(y))
+    if ok.size < MIN_BEFORE + MIN_AFTER:
+        return None
+    vals = y[ok]
+    found: int | None = None
+    # Grow the candidate regime backwards from the newest step while it stays beyond the
+    # level of everything before it; keep the longest that qualifies.
+    for k in range(ok.size - MIN_AFTER, MIN_BEFORE - 1, -1):
+        if _beyond(vals[:k], vals[k:]):
+            found = k
+        elif found is not None:
+            break
+    else:
+        # Ran out of earlier steps while the regime still extended: its start (and the
+        # level before it) lies outside what the window can show.
+        if found == MIN_BEFORE and _beyond(vals[: found - 1], vals[found - 1 :]):
+            return None
+    if found is None:
+        return None
+    col = int(ok[found])
+    return Regime(
+        start_step=int(window.steps[col]),
+        start_index=col,
+        steps=int(ok.size - found),
+        before_ns=float(np.median(vals[:found])),
+        after_ns=float(np.median(vals[found:])),
+    )
+
+
+def since(window: Window, first_index: int) -> Window:
+    """The window restricted to its columns from ``first_index`` on.
+
+    Args:
+        window: the window.
+        first_index: first column kept.
+
+    Returns:
+        A window of the later steps: every per-rank-step array, the instances and the raw
+        rows of those steps.
+    """
+    cols = slice(first_index, None)
+    kept = window.steps[cols]
+
+    def by_step(table: InstanceTable | CollRows) -> InstanceTable | CollRows:
+        mask = np.isin(table.step, kept)
+        return dataclasses.replace(
+            table, **{f.name: getattr(table, f.name)[mask] for f in dataclasses.fields(table)}
+        )
+
+    def grid(d: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {k: v[:, cols] for k, v in d.items()}
+
+    instances = by_step(window.instances)
+    rows = by_step(window.rows) if window.rows is not None else None
+    assert isinstance(instances, InstanceTable)
+    assert rows is None or isinstance(rows, CollRows)
+    return dataclasses.replace(
+        window,
+        steps=kept,
+        present=window.present[:, cols],
+        t_start=window.t_start[:, cols],
+        t_end=window.t_end[:, cols],
+        phase_ns=grid(window.phase_ns),
+        work=grid(window.work),
+        memory=grid(window.memory),
+        device=grid(window.device),
+        coll=grid(window.coll),
+        instances=instances,
+        rows=rows,
+    )

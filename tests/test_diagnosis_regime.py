@@ -1,0 +1,106 @@
+"""The current regime: a level shift in step time inside the window, and nothing else."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from rankscope.diagnosis.regime import current_regime, since
+from rankscope.diagnosis.synthetic import instance_table, make_window
+
+MS = 1e6
+
+
+def _window(step_ms: np.ndarray, ranks: int = 8):
+    rng = np.random.default_rng(0)
+    n = step_ms.shape[0]
+    step = np.tile(step_ms * MS, (ranks, 1)) * (1 + 0.002 * rng.standard_normal((ranks, n)))
+    t_start = np.tile(np.cumsum(np.r_[0.0, step_ms[:-1] * MS]), (ranks, 1))
+    inst = instance_table(
+        group=np.zeros(n, dtype=np.int32),
+        seq=np.arange(n),
+        step=np.arange(n),
+        op=np.zeros(n, dtype=np.int8),
+        nbytes=np.full(n, 1 << 20),
+        n_members=np.full(n, ranks),
+        first=np.zeros(n),
+        last=np.zeros(n),
+        transfer=np.ones(n),
+    )
+    return make_window(t_start, t_start + step, instances=inst)
+
+
+def _noisy(n: int, seed: int = 1) -> np.ndarray:
+    return 100.0 * (1 + 0.01 * np.random.default_rng(seed).standard_normal(n))
+
+
+def test_a_slowdown_that_stays_starts_a_regime() -> None:
+    y = np.r_[_noisy(20), 115.0 * np.ones(3)]
+    r = current_regime(_window(y))
+    assert r is not None
+    assert (r.start_step, r.start_index, r.steps) == (20, 20, 3)
+    assert r.change == pytest.approx(0.15, abs=0.02)
+    assert "changed at step 20" in r.describe() and "slower" in r.describe()
+    later = since(_window(y), r.start_index)
+    assert later.steps.tolist() == [20, 21, 22]
+    assert later.t_end.shape == (8, 3) and later.coll["n"].shape == (8, 3)
+    assert later.instances.step.tolist() == [20, 21, 22]
+
+
+def test_a_recovery_is_a_regime_too() -> None:
+    r = current_regime(_window(np.r_[130.0 + _noisy(15) - 100.0, _noisy(4, seed=2)]))
+    assert r is not None and r.start_step == 15 and r.change < -0.2
+    assert "faster" in r.describe()
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["steady", "periodic spikes", "one late spike", "too few steps before", "small shift"],
+)
+def test_no_regime_without_a_lasting_shift(case: str) -> None:
+    y = _noisy(30)
+    if case == "periodic spikes":
+        y[4::5] = 160.0  # checkpoints: the steps between return to the old level
+    elif case == "one late spike":
+        y[-1] = 200.0
+    elif case == "too few steps before":
+        y = np.r_[_noisy(4), 130.0 * np.ones(6)]
+    elif case == "small shift":
+        y[-5:] = 101.5  # inside MIN_SHIFT of the median
+    assert current_regime(_window(y)) is None
+
+
+def test_the_view_names_a_new_straggler_two_steps_after_its_onset() -> None:
+    # Through the simulator and the hub's intake: a GPU throttles from step 20 on.
+    from rankscope.hub.intake import Intake
+    from rankscope.hub.store import Store
+    from rankscope.sim import Cluster, load_scenario
+    from rankscope.sim.emit import Emitter, RankStreams
+    from rankscope.tui.mainmodel import last_ranking
+
+    cluster = Cluster(load_scenario("slow-device", ranks=64, seed=3, fault__onset=20))
+    (slow,) = cluster.truth["ranks"]
+    sent: list[bytes] = []
+
+    class Collect:
+        def send(self, data: bytes, timeout_ms: float = 0, *, cancel: object = None) -> bool:
+            sent.append(data)
+            return True
+
+    store = Store(history_steps=120)
+    intake = Intake(store)
+    streams = RankStreams(cluster, Emitter([Collect()], 0.0, None), run_id="r", scope="full")
+    streams.start()
+    for k in range(22):
+        streams.add(cluster.step(k))
+    for data in sent:
+        intake.feed(data, time.time_ns())
+    store.settle()
+    w = store.window("r")
+    regime = current_regime(w)
+    assert regime is not None and regime.start_step == 20 and regime.steps == 2
+    assert last_ranking(w, 1, first_index=regime.start_index)[0].rank == slow
+    # Counted over the whole window, the healthy history still outnumbers it.
+    assert last_ranking(w, 1)[0].rank != slow
