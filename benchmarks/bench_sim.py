@@ -77,7 +77,7 @@ print(json.dumps({"messages": h["messages"], "rejects": h["rejects"], "events": 
 class _Null:
     sent = dropped = 0
 
-    def send(self, data: bytes) -> bool:
+    def send(self, data: bytes, timeout_ms: float = 0, *, cancel=None) -> bool:
         return True
 
     def close(self, linger_ms: int | None = None) -> None:

@@ -52,7 +52,7 @@ class RunInfo:
     dropped: int
     """Messages given up after ``send_timeout_s`` of a full queue."""
     retries: int
-    """Sends refused by a full queue and retried."""
+    """Sends that found a full queue and waited for room."""
     wall_s: float
     truth: dict[str, Any] = field(default_factory=dict)
 
@@ -68,33 +68,29 @@ class Emitter:
 
     def __init__(self, senders: list[Any], timeout_s: float, stop: threading.Event | None):
         """Args:
-        senders: objects with ``send(bytes) -> bool`` (collector `Sender`s).
+        senders: objects with ``send(data, timeout_ms, *, cancel) -> bool`` (collector
+            `Sender`s: False when the message was dropped).
         timeout_s: longest wait for room before a message is dropped.
         stop: when set, waiting ends at once.
         """
         self.senders = senders
-        self.timeout_s = timeout_s
+        self.timeout_ms = timeout_s * 1000.0
         self.stop = stop
-        self.messages = self.bytes = self.dropped = self.retries = 0
+        self.messages = self.bytes = self.dropped = 0
+
+    @property
+    def retries(self) -> int:
+        """Sends that found their socket's queue full and waited for room."""
+        return sum(getattr(s, "waited", 0) for s in self.senders)
 
     def send(self, rank: int, data: bytes) -> None:
         """Send one message of ``rank`` on its socket (``rank % len(senders)``)."""
         sender = self.senders[rank % len(self.senders)]
-        if sender.send(data):
+        if sender.send(data, timeout_ms=self.timeout_ms, cancel=self.stop):
             self.messages += 1
             self.bytes += len(data)
-            return
-        deadline = time.monotonic() + self.timeout_s
-        pause = 1e-4
-        while time.monotonic() < deadline and not (self.stop and self.stop.is_set()):
-            self.retries += 1
-            time.sleep(pause)
-            pause = min(pause * 2, 0.005)
-            if sender.send(data):
-                self.messages += 1
-                self.bytes += len(data)
-                return
-        self.dropped += 1
+        else:
+            self.dropped += 1
 
 
 class RankStreams:
@@ -362,7 +358,9 @@ def iter_messages(
     out: list[bytes] = []
 
     class _Collect:
-        def send(self, data: bytes) -> bool:
+        def send(
+            self, data: bytes, timeout_ms: float = 0, *, cancel: threading.Event | None = None
+        ) -> bool:
             out.append(data)
             return True
 
