@@ -21,6 +21,7 @@ from rankscope.diagnosis.decomposition import (
 )
 from rankscope.diagnosis.exposure import exposed_union, rows_cover_window
 from rankscope.diagnosis.fabric import FabricView, fabric_view
+from rankscope.diagnosis.grouprows import GroupSkew
 from rankscope.diagnosis.numerator import NumeratorCheck, check_numerator
 from rankscope.diagnosis.stall import Stall, detect_stall
 from rankscope.diagnosis.trends import Trends, trends
@@ -58,7 +59,10 @@ def _decompose(window: Window) -> Decomposition:
 
 
 def gather_evidence(
-    window: Window, baseline: Window | None = None, baseline_decomp: Decomposition | None = None
+    window: Window,
+    baseline: Window | None = None,
+    baseline_decomp: Decomposition | None = None,
+    baseline_rows: GroupSkew | None = None,
 ) -> Evidence:
     """Run every analysis the verdict reads on one window.
 
@@ -67,6 +71,8 @@ def gather_evidence(
         baseline: the healthy run, for the numerator check, the distributions and the
             decomposition delta.
         baseline_decomp: its decomposition if already computed.
+        baseline_rows: its per-(group, op, size bucket) rows if already computed (each
+            link's transfer is compared with the baseline's same groups).
 
     Returns:
         The evidence bundle.
@@ -82,7 +88,7 @@ def gather_evidence(
         crit=crit,
         corr=correlate(window, decomp, crit),
         trends=trends(window, decomp),
-        fabric=fabric_view(window, crit.groups),
+        fabric=fabric_view(window, crit.groups, baseline, baseline_rows),
         numerator=check_numerator(window, baseline),
         comparison=compare_runs(window, baseline),
         delta=delta,
@@ -104,7 +110,12 @@ def diagnose(
         The analyses and the ranked verdict.
     """
     base_ev = gather_evidence(baseline) if baseline is not None else None
-    ev = gather_evidence(window, baseline, base_ev.decomp if base_ev is not None else None)
+    ev = gather_evidence(
+        window,
+        baseline,
+        base_ev.decomp if base_ev is not None else None,
+        base_ev.crit.groups if base_ev is not None else None,
+    )
     verdict = judge(ev, base_ev)
     curves = curves_from_rows(ev.crit.groups)
     shifts: tuple[CurveShift, ...] = ()

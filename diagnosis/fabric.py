@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rankscope.diagnosis.grouprows import GroupSkew, transfer_time
+from rankscope.diagnosis.grouprows import GroupSkew, group_rows, transfer_time
 from rankscope.diagnosis.robust import nanmedian, robust_z
 from rankscope.diagnosis.window import Window
 
@@ -42,12 +42,15 @@ class LinkFinding:
     slowdown: float
     """Median transfer over the peers' median (1 = as fast as peers)."""
     z: float
-    """Robust z of ``slowdown`` among the candidates of the same kind (hosts, rails)."""
+    """Robust z of ``slowdown`` among the candidates of the same kind (hosts, rails); for a
+    comparison with the baseline run, the shift in units of the control rows' spread."""
     extra_ns_per_step: float
     """Σ over its rows of (transfer − peer transfer) × instances, per step of the window."""
     groups: tuple[str, ...]
     hosts: tuple[str, ...]
     ranks: tuple[int, ...]
+    control: int = 0
+    """Against a baseline run: how many other rows the run-to-run spread comes from."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,11 @@ class FabricView:
     rows' quiet level (10th percentile)."""
     inflation_intra: np.ndarray
     """float64 (S,) the same for intra-host instances."""
+    hosts_vs_baseline: tuple[LinkFinding, ...] = ()
+    """Each host's intra-host transfer against the baseline run's same groups (worst first;
+    empty without a baseline), see `fabric_baseline`."""
+    rails_vs_baseline: tuple[LinkFinding, ...] = ()
+    """Each rail's cross-host transfer against the baseline run's same groups."""
 
 
 _KIND = re.compile(r"^[A-Za-z_]+")
@@ -97,7 +105,18 @@ def _kind(window: Window, name: str, members: np.ndarray) -> str:
     return f"{group_kind(name)}/{members.size}"
 
 
-def _row_attrs(window: Window, skew: GroupSkew) -> dict[str, np.ndarray]:
+def row_links(window: Window, skew: GroupSkew) -> dict[str, np.ndarray]:
+    """Where each row's group runs.
+
+    Args:
+        window: the window.
+        skew: its per-(group, op, size bucket) rows.
+
+    Returns:
+        Columns per row: ``kind`` (object, the group's job, see `_kind`), ``crosses``
+        (1 when the group spans hosts), ``members``, ``rail`` (the one rail all members
+        sit on, else -1) and ``host`` (the one host, else -1).
+    """
     n = len(skew)
     kind = np.empty(n, dtype=object)
     crosses = np.zeros(n, dtype=np.int64)
@@ -183,7 +202,7 @@ def _findings(
                     skew.transfer_p50, ratio, skew.count.astype(float), sel, n_steps
                 ),
                 groups=names,
-                hosts=tuple(_host_name(window, h) for h in host_codes),
+                hosts=tuple(host_name(window, h) for h in host_codes),
                 ranks=tuple(int(r) for r in ranks),
             )
         )
@@ -191,7 +210,16 @@ def _findings(
     return tuple(out)
 
 
-def _host_name(window: Window, code: int) -> str:
+def host_name(window: Window, code: int) -> str:
+    """A host's name from its code (``host<code>`` when the table does not name it).
+
+    Args:
+        window: the window.
+        code: host code.
+
+    Returns:
+        The name.
+    """
     hosts = window.ranks.hosts
     return hosts[code] if 0 <= code < len(hosts) else f"host{code}"
 
@@ -221,12 +249,19 @@ def _inflation(window: Window, skew: GroupSkew, cross: np.ndarray) -> tuple[np.n
     return out[n_steps:], out[:n_steps]
 
 
-def fabric_view(window: Window, skew: GroupSkew) -> FabricView:
+def fabric_view(
+    window: Window,
+    skew: GroupSkew,
+    baseline: Window | None = None,
+    baseline_skew: GroupSkew | None = None,
+) -> FabricView:
     """Slow hosts, rails and misplaced groups, and per-step transfer inflation.
 
     Args:
         window: the window.
         skew: its `critical.group_skew` table.
+        baseline: a healthy run of the same job, to compare each link with its own past.
+        baseline_skew: the baseline's table (computed from it when not given).
 
     Returns:
         The findings (empty tuples where the window has no such groups).
@@ -235,7 +270,7 @@ def fabric_view(window: Window, skew: GroupSkew) -> FabricView:
     if len(skew) == 0:
         nan = np.full(n_steps, np.nan)
         return FabricView((), (), (), np.zeros(0), nan, nan.copy())
-    a = _row_attrs(window, skew)
+    a = row_links(window, skew)
     t = skew.transfer_p50
     op, bucket = skew.op.tolist(), skew.bucket.tolist()
     kinds, members, crosses = a["kind"].tolist(), a["members"].tolist(), a["crosses"].tolist()
@@ -243,9 +278,7 @@ def fabric_view(window: Window, skew: GroupSkew) -> FabricView:
     ratio = _peer_ratio(t, cls)
 
     intra = a["crosses"] == 0
-    hosts = _findings(
-        "host", a["host"], intra, window, skew, ratio, lambda c: _host_name(window, c)
-    )
+    hosts = _findings("host", a["host"], intra, window, skew, ratio, lambda c: host_name(window, c))
     rails = _findings("rail", a["rail"], ~intra, window, skew, ratio, lambda c: f"rail {c}")
 
     # Kinds whose groups mostly stay inside a host; their crossing groups are misplaced.
@@ -283,11 +316,19 @@ def fabric_view(window: Window, skew: GroupSkew) -> FabricView:
                 z=float("nan"),
                 extra_ns_per_step=_extra(t, r, skew.count.astype(float), sel, n_steps),
                 groups=names,
-                hosts=tuple(_host_name(window, h) for h in hc),
+                hosts=tuple(host_name(window, h) for h in hc),
                 ranks=tuple(int(x) for x in ranks),
             )
         )
     infl_cross, infl_intra = _inflation(window, skew, a["crosses"] == 1)
+    hosts_b: tuple[LinkFinding, ...] = ()
+    rails_b: tuple[LinkFinding, ...] = ()
+    if baseline is not None:
+        # Imported here: fabric_baseline builds on this module's findings and row columns.
+        from rankscope.diagnosis.fabric_baseline import links_vs_baseline
+
+        base_rows = baseline_skew if baseline_skew is not None else group_rows(baseline.instances)
+        hosts_b, rails_b = links_vs_baseline(window, skew, baseline, base_rows)
     return FabricView(
         hosts=hosts,
         rails=rails,
@@ -295,4 +336,6 @@ def fabric_view(window: Window, skew: GroupSkew) -> FabricView:
         row_ratio=ratio,
         inflation_cross=infl_cross,
         inflation_intra=infl_intra,
+        hosts_vs_baseline=hosts_b,
+        rails_vs_baseline=rails_b,
     )

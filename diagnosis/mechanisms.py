@@ -48,6 +48,9 @@ class Candidate:
     groups: tuple[str, ...] = ()
     evidence: tuple[str, ...] = ()
     caveats: tuple[str, ...] = ()
+    unjudged: tuple[str, ...] = ()
+    """What the judge could not test on this window, and why (a healthy verdict says so
+    rather than implying the mechanism was ruled out)."""
 
 
 _NONE = Candidate(0.0, 0.0)
@@ -197,15 +200,92 @@ def _slow_host_input(ev: Evidence) -> Candidate:
     return Candidate(impact, strength, ranks, hosts, evidence=tuple(evidence))
 
 
-def _link_candidate(ev: Evidence, findings: tuple[LinkFinding, ...], what: str) -> tuple:
-    if not findings:
-        return None, 0.0, 0.0
-    worst = max(findings, key=lambda f: f.z if np.isfinite(f.z) else -np.inf)
-    thr = expected_max_z(len(findings)) + Z_MARGIN
-    strength = logistic(worst.z, thr, 1.0) if len(findings) >= 3 else 0.0
+MIN_PEERS = 3
+"""Links needed before a link is judged against its peers in the same window (a robust
+spread from fewer is meaningless); below it only a baseline run can tell."""
+
+
+@dataclass(frozen=True)
+class _LinkJudgement:
+    worst: LinkFinding
+    strength: float
+    impact: float
+    basis: str
+    """``peers``, ``baseline`` or ``none`` (too few peers and no baseline run)."""
+    n: int
+    """How many links the worst one was judged among."""
+
+
+def _link_candidate(
+    ev: Evidence, peers: tuple[LinkFinding, ...], vs_base: tuple[LinkFinding, ...]
+) -> _LinkJudgement | None:
+    """The worst link, against its peers when there are enough of them, else against the
+    baseline run's same groups. Peers in the same window share its load and software, so
+    they come first; the baseline is the only reference a two-host job has."""
+    if len(peers) >= MIN_PEERS:
+        worst = max(peers, key=lambda f: f.z if np.isfinite(f.z) else -np.inf)
+        basis, n = "peers", len(peers)
+    elif vs_base:
+        worst = max(vs_base, key=lambda f: f.z if np.isfinite(f.z) else -np.inf)
+        basis, n = "baseline", len(vs_base)
+    elif peers:
+        worst = max(peers, key=lambda f: f.slowdown if np.isfinite(f.slowdown) else -np.inf)
+        basis, n = "none", len(peers)
+    else:
+        return None
+    strength = 0.0
+    if basis != "none":
+        strength = logistic(worst.z, expected_max_z(n) + Z_MARGIN, 1.0)
     comm = nanmean(nanmax_ranks(ev.decomp, ("exposed_comm", "arrival_wait")))
     impact = min(worst.extra_ns_per_step, comm) / ev.step_ns
-    return worst, strength, float(max(impact, 0.0))
+    return _LinkJudgement(worst, strength, float(max(impact, 0.0)), basis, n)
+
+
+def _count(n: int, what: str) -> str:
+    return f"one {what}" if n == 1 else f"{n} {what}s"
+
+
+def _link_evidence(
+    j: _LinkJudgement, scope: str, what: str, vs_base: tuple[LinkFinding, ...]
+) -> list[str]:
+    w = j.worst
+    if j.basis == "peers":
+        out = [
+            f"{scope} collectives on {w.label} take {w.slowdown:.2f}x their peers' transfer "
+            f"(robust z {w.z:.0f} across {_count(j.n, what)})"
+        ]
+        same = [f for f in vs_base if f.code == w.code]
+        if same:
+            out.append(
+                f"against the baseline run: {same[0].slowdown:.2f}x its own transfer, "
+                "relative to how the other groups moved"
+            )
+        return out
+    if j.basis == "baseline":
+        return [
+            f"{scope} collectives on {w.label} take {w.slowdown:.2f}x their transfer in the "
+            f"baseline run, relative to how the other {w.control} matched group rows moved "
+            f"(shift z {w.z:.1f} against their run-to-run spread)",
+            f"{_count(j.n, what)} compared: too few to judge against peers in the window",
+        ]
+    return [
+        f"{scope} collectives on {w.label} take {w.slowdown:.2f}x the median transfer of "
+        f"{_count(j.n, what)}"
+    ]
+
+
+def _not_compared(ev: Evidence, j: _LinkJudgement, scope: str, what: str) -> tuple[str, ...]:
+    if j.basis != "none":
+        return ()
+    why = (
+        "the baseline run has none of the same groups"
+        if ev.numerator.has_baseline
+        else "no baseline run was given"
+    )
+    return (
+        f"{scope} links not judged: {_count(j.n, what)} with such groups (comparing with "
+        f"peers needs {MIN_PEERS}) and {why}",
+    )
 
 
 def nanmax_ranks(decomp: Decomposition, cats: tuple[str, ...]) -> np.ndarray:
@@ -225,36 +305,45 @@ def nanmax_ranks(decomp: Decomposition, cats: tuple[str, ...]) -> np.ndarray:
 
 
 def _local_fabric(ev: Evidence) -> Candidate:
-    worst, strength, impact = _link_candidate(ev, ev.fabric.hosts, "host")
-    if worst is None:
+    j = _link_candidate(ev, ev.fabric.hosts, ev.fabric.hosts_vs_baseline)
+    if j is None:
         return _NONE
-    evidence = (
-        f"intra-host collectives on {worst.label} take {worst.slowdown:.2f}x their peers' "
-        f"transfer (robust z {worst.z:.0f} across {len(ev.fabric.hosts)} hosts)",
-        f"{_ms(worst.extra_ns_per_step)} extra transfer per step in {len(worst.groups)} group(s)",
-    )
+    w = j.worst
+    evidence = [
+        *_link_evidence(j, "intra-host", "host", ev.fabric.hosts_vs_baseline),
+        f"{_ms(w.extra_ns_per_step)} extra transfer per step in {len(w.groups)} group(s)",
+    ]
     return Candidate(
-        impact, strength, worst.ranks, worst.hosts, groups=worst.groups, evidence=evidence
+        j.impact,
+        j.strength,
+        w.ranks,
+        w.hosts,
+        groups=w.groups,
+        evidence=tuple(evidence),
+        caveats=_not_compared(ev, j, "intra-host", "host"),
+        unjudged=_not_compared(ev, j, "intra-host", "host"),
     )
 
 
 def _network_rail(ev: Evidence) -> Candidate:
-    worst, strength, impact = _link_candidate(ev, ev.fabric.rails, "rail")
-    if worst is None:
+    j = _link_candidate(ev, ev.fabric.rails, ev.fabric.rails_vs_baseline)
+    if j is None:
         return _NONE
-    evidence = (
-        f"cross-host collectives on {worst.label} take {worst.slowdown:.2f}x their peers' "
-        f"transfer (robust z {worst.z:.0f} across {len(ev.fabric.rails)} rails)",
-        f"{_ms(worst.extra_ns_per_step)} extra transfer per step in {_groups(worst.groups)}",
-    )
+    w = j.worst
+    evidence = [
+        *_link_evidence(j, "cross-host", "rail", ev.fabric.rails_vs_baseline),
+        f"{_ms(w.extra_ns_per_step)} extra transfer per step in {_groups(w.groups)}",
+    ]
     return Candidate(
-        impact,
-        strength,
-        worst.ranks,
-        worst.hosts,
-        rails=(worst.code,),
-        groups=worst.groups,
-        evidence=evidence,
+        j.impact,
+        j.strength,
+        w.ranks,
+        w.hosts,
+        rails=(w.code,),
+        groups=w.groups,
+        evidence=tuple(evidence),
+        caveats=_not_compared(ev, j, "cross-host", "rail"),
+        unjudged=_not_compared(ev, j, "cross-host", "rail"),
     )
 
 
@@ -375,16 +464,42 @@ def _intermittent_congestion(ev: Evidence) -> Candidate:
         gaps = np.diff(ev.window.steps[idx]).astype(float)
         periodic = bool(gaps.std() / gaps.mean() <= PERIODIC_CV)
     strength = (0.3 if periodic else 1.0) * (1.0 if idx.size >= 2 else 0.5)
-    evidence = (
+    specific, intra_burst = _network_specific(infl, ev.fabric.inflation_intra, idx, calm)
+    strength *= specific
+    evidence = [
         f"{idx.size} of {int(ok.sum())} steps had cross-host transfers "
         f"{nanmedian(infl[idx]) / np.exp(ref):.2f}x their quiet time (median burst), at "
         "irregular intervals"
         if not periodic
         else f"{idx.size} transfer bursts, but at a regular interval",
         f"bursts added {_pct(impact)} of the window's time in exposed communication and wait",
-        f"intra-host transfers in the same steps: {nanmedian(ev.fabric.inflation_intra[idx]):.2f}x",
-    )
-    return Candidate(impact, strength, evidence=evidence)
+        f"intra-host transfers in the same steps: {intra_burst:.2f}x their calm steps'",
+    ]
+    if specific < 0.5:
+        evidence.append(
+            "intra-host transfers burst as much in those steps: the stalls are on the hosts "
+            "(scheduling, CPU contention), not in the network"
+        )
+    return Candidate(impact, strength, evidence=tuple(evidence))
+
+
+def _network_specific(
+    cross: np.ndarray, intra: np.ndarray, burst: np.ndarray, calm: np.ndarray
+) -> tuple[float, float]:
+    """Which share of the bursts' cross-host inflation intra-host transfers do not show in
+    the same steps (log units, each against its own calm steps), and the intra-host ratio.
+
+    Congestion in the network slows only transfers that cross it; a host that stalls (its
+    CPU taken by other work) slows its intra-host transfers in the same steps too.
+    """
+    if not calm.any():
+        return 1.0, float("nan")
+    lc = float(np.log(nanmedian(cross[burst]) / nanmedian(cross[calm])))
+    ib, ic = nanmedian(intra[burst]), nanmedian(intra[calm])
+    if not (np.isfinite(ib) and np.isfinite(ic) and ib > 0 and ic > 0) or lc <= 0:
+        return 1.0, float("nan")
+    li = float(np.log(ib / ic))
+    return float(np.clip((lc - li) / lc, 0.0, 1.0)), float(ib / ic)
 
 
 def _numerator_change(ev: Evidence) -> Candidate:

@@ -128,12 +128,13 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
             )
         )
     best = max((h.score for h in hyps), default=0.0)
-    hyps.append(_healthy(ev, 1.0 - best))
+    unjudged = tuple(u for c in cur.values() for u in c.unjudged)
+    hyps.append(_healthy(ev, 1.0 - best, unjudged))
     hyps.sort(key=lambda h: (-h.score, -h.impact))
     return Verdict(hypotheses=tuple(hyps))
 
 
-def _healthy(ev: Evidence, score: float) -> Hypothesis:
+def _healthy(ev: Evidence, score: float, unjudged: tuple[str, ...] = ()) -> Hypothesis:
     cmp = ev.comparison
     evidence = [f"median step {_ms(cmp.current.p50)}, p99 {_ms(cmp.current.p99)}"]
     if cmp.baseline is not None:
@@ -149,6 +150,6 @@ def _healthy(ev: Evidence, score: float) -> Hypothesis:
         rails=(),
         groups=(),
         evidence=tuple(evidence),
-        caveats=(),
+        caveats=unjudged,
         next_experiment=next_experiment("healthy"),
     )

@@ -1,0 +1,164 @@
+"""Slow links in jobs too small for peer comparison: two hosts, one or two rails.
+
+With fewer than three rails (hosts) the window has no spread to judge a link against; a
+baseline run of the same job gives each link a reference of its own (its groups' transfer
+then), and without one the verdict says the links were not judged.
+"""
+
+import numpy as np
+import pytest
+
+from rankscope.collector.schema import OP_INDEX as OP
+from rankscope.diagnosis.engine import diagnose
+from rankscope.diagnosis.synthetic import instance_table, make_groups, make_window, rank_layout
+
+S = 40
+COMPUTE = 1e8
+BYTES = 1 << 20
+
+
+def _window(
+    ranks_per_host: int,
+    slow: dict[int, float],
+    seed: int,
+    run: str,
+    scale: float = 1.0,
+    burst_steps: tuple[int, ...] = (),
+    burst_intra: bool = False,
+):
+    """2 hosts; per step one all-reduce in each intra-host group (when a host has two
+    ranks) and in each rail's cross-host group. ``slow`` multiplies the transfer of a
+    rail's cross-host group; ``scale`` every transfer (a machine slower as a whole);
+    ``burst_steps`` triple the cross-host transfers of those steps (and the intra-host
+    ones too with ``burst_intra``)."""
+    rng = np.random.default_rng(seed)
+    world = 2 * ranks_per_host
+    ranks = rank_layout(world, ranks_per_host=ranks_per_host)
+    members, names, base_t, rails = [], [], [], []
+    if ranks_per_host > 1:
+        for h in range(2):
+            members.append(list(range(h * ranks_per_host, (h + 1) * ranks_per_host)))
+            names.append(f"node{h}")
+            base_t.append(2e6)
+            rails.append(-1)
+    for rail in range(ranks_per_host):
+        members.append([rail, rail + ranks_per_host])
+        names.append(f"cross{rail}")
+        base_t.append(8e6)
+        rails.append(rail)
+    groups = make_groups(ranks, members, names)
+    n_g = len(members)
+    gid = np.repeat(np.arange(n_g), S)
+    step = np.tile(np.arange(S), n_g)
+    factor = np.array([slow.get(r, 1.0) if r >= 0 else 1.0 for r in rails])
+    transfer = (
+        np.asarray(base_t)[gid] * factor[gid] * scale * np.exp(0.1 * rng.standard_normal(gid.size))
+    )
+    hit = np.isin(step, burst_steps) & ((np.asarray(rails)[gid] >= 0) | burst_intra)
+    transfer[hit] *= 3.0
+    t_enter = COMPUTE * (1 + 0.01 * rng.standard_normal(gid.size))
+    inst = instance_table(
+        group=gid,
+        seq=step,
+        step=step,
+        op=np.full(gid.size, OP["all_reduce"]),
+        nbytes=np.full(gid.size, BYTES),
+        n_members=np.array([len(m) for m in members])[gid],
+        first=t_enter,
+        last=t_enter,
+        transfer=transfer,
+    )
+    # Each rank's exposed transfer is the sum over its groups; the step waits for the slowest.
+    tr = transfer.reshape(n_g, S)
+    exposed = np.zeros((world, S))
+    for g, m in enumerate(members):
+        exposed[m] += tr[g]
+    step_ns = COMPUTE + exposed.max(axis=0)
+    wait = step_ns[None, :] - COMPUTE - exposed
+    t0 = np.cumsum(np.concatenate([[0.0], step_ns[:-1]]))
+    t_start = np.broadcast_to(t0, (world, S)).copy()
+    return make_window(
+        t_start,
+        t_start + step_ns,
+        ranks=ranks,
+        groups=groups,
+        phase_ns={"forward": np.full((world, S), COMPUTE)},
+        coll={"exposed_transfer_ns": exposed, "exposed_wait_ns": wait},
+        instances=inst,
+        run=run,
+    )
+
+
+@pytest.mark.parametrize("ranks_per_host", [1, 2])
+def test_degraded_rail_against_the_baseline_run(ranks_per_host: int) -> None:
+    rail = ranks_per_host - 1
+    base = _window(ranks_per_host, {}, seed=1, run="base")
+    fault = _window(ranks_per_host, {rail: 20.0}, seed=2, run="fault")
+    v = diagnose(fault, base).verdict
+    top = v.top
+    assert top.mechanism == "network_rail", [(h.mechanism, round(h.score, 2)) for h in v.hypotheses]
+    assert top.rails == (rail,)
+    assert top.hosts == ("node0000", "node0001")
+    assert top.groups == (f"cross{rail}",)
+    assert any("in the baseline run" in e for e in top.evidence), top.evidence
+    found = diagnose(fault, base).fabric.rails_vs_baseline[0]
+    assert found.code == rail and found.slowdown == pytest.approx(20.0, rel=0.15)
+
+
+def test_without_a_baseline_the_rails_are_reported_as_not_judged() -> None:
+    fault = _window(2, {1: 20.0}, seed=2, run="fault")
+    v = diagnose(fault).verdict
+    rail = v.get("network_rail")
+    assert rail.score == 0.0
+    assert any("not judged" in c and "no baseline" in c for c in rail.caveats), rail.caveats
+    healthy = v.get("healthy")
+    assert any("cross-host links not judged: 2 rails" in c for c in healthy.caveats)
+
+
+def test_a_healthy_rerun_is_healthy_against_its_baseline() -> None:
+    base = _window(2, {}, seed=1, run="base")
+    again = _window(2, {}, seed=3, run="again")
+    v = diagnose(again, base).verdict
+    assert v.top.mechanism == "healthy", [(h.mechanism, round(h.score, 2)) for h in v.hypotheses]
+    assert v.get("network_rail").score < 0.05
+
+
+def test_a_machine_slower_as_a_whole_is_not_a_rail() -> None:
+    base = _window(2, {}, seed=1, run="base")
+    slower = _window(2, {}, seed=4, run="slower", scale=3.0)
+    v = diagnose(slower, base).verdict
+    assert v.get("network_rail").score < 0.05
+    assert all(f.slowdown < 1.3 for f in diagnose(slower, base).fabric.rails_vs_baseline)
+
+
+def test_groups_are_matched_by_name_and_ranks_not_by_id() -> None:
+    from dataclasses import replace
+
+    base = _window(2, {}, seed=1, run="base")
+    fault = _window(2, {1: 20.0}, seed=2, run="fault")
+    # The same groups registered in another order: ids differ, names and ranks do not.
+    order = [3, 2, 1, 0]
+    groups = {new: replace(fault.groups[old], id=new) for new, old in enumerate(order)}
+    remap = np.array([order.index(g) for g in range(4)], dtype=np.int32)
+    inst = replace(fault.instances, group=remap[fault.instances.group])
+    fault = replace(fault, groups=groups, instances=inst)
+    top = diagnose(fault, base).verdict.top
+    assert top.mechanism == "network_rail" and top.rails == (1,)
+
+
+BURSTS = (3, 7, 8, 15, 22, 23, 31, 36)
+
+
+def test_cross_host_bursts_are_congestion() -> None:
+    w = _window(2, {}, seed=5, run="bursty", burst_steps=BURSTS)
+    top = diagnose(w).verdict.top
+    assert top.mechanism == "intermittent_congestion"
+    assert any("8 of 40 steps" in e for e in top.evidence), top.evidence
+
+
+def test_bursts_that_lift_intra_host_transfers_too_are_not_the_network() -> None:
+    w = _window(2, {}, seed=5, run="stalls", burst_steps=BURSTS, burst_intra=True)
+    v = diagnose(w).verdict
+    ic = v.get("intermittent_congestion")
+    assert ic.strength < 0.1, ic.evidence
+    assert any("stalls are on the hosts" in e for e in ic.evidence), ic.evidence
