@@ -74,7 +74,9 @@ class _Block:
         self._plan_done, self._plan = True, None
         assert self.bounds is not None
         k = int(self.bounds[-1])
-        spans: dict[int, tuple[Mapping[str, np.ndarray], list[int], list[int], list[int]]] = {}
+        spans: dict[
+            int, tuple[Mapping[str, np.ndarray], np.ndarray, list[int], list[int], list[int]]
+        ] = {}
         for j, sub in enumerate(self.subs):
             a = int(self.bounds[j])
             for i, p in enumerate(sub):
@@ -82,19 +84,20 @@ class _Block:
                     return None
                 entry = spans.get(id(p.batch))
                 if entry is None:
-                    entry = spans[id(p.batch)] = (p.batch, [], [], [])
-                entry[1].append(i * k + a)
-                entry[2].append(p.start)
-                entry[3].append(p.n)
+                    assert p.index is not None
+                    entry = spans[id(p.batch)] = (p.batch, p.index, [], [], [])
+                entry[2].append(i * k + a)
+                entry[3].append(p.start)
+                entry[4].append(p.n)
         plan = []
-        for src, at, first, lens in spans.values():
+        for src, index, at, first, lens in spans.values():
             if len(set(lens)) == 1:  # the usual case: every part of the batch has n rows
                 off = np.arange(lens[0])
                 plan.append(
                     (
                         src,
                         (np.array(at)[:, None] + off).reshape(-1),
-                        (np.array(first)[:, None] + off).reshape(-1),
+                        index[(np.array(first)[:, None] + off).reshape(-1)],
                     )
                 )
             else:
@@ -102,7 +105,7 @@ class _Block:
                     (
                         src,
                         np.concatenate([np.arange(a, a + m) for a, m in zip(at, lens)]),
-                        np.concatenate([np.arange(f, f + m) for f, m in zip(first, lens)]),
+                        index[np.concatenate([np.arange(f, f + m) for f, m in zip(first, lens)])],
                     )
                 )
         if len(plan) == 1:
@@ -190,12 +193,11 @@ def _blocks(parts: list[Part]) -> tuple[list[_Block], list[Part]]:
 
 def _verify(b: _Block) -> list[Part]:
     """Check that every part of each sub-block has the ``seq`` and ``step`` columns of its
-    first and only rows of the block's group; drop the sub-blocks that do not (returned as
-    loose parts)."""
+    first; drop the sub-blocks that do not (returned as loose parts). Every row of a part
+    is of its group (`Part.group`, checked when the part was made), the block's."""
     b.bounds = np.cumsum([0] + [sub[0].n for sub in b.subs])
-    seq, step, group = b.stack("seq"), b.stack("step"), b.stack("group")
+    seq, step = b.stack("seq"), b.stack("step")
     same = (seq == seq[0]).all(axis=0) & (step == step[0]).all(axis=0)
-    same &= (group == b.group).all(axis=0)
     if same.all():
         b.seq, b.step = seq[0].copy(), step[0].copy()
         return []

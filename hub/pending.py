@@ -33,8 +33,9 @@ PENDING_DTYPES = {
 
 class Part:
     """The collective rows of one message of one rank, or one group's rows of it (a
-    *piece*: its columns are rows ``start:start + n`` of a batch shared by the pieces that
-    one split made, which a block gathers with one index instead of one slice a piece)."""
+    *piece*: its rows are ``batch[index[start:start + n]]``, in a batch of columns shared by
+    the pieces one split made, which a block gathers with one index instead of one slice a
+    piece)."""
 
     __slots__ = (
         "_cols",
@@ -45,6 +46,7 @@ class Part:
         "fresh",
         "group",
         "inc",
+        "index",
         "is_async",
         "n",
         "rank",
@@ -69,9 +71,11 @@ class Part:
         self.inc = inc
         self._cols: Mapping[str, np.ndarray] | None = cols
         self.batch: Mapping[str, np.ndarray] | None = None
-        """For a piece: the columns its rows are a range of (with ``cut``), else None."""
+        """For a piece: the columns (with ``cut``) its rows are taken from, else None."""
+        self.index: np.ndarray | None = None
+        """For a piece: the batch's rows in (part, group) order, shared by its pieces."""
         self.start = 0
-        """For a piece: its first row in ``batch``."""
+        """For a piece: its first position in ``index``."""
         self.cut = cut
         """Per-row async cut relative to the run's origin (NaN on blocking rows, which do
         not use it); None when no row is async, or until the pass computes it
@@ -79,9 +83,9 @@ class Part:
         self.n = int(cols["step"].shape[0])
         g = cols["group"]
         g0 = int(g[0])
-        mixed = g0 != int(g[-1]) or (self.n > 2 and bool((g != g0).any()))
-        self.group = -1 if mixed else g0
-        """-1 when the rows mix groups, otherwise the group of every row."""
+        self.group = g0 if g0 == int(g[-1]) else -1
+        """-1 when the rows mix groups, otherwise the group of every row (until the pass
+        looks at all rows, :func:`prepare`: the group of the first and the last row)."""
         self.seq0 = int(cols["seq"][0])
         self.step0 = int(cols["step"][0])
         """``seq`` and ``step`` of the first row."""
@@ -97,36 +101,38 @@ class Part:
         cls,
         parent: Part,
         batch: Mapping[str, np.ndarray],
+        index: np.ndarray,
         start: int,
         n: int,
         group: int,
+        first: tuple[int, int],
         is_async: bool,
         dev: bool,
     ) -> Part:
-        """The rows ``start:start + n`` of ``batch``: one group's rows of ``parent``."""
+        """One group's rows of ``parent``: ``batch[index[start:start + n]]``; ``first`` is
+        the ``seq`` and ``step`` of its first row."""
         p = cls.__new__(cls)
         p.arrival, p.rank, p.inc, p.fresh = parent.arrival, parent.rank, parent.inc, parent.fresh
-        p._cols, p.batch, p.start, p.n = None, batch, start, n
+        p._cols, p.batch, p.index, p.start, p.n = None, batch, index, start, n
         p.group, p.is_async, p.dev = group, is_async, dev
-        p.seq0 = int(batch["seq"][start])
-        p.step0 = int(batch["step"][start])
-        p.cut = batch["cut"][start : start + n] if is_async else None
+        p.seq0, p.step0 = first
+        p.cut = batch["cut"][index[start : start + n]] if is_async else None
         return p
 
     @property
     def cols(self) -> Mapping[str, np.ndarray]:
         """``COLL_COLUMNS`` of the rows."""
         if self._cols is None:
-            assert self.batch is not None
-            a, b = self.start, self.start + self.n
-            self._cols = {c: self.batch[c][a:b] for c in schema.COLL_COLUMNS}
+            assert self.batch is not None and self.index is not None
+            rows = self.index[self.start : self.start + self.n]
+            self._cols = {c: self.batch[c][rows] for c in schema.COLL_COLUMNS}
         return self._cols
 
     def column(self, name: str) -> np.ndarray:
         """One column of the rows (without building the others of a piece)."""
         if self._cols is None:
-            assert self.batch is not None
-            return self.batch[name][self.start : self.start + self.n]
+            assert self.batch is not None and self.index is not None
+            return self.batch[name][self.index[self.start : self.start + self.n]]
         return self._cols[name]
 
     def rows(self, sel: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -156,6 +162,7 @@ def prepare(parts: list[Part], t0: int) -> list[Part]:
     todo = [p for p in parts if p.is_async and p.cut is None]
     if todo:
         _fill_cuts(todo, t0)
+    _find_mixed([p for p in parts if p.group >= 0 and p.n > 2 and p.index is None])
     if not any(p.group < 0 for p in parts):
         return parts
     mixed = [p for p in parts if p.group < 0]
@@ -167,6 +174,19 @@ def prepare(parts: list[Part], t0: int) -> list[Part]:
         else:
             out.append(p)
     return out
+
+
+def _find_mixed(parts: list[Part]) -> None:
+    """Mark parts whose rows between the first and the last are of another group (one
+    min and max per part over all their rows at once)."""
+    if not parts:
+        return
+    starts = np.cumsum([0] + [p.n for p in parts[:-1]])
+    group = np.concatenate([p.cols["group"] for p in parts])
+    lo = np.minimum.reduceat(group, starts)
+    hi = np.maximum.reduceat(group, starts)
+    for i in np.flatnonzero(lo != hi).tolist():
+        parts[i].group = -1
 
 
 def _fill_cuts(parts: list[Part], t0: int) -> None:
@@ -209,18 +229,27 @@ def _split(mixed: list[Part]) -> dict[int, list[Part]]:
     new = np.ones(n, bool)
     new[1:] = ks[1:] != ks[:-1]
     starts = np.flatnonzero(new)
-    batch = {c: v[order] for c, v in cols.items()}
-    flags = batch["flags"]
+    # The columns stay in message order: blocks gather their rows through ``order``.
+    flags = cols["flags"][order]
     has_async = np.logical_or.reduceat((flags & ASYNC_FLAGS) != 0, starts)
     has_dev = np.logical_or.reduceat((flags & schema.FLAG_DEVICE_TIMED) != 0, starts)
     sizes = np.diff(np.append(starts, n))
+    heads = order[starts]
     out: dict[int, list[Part]] = {id(p): [] for p in mixed}
     piece = Part.piece
-    for a, m, k, is_async, dev in zip(
-        starts.tolist(), sizes.tolist(), ks[starts].tolist(), has_async.tolist(), has_dev.tolist()
+    for a, m, k, seq0, step0, is_async, dev in zip(
+        starts.tolist(),
+        sizes.tolist(),
+        ks[starts].tolist(),
+        cols["seq"][heads].tolist(),
+        cols["step"][heads].tolist(),
+        has_async.tolist(),
+        has_dev.tolist(),
     ):
         parent = mixed[k // span]
-        out[id(parent)].append(piece(parent, batch, a, m, k % span + lo, is_async, dev))
+        out[id(parent)].append(
+            piece(parent, cols, order, a, m, k % span + lo, (seq0, step0), is_async, dev)
+        )
     return out
 
 

@@ -196,6 +196,12 @@ def test_prepare_splits_by_group_keeping_row_order_and_cuts() -> None:
     whole = Part(3, 0, cols, None, True, False, arrival=11)
     single = Part(4, 0, {k: v[cols["group"] == 2] for k, v in cols.items()}, None, False, False)
     assert whole.group == -1 and single.group == 2
+    # The same group first and last, another in between: still a mixed part.
+    sandwich = {k: v[:3].copy() for k, v in cols.items()}
+    sandwich["group"][:] = [5, 6, 5]
+    sandwich["flags"][:] = 0
+    split = prepare([Part(0, 0, sandwich, None, False, False)], BASE)
+    assert [(p.group, p.n) for p in split] == [(5, 2), (6, 1)]
     out = prepare([single, whole], BASE)
     assert out[0] is single
     pieces = out[1:]
