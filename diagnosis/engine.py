@@ -23,6 +23,7 @@ from rankscope.diagnosis.exposure import exposed_union, rows_cover_window
 from rankscope.diagnosis.fabric import FabricView, fabric_view
 from rankscope.diagnosis.grouprows import GroupSkew
 from rankscope.diagnosis.numerator import NumeratorCheck, check_numerator
+from rankscope.diagnosis.regime import Regime, current_regime, since
 from rankscope.diagnosis.stall import Stall, detect_stall
 from rankscope.diagnosis.trends import Trends, trends
 from rankscope.diagnosis.verdict import Evidence, Verdict, judge
@@ -50,6 +51,9 @@ class Diagnosis:
     fabric: FabricView
     stall: Stall
     verdict: Verdict
+    regime: Regime | None = None
+    """Set when the step time shifted inside the window: every analysis above then reads
+    the steps since (``window`` is that part), and the stall check the whole window."""
 
 
 def _decompose(window: Window) -> Decomposition:
@@ -107,8 +111,15 @@ def diagnose(
             the latest time seen in the window).
 
     Returns:
-        The analyses and the ranked verdict.
+        The analyses and the ranked verdict. When the run's step time shifted inside the
+        window (`regime.current_regime`), they are of the steps since the shift: a fault
+        that began mid-window is judged on the steps it acts in, not diluted by the ones
+        before it.
     """
+    whole = window
+    regime = current_regime(window)
+    if regime is not None:
+        window = since(window, regime.start_index)
     base_ev = gather_evidence(baseline) if baseline is not None else None
     ev = gather_evidence(
         window,
@@ -136,6 +147,7 @@ def diagnose(
         comparison=ev.comparison,
         trends=ev.trends,
         fabric=ev.fabric,
-        stall=detect_stall(window, now_ns),
+        stall=detect_stall(whole, now_ns),
         verdict=verdict,
+        regime=regime,
     )

@@ -13,7 +13,9 @@ The rule, on the job's step time (the median rank's, per step):
   lies on the same side of the earlier steps' median, farther than
   ``max(SHIFT_SIGMAS × σ, MIN_SHIFT × median)`` (σ: robust spread of the earlier steps);
 - at least ``MIN_BEFORE`` steps precede it and at least ``MIN_AFTER`` follow it (one odd
-  step is a hiccup, not a regime).
+  step is a hiccup, not a regime);
+- at most ``MAX_EARLIER`` of the earlier steps were that far out on the same side (two
+  bursts in a row of a bursty run are not a new level).
 
 A periodic spike (checkpoints) or a burst never qualifies: the steps between spikes return
 to the earlier level. A slow drift (allocator growth) rarely does: its later steps are not
@@ -40,6 +42,9 @@ SHIFT_SIGMAS = 4.0
 """Distance from the earlier level, in robust standard deviations of the earlier steps."""
 MIN_SHIFT = 0.03
 """...and at least this fraction of the earlier median (a regime change users care about)."""
+MAX_EARLIER = 0.05
+"""Largest share of the earlier steps that may lie as far out on the same side: more, and
+the new steps are one more burst of a recurring pattern."""
 
 
 @dataclass(frozen=True)
@@ -96,11 +101,18 @@ def job_step_ns(window: Window) -> np.ndarray:
     return out
 
 
-def _beyond(before: np.ndarray, after: np.ndarray) -> bool:
+def _shift(before: np.ndarray, after: np.ndarray) -> tuple[bool, bool]:
+    """Whether every ``after`` step lies beyond the earlier level on one side, and whether
+    the earlier steps were clean of excursions that far out on that side."""
     med = float(np.median(before))
     sigma = 1.4826 * float(np.median(np.abs(before - med)))
     gap = max(SHIFT_SIGMAS * sigma, MIN_SHIFT * med)
-    return bool(np.all(after > med + gap) or np.all(after < med - gap))
+    for side in (1.0, -1.0):
+        if np.all(side * (after - med) > gap):
+            # Excursions that already happened before are a recurring pattern (bursts,
+            # periodic spikes), not a new level.
+            return True, bool(np.mean(side * (before - med) > gap) <= MAX_EARLIER)
+    return False, False
 
 
 def current_regime(window: Window) -> Regime | None:
@@ -118,19 +130,19 @@ def current_regime(window: Window) -> Regime | None:
         return None
     vals = y[ok]
     found: int | None = None
-    # Grow the candidate regime backwards from the newest step while it stays beyond the
-    # level of everything before it; keep the longest that qualifies.
+    # Grow the candidate regime backwards from the newest step while every step of it
+    # stays beyond the level of everything before it; keep the longest whose earlier
+    # steps are clean. The first test settles the usual case (no shift) at once.
     for k in range(ok.size - MIN_AFTER, MIN_BEFORE - 1, -1):
-        if _beyond(vals[:k], vals[k:]):
-            found = k
-        else:
-            # The newest steps are not beyond the rest (no regime: the usual case, one
-            # test), or the regime ended growing here.
+        shifted, clean = _shift(vals[:k], vals[k:])
+        if not shifted:
             break
+        if clean:
+            found = k
     else:
         # Ran out of earlier steps while the regime still extended: its start (and the
         # level before it) lies outside what the window can show.
-        if found == MIN_BEFORE and _beyond(vals[: found - 1], vals[found - 1 :]):
+        if found == MIN_BEFORE and _shift(vals[: found - 1], vals[found - 1 :])[0]:
             return None
     if found is None:
         return None

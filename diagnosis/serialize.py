@@ -4,7 +4,12 @@ Schema ``rankscope.diagnosis/1`` — top-level keys:
 
 ``schema``, ``run``
     Schema id; the run (``job``, ``run``, ``scope``, ``parent_run``, ``world_size``,
-    ``steps`` [first, last], ``n_steps``, ``baseline_run``).
+    ``steps`` [first, last], ``n_steps``, ``baseline_run``). With a ``regime``, these
+    are the steps since the shift.
+``regime``
+    null, or when the step time shifted inside the window: ``start_step``,
+    ``start_index``, ``steps``, ``before_ns``, ``after_ns`` (every analysis below reads the
+    steps since ``start_step``).
 ``verdict``
     ``top`` (mechanism) and ``hypotheses``: each ``mechanism`` (the vocabulary of
     `verdict.MECHANISMS`), ``score`` (0..1), ``impact`` (share of step time), ``strength``,
@@ -111,6 +116,7 @@ def to_dict(diag: Diagnosis) -> dict[str, Any]:
             "n_steps": int(steps.size),
             "baseline_run": diag.baseline_run,
         },
+        "regime": plain(diag.regime),
         "verdict": {
             "top": diag.verdict.top.mechanism,
             "hypotheses": [plain(h) for h in diag.verdict.hypotheses],

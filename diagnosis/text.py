@@ -38,6 +38,8 @@ def render_text(diag: Diagnosis, hypotheses: int = 4) -> str:
     steps = f"steps {int(w.steps[0])}-{int(w.steps[-1])}" if w.steps.size else "no steps"
     base = f" vs baseline {diag.baseline_run}" if diag.has_baseline else " (no baseline)"
     out.append(f"run {w.run} ({w.job}, {w.scope}, {w.world_size} ranks, {steps}){base}")
+    if diag.regime is not None:
+        out.append(diag.regime.describe())
     out.append("")
     top = diag.verdict.top
     out.append(f"VERDICT: {top.mechanism}  (score {top.score:.2f}, ~{_pct(top.impact)} of step)")

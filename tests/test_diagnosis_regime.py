@@ -104,3 +104,37 @@ def test_the_view_names_a_new_straggler_two_steps_after_its_onset() -> None:
     assert last_ranking(w, 1, first_index=regime.start_index)[0].rank == slow
     # Counted over the whole window, the healthy history still outnumbers it.
     assert last_ranking(w, 1)[0].rank != slow
+
+
+def test_two_bursts_in_a_row_of_a_bursty_run_are_not_a_regime() -> None:
+    rng = np.random.default_rng(5)
+    y = _noisy(40)
+    y[rng.random(40) < 0.3] = 140.0  # congestion bursts all along
+    y[-2:] = 140.0
+    assert current_regime(_window(y)) is None
+
+
+def test_diagnose_judges_the_steps_since_the_shift(tmp_path, capsys) -> None:
+    import json
+
+    from rankscope.cli import main
+    from rankscope.commands.demo import start_demo
+    from rankscope.sim import load_scenario
+
+    scenario = load_scenario("slow-device", ranks=64, seed=21, fault__onset=24)
+    rec = tmp_path / "rec"
+    handles = start_demo(scenario, 27, pace="fast", record_dir=str(rec), run_id="onset")
+    try:
+        handles.wait(timeout=60)
+        assert handles.wait_ingested()
+        (slow,) = handles.info.truth["ranks"]
+    finally:
+        handles.stop()
+    assert main(["diagnose", str(rec), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["regime"]["start_step"] == 24 and out["regime"]["steps"] == 3
+    assert out["run"]["steps"] == [24, 26]
+    top = out["verdict"]["hypotheses"][0]
+    assert top["mechanism"] == "slow_device" and top["ranks"][0] == slow
+    assert main(["diagnose", str(rec)]) == 0
+    assert "step time changed at step 24" in capsys.readouterr().out
