@@ -138,3 +138,38 @@ def test_diagnose_judges_the_steps_since_the_shift(tmp_path, capsys) -> None:
     assert top["mechanism"] == "slow_device" and top["ranks"][0] == slow
     assert main(["diagnose", str(rec)]) == 0
     assert "step time changed at step 24" in capsys.readouterr().out
+
+
+def test_the_main_screen_says_since_when(tmp_path) -> None:
+    import asyncio
+
+    from rankscope.commands.demo import make_demo_app, start_demo
+    from rankscope.sim import load_scenario
+    from rankscope.tui.panels import LastArrivalsPanel, VerdictLine
+    from rankscope.tui.settings import deterministic_settings
+
+    scenario = load_scenario("slow-device", ranks=16, seed=3, fault__onset=20)
+    handles = start_demo(scenario, 23, pace="fast")
+    try:
+        handles.wait(timeout=60)
+        assert handles.wait_ingested()
+        (slow,) = handles.info.truth["ranks"]
+        app = make_demo_app(handles, settings=deterministic_settings(tmp_path))
+
+        async def drive() -> None:
+            async with app.run_test(size=(160, 40)) as pilot:
+                for _ in range(500):
+                    await pilot.pause(0.02)
+                    if app.analysis is not None and not any(w.is_running for w in app.workers):
+                        break
+                assert app.model.regime_step == 20
+                assert app.model.ranking[0].rank == slow
+                panel = app.screen.query_one(LastArrivalsPanel)
+                assert panel.border_title == "last to arrive · since step 20"
+                line = str(app.screen.query_one(VerdictLine).render())
+                assert line.startswith("▶ slow_device") and "since step 20 (+" in line
+                await pilot.press("q")
+
+        asyncio.run(drive())
+    finally:
+        handles.stop()

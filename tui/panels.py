@@ -244,6 +244,13 @@ class VerdictLine(Static):
         text.append("▶ ", style="bold green" if healthy else "bold red")
         text.append(top.mechanism, style="bold green" if healthy else "bold red")
         text.append(f" ({top.score:.2f}) ", style="dim")
+        regime = getattr(analysis.diagnosis, "regime", None)
+        if regime is not None:
+            # The verdict reads only the steps since the shift: say so first.
+            text.append(
+                f"since step {regime.start_step} ({regime.change:+.0%} step time): ",
+                style="bold",
+            )
         text.append(top.evidence)
         if top.next_experiment:
             text.append("  → next: ", style="bold")
