@@ -171,26 +171,16 @@ class Cluster:
             lay.host[None], hw.nic_gbps[lay.device][None], hw.intra_gbps, a_in, a_x
         )
 
+    _PHYSICS = ("hardware", "speed", "tp_links", "dp_links", "pp_links", "world_links")
+    """What `_physics` derives and a fault's onset switches."""
+
     def _state(self) -> tuple[Any, ...]:
-        return (
-            self.hardware,
-            self.speed,
-            self.tp_links,
-            self.dp_links,
-            self.pp_links,
-            self.world_links,
-        )
+        return tuple(getattr(self, name) for name in self._PHYSICS)
 
     def _fault_acts(self, k: int) -> None:
         """Put the cluster in the state of step ``k``: faulty from the onset on."""
-        (
-            self.hardware,
-            self.speed,
-            self.tp_links,
-            self.dp_links,
-            self.pp_links,
-            self.world_links,
-        ) = self._states[k >= self._onset]
+        for name, value in zip(self._PHYSICS, self._states[k >= self._onset], strict=True):
+            setattr(self, name, value)
 
     # -- per-step inputs --------------------------------------------------------------
 

@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+from tui_pilot import settle
 
 from rankscope.diagnosis.regime import current_regime, since
 from rankscope.diagnosis.synthetic import instance_table, make_window
@@ -158,10 +159,7 @@ def test_the_main_screen_says_since_when(tmp_path) -> None:
 
         async def drive() -> None:
             async with app.run_test(size=(160, 40)) as pilot:
-                for _ in range(500):
-                    await pilot.pause(0.02)
-                    if app.analysis is not None and not any(w.is_running for w in app.workers):
-                        break
+                await settle(app, pilot, analysis=True)
                 assert app.model.regime_step == 20
                 assert app.model.ranking[0].rank == slow
                 panel = app.screen.query_one(LastArrivalsPanel)

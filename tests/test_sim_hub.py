@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+from tui_pilot import settle
 
 from rankscope.cli import main
 from rankscope.collector import schema
@@ -165,10 +166,7 @@ def test_demo_tui_shows_the_simulated_straggler(tmp_path: Path) -> None:
 
         async def drive() -> None:
             async with app.run_test(size=(120, 36)) as pilot:
-                for _ in range(400):
-                    await pilot.pause(0.02)
-                    if app.model is not None and not any(w.is_running for w in app.workers):
-                        break
+                await settle(app, pilot)
                 assert app.model.header.run == handles.run_id
                 assert app.model.header.world_size == 16
                 assert app.model.ranking[0].rank == slow
@@ -200,10 +198,7 @@ def test_demo_opens_against_its_healthy_twin(tmp_path: Path, capsys) -> None:
 
         async def drive() -> None:
             async with app.run_test(size=(120, 36)) as pilot:
-                for _ in range(400):
-                    await pilot.pause(0.02)
-                    if app.model is not None and not any(w.is_running for w in app.workers):
-                        break
+                await settle(app, pilot)
                 assert app.model.header.run == handles.run_id
                 assert app.model.header.baseline_run == base.run
                 assert app.model.header.baseline is not None
