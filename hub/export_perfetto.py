@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -330,13 +331,17 @@ def _collective_event(
     return op, args, mark
 
 
-def build_trace(window: Window, phases: PhaseSpans | None = None) -> dict[str, Any]:
+def build_trace(
+    window: Window, phases: PhaseSpans | None = None, ranks: Sequence[int] | None = None
+) -> dict[str, Any]:
     """Build the trace-event document of a window.
 
     Args:
         window: the run's window; collective slices need ``window.rows``.
         phases: raw phase spans; without them phases appear only as per-step totals in the
             step slices' args.
+        ranks: only these ranks' slices (every rank by default). Collective args
+            (lateness, wait, last arriver) still come from every member's rows.
 
     Returns:
         A JSON-ready dict ``{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}``.
@@ -348,8 +353,14 @@ def build_trace(window: Window, phases: PhaseSpans | None = None) -> dict[str, A
         host_of[host_of < 0] = len(hosts)
         hosts.append("unknown host")
 
+    chosen = np.ones(n_ranks, dtype=bool)
+    if ranks is not None:
+        chosen[:] = False
+        chosen[[r for r in ranks if 0 <= r < n_ranks]] = True
+
     # Every slice as columns: rank, start, end, kind and its row in its own table.
     ok = window.present & np.isfinite(window.t_start) & np.isfinite(window.t_end)
+    ok &= chosen[:, None]
     st_rank, st_col = np.nonzero(ok)
     parts: list[tuple[Any, ...]] = [(st_rank, window.t_start[ok], window.t_end[ok], _STEP)]
     ph_idx = np.zeros(0, dtype=np.int64)
@@ -358,6 +369,7 @@ def build_trace(window: Window, phases: PhaseSpans | None = None) -> dict[str, A
         p_t0 = np.asarray(phases.t0, dtype=np.float64)
         p_t1 = np.asarray(phases.t1, dtype=np.float64)
         keep = np.isfinite(p_t0) & np.isfinite(p_t1) & (p_rank >= 0) & (p_rank < n_ranks)
+        keep[keep] = chosen[p_rank[keep]]
         ph_idx = np.nonzero(keep)[0]
         parts.append((p_rank[ph_idx], p_t0[ph_idx], p_t1[ph_idx], _PHASE))
     c_idx = np.zeros(0, dtype=np.int64)
@@ -369,6 +381,7 @@ def build_trace(window: Window, phases: PhaseSpans | None = None) -> dict[str, A
             & (rows.rank >= 0)
             & (rows.rank < n_ranks)
         )
+        keep[keep] = chosen[rows.rank[keep].astype(np.int64)]
         c_idx = np.nonzero(keep)[0]
         flags = rows.flags[c_idx].astype(np.int64)
         is_async = (flags & (FLAG_ASYNC | FLAG_DDP_BUCKET)) != 0
@@ -472,6 +485,7 @@ def build_trace(window: Window, phases: PhaseSpans | None = None) -> dict[str, A
         "time_base": "microseconds relative to t0_ns on the hub-aligned clock",
         "steps": [int(window.steps[0]), int(window.steps[-1])] if window.steps.size else [],
         "world_size": n_ranks,
+        "ranks_included": n_ranks if ranks is None else int(chosen.sum()),
         "collectives_included": bool(c_idx.shape[0]),
         "phase_spans_included": bool(ph_idx.shape[0]),
     }
@@ -503,13 +517,19 @@ def summarize(doc: dict[str, Any], path: str | None = None) -> TraceSummary:
     )
 
 
-def write_trace(path: str | Path, window: Window, phases: PhaseSpans | None = None) -> TraceSummary:
+def write_trace(
+    path: str | Path,
+    window: Window,
+    phases: PhaseSpans | None = None,
+    ranks: Sequence[int] | None = None,
+) -> TraceSummary:
     """Write the trace of a window to a JSON file.
 
     Args:
         path: output file (``.json``); its folder must exist.
         window: the run's window.
         phases: raw phase spans, if known.
+        ranks: only these ranks (every rank by default; see `build_trace`).
 
     Returns:
         What was written.
@@ -522,7 +542,7 @@ def write_trace(path: str | Path, window: Window, phases: PhaseSpans | None = No
         raise ValueError(
             f"cannot write trace {str(out)!r}: folder {str(out.parent)!r} does not exist"
         )
-    doc = build_trace(window, phases)
+    doc = build_trace(window, phases, ranks)
     # dumps, not dump: only the one-shot encoder runs in C (about 8x faster here).
     # allow_nan=False: a NaN would make the file unreadable by the trace viewers.
     text = json.dumps(doc, separators=(",", ":"), allow_nan=False)

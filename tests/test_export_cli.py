@@ -5,9 +5,11 @@ from __future__ import annotations
 import csv
 import json
 
+import numpy as np
 import pytest
 
 from rankscope.cli import main
+from rankscope.hub import replay
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +85,25 @@ def test_export_errors_name_the_problem(recording, tmp_path, capsys) -> None:
     assert "unknown run 'nope'" in capsys.readouterr().err
     assert main(["export", recording, "--steps", "0", "--csv", str(tmp_path / "c")]) == 2
     assert "--steps" in capsys.readouterr().err
+
+
+def test_perfetto_of_chosen_ranks(recording, tmp_path, capsys) -> None:
+    out = tmp_path / "some.json"
+    argv = ["export", recording, "--perfetto", str(out), "--steps", "4"]
+    assert main([*argv, "--ranks", "2-4,9"]) == 0
+    doc = json.loads(out.read_text())
+    slices = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert {e["args"]["rank"] for e in slices} == {2, 3, 4, 9}
+    assert {e["cat"] for e in slices} == {"step", "phase", "collective"}
+    assert doc["otherData"]["ranks_included"] == 4
+    # last:N: the ranks that arrived last most often in the exported steps.
+    assert main([*argv, "--ranks", "last:2"]) == 0
+    events = json.loads(out.read_text())["traceEvents"]
+    chosen = {e["args"]["rank"] for e in events if e["ph"] == "X"}
+    _, window = replay.load_run(recording, None, 4)
+    times = np.nansum(window.coll["times_last"], axis=1)
+    assert len(chosen) == 2 and min(times[sorted(chosen)]) >= np.sort(times)[-2]
+    capsys.readouterr()
+    for bad, why in (("3-1", "outside"), ("x", "not a rank"), ("99", "outside"), ("last:0", "N")):
+        assert main([*argv, "--ranks", bad]) == 1
+        assert why in capsys.readouterr().err

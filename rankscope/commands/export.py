@@ -34,6 +34,53 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_STEPS,
         help=f"most recent steps to export (default {DEFAULT_STEPS})",
     )
+    p.add_argument(
+        "--ranks",
+        metavar="SPEC",
+        default=None,
+        help=(
+            "Perfetto: only these ranks, e.g. 0-7,49, or last:N for the N ranks that arrived "
+            "last most often (default: every rank; a large job's full trace is too big to open)"
+        ),
+    )
+
+
+def parse_ranks(spec: str, window: Window) -> list[int]:
+    """The ranks a ``--ranks`` spec names.
+
+    Args:
+        spec: ``A-B,C,...`` (inclusive ranges), or ``last:N``.
+        window: the exported window (its world size and last-arrival counts).
+
+    Returns:
+        Sorted rank numbers.
+
+    Raises:
+        ValueError: naming the bad part of the spec.
+    """
+    world = window.world_size
+    if spec.startswith("last:"):
+        try:
+            n = int(spec[5:])
+        except ValueError:
+            raise ValueError(f"--ranks {spec!r}: expected last:N with N a number") from None
+        if n < 1:
+            raise ValueError(f"--ranks {spec!r}: N must be at least 1")
+        times = np.nansum(window.coll["times_last"], axis=1)
+        late = np.nansum(window.coll["late_ns"], axis=1)
+        order = np.lexsort((np.arange(world), -late, -times))
+        return sorted(int(r) for r in order[:n])
+    out: set[int] = set()
+    for part in spec.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        try:
+            a, b = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise ValueError(f"--ranks {spec!r}: {part!r} is not a rank or a range A-B") from None
+        if not 0 <= a <= b < world:
+            raise ValueError(f"--ranks {spec!r}: {part!r} is outside the run's ranks 0-{world - 1}")
+        out.update(range(a, b + 1))
+    return sorted(out)
 
 
 def load_run(path: str, run: str | None, steps: int) -> tuple[Any, Window]:
@@ -120,7 +167,8 @@ def run(args: argparse.Namespace) -> int:
 
             table, names = recorded_phases(args.path, window)
             spans = phase_spans(window, table, names) if table["step"].shape[0] else None
-            s = write_trace(args.perfetto, window, spans)
+            ranks = parse_ranks(args.ranks, window) if args.ranks else None
+            s = write_trace(args.perfetto, window, spans, ranks)
             print(
                 f"perfetto: {s.path}: {s.slices} slices ({s.collectives} collectives, "
                 f"{s.last_arrivals} last arrivals marked) on {s.ranks} ranks, {s.hosts} hosts"
