@@ -150,6 +150,8 @@ class Monitor:
         self.memory_probe: Callable[[], tuple[int, int, int, int]] | None = None
         """Returns (allocated, reserved, peak, allocator retries) at each step end."""
         self._user_phases: dict[str, int] = {}
+        self.user_backward = False
+        """The program marks ``backward`` itself: the torch hooks then leave it alone."""
         self._phase_ids = dict(schema.PHASE_INDEX)
         self._groups: dict[int, dict[str, Any]] = {}
         self._groups_version = 0
@@ -351,6 +353,8 @@ class Monitor:
 
     # -- phases ----------------------------------------------------------------------
     def _phase_id(self, name: str) -> int:
+        if name == "backward":
+            self.user_backward = True
         idx = self._phase_ids.get(name)
         if idx is None:
             if not isinstance(name, str) or not name or len(self._user_phases) >= MAX_USER_PHASES:

@@ -73,6 +73,8 @@ class _State:
         self.cuda = False
         self.lock = threading.Lock()
         self.orig_all_reduce: Any = None
+        self.engine: Any = None
+        """torch's autograd engine (end-of-backward callbacks)."""
         self.backend = ""
         self.generation = 1
         """Bumped by ``uninstall``: models instrumented before get their hooks again."""

@@ -148,6 +148,52 @@ def _bucket_value(f: Any) -> Any:
     return f.value()[0]
 
 
+_BACKWARD = schema.PHASE_INDEX["backward"]
+
+
+def _backward_end(t0: int) -> Any:
+    def end() -> None:
+        mon = _state.mon
+        if mon is not None:
+            mon._rec_phase(_BACKWARD, t0, time.monotonic_ns())
+
+    return end
+
+
+def _backward_start(_grad: Any) -> None:
+    """Gradient hook on a forward's output: backward has reached the model. The phase
+    ends when autograd finishes the pass (a callback queued now runs then, before DDP's
+    own end-of-backward callback waits for the last buckets: that wait is collective
+    time, not compute)."""
+    try:
+        _state.engine.queue_callback(_backward_end(time.monotonic_ns()))
+    except Exception as exc:
+        if _state.mon is not None:
+            _state.mon._error("backward_hook", exc)
+
+
+def _watch_backward(mon: Monitor, out: Any) -> None:
+    """Time the backward pass through ``out`` (the model's output) unless the program
+    marks ``backward`` itself, or ``out`` holds no tensor that needs a gradient."""
+    if mon.user_backward:
+        return
+    t = out
+    if not getattr(t, "requires_grad", False):
+        if isinstance(out, dict):
+            items: Any = out.values()
+        elif isinstance(out, (tuple, list)):
+            items = out
+        else:
+            return
+        t = next((v for v in items if getattr(v, "requires_grad", False)), None)
+        if t is None:
+            return
+    try:
+        t.register_hook(_backward_start)
+    except Exception as exc:
+        mon._error("backward_hook", exc)
+
+
 def _forward_hooks(model: Any) -> None:
     """Forward phase of a model that is not DDP (DDP's forward is timed by a class patch:
     module hooks would move every call of the model off torch's fast path, ~10 µs)."""
@@ -159,10 +205,11 @@ def _forward_hooks(model: Any) -> None:
         if not getattr(model, "_rankscope_hook_set", True):
             _register_ddp_hook(model)
 
-    def post(_module: Any, _inputs: Any, _output: Any) -> None:
+    def post(_module: Any, _inputs: Any, output: Any) -> None:
         mon = _state.mon
         if mon is not None:
             mon._rec_phase(fwd, box[0], time.monotonic_ns())
+            _watch_backward(mon, output)
 
     _state.handles.append(model.register_forward_pre_hook(pre))
     _state.handles.append(model.register_forward_hook(post))
@@ -300,6 +347,7 @@ def _ddp_patches(torch: Any) -> None:
         t0 = mono()
         out = orig_forward(self, *args, **kwargs)
         mon._rec_phase(fwd, t0, mono())
+        _watch_backward(mon, out)
         return out
 
     @functools.wraps(orig_init)
@@ -439,6 +487,7 @@ def install(monitor: Monitor) -> None:
                 )
             except Exception as exc:
                 monitor._error("group", exc)
+    _state.engine = torch.autograd.Variable._execution_engine
     _optimizer_hooks(torch)
     _dataloader_hook(torch)
     _ddp_patches(torch)

@@ -141,9 +141,14 @@ def test_training_loop_auto_steps_phases_and_ddp_buckets(mon: Monitor) -> None:
     assert names.count(PH["input"]) == 3
     assert names.count(PH["forward"]) == 3
     assert names.count(PH["optimizer"]) == 3
+    assert names.count(PH["backward"]) == 3
     for k in range(3):
-        in_step = phases["step"] == k
-        assert {PH["input"], PH["forward"], PH["optimizer"]} <= set(phases["phase"][in_step])
+        in_step = phases[phases["step"] == k]
+        by = {int(p["phase"]): p for p in in_step}
+        assert {PH["input"], PH["forward"], PH["backward"], PH["optimizer"]} <= set(by)
+        # forward, then backward (from the output's gradient to autograd's end), then step
+        fwd, bwd, opt_ = by[PH["forward"]], by[PH["backward"]], by[PH["optimizer"]]
+        assert fwd["t1"] <= bwd["t0"] < bwd["t1"] <= opt_["t0"]
     rows = _colls(mon)
     deadline = time.monotonic() + 5
     while np.any(_colls(mon)["t_exit"] == schema.NO_TIME) and time.monotonic() < deadline:
@@ -286,3 +291,19 @@ def test_ddp_bucket_timing_settings(mon: Monitor, mode: str) -> None:
         # instances match across ranks whichever steps each of them recorded.
         assert per_step == [first, 0, n, 0]
         assert bucket["seq"].tolist() == list(range(first)) + list(range(first + n, first + 2 * n))
+
+
+def test_backward_is_left_to_a_program_that_marks_it(mon: Monitor) -> None:
+    model = DDP(nn.Linear(4, 2))
+    x = torch.randn(3, 4)
+    model(x).sum().backward()
+    with torch.no_grad():
+        model(x)  # no gradient, no backward to time
+    out = {"logits": model(x), "n": 3}
+    out["logits"].sum().backward()
+    assert mon._phases.unread()["phase"].tolist().count(PH["backward"]) == 2
+    with mon.phase("backward"):
+        model(x).sum().backward()
+    # Only the program's own span from now on.
+    model(x).sum().backward()
+    assert mon._phases.unread()["phase"].tolist().count(PH["backward"]) == 3
