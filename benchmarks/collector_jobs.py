@@ -22,6 +22,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "tiny_ddp.py"
+BUCKET_MODES = ("every", "sampled", "off")
+"""The collector's DDP bucket-timing settings, one instrumented arm each."""
+SAMPLE_EVERY = 10
 BLOCK_S = 3.0
 """Timed seconds per block in the block-interleaved job (warm-up: a third of it)."""
 
@@ -87,6 +90,9 @@ def worker(argv: list[str]) -> int:
     p.add_argument("--warm", type=int, default=100, help="untimed steps first (steps mode)")
     p.add_argument("--seconds", type=float, default=BLOCK_S, help="timed seconds per block")
     p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=0, help="hidden x hidden layers (0: MLP 16-h-4)")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
     p.add_argument("--hub", required=True)
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
@@ -102,21 +108,31 @@ def worker(argv: list[str]) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
 
+    dim = a.hidden if a.layers else 16
+
     def make() -> Any:
         torch.manual_seed(0)
-        return DDP(nn.Sequential(nn.Linear(16, a.hidden), nn.ReLU(), nn.Linear(a.hidden, 4)))
+        if a.layers:
+            body: list[Any] = []
+            for _ in range(a.layers):
+                body += [nn.Linear(a.hidden, a.hidden), nn.ReLU()]
+            net = nn.Sequential(*body, nn.Linear(a.hidden, 4))
+        else:
+            net = nn.Sequential(nn.Linear(16, a.hidden), nn.ReLU(), nn.Linear(a.hidden, 4))
+        return DDP(net, bucket_cap_mb=a.bucket_mb)
 
     plain = make()  # made before any monitor: DDP's built-in all-reduce, no hooks
     inst = None
     metric, gathered = torch.zeros(4), torch.zeros(4 * world)
-    data = TensorDataset(torch.randn(8 * 40, 16), torch.randn(8 * 40, 4))
+    b = a.batch
+    data = TensorDataset(torch.randn(b * 40, dim), torch.randn(b * 40, 4))
 
     def block(model: Any, steps: int) -> tuple[list[float], float, float]:
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        part = TensorDataset(*(t[: 8 * steps] for t in data.tensors))
+        part = TensorDataset(*(t[: b * steps] for t in data.tensors))
         walls = []
         p0, c0 = time.process_time(), time.thread_time()
-        for x, y in DataLoader(part, batch_size=8):
+        for x, y in DataLoader(part, batch_size=b):
             t0 = time.perf_counter()
             one_step(model, opt, x, y)
             walls.append(time.perf_counter() - t0)
@@ -135,15 +151,20 @@ def worker(argv: list[str]) -> int:
     rows: list[dict[str, Any]] = []
     if a.mode == "steps":
         # One monitor for the whole run; its hooks are switched off for the other arms.
-        # Its background thread's CPU is measured on its own and reported beside.
+        # Its background thread's CPU is measured on its own and reported beside. Each
+        # instrumented arm has its own model, whose comm hook (or none) follows the
+        # bucket-timing setting in force at its first forward.
         mon = runtime.start(job="bench-steps", run=f"bench-steps-{a.hub[-5:]}", hub=a.hub)
+        mon.ddp_sample_every = SAMPLE_EVERY
         switch = Installed()
-        models = {"bare": plain, "python_hook": make(), "inst": make()}
+        models = {"bare": plain, "python_hook": make()}
         models["python_hook"].register_comm_hook(None, python_comm_hook)
-        opts = {k: torch.optim.SGD(m.parameters(), lr=0.01) for k, m in models.items()}
-        n = 8 * (a.warm + a.pairs)
-        feed = TensorDataset(torch.randn(n, 16), torch.randn(n, 4))
-        batches = {k: iter(DataLoader(feed, batch_size=8)) for k in models}
+        for mode in BUCKET_MODES:
+            models[mode] = make()
+        opts = {k: torch.optim.SGD(m.parameters(), lr=0.001) for k, m in models.items()}
+        n = b * (a.warm + a.pairs)
+        feed = TensorDataset(torch.randn(n, dim), torch.randn(n, 4))
+        batches = {k: iter(DataLoader(feed, batch_size=b)) for k in models}
         rng = random.Random(7)  # the same on every rank: all ranks run the same arm
         pump0, t_start = 0.0, time.perf_counter()
         for i in range(a.warm + a.pairs):
@@ -153,18 +174,34 @@ def worker(argv: list[str]) -> int:
             rng.shuffle(order)
             got = {}
             for arm in order:
-                switch.set(arm == "inst")
-                mon._auto = arm == "inst"
-                t0, c0 = time.perf_counter(), time.thread_time()
+                on = arm in BUCKET_MODES
+                switch.set(on)
+                mon._auto = on
+                if on:
+                    mon.ddp_buckets = arm
+                t0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
                 x, y = next(batches[arm])
                 one_step(models[arm], opts[arm], x, y)
-                got[arm] = (time.perf_counter() - t0, time.thread_time() - c0)
+                got[arm] = (
+                    time.perf_counter() - t0,
+                    time.thread_time() - c0,
+                    time.process_time() - p0,
+                )
             if i >= a.warm:
                 rows.append({"pair": i, **got})
         switch.set(True)
         span = time.perf_counter() - t_start
-        pump = (mon.pump.cpu_s - pump0) / (len(models) * a.pairs)
-        rows.append({"pump_cpu": pump, "span": span})
+        pump = (mon.pump.cpu_s - pump0) / (len(BUCKET_MODES) * a.pairs)
+        st = mon.stats()
+        rows.append(
+            {
+                "pump_cpu": pump,
+                "span": span,
+                "params": sum(p.numel() for p in plain.parameters()),
+                "dropped": st["dropped_batches"] + st["dropped_events"],
+                "buckets": len(models["every"].reducer._get_zeros_like_grad_buckets()),
+            }
+        )
         runtime.close()
     if a.mode == "blocks":
         # Blocks of about ``seconds`` whatever the step time; every rank uses rank 0's count.
@@ -173,8 +210,8 @@ def worker(argv: list[str]) -> int:
         steps = [max(50, min(5000, int(a.seconds / statistics.median(walls))))]
         dist.broadcast_object_list(steps, src=0)
         steps_n, warm_n = steps[0], max(20, steps[0] // 3)
-        n = 8 * steps_n
-        data = TensorDataset(torch.randn(n, 16), torch.randn(n, 4))
+        n = b * steps_n
+        data = TensorDataset(torch.randn(n, dim), torch.randn(n, 4))
     for pair in range(a.pairs if a.mode == "blocks" else 0):
         order = ["bare", "inst"] if random.Random(pair).random() < 0.5 else ["inst", "bare"]
         for arm in order:
@@ -218,14 +255,14 @@ def worker(argv: list[str]) -> int:
     return 0
 
 
-def in_job_ab(nproc: int, quick: bool, hidden: int = 256) -> dict[str, Any]:
+def in_job_ab(nproc: int, pairs: int, hidden: int = 256) -> dict[str, Any]:
     """The tiny DDP job (``examples/tiny_ddp.py``'s loop) under torchrun, each pair a bare
     block and an instrumented block of about ``BLOCK_S`` seconds each, run back to back
     by the same processes in random order.
 
     Args:
         nproc: ranks.
-        quick: fewer pairs.
+        pairs: bare/instrumented block pairs.
         hidden: the MLP's hidden width.
 
     Returns:
@@ -234,7 +271,6 @@ def in_job_ab(nproc: int, quick: bool, hidden: int = 256) -> dict[str, Any]:
     """
     from rankscope.hub.server import Hub
 
-    pairs = 6 if quick else 16
     hub = Hub(bind="tcp://127.0.0.1:0").start()
     load_before = load()
     cpu0 = time.process_time()
@@ -310,25 +346,37 @@ def _torchrun_worker(nproc: int, args: list[str]) -> list[Any]:
         return list(json.loads(out.read_text()))
 
 
-def in_job_steps(nproc: int, quick: bool, hidden: int = 256) -> dict[str, Any]:
+TINY = {"hidden": 256, "layers": 0, "batch": 8, "bucket_mb": 25.0}
+"""``examples/tiny_ddp.py``'s model: MLP 16-256-4, batch 8 (one bucket, ~2-20 ms steps)."""
+LARGE = {"hidden": 512, "layers": 8, "batch": 512, "bucket_mb": 1.0}
+"""Eight 512x512 layers (2.1 M parameters, 8.4 MB of gradients in ~9 buckets), batch 512:
+steps of 100 ms and more, the order of a real GPU job's step."""
+
+
+def in_job_steps(
+    nproc: int, pairs: int, model: dict[str, Any] = TINY, warm: int = 100
+) -> dict[str, Any]:
     """The same job with one monitor running throughout and its hooks switched on and off
     from one step to the next (all ranks alike). Each round runs, in shuffled order, a
     step with DDP's built-in all-reduce, one with a Python comm hook (no rankscope) and
-    one fully instrumented, so load drift cancels round by round. The background thread
-    runs through all arms; its CPU is measured on its own.
+    one instrumented step per bucket-timing setting (``BUCKET_MODES``), so load drift
+    cancels round by round. The background thread runs through all arms; its CPU is
+    measured on its own.
 
     Args:
         nproc: ranks.
-        quick: fewer rounds.
-        hidden: the MLP's hidden width.
+        pairs: timed rounds.
+        model: ``TINY`` or ``LARGE`` (hidden, layers, batch, bucket_mb).
+        warm: untimed rounds first.
 
     Returns:
-        Per-round wall ratios and added training-thread CPU (quartiles) for the Python
-        hook and the full collector, the bare step, the background thread's CPU per step.
+        Per arm, quartiles over rounds and ranks of the wall ratio to the built-in step
+        of the same round and of the added training-thread and process CPU (µs); the
+        bare step's medians; the background thread's CPU per instrumented step; the
+        model's parameters and buckets; drops; the load.
     """
     from rankscope.hub.server import Hub
 
-    pairs = 400 if quick else 1500
     hub = Hub(bind="tcp://127.0.0.1:0").start()
     load_before = load()
     try:
@@ -337,30 +385,44 @@ def in_job_steps(nproc: int, quick: bool, hidden: int = 256) -> dict[str, Any]:
             [
                 "--mode=steps",
                 f"--pairs={pairs}",
-                "--warm=100",
-                f"--hidden={hidden}",
+                f"--warm={warm}",
+                f"--hidden={model['hidden']}",
+                f"--layers={model['layers']}",
+                f"--batch={model['batch']}",
+                f"--bucket-mb={model['bucket_mb']}",
                 f"--hub={hub.endpoint}",
             ],
         )
     finally:
         hub.stop()
-    arms = ("python_hook", "inst")
+    arms = ("python_hook", *BUCKET_MODES)
     wall: dict[str, list[float]] = {k: [] for k in arms}
+    added_wall: dict[str, list[float]] = {k: [] for k in arms}
     thread: dict[str, list[float]] = {k: [] for k in arms}
+    proc: dict[str, list[float]] = {k: [] for k in arms}
     bare_wall, bare_thread, pump = [], [], []
     for rows in ranks:
         for r in rows[:-1]:
             for k in arms:
                 wall[k].append(r[k][0] / r["bare"][0])
+                added_wall[k].append((r[k][0] - r["bare"][0]) * 1e6)
                 thread[k].append((r[k][1] - r["bare"][1]) * 1e6)
+                proc[k].append((r[k][2] - r["bare"][2]) * 1e6)
             bare_wall.append(r["bare"][0])
             bare_thread.append(r["bare"][1])
         pump.append(rows[-1]["pump_cpu"] * 1e6)
+    last = ranks[0][-1]
     return {
         "nproc": nproc,
         "pairs": pairs,
+        "model": model,
+        "params": last["params"],
+        "buckets": last["buckets"],
+        "dropped": sum(rows[-1]["dropped"] for rows in ranks),
         "wall": {k: quartiles(v) for k, v in wall.items()},
+        "added_wall_us": {k: quartiles(v) for k, v in added_wall.items()},
         "thread_us": {k: quartiles(v) for k, v in thread.items()},
+        "proc_us": {k: quartiles(v) for k, v in proc.items()},
         "bare_wall_ms": statistics.median(bare_wall) * 1e3,
         "bare_thread_us": statistics.median(bare_thread) * 1e6,
         "pump_us_per_step": statistics.mean(pump),
