@@ -45,6 +45,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="off",
         help="explicit: call rankscope.start/instrument/step; off: unmodified script",
     )
+    p.add_argument(
+        "--quiet-exit",
+        action="store_true",
+        help="end with the process group's own barrier, which rankscope does not see "
+        "(with --explicit-colls 0, a run whose program issues no collective at all)",
+    )
     p.add_argument("--job", default="tiny_ddp")
     p.add_argument(
         "--timings", default="", help="write rank 0's per-step wall and CPU times to this JSON"
@@ -131,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
             json.dump({"step_s": step_times, "cpu_s": step_cpu}, f)
     if mon is not None:
         mon.close()
-    dist.barrier()
+    if args.quiet_exit:
+        dist.group.WORLD.barrier().wait()
+    else:
+        dist.barrier()
     dist.destroy_process_group()
     return 0
 

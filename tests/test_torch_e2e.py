@@ -393,3 +393,52 @@ def test_point_to_point_keeps_collectives_matched(tmp_path: Path) -> None:
     assert np.sum(inst.group == 0) == 8
     assert len(inst) == 4 * 5
     assert counters["collector_errors"] == {}
+
+
+@pytest.mark.parametrize("mode", ["off", "sampled"])
+def test_ddp_bucket_settings_across_ranks(mode: str) -> None:
+    """``RANKSCOPE_DDP_BUCKETS`` in a real zero-code job. ``sampled``: bucket instances
+    of the sampled steps still match across ranks (the sequence counts every bucket).
+    ``off``: steps and phases without a single collective, and the diagnosis still runs."""
+    port = free_port_pair()
+    hub = Hub(bind=f"tcp://127.0.0.1:{port}").start()
+    steps = 12
+    try:
+        job = [
+            "--standalone",
+            "--nproc_per_node=2",
+            SCRIPT,
+            f"--steps={steps}",
+            "--quiet-exit",
+            f"--explicit-colls={0 if mode == 'off' else 3}",
+        ]
+        env = clean_env(RANKSCOPE_DDP_BUCKETS=mode, RANKSCOPE_DDP_SAMPLE_EVERY="3")
+        run_job(zero_code(hub.endpoint, *torchrun(*job)), env)
+        assert wait_for(lambda: any(r.steps_complete >= steps for r in hub.store.runs()))
+        time.sleep(0.5)
+        run = hub.store.runs()[0]
+        window = hub.store.window(run.run)
+        assert window.present.all() and len(window.steps) >= steps
+        for phase in ("input", "forward", "backward", "optimizer"):
+            assert np.all(window.phase_ns[phase][:, :steps] > 0), phase
+        assert hub.counters()["collector_errors"] == {}
+        inst = window.instances
+        if mode == "off":
+            assert len(inst) == 0
+            from rankscope.diagnosis.engine import diagnose
+
+            verdict = diagnose(window).verdict
+            assert verdict.hypotheses and verdict.hypotheses[0].evidence
+            return
+        rows = window.rows
+        assert rows is not None
+        bucket = (rows.flags & schema.FLAG_DDP_BUCKET) != 0
+        assert bucket.any()
+        assert set(np.unique(rows.step[bucket]).tolist()) <= set(range(0, steps + 1, 3))
+        assert np.all(inst.n_arrived == inst.n_members), "an instance is not matched"
+        # Auto steps end at the optimizer step, so a step holds the explicit collectives
+        # issued after the previous one (none in step 0) and, on sampled steps, the bucket.
+        per_step = np.bincount(inst.step[inst.step < steps].astype(int), minlength=steps)
+        assert per_step.tolist() == [3 * (s > 0) + (s % 3 == 0) for s in range(steps)]
+    finally:
+        hub.stop()
