@@ -81,22 +81,31 @@ class _BucketHookState:
     looked up once instead of per bucket.
 
     Attributes:
+        pg: the process group DDP was given (None: the default group).
         group: the process group DDP reduces over.
         size: its size (the gradient divisor).
         gid: its rankscope group id (-1: this rank is not a member).
         every: record buckets on steps whose number is a multiple of this (1: all).
         done: the reusable completion callback per bucket index.
+        generation: ``_state.generation`` when ``gid`` was looked up.
     """
 
-    __slots__ = ("done", "every", "gid", "group", "size")
+    __slots__ = ("done", "every", "generation", "gid", "group", "pg", "size")
 
     def __init__(self, group: Any, every: int) -> None:
         dist = sys.modules["torch.distributed"]
+        self.pg = group
         self.group = group if group is not None else dist.group.WORLD
         self.size = self.group.size()
         self.gid = _group_id(group)
+        self.generation = _state.generation
         self.every = every
         self.done: dict[int, _BucketDone] = {}
+
+    def refresh(self) -> None:
+        """Monitoring was restarted: look the group up (and register it) again."""
+        self.gid = _group_id(self.pg)
+        self.generation = _state.generation
 
 
 def _ddp_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]
@@ -119,7 +128,11 @@ def _ddp_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]
     else:
         work = state.group.allreduce([tensor])
     fut = work.get_future()
-    if mon is None or state.gid < 0:
+    if mon is None:
+        return fut.then(_bucket_value)
+    if state.generation != _state.generation:
+        state.refresh()
+    if state.gid < 0:
         return fut.then(_bucket_value)
     if state.every > 1 and mon._step % state.every:
         # Not a sampled step: keep the group's sequence in issue order, record nothing.

@@ -307,3 +307,32 @@ def test_backward_is_left_to_a_program_that_marks_it(mon: Monitor) -> None:
     # Only the program's own span from now on.
     model(x).sum().backward()
     assert mon._phases.unread()["phase"].tolist().count(PH["backward"]) == 3
+
+
+def test_ddp_hook_follows_a_restarted_monitor(mon: Monitor) -> None:
+    sub = dist.new_group([0])
+    model = DDP(nn.Linear(4, 2), process_group=sub)
+    model(torch.randn(3, 4)).sum().backward()
+    gid = torch_hooks._state.gids[sub]
+    assert gid > 0
+    torch_hooks.uninstall()
+    again = Monitor(
+        job="t",
+        run="r2",
+        identity=Identity(rank=0, world_size=1, local_rank=0, host="h", node_rank=0, pid=1),
+        hub=f"tcp://127.0.0.1:{_free_port()}",
+        flush_interval_s=3600,
+        sample_interval_s=0,
+        clock_sync=False,
+    ).start()
+    try:
+        torch_hooks.install(again)
+        torch_hooks.instrument(model, again)
+        model(torch.randn(3, 4)).sum().backward()
+        rows = again._colls.unread()
+        assert rows["group"].tolist() == [gid]
+        _, groups = again._groups_snapshot()
+        assert gid in {g["id"] for g in groups}  # the new monitor learnt the group
+    finally:
+        torch_hooks.uninstall()
+        again.close(timeout_s=0.2)
