@@ -60,9 +60,9 @@ class Part:
         rank: int,
         inc: int,
         cols: Mapping[str, np.ndarray],
-        cut: np.ndarray | None,
-        is_async: bool,
-        dev: bool,
+        cut: np.ndarray | None = None,
+        is_async: bool | None = None,
+        dev: bool | None = None,
         arrival: int = 0,
     ) -> None:
         self.arrival = arrival
@@ -92,9 +92,10 @@ class Part:
         self.fresh = True
         """Not seen by a matching pass yet (its calls and time are not counted yet)."""
         self.is_async = is_async
-        """Some row is asynchronous (``arrivals.ASYNC_FLAGS``)."""
+        """Some row is asynchronous (``arrivals.ASYNC_FLAGS``); None until the pass looks
+        at the flags of all new parts at once (:func:`prepare`)."""
         self.dev = dev
-        """Some row is device-timed."""
+        """Some row is device-timed (None: as ``is_async``)."""
 
     @classmethod
     def piece(
@@ -159,10 +160,11 @@ def prepare(parts: list[Part], t0: int) -> list[Part]:
     Returns:
         The parts, a mixed one replaced by its pieces in its place.
     """
+    _scan([p for p in parts if p.is_async is None or p.dev is None])
+    _find_mixed([p for p in parts if p.group >= 0 and p.n > 2 and p.index is None])
     todo = [p for p in parts if p.is_async and p.cut is None]
     if todo:
         _fill_cuts(todo, t0)
-    _find_mixed([p for p in parts if p.group >= 0 and p.n > 2 and p.index is None])
     if not any(p.group < 0 for p in parts):
         return parts
     mixed = [p for p in parts if p.group < 0]
@@ -174,6 +176,22 @@ def prepare(parts: list[Part], t0: int) -> list[Part]:
         else:
             out.append(p)
     return out
+
+
+def _scan(parts: list[Part]) -> None:
+    """Set ``is_async`` and ``dev`` of ``parts`` from their flags, for all at once."""
+    if not parts:
+        return
+    starts = np.cumsum([0] + [p.n for p in parts[:-1]])
+    flags = np.concatenate([p.cols["flags"] for p in parts])
+    if not flags.any():  # blocking host-timed rows (the usual case) carry no flag
+        for p in parts:
+            p.is_async = p.dev = False
+        return
+    is_async = np.logical_or.reduceat((flags & ASYNC_FLAGS) != 0, starts).tolist()
+    dev = np.logical_or.reduceat((flags & schema.FLAG_DEVICE_TIMED) != 0, starts).tolist()
+    for p, a, d in zip(parts, is_async, dev):
+        p.is_async, p.dev = a, d
 
 
 def _find_mixed(parts: list[Part]) -> None:
@@ -283,6 +301,10 @@ class PendingRows:
         self.new_rows = 0
         """Rows arrived since the last pass."""
         self._raw: list[tuple[int, int, Mapping[str, np.ndarray]]] = []
+        """(newest step, rank, columns) of the parts whose raw rows may be kept."""
+        self._raw_new: list[tuple[int, Mapping[str, np.ndarray]]] = []
+        """(rank, columns) of parts not in ``_raw`` yet (their newest steps are found for
+        all at once)."""
         self._raw_base = -(2**62)
         self._arrivals = 0
 
@@ -291,31 +313,40 @@ class PendingRows:
         rank: int,
         inc: int,
         cols: Mapping[str, np.ndarray],
-        is_async: bool,
         raw_cutoff: int | None,
-        dev: bool = False,
     ) -> None:
-        """Queue one message's collective rows.
+        """Queue one message's collective rows. Nothing here reads the rows: what the
+        pass needs from them (flags, groups, the async cut) is computed for all new parts
+        at once (:func:`prepare`).
 
         Args:
             rank, inc: sender and its incarnation.
             cols: ``COLL_COLUMNS`` arrays (kept by reference), at least one row.
-            is_async: some row is asynchronous (its cut is computed by the pass).
             raw_cutoff: oldest step whose raw rows the run keeps.
-            dev: some row is device-timed.
         """
         self._arrivals += 1
-        part = Part(rank, inc, cols, None, is_async, dev, self._arrivals)
+        part = Part(rank, inc, cols, arrival=self._arrivals)
         self._new.append(part)
         self.rows += part.n
         self.new_rows += part.n
         if self.raw_steps:
-            self._raw.append((int(cols["step"].max()), rank, cols))
+            self._raw_new.append((rank, cols))
             # Filter once the parts span twice the steps to keep: each part is looked at a
             # bounded number of times, and what is kept depends only on the message order.
             if raw_cutoff is not None and raw_cutoff - self._raw_base >= self.raw_steps:
+                self._index_raw()
                 self._raw = [p for p in self._raw if p[0] >= raw_cutoff]
                 self._raw_base = raw_cutoff
+
+    def _index_raw(self) -> None:
+        """Move ``_raw_new`` into ``_raw`` with the newest step of each part."""
+        if not self._raw_new:
+            return
+        steps = [cols["step"] for _, cols in self._raw_new]
+        starts = np.cumsum([0] + [s.shape[0] for s in steps[:-1]])
+        newest = np.maximum.reduceat(np.concatenate(steps), starts).tolist()
+        self._raw += [(top, r, cols) for top, (r, cols) in zip(newest, self._raw_new)]
+        self._raw_new = []
 
     def take(self, t0: int) -> tuple[list[Part], dict[str, np.ndarray] | None]:
         """Everything for a matching pass: the parts in arrival order (those a pass saw
@@ -357,6 +388,7 @@ class PendingRows:
 
     def raw(self, cutoff: int | None) -> dict[str, np.ndarray] | None:
         """Raw rows (with ``rank``) of steps from ``cutoff`` on, or None."""
+        self._index_raw()
         parts = [p for p in self._raw if cutoff is None or p[0] >= cutoff]
         if not parts:
             return None

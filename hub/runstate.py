@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from rankscope.collector import schema
-from rankscope.diagnosis.arrivals import ASYNC_FLAGS
 from rankscope.diagnosis.assemble import group_info, rank_info
 from rankscope.diagnosis.window import (
     COLL_AGGREGATES,
@@ -379,13 +378,7 @@ class RunState:
                 co = {k: v[sel] for k, v in co.items()}
             n = co["step"].shape[0]
             if n:
-                is_async = dev = False
-                flags = co["flags"]
-                if flags.any():  # blocking host-timed rows (the usual case) carry no flag
-                    # The async cut is computed by the matching pass, for all parts at once.
-                    is_async = bool((flags & ASYNC_FLAGS).any())
-                    dev = bool((flags & schema.FLAG_DEVICE_TIMED).any())
-                self.pending.add(r, inc, co, is_async, self.raw_cutoff(), dev)
+                self.pending.add(r, inc, co, self.raw_cutoff())
                 self.life_rows[r] += n
         return late, n
 
