@@ -105,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--rankscope", action="store_true", help="use the explicit rankscope API")
     o.add_argument("--job", default="gpt-packing", help="job name reported to rankscope")
     o.add_argument("--profile", action="store_true", help="record the steps with torch.profiler")
+    o.add_argument(
+        "--profile-blocks",
+        type=int,
+        default=0,
+        help="with --profile, record only alternate blocks of this many steps (off, on, on, "
+        "off, ...), so one process measures its own steps with and without the profiler",
+    )
     o.add_argument("--timings", default="", help="write each rank's step times to DIR/rankN.json")
     o.add_argument("--log-every", type=int, default=10)
     return ap
@@ -124,6 +131,14 @@ def check_args(args: argparse.Namespace, world: int) -> None:
         raise SystemExit(f"--slow-ms must be >= 0, got {args.slow_ms}")
     if args.ckpt_every and not args.ckpt_dir:
         raise SystemExit("--ckpt-every needs --ckpt-dir")
+    if args.profile_blocks < 0 or (args.profile_blocks and not args.profile):
+        raise SystemExit(f"--profile-blocks needs --profile and >= 0, got {args.profile_blocks}")
+
+
+def profiled_step(step: int, block: int) -> bool:
+    """Whether a step runs under the profiler with ``--profile-blocks``: blocks in the order
+    off, on, on, off (repeated), so a drift in machine speed hits both arms alike."""
+    return (step // block) % 4 in (1, 2)
 
 
 def model_config(args: argparse.Namespace) -> GPTConfig:
@@ -324,9 +339,12 @@ def train(args: argparse.Namespace) -> int:
         PackedBatches(args, rank, world), batch_size=None, num_workers=0
     )
     profiler = None
-    if args.profile:
+    if args.profile and not args.profile_blocks:
         profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
         profiler.__enter__()
+    profiled = np.zeros(args.steps, dtype=bool)
+    # Closing a profiler builds its event tree: timed apart from the steps.
+    close_ns: list[int] = []
     step_ns = np.zeros(args.steps, dtype=np.int64)
     # Process CPU time (all threads: training, gloo, a monitor's background thread) per
     # step: less sensitive than wall time to other processes sharing the cores.
@@ -334,6 +352,18 @@ def train(args: argparse.Namespace) -> int:
     forward_ns = np.zeros(args.steps, dtype=np.int64)
     it = iter(loader)
     for step in range(args.steps):
+        if args.profile_blocks:
+            profiled[step] = profiled_step(step, args.profile_blocks)
+            if profiled[step] and profiler is None:
+                profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+                profiler.__enter__()
+            elif not profiled[step] and profiler is not None:
+                c = time.process_time_ns()
+                profiler.__exit__(None, None, None)
+                close_ns.append(time.process_time_ns() - c)
+                profiler = None
+        elif profiler is not None:
+            profiled[step] = True
         t0 = time.perf_counter_ns()
         c0 = time.process_time_ns()
         probe.begin_step(step)
@@ -386,7 +416,9 @@ def train(args: argparse.Namespace) -> int:
                 flush=True,
             )
     if profiler is not None:
+        c = time.process_time_ns()
         profiler.__exit__(None, None, None)
+        close_ns.append(time.process_time_ns() - c)
     if args.timings:
         out = Path(args.timings)
         out.mkdir(parents=True, exist_ok=True)
@@ -398,6 +430,8 @@ def train(args: argparse.Namespace) -> int:
                     "step_ns": step_ns.tolist(),
                     "cpu_ns": cpu_ns.tolist(),
                     "forward_ns": forward_ns.tolist(),
+                    "profiled": profiled.tolist(),
+                    "profiler_close_cpu_ns": close_ns,
                 }
             )
         )
