@@ -271,6 +271,29 @@ def _split(mixed: list[Part]) -> dict[int, list[Part]]:
     return out
 
 
+def _compact(pieces: list[Part]) -> None:
+    """Move ``pieces`` into new batches holding only their rows, one per batch they come
+    from (unless they already hold all of its rows)."""
+    by_batch: dict[int, list[Part]] = {}
+    for p in pieces:
+        by_batch.setdefault(id(p.batch), []).append(p)
+    for group in by_batch.values():
+        first = group[0]
+        assert first.batch is not None and first.index is not None
+        if sum(p.n for p in group) == first.index.shape[0]:
+            continue
+        index = first.index
+        rows = np.concatenate([index[p.start : p.start + p.n] for p in group])
+        batch = {c: v[rows] for c, v in first.batch.items()}
+        order = np.arange(rows.shape[0])
+        at = 0
+        for p in group:
+            p.batch, p.index, p.start = batch, order, at
+            if p.cut is not None:
+                p.cut = batch["cut"][at : at + p.n]
+            at += p.n
+
+
 def concat_rows(parts: list[Part]) -> dict[str, np.ndarray]:
     """The rows of ``parts``, in order, as ``PENDING_DTYPES`` columns."""
     lens = [p.n for p in parts]
@@ -362,9 +385,11 @@ class PendingRows:
         return parts, left
 
     def keep(self, parts: list[Part], rows: Mapping[str, np.ndarray] | None) -> None:
-        """Keep ``parts`` whole and ``rows`` as columns for the next pass."""
+        """Keep ``parts`` whole and ``rows`` as columns for the next pass (pieces move to
+        a batch of their own rows: a few waiting pieces must not hold a whole pass)."""
         for p in parts:
             p.fresh = False
+        _compact([p for p in parts if p.batch is not None])
         self.kept.extend(parts)
         self.rows += sum(p.n for p in parts)
         if rows is not None:

@@ -253,3 +253,25 @@ def test_any_arrival_order_and_pass_timing_gives_the_rows_path_window(
     )
     totals = store.totals(RUN)
     assert totals.instances_complete == steps * ((world // tp) * layers + tp * buckets)
+
+
+def test_waiting_pieces_keep_only_their_own_rows_and_still_match() -> None:
+    world = 8
+    head, body, raw, groups = hybrid_job(world=world, tp=2, steps=4)
+    late = [m for m in body if schema.decode(m).header["rank"] == 5]
+    store = feed(head, [m for m in body if m not in late], settle_every=4)
+    run = store.run_state(RUN)
+    assert run is not None and run.pending.kept
+    pieces = [p for p in run.pending.kept if p.batch is not None]
+    assert pieces  # rank 5's tp and dp groups wait for it
+    for p in pieces:
+        held = [q for q in pieces if q.batch is p.batch]
+        assert p.batch["step"].shape[0] == sum(q.n for q in held)
+    # The waiting pieces then match as if they had never waited.
+    intake = Intake(store)
+    for m in late:
+        assert intake.feed(m)
+    assert_windows_equal(
+        store.window(RUN), reference(raw, groups, world), skip=("health", "clock_error_ns")
+    )
+    assert store.totals(RUN).instances_complete == 4 * (4 * 6 + 2 * 3)
