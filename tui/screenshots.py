@@ -2,6 +2,7 @@
 
     python -m rankscope.tui.screenshots            # all pictures into ./screenshots
     python -m rankscope.tui.screenshots --out DIR --only main detail
+    python -m rankscope.tui.screenshots --record DIR --run RUN --baseline RUN --name NAME
 
 The runs come from the simulator's shipped scenarios (fixed seeds), fed through the hub's
 own intake into a store, so the pictures show exactly what ``rankscope demo`` shows; the
@@ -91,6 +92,8 @@ class Shot:
     color: str = "truecolor"
     before: Callable[[Any], Awaitable[None]] | None = None
     """Extra steps after the keys (e.g. select the straggler)."""
+    run: str | None = None
+    """The run to show (default: the newest full run)."""
 
 
 async def select_top_rank(pilot: Any) -> None:
@@ -152,8 +155,9 @@ async def take(shot: Shot, store: Any, settings: Settings, out: Path) -> Path:
     from rankscope.tui.sources import StaticSource, StoreSource
 
     display = replace(settings.display, color=shot.color)
-    source = store if isinstance(store, StaticSource) else StoreSource(store, "simulated")
-    app = make_app(replace(settings, display=display), source)
+    ready = isinstance(store, (StaticSource, StoreSource))
+    source = store if ready else StoreSource(store, "simulated")
+    app = make_app(replace(settings, display=display), source, run=shot.run)
     async with app.run_test(size=shot.size) as pilot:
         await wait_ready(pilot)
         if shot.baseline is not None:
@@ -212,9 +216,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rankscope.tui.screenshots", description=__doc__)
     ap.add_argument("--out", default="screenshots", help="folder for the SVG and PNG files")
     ap.add_argument("--only", nargs="*", default=None, help="names of the pictures to make")
+    rec = ap.add_argument_group("one picture of a recording (instead of the simulated runs)")
+    rec.add_argument("--record", default=None, help="recording folder (rankscope hub --record)")
+    rec.add_argument("--run", default=None, help="run to show (default: the newest full run)")
+    rec.add_argument("--baseline", default=None, help="baseline run to compare with")
+    rec.add_argument("--name", default="recording", help="picture name (file stem)")
+    rec.add_argument("--size", default="120x32", help="terminal COLSxROWS (default 120x32)")
+    rec.add_argument("--keys", nargs="*", default=(), help="keys to press before the shot")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.record is not None:
+        return _shoot_recording(args, out)
     shots = [s for s in SHOTS if not args.only or s.name in args.only]
     unknown = set(args.only or ()) - {s.name for s in SHOTS}
     if unknown:
@@ -246,6 +259,28 @@ def main(argv: list[str] | None = None) -> int:
         svg = asyncio.run(take(shot, stores[shot.store], settings, out))
         png = to_png(svg)
         print(f"{svg}" + (f"  {png}" if png else "  (no rsvg-convert: SVG only)"))
+    return 0
+
+
+def _shoot_recording(args: argparse.Namespace, out: Path) -> int:
+    from rankscope.tui.sources import RecordingSource
+
+    try:
+        cols, rows = (int(x) for x in args.size.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"--size must be COLSxROWS (e.g. 120x32), got {args.size!r}") from None
+    source = RecordingSource(args.record, follow=False)
+    shot = Shot(
+        args.name,
+        "record",
+        (cols, rows),
+        keys=tuple(args.keys),
+        baseline=args.baseline,
+        run=args.run,
+    )
+    svg = asyncio.run(take(shot, source, deterministic_settings(), out))
+    png = to_png(svg)
+    print(f"{svg}" + (f"  {png}" if png else "  (no rsvg-convert: SVG only)"))
     return 0
 
 
