@@ -45,7 +45,7 @@ def make_messages(
     """Hellos + groups, and one steps message per rank and step with ``colls`` rows.
 
     ``mixed``: every other call goes to the rank's parity group (even or odd ranks) instead
-    of the world group, so each message mixes two groups (the row path of the pass)."""
+    of the world group, so each message mixes two groups (split into pieces by the pass)."""
     head = []
     for r in range(world):
         ident = {
@@ -279,8 +279,9 @@ def run(quick: bool) -> str:
         "",
         "CPU time per collective row of each stage, in-process on the same batches "
         "(ns/row, median of 3). *two groups*: every message mixes the world group and the "
-        "rank's parity group, so the matching pass takes its row path (one sort) instead of "
-        "stacking the messages of a group's ranks as blocks:",
+        "rank's parity group, so the matching pass first splits each message into one piece "
+        "per group (one stable sort of the pass's rows), then stacks the pieces of a group's "
+        "ranks as blocks:",
         "",
         "| rows/batch | decode | validate + ingest | matching pass | recording | total |",
         "|---:|---:|---:|---:|---:|---:|",
