@@ -461,6 +461,11 @@ class RunState:
                 np.add.at(self.phase_grid(names[int(c)]).reshape(-1), cell[m], dur[m])
 
     def add_instances(self, inst: InstanceTable, epoch: np.ndarray, mask: np.ndarray) -> None:
+        if mask.all():  # the usual pass closes every instance it matched: no copy first
+            cols = {k: getattr(inst, k) for k in _INSTANCE_DTYPES if k != "epoch"}
+            cols["epoch"] = epoch
+            self.instances.append(cols, int(mask.shape[0]))
+            return
         cols = {k: getattr(inst, k)[mask] for k in _INSTANCE_DTYPES if k != "epoch"}
         cols["epoch"] = epoch[mask]
         self.instances.append(cols, int(mask.sum()))
