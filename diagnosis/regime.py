@@ -24,6 +24,7 @@ all beyond the threshold at once, and the trend analysis covers it.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from dataclasses import dataclass
 
@@ -129,21 +130,32 @@ def current_regime(window: Window) -> Regime | None:
     if ok.size < MIN_BEFORE + MIN_AFTER:
         return None
     vals = y[ok]
+    # The longest candidate regime whose every step lies beyond the level of the steps
+    # before it, with those earlier steps clean. Every start is tried: a shorter
+    # candidate's "earlier steps" hold the regime's own first steps, which widen their
+    # spread and can hide a shift that the true start shows plainly.
     found: int | None = None
-    # Grow the candidate regime backwards from the newest step while every step of it
-    # stays beyond the level of everything before it; keep the longest whose earlier
-    # steps are clean. The first test settles the usual case (no shift) at once.
-    for k in range(ok.size - MIN_AFTER, MIN_BEFORE - 1, -1):
+    # A start can qualify only if its whole suffix lies MIN_SHIFT beyond the median of the
+    # steps before it (the gap is never smaller): a running median screens the starts
+    # cheaply, and only those passing pay for the full test.
+    lo = np.minimum.accumulate(vals[::-1])[::-1]
+    hi = np.maximum.accumulate(vals[::-1])[::-1]
+    ordered = sorted(vals[:MIN_BEFORE].tolist())
+    for k in range(MIN_BEFORE, ok.size - MIN_AFTER + 1):
+        if k > MIN_BEFORE:
+            bisect.insort(ordered, float(vals[k - 1]))
+        half = k // 2
+        med = ordered[half] if k % 2 else 0.5 * (ordered[half - 1] + ordered[half])
+        if lo[k] <= med * (1 + MIN_SHIFT) and hi[k] >= med * (1 - MIN_SHIFT):
+            continue
         shifted, clean = _shift(vals[:k], vals[k:])
-        if not shifted:
-            break
-        if clean:
+        if shifted and clean:
             found = k
-    else:
-        # Ran out of earlier steps while the regime still extended: its start (and the
+            break
+    if found == MIN_BEFORE and _shift(vals[: found - 1], vals[found - 1 :])[0]:
+        # The regime still extends at the window's first usable step: its start (and the
         # level before it) lies outside what the window can show.
-        if found == MIN_BEFORE and _shift(vals[: found - 1], vals[found - 1 :])[0]:
-            return None
+        return None
     if found is None:
         return None
     col = int(ok[found])
