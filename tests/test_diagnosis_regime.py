@@ -171,3 +171,17 @@ def test_the_main_screen_says_since_when(tmp_path) -> None:
         asyncio.run(drive())
     finally:
         handles.stop()
+
+
+def test_a_regime_is_found_from_its_true_start() -> None:
+    # Job step times (ms) of a simulated 512-rank job whose GPU throttles from step 30: the
+    # candidate starts after 30 count slow steps as "earlier", which widens their spread
+    # enough to hide the shift of step 36; the start at 30 shows it plainly.
+    y = np.array(
+        [373.9, 377.8, 385.1, 391.3, 379.2, 381.5, 387.9, 402.8, 375.6, 392.7, 394.0, 375.2,
+         375.0, 377.0, 392.2, 393.8, 390.8, 374.4, 373.7, 396.3, 403.8, 381.7, 378.9, 378.2,
+         374.7, 372.2, 376.9, 373.6, 383.8, 390.2, 423.4, 438.6, 453.9, 439.0, 439.9, 436.6,
+         433.6]
+    )  # fmt: skip
+    r = current_regime(_window(y))
+    assert r is not None and r.start_step == 30 and r.steps == 7
