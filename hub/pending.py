@@ -1,15 +1,17 @@
 """Collective rows between arrival and matching, and the raw rows of the latest steps.
 
 Ingest only keeps references to the columns of each accepted message (a `Part`); the
-store's matching pass (`hub.matching`) takes them all at once. Before a pass, the new parts
-are prepared in one batch each: the asynchronous cut of every part with asynchronous rows
-(:func:`diagnosis.arrivals.async_cut`, over the rows of all such parts at once instead of
-one call per message), and parts that mix groups (a rank's tensor-parallel calls and its
-data-parallel buckets in one message) are split into one part per group, so that they too
-form blocks. Parts whose instances are not complete yet wait for the next pass as they are
-(no copy) when they form a block (`hub.matching`), otherwise their rows wait as columns
-(``left``). The raw rows of the last ``raw_steps`` step ids are kept the same way, as
-references.
+store's matching pass (`hub.matching`) takes them all at once. Ingest reads nothing of
+the rows: before a pass, :func:`prepare` looks at the new parts together, one numpy call per
+question for all of them rather than a few per message: their flags (asynchronous,
+device-timed), whether they mix groups, the asynchronous cut
+(:func:`diagnosis.arrivals.async_cut`) of their asynchronous rows, and it splits the parts
+that mix groups (a rank's tensor-parallel calls and its data-parallel buckets in one
+message) into one *piece* per group, so that they too form blocks. Parts whose instances
+are not complete yet wait for the next pass as they are (no copy; waiting pieces move to a
+batch of their own rows) when they form a block (`hub.matching`), otherwise their rows wait
+as columns (``left``). The raw rows of the last ``raw_steps`` step ids are kept the same
+way, as references.
 """
 
 from __future__ import annotations
