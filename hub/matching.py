@@ -4,12 +4,13 @@ Two paths compute the same definitions (`diagnosis.blocks`):
 
 - **blocks**, the usual case. The members of a group record the same instances in the same
   order, so the messages of one step of all the members of one group hold equal ``seq`` and
-  ``step`` columns. Such messages (one group each, one per rank) form a block: row ``i`` is
+  ``step`` columns. Such messages (one group each, one per rank; a message that mixes groups
+  was split into one piece per group by `hub.pending.prepare`) form a block: row ``i`` is
   the i-th rank, column ``j`` an instance. Stacking their columns is the whole join; every
   per-instance statistic is an axis-0 reduction and every per-rank-step sum an axis-1 one.
   Blocks of the same ranks are stacked side by side, so a pass over many steps is one block.
-- **rows**, everything else (messages that mix groups, ranks that disagree on an instance,
-  a key seen twice): one sort over the rows, as :func:`diagnosis.arrivals.match`.
+- **rows**, everything else (ranks that disagree on an instance, a key seen twice): one
+  sort over the rows, as :func:`diagnosis.arrivals.match`.
 
 A block whose instances are not complete yet (its other members have not reported) keeps
 its messages by reference for the next pass; rows keep their columns.
