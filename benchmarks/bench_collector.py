@@ -294,12 +294,13 @@ def run(quick: bool) -> str:
         "### Cost per training step, by part (world size 1)",
         "",
         f"One gloo DDP rank (MLP 16-256-4, batch 8, a DataLoader, three explicit "
-        f"collectives per step). Three arms alternate step by step in shuffled order, "
+        f"collectives per step). Five arms alternate step by step in shuffled order, "
         f"{parts['rounds']} rounds: DDP's built-in C++ all-reduce; the same all-reduce "
         "as a minimal Python comm hook (no rankscope); and the full collector (wrapped "
-        "collectives, DataLoader, optimizer step hooks, DDP forward, DDP comm hook). "
-        "*Added* is the median per-round difference against the built-in arm (IQR in "
-        f"brackets). Load before/after: {parts['load'][0]} / {parts['load'][1]}.",
+        "collectives, DataLoader, optimizer step hooks, DDP forward and backward) with "
+        "each `ddp_buckets` setting. *Added* is the median per-round difference against "
+        f"the built-in arm (IQR in brackets). Load before/after: {parts['load'][0]} / "
+        f"{parts['load'][1]}.",
         "",
         "| arm | training-thread CPU µs/step | added | process CPU µs/step | added |",
         "|---|---:|---:|---:|---:|",
@@ -372,7 +373,7 @@ def run(quick: bool) -> str:
         "the wall ratio follows the CPU ratio with the scheduler's noise on top.",
     ]
 
-    tiny_pairs, large_pairs = (300, 20) if quick else (800, 60)
+    tiny_pairs, large_pairs = (300, 50) if quick else (800, 80)
     steps = [
         in_job_steps(4, tiny_pairs, TINY),
         in_job_steps(2, tiny_pairs, TINY),

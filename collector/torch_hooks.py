@@ -202,7 +202,13 @@ def _watch_backward(mon: Monitor, out: Any) -> None:
         if t is None:
             return
     try:
-        t.register_hook(_backward_start)
+        # The node's pre-hook: a C++ binding, cheaper than Tensor.register_hook's
+        # Python bookkeeping (a leaf output has no node and takes the tensor hook).
+        node = t.grad_fn
+        if node is not None:
+            node.register_prehook(_backward_start)
+        else:
+            t.register_hook(_backward_start)
     except Exception as exc:
         mon._error("backward_hook", exc)
 
