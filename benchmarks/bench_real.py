@@ -65,15 +65,15 @@ def overhead(quick: bool, work: Path) -> list[str]:
     import incidents
 
     rounds, steps = (2, 25) if quick else (8, 45)
-    step = {m: [] for m in MODES}
-    cpu = {m: [] for m in MODES}
+    step: dict[str, list[float]] = {m: [] for m in MODES}
+    cpu: dict[str, list[float]] = {m: [] for m in MODES}
     with incidents.local_hub(work / "overhead-record") as hub:
         for k in range(rounds):
             order = MODES[k % len(MODES) :] + MODES[: k % len(MODES)]
             for mode in order:
-                s, c = _run_mode(incidents, hub, mode, steps, work, str(k))
-                step[mode].append(s)
-                cpu[mode].append(c)
+                s_ms, c_ms = _run_mode(incidents, hub, mode, steps, work, str(k))
+                step[mode].append(s_ms)
+                cpu[mode].append(c_ms)
         colls, spans = _events_per_step(hub, "overhead-explicit-0")
     lines = [
         "### Collector overhead on the GPT packing job",
