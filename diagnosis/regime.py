@@ -9,9 +9,11 @@ second is asked of the steps that matter.
 
 The rule, on the job's step time (the median rank's, per step):
 
-- the *current regime* starts at the earliest step ``s`` such that every step from ``s`` on
-  lies on the same side of the earlier steps' median, farther than
-  ``max(SHIFT_SIGMAS × σ, MIN_SHIFT × median)`` (σ: robust spread of the earlier steps);
+- the *current regime* starts at the earliest step ``s`` such that the steps from ``s`` on
+  have moved, as a level, farther than ``max(SHIFT_SIGMAS × σ, MIN_SHIFT × median)`` from
+  the earlier steps' median (σ: robust spread of the earlier steps), and every one of them
+  lies on that side farther than ``max(STEP_SIGMAS × σ, MIN_STEP_SHIFT × median)``: a
+  level shift seen in every step, not a few outliers;
 - at least ``MIN_BEFORE`` steps precede it and at least ``MIN_AFTER`` follow it (one odd
   step is a hiccup, not a regime);
 - at most ``MAX_EARLIER`` of the earlier steps were that far out on the same side (two
@@ -40,9 +42,14 @@ MIN_BEFORE = 6
 MIN_AFTER = 2
 """Steps of the new regime needed to call it one."""
 SHIFT_SIGMAS = 4.0
-"""Distance from the earlier level, in robust standard deviations of the earlier steps."""
+"""Distance of the new level (median) from the earlier one, in robust standard deviations
+of the earlier steps."""
 MIN_SHIFT = 0.03
 """...and at least this fraction of the earlier median (a regime change users care about)."""
+STEP_SIGMAS = 2.0
+"""Distance of every step of the new regime from the earlier level, in the same σ."""
+MIN_STEP_SHIFT = 0.015
+"""...and at least this fraction of the earlier median."""
 MAX_EARLIER = 0.05
 """Largest share of the earlier steps that may lie as far out on the same side: more, and
 the new steps are one more burst of a recurring pattern."""
@@ -103,16 +110,18 @@ def job_step_ns(window: Window) -> np.ndarray:
 
 
 def _shift(before: np.ndarray, after: np.ndarray) -> tuple[bool, bool]:
-    """Whether every ``after`` step lies beyond the earlier level on one side, and whether
-    the earlier steps were clean of excursions that far out on that side."""
+    """Whether the ``after`` steps moved as a level beyond the earlier one on one side, and
+    whether the earlier steps were clean of excursions that far out on that side."""
     med = float(np.median(before))
     sigma = 1.4826 * float(np.median(np.abs(before - med)))
-    gap = max(SHIFT_SIGMAS * sigma, MIN_SHIFT * med)
+    level = max(SHIFT_SIGMAS * sigma, MIN_SHIFT * med)
+    each = max(STEP_SIGMAS * sigma, MIN_STEP_SHIFT * med)
+    moved = float(np.median(after)) - med
     for side in (1.0, -1.0):
-        if np.all(side * (after - med) > gap):
+        if side * moved > level and np.all(side * (after - med) > each):
             # Excursions that already happened before are a recurring pattern (bursts,
             # periodic spikes), not a new level.
-            return True, bool(np.mean(side * (before - med) > gap) <= MAX_EARLIER)
+            return True, bool(np.mean(side * (before - med) > level) <= MAX_EARLIER)
     return False, False
 
 
@@ -135,9 +144,9 @@ def current_regime(window: Window) -> Regime | None:
     # candidate's "earlier steps" hold the regime's own first steps, which widen their
     # spread and can hide a shift that the true start shows plainly.
     found: int | None = None
-    # A start can qualify only if its whole suffix lies MIN_SHIFT beyond the median of the
-    # steps before it (the gap is never smaller): a running median screens the starts
-    # cheaply, and only those passing pay for the full test.
+    # A start can qualify only if its whole suffix lies MIN_STEP_SHIFT beyond the median of
+    # the steps before it (that floor is never undercut): a running median screens the
+    # starts cheaply, and only those passing pay for the full test.
     lo = np.minimum.accumulate(vals[::-1])[::-1]
     hi = np.maximum.accumulate(vals[::-1])[::-1]
     ordered = sorted(vals[:MIN_BEFORE].tolist())
@@ -146,7 +155,7 @@ def current_regime(window: Window) -> Regime | None:
             bisect.insort(ordered, float(vals[k - 1]))
         half = k // 2
         med = ordered[half] if k % 2 else 0.5 * (ordered[half - 1] + ordered[half])
-        if lo[k] <= med * (1 + MIN_SHIFT) and hi[k] >= med * (1 - MIN_SHIFT):
+        if lo[k] <= med * (1 + MIN_STEP_SHIFT) and hi[k] >= med * (1 - MIN_STEP_SHIFT):
             continue
         shifted, clean = _shift(vals[:k], vals[k:])
         if shifted and clean:

@@ -185,3 +185,17 @@ def test_a_regime_is_found_from_its_true_start() -> None:
     )  # fmt: skip
     r = current_regime(_window(y))
     assert r is not None and r.start_step == 30 and r.steps == 7
+
+
+def test_a_small_shift_seen_in_every_step_is_a_regime() -> None:
+    # A 4,096-rank job whose GPU throttles to 0.8x from step 30: +4 % step time, about 5σ
+    # of the healthy steps as a level, though its first slow step alone is only 3.4σ out.
+    y = np.array(
+        [637.4, 635.3, 648.1, 632.4, 634.1, 640.4, 628.1, 644.3, 638.0, 630.6, 634.1, 639.9,
+         642.7, 638.3, 643.7, 640.4, 645.0, 643.3, 639.7, 645.0, 639.6, 638.1, 633.2, 643.4,
+         633.1, 637.4, 639.6, 638.8, 636.3, 638.6, 657.5, 670.7, 667.8, 667.8, 673.4, 664.7,
+         662.5, 660.5]
+    )  # fmt: skip
+    for n in range(32, y.size + 1):
+        r = current_regime(_window(y[:n]))
+        assert r is not None and r.start_step == 30, n
