@@ -90,6 +90,9 @@ class RunState:
         self._t0_set = False
         self.max_step: int | None = None
         self.first_step: int | None = None
+        self.last_ns = schema.NO_TIME
+        """Newest step end seen (hub clock): how the store tells an active run from an
+        idle one."""
         # The dense ring.
         self.slot_of: dict[int, int] = {}
         self.slot_step = np.zeros(H, np.int64)
@@ -137,6 +140,8 @@ class RunState:
         self.identities[rank] = dict(ident)
         self.manifests[rank] = dict(h.get("manifest") or {})
         self.started_ns[rank] = h.get("t_start_ns")
+        if isinstance(h.get("t_start_ns"), int):  # running since its start, before any step
+            self.last_ns = max(self.last_ns, int(h["t_start_ns"]))
         if rank == 0 or len(self.identities) == 1:
             self.scope = str(h.get("scope") or "full")
             self.parent_run = h.get("parent_run")
@@ -225,6 +230,69 @@ class RunState:
         for grids in (self.phases, self.coll):
             for a in grids.values():
                 a[rows, slot] = 0.0
+
+    def resize(self, history: int) -> None:
+        """Re-allocate the ring to ``history`` slots, keeping its newest steps.
+
+        Steps that no longer fit leave as when a full ring evicts them: their step time
+        stays in the lifetime totals, their instances and samples are trimmed.
+
+        Args:
+            history: slots of the new ring (≥ 1).
+
+        Raises:
+            ValueError: ``history`` < 1.
+        """
+        H = int(history)
+        if H < 1:
+            raise ValueError(f"a ring needs at least one step slot, got {history}")
+        if H == self.H:
+            return
+        self.flush()
+        steps, slots = self.window_slots(None)
+        if slots.shape[0] > H:
+            gone = slots[: slots.shape[0] - H]
+            ns, nrep = self._slot_step_ns(gone)
+            self.finished.append(
+                {"step": steps[: gone.shape[0]], "step_ns": ns, "nrep": nrep}, gone.shape[0]
+            )
+            steps, slots = steps[gone.shape[0] :], slots[gone.shape[0] :]
+        k = slots.shape[0]
+
+        def moved(a: np.ndarray, fill: Any) -> np.ndarray:
+            out = np.full((self.world_size, H), fill, a.dtype)
+            out[:, :k] = a[:, slots]
+            return out
+
+        # One grid at a time, so the old and the new ring coexist for one grid only.
+        self.present = moved(self.present, False)
+        self.cell_inc = moved(self.cell_inc, -1)
+        self.t_start = moved(self.t_start, schema.NO_TIME)
+        self.t_end = moved(self.t_end, schema.NO_TIME)
+        for grids, fill in (
+            (self.work, np.nan),
+            (self.memory, np.nan),
+            (self.phases, 0.0),
+            (self.coll, 0.0),
+        ):
+            for name in list(grids):
+                grids[name] = moved(grids[name], fill)
+        self.slot_step = np.zeros(H, np.int64)
+        self.slot_step[:k] = steps
+        self.slot_used = np.zeros(H, bool)
+        self.slot_used[:k] = True
+        self.slot_of = dict(zip(steps.tolist(), range(k), strict=True))
+        self._free = list(range(H - 1, k - 1, -1))
+        self._lookup_dirty = True
+        self.H = H
+        self.trim()
+
+    def ring_nbytes(self) -> int:
+        """Bytes of the dense ring's grids."""
+        grids = [self.present, self.cell_inc, self.t_start, self.t_end]
+        for d in (self.work, self.memory, self.phases, self.coll):
+            grids.extend(d.values())
+        return sum(a.nbytes for a in grids) + self.slot_step.nbytes + self.slot_used.nbytes
 
     def _slot_step_ns(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         p = self.present[:, slots]
@@ -321,6 +389,10 @@ class RunState:
             self._set_t0(tables)
         st = tables["steps"]
         steps = st["step"]
+        t_end = st["t_end"]
+        if t_end.shape[0]:
+            newest = int(t_end[0]) if t_end.shape[0] == 1 else int(t_end.max())
+            self.last_ns = max(self.last_ns, newest)
         dropped = None
         rows = None
         if keep is not None and not keep.all():

@@ -15,9 +15,22 @@ Per run the store keeps
 - raw collective rows of the last ``raw_steps`` steps, and device/host samples back to the
   oldest step of the ring.
 
-Memory is bounded by ``history_steps × world size`` cells, at most ``max_cells`` (85 bytes
-each, plus 8 per work or memory column and per phase that some rank reports), the pending
-rows of at most ``stale_steps`` steps, and the raw rows of ``raw_steps`` steps.
+Memory is bounded across runs, not per run: the rings of all runs share one budget of
+``max_cells`` rank × step cells (85 bytes each, plus 8 per work or memory column and per
+phase that some rank reports), planned by `hub.ringbudget`:
+
+- a new run's ring is sized when it says hello, from what the budget leaves it;
+- every run keeps a floor of ``max(16, floor_cells // world)`` steps (a baseline window);
+- runs with a recent step share the rest, each up to what it would keep alone
+  (``min(history_steps, max_cells // world)``); runs idle for ``idle_s`` of the steps' own
+  clock (finished, stalled) keep what is still left, down to the floor;
+- when the plan asks less of a ring, it is re-allocated smaller keeping its newest steps
+  (the others leave as when a full ring evicts: counted in the lifetime totals); when it
+  offers an active run a quarter more than it holds, the ring grows. The plan is revisited
+  when a run says hello and on every `Store.settle`.
+
+Beyond the rings: the pending rows of at most ``stale_steps`` steps and the raw rows of
+``raw_steps`` steps per run. The recording is separate and keeps everything.
 
 All methods are thread-safe: the hub's receive thread ingests while viewers read windows.
 """
@@ -46,7 +59,11 @@ from rankscope.diagnosis.window import (
     Window,
 )
 from rankscope.hub.matching import settle
+from rankscope.hub.ringbudget import RingClaim, plan
 from rankscope.hub.runstate import RunState, RunSummary
+
+MIN_RING_STEPS = 16
+"""Fewest steps a ring holds, whatever the world size and the budget."""
 
 _INSTANCE_FIELDS = tuple(InstanceTable.__dataclass_fields__)
 
@@ -86,6 +103,8 @@ class Store:
         stale_steps: int = 32,
         settle_rows: int = 250_000,
         max_cells: int = 4_000_000,
+        floor_cells: int = 262_144,
+        idle_s: float = 120.0,
     ) -> None:
         """Create an empty store.
 
@@ -97,16 +116,30 @@ class Store:
             settle_rows: rows arrived since the last matching pass that trigger one during
                 ingest (the hub also settles on a timer); passes of a few hundred thousand
                 rows keep their temporaries in cache.
-            max_cells: bound on ranks × history steps per run; a large world keeps fewer
-                steps (at least 16) so the ring stays within memory.
+            max_cells: bound on Σ ranks × ring steps over all runs (see the module
+                docstring); a large world keeps fewer steps, at least 16.
+            floor_cells: cells a run keeps whatever the others need (at least 16 steps):
+                the default holds a 16-step baseline window at 16,384 ranks.
+            idle_s: seconds without a new step (on the steps' hub-aligned clock, behind
+                the newest step of any run) after which a run gives up ring space first.
+
+        Raises:
+            ValueError: a bound out of range.
         """
         if history_steps < 1 or raw_steps < 0 or stale_steps < 1:
             raise ValueError("history_steps and stale_steps must be ≥ 1, raw_steps ≥ 0")
+        if max_cells < 1 or floor_cells < 1 or idle_s < 0:
+            raise ValueError(
+                f"max_cells ({max_cells}) and floor_cells ({floor_cells}) must be ≥ 1, "
+                f"idle_s ({idle_s}) ≥ 0"
+            )
         self.history_steps = int(history_steps)
         self.raw_steps = int(raw_steps)
         self.stale_steps = int(stale_steps)
         self.settle_rows = int(settle_rows)
         self.max_cells = int(max_cells)
+        self.floor_cells = int(floor_cells)
+        self.idle_ns = int(idle_s * 1e9)
         self._lock = threading.RLock()
         self._runs: dict[str, RunState] = {}
         self._counters: dict[str, Any] = {
@@ -153,7 +186,9 @@ class Store:
                 run = self._runs.get(h["run"])
                 if run is None:
                     world = int(h["identity"]["world_size"])
-                    history = min(self.history_steps, max(16, self.max_cells // world))
+                    started = h.get("t_start_ns")
+                    started = started if isinstance(started, int) else schema.NO_TIME
+                    history = self._plan((world, started))
                     run = RunState(h["job"], h["run"], world, history, self.raw_steps)
                     self._runs[h["run"]] = run
                 run.hello(h)
@@ -178,10 +213,75 @@ class Store:
     # -- matching -------------------------------------------------------------------------
 
     def settle(self) -> None:
-        """Match pending collective rows of every run and fold completed instances."""
+        """Match pending collective rows of every run, fold completed instances, and
+        re-plan the rings under the cell budget."""
         with self._lock:
             for run in self._runs.values():
                 self._settle_run(run)
+            self._plan(None)
+
+    # -- the cell budget ------------------------------------------------------------------
+
+    def _claim(self, world: int, steps: int, last_ns: int, now: int) -> RingClaim:
+        want = min(self.history_steps, max(MIN_RING_STEPS, self.max_cells // world))
+        floor = min(want, max(MIN_RING_STEPS, self.floor_cells // world))
+        # A run with no step yet has just started.
+        active = last_ns == schema.NO_TIME or now - last_ns <= self.idle_ns
+        return RingClaim(world, steps, want, floor, active, last_ns)
+
+    def _plan(self, new: tuple[int, int] | None) -> int:
+        """Apply the budget's plan to the rings (see the module docstring).
+
+        Args:
+            new: ``(world size, hub-clock start or NO_TIME)`` of a run about to be
+                created, or None.
+
+        Returns:
+            The new run's ring steps (0 when ``new`` is None).
+        """
+        runs = list(self._runs.values())
+        now = max((r.last_ns for r in runs), default=schema.NO_TIME)
+        if new is not None:  # a run whose processes just started is active from then
+            now = max(now, new[1])
+        claims = [self._claim(r.world_size, r.H, r.last_ns, now) for r in runs]
+        if new is not None:
+            claims.append(self._claim(new[0], 0, new[1], now))
+        target = plan(claims, self.max_cells)
+        # An active run grows once the plan offers it a quarter more (or all it wants):
+        # smaller gains are not worth copying its ring.
+        grow = [
+            c.active and t > c.steps and (t >= c.steps + max(1, c.steps // 4) or t == c.want)
+            for c, t in zip(claims[: len(runs)], target, strict=False)
+        ]
+        held = sum(
+            c.world * (t if i >= len(runs) or grow[i] else c.steps)
+            for i, (c, t) in enumerate(zip(claims, target, strict=True))
+        )
+        # Shrink only while over budget: idle runs first (the longest idle first), then
+        # active ones, so a small new run does not make a large one copy its ring.
+        order = sorted(range(len(runs)), key=lambda i: (claims[i].active, claims[i].last_ns))
+        for i in order:
+            if held <= self.max_cells:
+                break
+            if target[i] < runs[i].H:
+                held -= claims[i].world * (runs[i].H - target[i])
+                runs[i].resize(target[i])
+        if held <= self.max_cells:
+            for i in order:
+                if grow[i]:
+                    runs[i].resize(target[i])
+        return target[-1] if new is not None else 0
+
+    def ring_cells(self) -> dict[str, int]:
+        """Rank × step cells of every run's ring (run -> cells); their sum stays within
+        ``max_cells`` unless the runs' floors alone exceed it."""
+        with self._lock:
+            return {rid: r.world_size * r.H for rid, r in self._runs.items()}
+
+    def ring_nbytes(self) -> dict[str, int]:
+        """Bytes of every run's ring grids (run -> bytes)."""
+        with self._lock:
+            return {rid: r.ring_nbytes() for rid, r in self._runs.items()}
 
     def _settle_run(self, run: RunState) -> None:
         settle(run, self.stale_steps)

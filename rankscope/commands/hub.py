@@ -39,7 +39,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=512,
         metavar="STEPS",
-        help="steps per rank kept in memory for live views [default: %(default)s]",
+        help="steps per rank kept in memory for live views, at most [default: %(default)s]",
+    )
+    p.add_argument(
+        "--max-cells",
+        type=int,
+        default=4_000_000,
+        metavar="CELLS",
+        help="rank × step cells kept in memory for all runs together (~85 bytes each): a "
+        "new run's history is sized from what is left; runs with no new step for "
+        "--idle seconds give theirs up first, down to their floor (--floor-cells, at "
+        "least 16 steps), newest steps kept [default: %(default)s]",
+    )
+    p.add_argument(
+        "--floor-cells",
+        type=int,
+        default=262_144,
+        metavar="CELLS",
+        help="rank × step cells every run keeps whatever the others need (at least 16 "
+        "steps) [default: %(default)s]",
+    )
+    p.add_argument(
+        "--idle",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="seconds without a new step (on the steps' own clock) after which a run is "
+        "idle [default: %(default)s]",
     )
     p.add_argument(
         "--no-resume",
@@ -85,7 +111,12 @@ def run(args: argparse.Namespace) -> int:
         hub = Hub(
             args.bind,
             record_dir=args.record,
-            store=Store(history_steps=args.history),
+            store=Store(
+                history_steps=args.history,
+                max_cells=args.max_cells,
+                floor_cells=args.floor_cells,
+                idle_s=args.idle,
+            ),
             resume=not args.no_resume,
         )
         hub.start()
