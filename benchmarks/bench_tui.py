@@ -16,14 +16,17 @@ instance table the arrivals panel reads). The diagnosis runs on its own slower c
 is benchmarked in the diagnosis section.
 
 Memory (target ≤ 1 GiB for 16,384 ranks × 1,000 steps). A hub store (the one ``watch``
-runs) takes 1,000 steps from 16,384 ranks as real wire messages through its intake, then
-the same again for a second run, the baseline; the view asks the store for its window,
-builds its model, and reads the baseline's window as the app does once a baseline is
-chosen (``sources.baseline_window``, bounded by ``view.baseline_max_cells``). Reported: the
-store's memory (resident growth, and what it still holds once the C heap returns the
-memory freed by ingest, ``malloc_trim``), and what the view holds on top (window + model,
-baseline window), from tracemalloc. Absolute times depend on this machine; compare ratios
-across sizes.
+runs, default budget) takes 1,000 steps from 16,384 ranks of a baseline run as real wire
+messages through its intake, then, an hour later on the steps' clock, 1,000 steps of the
+run under investigation, settling between chunks as the hub does on its timer; its rings
+share the store's one cell budget, so the finished baseline gives up its ring down to the
+floor when the new run arrives. The view asks the store for the run's window, builds its
+model, and reads the baseline's window as the app does once a baseline is chosen
+(``sources.baseline_window``, bounded by ``view.baseline_max_cells``). Reported: the
+store's rings (exact bytes), the store's memory (resident growth, and what it still holds
+once the C heap returns the memory freed by ingest, ``malloc_trim``), and what the view
+holds on top (window + model, baseline window), from tracemalloc. Absolute times depend on
+this machine; compare ratios across sizes.
 """
 
 from __future__ import annotations
@@ -208,7 +211,7 @@ def _held_bytes() -> int:
     return _rss_bytes()
 
 
-def _feed(intake, run: str, n_ranks: int, n_steps: int, chunk: int) -> None:
+def _feed(intake, run: str, n_ranks: int, n_steps: int, chunk: int, t0: int) -> None:
     from rankscope.collector import schema
 
     for r in range(n_ranks):
@@ -221,18 +224,17 @@ def _feed(intake, run: str, n_ranks: int, n_steps: int, chunk: int) -> None:
             "node_rank": r // 8,
             "pid": 1000 + r,
         }
-        intake.feed(schema.hello_message(header, ident), 0)
-    base = 10**18
+        intake.feed(schema.hello_message(header, ident, t_start_ns=t0), 0)
     for s0 in range(0, n_steps, chunk):
         steps = np.arange(s0, min(s0 + chunk, n_steps))
         for r in range(n_ranks):
             cols = schema.empty_table("steps", steps.size)
             cols["step"] = steps
-            cols["t_start"] = base + steps * 1_300_000_000 + r
+            cols["t_start"] = t0 + steps * 1_300_000_000 + r
             cols["t_end"] = cols["t_start"] + 1_000_000_000
             header = {"job": "bench", "run": run, "rank": r, "inc": 0, "batch": 1 + s0}
             intake.feed(schema.steps_message(header, cols), 0)
-    intake.store.settle()
+        intake.store.settle()  # the hub settles on a timer
 
 
 def _traced(fn):
@@ -246,18 +248,19 @@ def _traced(fn):
 
 
 def store_and_view_memory(n_ranks: int, n_steps: int, chunk: int) -> dict[str, float]:
-    """Feed ``n_steps`` steps of ``n_ranks`` ranks of a run and of its baseline run into a
-    hub store, then build the view with the baseline chosen.
+    """Feed ``n_steps`` steps of ``n_ranks`` ranks of a baseline run, then of the run under
+    investigation an hour later, into a hub store; build the view with the baseline chosen.
 
     Returns:
-        ``store_rss_mib`` (resident growth while ingesting the run), ``store_mib`` (what
-        the store holds for it), ``baseline_store_mib`` (what it holds for the baseline
-        run), ``view_mib`` (window + model), ``baseline_mib`` (the baseline window as the
-        app reads it), ``uncapped_baseline_mib`` (the same within ``view.max_cells``, as
-        before the baseline had its own bound), ``kept_steps``, ``view_steps``,
-        ``baseline_steps``, ``ingest_s``; ``process_rss_mib`` / ``process_held_mib``: the
-        process's resident growth with all of it alive (both runs in the store, the view,
-        the baseline window), as is and once freed heap is returned.
+        ``store_mib`` (what the store holds for the run alone), ``stores_mib`` (for both
+        runs), ``ring_mib`` / ``baseline_ring_mib`` (each run's ring grids, exact),
+        ``store_rss_mib`` (resident growth while ingesting the run alone), ``view_mib``
+        (window + model), ``baseline_mib`` (the baseline window as the app reads it),
+        ``uncapped_baseline_mib`` (the same within ``view.max_cells``), ``kept_steps`` /
+        ``baseline_kept_steps`` (ring steps per rank), ``view_steps``, ``baseline_steps``,
+        ``ingest_s``; ``process_rss_mib`` / ``process_held_mib``: the process's resident
+        growth with all of it alive (both runs in the store, the view, the baseline
+        window), as is and once freed heap is returned.
     """
     from rankscope.hub.intake import Intake
     from rankscope.hub.store import Store
@@ -265,19 +268,28 @@ def store_and_view_memory(n_ranks: int, n_steps: int, chunk: int) -> dict[str, f
     from rankscope.tui.settings import Settings
     from rankscope.tui.sources import StoreSource, baseline_window, sample
 
+    t_base = 10**18
+    t_run = t_base + n_steps * 1_300_000_000 + 3_600 * 10**9
     held0 = _held_bytes()
     rss0 = _rss_bytes()
     store = Store(history_steps=n_steps)
     intake = Intake(store)
     t0 = time.perf_counter()
-    _feed(intake, "mem", n_ranks, n_steps, chunk)
+    _feed(intake, "mem", n_ranks, n_steps, chunk, t_run)
     ingest_s = time.perf_counter() - t0
     gc.collect()
     store_rss = _rss_bytes() - rss0
-    held1 = _held_bytes()
-    _feed(intake, "base", n_ranks, n_steps, chunk)
+    store_held = _held_bytes() - held0
+    # The baseline ran before; a fresh store takes it first, as a hub that saw it live did.
+    del intake, store
+    held0 = _held_bytes()
+    rss0 = _rss_bytes()
+    store = Store(history_steps=n_steps)
+    intake = Intake(store)
+    _feed(intake, "base", n_ranks, n_steps, chunk, t_base)
+    _feed(intake, "mem", n_ranks, n_steps, chunk, t_run)
     held2 = _held_bytes()
-    kept = store.run_state("mem").H  # the ring's steps per rank (a full window would be ~1 GiB)
+    rings = store.ring_nbytes()
 
     v = Settings().view
     source = StoreSource(store, "bench")
@@ -305,12 +317,16 @@ def store_and_view_memory(n_ranks: int, n_steps: int, chunk: int) -> dict[str, f
         "process_rss_mib": process_rss / 2**20,
         "process_held_mib": process_held / 2**20,
         "store_rss_mib": store_rss / 2**20,
-        "store_mib": (held1 - held0) / 2**20,
-        "baseline_store_mib": (held2 - held1) / 2**20,
+        "store_mib": store_held / 2**20,
+        "stores_mib": (held2 - held0) / 2**20,
+        "ring_mib": rings["mem"] / 2**20,
+        "baseline_ring_mib": rings["base"] / 2**20,
+        "budget_cells": float(store.max_cells),
         "view_mib": view_mib,
         "baseline_mib": baseline_mib,
         "uncapped_baseline_mib": uncapped_mib,
-        "kept_steps": float(kept),
+        "kept_steps": float(store.run_state("mem").H),
+        "baseline_kept_steps": float(store.run_state("base").H),
         "view_steps": float(smp.window.steps.size),
         "baseline_steps": float(baseline.steps.size),
         "ingest_s": ingest_s,
@@ -350,20 +366,24 @@ def run(quick: bool) -> str:
     ]
     n_ranks, n_steps = (4096, 200) if quick else (16384, 1000)
     mem = store_and_view_memory(n_ranks, n_steps, chunk=100 if not quick else 50)
-    total = mem["store_mib"] + mem["view_mib"] + mem["baseline_mib"]
+    total = mem["stores_mib"] + mem["view_mib"] + mem["baseline_mib"]
     lines += [
         "",
-        f"Memory with {n_ranks:,} ranks × {n_steps:,} steps fed to a hub store through its "
-        f"intake ({mem['ingest_s']:.0f} s), then a baseline run of the same size: the store "
-        f"keeps {mem['kept_steps']:.0f} steps per rank of each (its `max_cells` bound). The "
-        f"store's resident growth while ingesting the run was {mem['store_rss_mib']:.0f} MiB; "
-        "the rest of that is heap freed by ingest that the C library keeps for reuse (the "
-        "view's windows reuse it), so the table counts what the store holds once it is "
-        "returned. Target ≤ 1 GiB.",
+        f"Memory with {n_ranks:,} ranks × {n_steps:,} steps of a baseline run fed to a hub "
+        "store through its intake, then, an hour later on the steps' clock, the same of the "
+        f"run under investigation ({mem['ingest_s']:.0f} s each). The rings of all runs "
+        f"share the store's budget of {mem['budget_cells'] / 1e6:.0f} M rank × step cells: "
+        f"the run keeps {mem['kept_steps']:.0f} steps per rank, the finished baseline "
+        f"{mem['baseline_kept_steps']:.0f} (its floor). The store's resident growth while "
+        f"ingesting one run was {mem['store_rss_mib']:.0f} MiB; the rest of that is heap "
+        "freed by ingest that the C library keeps for reuse (the view's windows reuse it), "
+        "so the table counts what the store holds once it is returned. Target ≤ 1 GiB.",
         "",
         "| part | MiB |",
         "|---|---:|",
-        f"| store: the run (steps table only) | {mem['store_mib']:.0f} |",
+        f"| store: the run alone in a hub | {mem['store_mib']:.0f} |",
+        f"| store: the baseline run, then the run (rings: {mem['baseline_ring_mib']:.0f} "
+        f"+ {mem['ring_mib']:.0f}) | {mem['stores_mib']:.0f} |",
         f"| view: window of {mem['view_steps']:.0f} steps (`view.max_cells`) + main model "
         f"(tracemalloc) | {mem['view_mib']:.0f} |",
         f"| view: baseline window of {mem['baseline_steps']:.0f} steps "
@@ -371,8 +391,6 @@ def run(quick: bool) -> str:
         f"| **total, baseline chosen** | **{total:.0f}** |",
         f"| (the baseline window within `view.max_cells` instead) "
         f"| ({mem['uncapped_baseline_mib']:.0f}) |",
-        f"| (the baseline run's own rows in the store, held whether or not it is chosen) "
-        f"| ({mem['baseline_store_mib']:.0f}) |",
         "",
         f"The whole process with all of it alive (both runs in the store, the view, the "
         f"baseline window) grew by {mem['process_rss_mib']:.0f} MiB resident, "
