@@ -17,11 +17,12 @@ The rule, on the job's step time (the median rank's, per step):
 - at least ``MIN_BEFORE`` steps precede it and at least ``MIN_AFTER`` follow it (one odd
   step is a hiccup, not a regime);
 - at most ``MAX_EARLIER`` of the earlier steps were that far out on the same side (two
-  bursts in a row of a bursty run are not a new level).
+  bursts in a row of a bursty run are not a new level), and the earlier steps do not
+  already trend that way (ρ ≤ ``MAX_DRIFT_RHO``: a drift is not a new level).
 
 A periodic spike (checkpoints) or a burst never qualifies: the steps between spikes return
-to the earlier level. A slow drift (allocator growth) rarely does: its later steps are not
-all beyond the threshold at once, and the trend analysis covers it.
+to the earlier level. A slow drift (allocator growth) does not either: its earlier steps
+already trend, and the trend analysis reads it over the whole window.
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ STEP_SIGMAS = 2.0
 """Distance of every step of the new regime from the earlier level, in the same σ."""
 MIN_STEP_SHIFT = 0.015
 """...and at least this fraction of the earlier median."""
+MAX_DRIFT_RHO = 0.5
+"""Earlier steps trending toward the new level this strongly (Spearman ρ with time) make it
+a drift, which the trend analysis reads, not a regime."""
 MAX_EARLIER = 0.05
 """Largest share of the earlier steps that may lie as far out on the same side: more, and
 the new steps are one more burst of a recurring pattern."""
@@ -120,9 +124,60 @@ def _shift(before: np.ndarray, after: np.ndarray) -> tuple[bool, bool]:
     for side in (1.0, -1.0):
         if side * moved > level and np.all(side * (after - med) > each):
             # Excursions that already happened before are a recurring pattern (bursts,
-            # periodic spikes), not a new level.
-            return True, bool(np.mean(side * (before - med) > level) <= MAX_EARLIER)
+            # periodic spikes), and earlier steps already rising toward the new level are
+            # a drift (allocator growth, heat): neither is a new level.
+            recurring = np.mean(side * (before - med) > level) > MAX_EARLIER
+            return True, not recurring and side * _rank_trend(before) <= MAX_DRIFT_RHO
     return False, False
+
+
+def _rank_trend(x: np.ndarray) -> float:
+    """Spearman ρ of a series with its index (ties broken by order)."""
+    n = x.size
+    ranks = np.empty(n)
+    ranks[np.argsort(x, kind="stable")] = np.arange(n)
+    idx = np.arange(n) - (n - 1) / 2.0
+    return float(np.dot(ranks - (n - 1) / 2.0, idx) / np.dot(idx, idx))
+
+
+def regime_start(series: np.ndarray) -> int | None:
+    """Where the current regime of a step-time series starts (the rule above).
+
+    Args:
+        series: float (S,) step times in step order, without gaps.
+
+    Returns:
+        The index of the regime's first step, or None.
+    """
+    vals = np.asarray(series, dtype=np.float64)
+    if vals.size < MIN_BEFORE + MIN_AFTER:
+        return None
+    # The longest candidate regime whose steps lie beyond the level of the steps before
+    # it, with those earlier steps clean. Every start is tried: a later candidate's
+    # "earlier steps" hold the regime's own first steps, which widen their spread and can
+    # hide a shift that the true start shows plainly. A start can qualify only if its
+    # whole suffix lies MIN_STEP_SHIFT beyond the median of the steps before it (that
+    # floor is never undercut): a running median screens the starts cheaply, and only
+    # those passing pay for the full test.
+    lo = np.minimum.accumulate(vals[::-1])[::-1]
+    hi = np.maximum.accumulate(vals[::-1])[::-1]
+    ordered = sorted(vals[:MIN_BEFORE].tolist())
+    for k in range(MIN_BEFORE, vals.size - MIN_AFTER + 1):
+        if k > MIN_BEFORE:
+            bisect.insort(ordered, float(vals[k - 1]))
+        half = k // 2
+        med = ordered[half] if k % 2 else 0.5 * (ordered[half - 1] + ordered[half])
+        if lo[k] <= med * (1 + MIN_STEP_SHIFT) and hi[k] >= med * (1 - MIN_STEP_SHIFT):
+            continue
+        shifted, clean = _shift(vals[:k], vals[k:])
+        if not (shifted and clean):
+            continue
+        if k == MIN_BEFORE and _shift(vals[: k - 1], vals[k - 1 :])[0]:
+            # Still extending at the first usable step: its start (and the level before
+            # it) lies outside what the series shows.
+            return None
+        return k
+    return None
 
 
 def current_regime(window: Window) -> Regime | None:
@@ -136,35 +191,8 @@ def current_regime(window: Window) -> Regime | None:
     """
     y = job_step_ns(window)
     ok = np.flatnonzero(np.isfinite(y))
-    if ok.size < MIN_BEFORE + MIN_AFTER:
-        return None
     vals = y[ok]
-    # The longest candidate regime whose every step lies beyond the level of the steps
-    # before it, with those earlier steps clean. Every start is tried: a shorter
-    # candidate's "earlier steps" hold the regime's own first steps, which widen their
-    # spread and can hide a shift that the true start shows plainly.
-    found: int | None = None
-    # A start can qualify only if its whole suffix lies MIN_STEP_SHIFT beyond the median of
-    # the steps before it (that floor is never undercut): a running median screens the
-    # starts cheaply, and only those passing pay for the full test.
-    lo = np.minimum.accumulate(vals[::-1])[::-1]
-    hi = np.maximum.accumulate(vals[::-1])[::-1]
-    ordered = sorted(vals[:MIN_BEFORE].tolist())
-    for k in range(MIN_BEFORE, ok.size - MIN_AFTER + 1):
-        if k > MIN_BEFORE:
-            bisect.insort(ordered, float(vals[k - 1]))
-        half = k // 2
-        med = ordered[half] if k % 2 else 0.5 * (ordered[half - 1] + ordered[half])
-        if lo[k] <= med * (1 + MIN_STEP_SHIFT) and hi[k] >= med * (1 - MIN_STEP_SHIFT):
-            continue
-        shifted, clean = _shift(vals[:k], vals[k:])
-        if shifted and clean:
-            found = k
-            break
-    if found == MIN_BEFORE and _shift(vals[: found - 1], vals[found - 1 :])[0]:
-        # The regime still extends at the window's first usable step: its start (and the
-        # level before it) lies outside what the window can show.
-        return None
+    found = regime_start(vals)
     if found is None:
         return None
     col = int(ok[found])

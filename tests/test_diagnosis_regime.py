@@ -199,3 +199,11 @@ def test_a_small_shift_seen_in_every_step_is_a_regime() -> None:
     for n in range(32, y.size + 1):
         r = current_regime(_window(y[:n]))
         assert r is not None and r.start_step == 30, n
+
+
+def test_a_drift_is_not_a_regime() -> None:
+    # Allocator growth: the step time climbs ~1 % a step; every later step is above the
+    # earlier median, but the earlier steps already rise.
+    y = 800.0 * (1 + 0.01 * np.arange(40)) + np.random.default_rng(3).normal(0, 6, 40)
+    for n in range(8, 41):
+        assert current_regime(_window(y[:n])) is None, n
