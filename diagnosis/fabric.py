@@ -224,9 +224,10 @@ def host_name(window: Window, code: int) -> str:
     return hosts[code] if 0 <= code < len(hosts) else f"host{code}"
 
 
-def _inflation(window: Window, skew: GroupSkew, cross: np.ndarray) -> tuple[np.ndarray, ...]:
+def _inflation(window: Window, skew: GroupSkew, side: np.ndarray) -> tuple[np.ndarray, ...]:
     """Per step, exp(mean log(transfer / row quiet level)) over the (sampled) instances of
-    cross-host rows and of intra-host rows (one pass)."""
+    cross-host rows (``side`` 1) and of intra-host rows (``side`` 0) in one pass; rows with
+    ``side`` -1 are left out."""
     inst = window.instances
     n_steps = int(window.steps.shape[0])
     nan = np.full(n_steps, np.nan)
@@ -240,8 +241,9 @@ def _inflation(window: Window, skew: GroupSkew, cross: np.ndarray) -> tuple[np.n
     j = np.searchsorted(window.steps, inst.step[idx])
     jc = np.minimum(j, n_steps - 1)
     good = np.isfinite(lr) & (j < n_steps) & (window.steps[jc] == inst.step[idx])
+    good &= side[r] >= 0
     # One bincount over 2 x S cells: intra-host rows first, cross-host rows second.
-    cell = jc + n_steps * cross[r].astype(np.int64)
+    cell = jc + n_steps * np.maximum(side[r], 0).astype(np.int64)
     sums = np.bincount(cell[good], weights=lr[good], minlength=2 * n_steps)
     counts = np.bincount(cell[good], minlength=2 * n_steps)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -320,15 +322,22 @@ def fabric_view(
                 ranks=tuple(int(x) for x in ranks),
             )
         )
-    infl_cross, infl_intra = _inflation(window, skew, a["crosses"] == 1)
+    side = (a["crosses"] == 1).astype(np.int64)
     hosts_b: tuple[LinkFinding, ...] = ()
     rails_b: tuple[LinkFinding, ...] = ()
     if baseline is not None:
         # Imported here: fabric_baseline builds on this module's findings and row columns.
-        from rankscope.diagnosis.fabric_baseline import links_vs_baseline
+        from rankscope.diagnosis.fabric_baseline import PERSISTENT_Z, links_vs_baseline
 
         base_rows = baseline_skew if baseline_skew is not None else group_rows(baseline.instances)
         hosts_b, rails_b = links_vs_baseline(window, skew, baseline, base_rows)
+        # A rail slower than in the baseline in every step, while other rails are not, is
+        # not bursting, and the queue of a throttled link varies by itself: its rows leave
+        # the burst measure. (All rails slower is the network as a whole: they stay.)
+        slow = [f.code for f in rails_b if f.z > PERSISTENT_Z]
+        if slow and len(slow) < len(rails_b):
+            side[(side == 1) & np.isin(a["rail"], slow)] = -1
+    infl_cross, infl_intra = _inflation(window, skew, side)
     return FabricView(
         hosts=hosts,
         rails=rails,

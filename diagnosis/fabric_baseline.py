@@ -11,9 +11,9 @@ transfer, median over the row's instances: the same message size class, so per i
 is per byte up to the bucket's factor of two). A link's shift is the median change of its
 rows **relative to the median change of every other matched row** — a machine that is
 slower as a whole between the two runs moves the control rows too, and that is not a
-link. The shift is judged against the run-to-run movement of the control rows (robust
-spread), with a floor: on a busy machine one group's median transfer moves by up to
-~1.5x between two healthy runs.
+link. The shift is judged against the run-to-run movement of the control rows (their
+robust spread from three or more, else the largest of their moves), with a floor; with no
+control row at all a wider floor stands in for the unseen machine drift.
 """
 
 from __future__ import annotations
@@ -26,12 +26,19 @@ from rankscope.diagnosis.robust import nanmedian
 from rankscope.diagnosis.window import Window
 
 SHIFT_FLOOR = float(np.log(1.5))
-"""Smallest run-to-run spread (log units) trusted for one row's median transfer: between
-two healthy runs on a shared machine a group's transfer moves by up to ~1.5x, so a link
-must shift several times that to stand out."""
+"""Smallest run-to-run spread (log units) trusted for one row's median transfer when other
+rows show how the machine moved: between two healthy runs on a shared machine their
+transfers spread by ~1.5x, so a link must shift several times that to stand out."""
+BLIND_FLOOR = float(np.log(2.0))
+"""The spread assumed when no other row was matched: a single sub-millisecond group on two
+loaded cores was seen to move by up to ~4x between healthy runs (two spreads at this floor),
+while a degraded link moves by tens of times."""
 MAD_SIGMA = 1.4826
 MIN_CONTROL = 3
-"""Control rows needed before their own spread replaces the floor."""
+"""Control rows needed before their robust spread replaces the largest control move."""
+PERSISTENT_Z = 4.5
+"""A link shifted by more than this many spreads is persistently degraded (the verdict's
+threshold for two links, ``expected_max_z(2) + Z_MARGIN``)."""
 
 
 def _row_keys(window: Window, skew: GroupSkew) -> list[tuple | None]:
@@ -88,10 +95,12 @@ def _shifts(
         control = known & ~mine
         ctrl = change[control]
         level = float(np.median(ctrl)) if ctrl.size else 0.0
-        spread = SHIFT_FLOOR
         if ctrl.size >= MIN_CONTROL:
-            mad = MAD_SIGMA * float(np.median(np.abs(ctrl - level)))
-            spread = max(spread, mad)
+            spread = max(SHIFT_FLOOR, MAD_SIGMA * float(np.median(np.abs(ctrl - level))))
+        elif ctrl.size:
+            spread = max(SHIFT_FLOOR, float(np.max(np.abs(ctrl - level))))
+        else:
+            spread = BLIND_FLOOR
         shift = float(nanmedian(change[mine])) - level
         # What the link's rows would have taken had they moved like the control rows.
         expected = t[mine] / np.exp(change[mine] - level)

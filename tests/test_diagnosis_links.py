@@ -25,12 +25,13 @@ def _window(
     scale: float = 1.0,
     burst_steps: tuple[int, ...] = (),
     burst_intra: bool = False,
+    burst_rails: tuple[int, ...] | None = None,
 ):
     """2 hosts; per step one all-reduce in each intra-host group (when a host has two
     ranks) and in each rail's cross-host group. ``slow`` multiplies the transfer of a
     rail's cross-host group; ``scale`` every transfer (a machine slower as a whole);
-    ``burst_steps`` triple the cross-host transfers of those steps (and the intra-host
-    ones too with ``burst_intra``)."""
+    ``burst_steps`` triple the cross-host transfers of those steps (of ``burst_rails``
+    only when given; the intra-host ones too with ``burst_intra``)."""
     rng = np.random.default_rng(seed)
     world = 2 * ranks_per_host
     ranks = rank_layout(world, ranks_per_host=ranks_per_host)
@@ -54,7 +55,9 @@ def _window(
     transfer = (
         np.asarray(base_t)[gid] * factor[gid] * scale * np.exp(0.1 * rng.standard_normal(gid.size))
     )
-    hit = np.isin(step, burst_steps) & ((np.asarray(rails)[gid] >= 0) | burst_intra)
+    on_rail = np.asarray(rails)[gid]
+    bursting = on_rail >= 0 if burst_rails is None else np.isin(on_rail, burst_rails)
+    hit = np.isin(step, burst_steps) & (bursting | burst_intra)
     transfer[hit] *= 3.0
     t_enter = COMPUTE * (1 + 0.01 * rng.standard_normal(gid.size))
     inst = instance_table(
@@ -89,11 +92,13 @@ def _window(
     )
 
 
-@pytest.mark.parametrize("ranks_per_host", [1, 2])
-def test_degraded_rail_against_the_baseline_run(ranks_per_host: int) -> None:
+# With one rank a host the rail's group is the only one: nothing shows how much the machine
+# moved between the runs, so the change must be larger (the real incident's is 50-110x).
+@pytest.mark.parametrize(("ranks_per_host", "factor"), [(1, 50.0), (2, 20.0)])
+def test_degraded_rail_against_the_baseline_run(ranks_per_host: int, factor: float) -> None:
     rail = ranks_per_host - 1
     base = _window(ranks_per_host, {}, seed=1, run="base")
-    fault = _window(ranks_per_host, {rail: 20.0}, seed=2, run="fault")
+    fault = _window(ranks_per_host, {rail: factor}, seed=2, run="fault")
     v = diagnose(fault, base).verdict
     top = v.top
     assert top.mechanism == "network_rail", [(h.mechanism, round(h.score, 2)) for h in v.hypotheses]
@@ -102,7 +107,7 @@ def test_degraded_rail_against_the_baseline_run(ranks_per_host: int) -> None:
     assert top.groups == (f"cross{rail}",)
     assert any("in the baseline run" in e for e in top.evidence), top.evidence
     found = diagnose(fault, base).fabric.rails_vs_baseline[0]
-    assert found.code == rail and found.slowdown == pytest.approx(20.0, rel=0.15)
+    assert found.code == rail and found.slowdown == pytest.approx(factor, rel=0.15)
 
 
 def test_without_a_baseline_the_rails_are_reported_as_not_judged() -> None:
@@ -162,3 +167,24 @@ def test_bursts_that_lift_intra_host_transfers_too_are_not_the_network() -> None
     ic = v.get("intermittent_congestion")
     assert ic.strength < 0.1, ic.evidence
     assert any("stalls are on the hosts" in e for e in ic.evidence), ic.evidence
+
+
+def test_one_group_moving_a_few_times_between_runs_is_not_a_link() -> None:
+    # The only group's transfer 4x the baseline's, as sub-millisecond gloo transfers on
+    # loaded cores move between healthy runs: no other row shows the machine's drift.
+    base = _window(1, {}, seed=1, run="base")
+    again = _window(1, {0: 4.0}, seed=3, run="again")
+    v = diagnose(again, base).verdict
+    assert v.get("network_rail").strength < 0.1, v.get("network_rail").evidence
+
+
+def test_a_persistently_degraded_rail_leaves_the_burst_measure() -> None:
+    base = _window(2, {}, seed=1, run="base")
+    fault = _window(2, {1: 20.0}, seed=2, run="fault", burst_steps=BURSTS, burst_rails=(1,))
+    with_base = diagnose(fault, base).fabric.inflation_cross
+    alone = diagnose(fault).fabric.inflation_cross
+    hit = np.isin(np.arange(S), BURSTS)
+    # Alone, rail 1's bursts lift the cross-host measure; against the baseline rail 1 is
+    # persistently degraded, and the measure reads only the other rail (calm: ~1x).
+    assert np.median(alone[hit]) > 1.5
+    assert np.median(with_base[hit]) < 1.3
