@@ -65,6 +65,8 @@ class RunSummary:
     last_step: int | None
     steps_complete: int
     """Steps in the history that every rank has reported."""
+    ring_steps: int = 0
+    """Steps per rank the store's ring holds for the run now (the cell budget's share)."""
 
 
 class RunState:
@@ -609,4 +611,5 @@ class RunState:
             first_step=self.first_step,
             last_step=self.max_step,
             steps_complete=complete,
+            ring_steps=self.H,
         )

@@ -168,6 +168,11 @@ def test_a_small_rerun_takes_little_and_a_third_run_never_breaks_the_budget() ->
     assert store.run_state("full").H == 16  # idle: its floor (at least 16 steps)
     assert store.run_state("rerun").H == 30  # idle, but its 30 cells are its floor
     assert store.run_state("other").H == (500 - 16 * 16 - 30) // 8
+    assert [(s.run, s.ring_steps) for s in store.runs()] == [
+        ("full", 16),
+        ("rerun", 30),
+        ("other", 26),
+    ]
     assert store.window("full").steps.tolist() == list(range(14, 30))
 
 
