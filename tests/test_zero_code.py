@@ -145,6 +145,10 @@ def test_run_environment() -> None:
     assert env["RANKSCOPE_RUN"].startswith("llm-")  # single node: the run is named here
     assert env["PYTHONPATH"] == "/site" + os.pathsep + "/existing"
     assert env["RANKSCOPE_ZERO_CODE"] == "1"
+    assert "RANKSCOPE_DDP_BUCKETS" not in env  # the collector's default (every) applies
+    args = _args("--ddp-buckets", "sampled", "--ddp-sample-every", "4", "--", "x.py")
+    env = run_cmd.build_env(args, {}, "/site")
+    assert env["RANKSCOPE_DDP_BUCKETS"] == "sampled" and env["RANKSCOPE_DDP_SAMPLE_EVERY"] == "4"
 
 
 def test_multi_node_leaves_the_run_id_to_the_ranks() -> None:
@@ -164,6 +168,7 @@ def test_multi_node_leaves_the_run_id_to_the_ranks() -> None:
         (["--job", "bad name", "--", "x"], "--job"),
         (["--run", "$(rm -rf /)", "--", "x"], "--run"),
         (["--topology", "/no/such/file.toml", "--", "x"], "--topology"),
+        (["--ddp-sample-every", "0", "--", "x"], "--ddp-sample-every"),
     ],
 )
 def test_bad_options_are_named(argv: list[str], match: str) -> None:

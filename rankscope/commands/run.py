@@ -16,6 +16,7 @@ import shutil
 import sys
 
 from rankscope.collector import schema
+from rankscope.collector.monitor import DDP_BUCKET_MODES, DDP_SAMPLE_EVERY
 
 HELP = "run a training command with zero-code instrumentation (rankscope run -- torchrun ...)"
 
@@ -35,6 +36,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", default=None, help="run id shared by all ranks (default: new)")
     parser.add_argument("--parent-run", default=None, help="run this one is a reduced rerun of")
     parser.add_argument("--topology", default=None, help="topology TOML (racks, NIC/rail per GPU)")
+    parser.add_argument(
+        "--ddp-buckets",
+        default=None,
+        choices=DDP_BUCKET_MODES,
+        help=(
+            "how DDP gradient buckets are timed: every (default), sampled (one step in "
+            "--ddp-sample-every), off (DDP keeps its built-in all-reduce; lowest overhead)"
+        ),
+    )
+    parser.add_argument(
+        "--ddp-sample-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"with --ddp-buckets sampled: time the buckets of one step in N ({DDP_SAMPLE_EVERY})",
+    )
     parser.add_argument(
         "--dry-run",
         action="store_true",
@@ -106,6 +123,14 @@ def build_env(args: argparse.Namespace, base: dict[str, str], site_dir: str) -> 
         if not os.path.isfile(path):
             raise SystemExit(f"rankscope run: --topology {args.topology!r} is not a file")
         env["RANKSCOPE_TOPOLOGY"] = path
+    if args.ddp_buckets:
+        env["RANKSCOPE_DDP_BUCKETS"] = args.ddp_buckets
+    if args.ddp_sample_every is not None:
+        if args.ddp_sample_every < 1:
+            raise SystemExit(
+                f"rankscope run: --ddp-sample-every must be >= 1, got {args.ddp_sample_every}"
+            )
+        env["RANKSCOPE_DDP_SAMPLE_EVERY"] = str(args.ddp_sample_every)
     env["RANKSCOPE_ZERO_CODE"] = "1"
     old = env.get("PYTHONPATH")
     env["PYTHONPATH"] = site_dir + (os.pathsep + old if old else "")
