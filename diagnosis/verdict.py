@@ -101,6 +101,12 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
             f"useful work per step is {ev.numerator.useful_ratio:.2f}x the baseline's: not an "
             "equivalent job, so comparisons with it are indicative only"
         )
+    if ev.window.world_size > 1 and not np.nansum(ev.window.coll["n"]) > 0:
+        shared.append(
+            "no collective was recorded (DDP bucket timing off, or collectives the collector "
+            "does not see): arrival wait, transfer and the links were not judged, and "
+            "collective time counts as other"
+        )
     hyps = []
     for mech, c in cur.items():
         impact = c.impact
@@ -129,7 +135,7 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
         )
     best = max((h.score for h in hyps), default=0.0)
     unjudged = tuple(u for c in cur.values() for u in c.unjudged)
-    hyps.append(_healthy(ev, 1.0 - best, unjudged))
+    hyps.append(_healthy(ev, 1.0 - best, (*shared, *unjudged)))
     hyps.sort(key=lambda h: (-h.score, -h.impact))
     return Verdict(hypotheses=tuple(hyps))
 

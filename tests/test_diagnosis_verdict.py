@@ -70,3 +70,14 @@ def test_slow_host_input_names_the_host() -> None:
     top = diagnose(w).verdict.top
     assert top.mechanism == "slow_host_input"
     assert top.hosts == ("node0001",) and set(top.ranks) == set(range(8, 16))
+
+
+def test_a_run_without_collectives_says_what_was_not_judged() -> None:
+    rng = np.random.default_rng(2)
+    step = 1e8 * (1 + 0.002 * rng.standard_normal((R, S)))
+    bare = diagnose(make_window(*_steps(step), ranks=rank_layout(R))).verdict.top
+    assert bare.mechanism == "healthy"
+    assert any("no collective was recorded" in c for c in bare.caveats)
+    n = np.full((R, S), 3.0)
+    timed = diagnose(make_window(*_steps(step), ranks=rank_layout(R), coll={"n": n}))
+    assert not any("no collective" in c for c in timed.verdict.top.caveats)
