@@ -151,11 +151,13 @@ def run(quick: bool) -> str:
     def most(xs: list[int | None]) -> str:
         return f"> {AFTER}" if any(x is None for x in xs) else str(max(x for x in xs if x))
 
-    met = all(x is not None and x <= 3 for x in worst)
+    def met(xs: list[int | None]) -> str:
+        return "met" if all(x is not None and x <= 3 for x in xs) else "not met"
+
     lines += [
         "",
-        f"Target ≤ 3 steps: worst case {most(worst)} for the panel, {most(worst_v)} for the "
-        f"verdict ({'met' if met else 'not met'} for the panel).",
+        f"Target ≤ 3 steps: worst case {most(worst)} for the panel ({met(worst)}), "
+        f"{most(worst_v)} for the verdict ({met(worst_v)}).",
     ]
     return "\n".join(lines) + "\n"
 
