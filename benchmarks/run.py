@@ -61,18 +61,21 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     names = args.names or ORDER
     sys.path.insert(0, str(HERE))
-    old = RESULTS.read_text() if RESULTS.exists() else ""
-    sections = _sections(old)
-    eval_block = re.search(r"<!-- eval:begin -->.*?<!-- eval:end -->", old, re.S)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    fresh: dict[str, str] = {}
     for name in names:
         mod = importlib.import_module(f"bench_{name}")
         print(f"== {name}", flush=True)
         body = mod.run(quick=args.quick).rstrip() + "\n"
-        sections[name] = (
+        fresh[name] = (
             f"_Measured {stamp} on {machine()}{' (quick)' if args.quick else ''}._\n\n{body}"
         )
         print(body, flush=True)
+    # Read the file only now: a long run must not put back sections that another run
+    # (or `rankscope eval`) rewrote meanwhile.
+    old = RESULTS.read_text() if RESULTS.exists() else ""
+    sections = {**_sections(old), **fresh}
+    eval_block = re.search(r"<!-- eval:begin -->.*?<!-- eval:end -->", old, re.S)
     out = [
         "# Benchmark results",
         "",
