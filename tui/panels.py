@@ -179,7 +179,10 @@ class HeaderBar(Static):
             return
         top.append(f" │ step {header.step:,}", style="bold")
         top.append(f" │ {header.job} · {header.run} · {header.scope}")
-        top.append(f" │ {header.world_size} ranks on {header.hosts} hosts")
+        top.append(
+            f" │ {header.world_size} rank{'s' if header.world_size != 1 else ''} on "
+            f"{header.hosts} host{'s' if header.hosts != 1 else ''}"
+        )
         if extra:
             top.append(f" │ {extra}", style="dim")
         s = header.stats
