@@ -104,10 +104,11 @@ def job_step_ns(window: Window) -> np.ndarray:
     every = max(1, window.present.shape[0] // MEDIAN_RANKS)
     present = window.present[::every]
     step = np.where(present, window.t_end[::every] - window.t_start[::every], np.nan)
-    if present.all():
+    known = np.isfinite(step)
+    if known.all():
         return np.median(step, axis=0)
     out = np.full(step.shape[1], np.nan)
-    seen = present.any(axis=0)
+    seen = known.any(axis=0)  # a step still open has no end yet
     if seen.any():
         out[seen] = np.nanmedian(step[:, seen], axis=0)
     return out
