@@ -24,6 +24,7 @@ phase that some rank reports), planned by `hub.ringbudget`:
 - runs with a recent step share the rest, each up to what it would keep alone
   (``min(history_steps, max_cells // world)``); runs idle for ``idle_s`` of the steps' own
   clock (finished, stalled) keep what is still left, down to the floor;
+- a run a viewer is showing (`Store.watch`, within the last ``WATCH_S``) counts as active;
 - when the plan asks less of a ring, it is re-allocated smaller keeping its newest steps
   (the others leave as when a full ring evicts: counted in the lifetime totals); when it
   offers an active run a quarter more than it holds, the ring grows. The plan is revisited
@@ -63,6 +64,8 @@ from rankscope.hub.ringbudget import RingClaim, plan
 from rankscope.hub.runstate import RunState, RunSummary
 
 MIN_RING_STEPS = 16
+WATCH_S = 30.0
+"""How long a `Store.watch` keeps a run planned as active after the viewer's last read."""
 """Fewest steps a ring holds, whatever the world size and the budget."""
 
 _INSTANCE_FIELDS = tuple(InstanceTable.__dataclass_fields__)
@@ -142,6 +145,8 @@ class Store:
         self.idle_ns = int(idle_s * 1e9)
         self._lock = threading.RLock()
         self._runs: dict[str, RunState] = {}
+        self._watched: dict[str, float] = {}
+        """Run -> monotonic time a viewer last asked to keep it (`watch`)."""
         self._counters: dict[str, Any] = {
             "messages": 0,
             "bytes": 0,
@@ -222,11 +227,27 @@ class Store:
 
     # -- the cell budget ------------------------------------------------------------------
 
-    def _claim(self, world: int, steps: int, last_ns: int, now: int) -> RingClaim:
+    def watch(self, run: str) -> None:
+        """A viewer is showing ``run``: plan its ring as an active run's for the next
+        ``WATCH_S`` seconds, even if it has finished, so that opening an older run does
+        not leave it at its floor while a newer one streams. Call it on every read.
+
+        Args:
+            run: the run id (unknown ids are remembered and harmless).
+        """
+        with self._lock:
+            fresh = run not in self._watched
+            self._watched[run] = time.monotonic()
+            if fresh and run in self._runs:
+                self._plan(None)
+
+    def _claim(
+        self, world: int, steps: int, last_ns: int, now: int, watched: bool = False
+    ) -> RingClaim:
         want = min(self.history_steps, max(MIN_RING_STEPS, self.max_cells // world))
         floor = min(want, max(MIN_RING_STEPS, self.floor_cells // world))
         # A run with no step yet has just started.
-        active = last_ns == schema.NO_TIME or now - last_ns <= self.idle_ns
+        active = watched or last_ns == schema.NO_TIME or now - last_ns <= self.idle_ns
         return RingClaim(world, steps, want, floor, active, last_ns)
 
     def _plan(self, new: tuple[int, int] | None) -> int:
@@ -243,7 +264,12 @@ class Store:
         now = max((r.last_ns for r in runs), default=schema.NO_TIME)
         if new is not None:  # a run whose processes just started is active from then
             now = max(now, new[1])
-        claims = [self._claim(r.world_size, r.H, r.last_ns, now) for r in runs]
+        seen = time.monotonic() - WATCH_S
+        self._watched = {rid: t for rid, t in self._watched.items() if t >= seen}
+        claims = [
+            self._claim(r.world_size, r.H, r.last_ns, now, rid in self._watched)
+            for rid, r in self._runs.items()
+        ]
         if new is not None:
             claims.append(self._claim(new[0], 0, new[1], now))
         target = plan(claims, self.max_cells)

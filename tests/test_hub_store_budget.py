@@ -224,3 +224,32 @@ def test_bad_budget_arguments_are_named() -> None:
         Store(max_cells=0)
     with pytest.raises(ValueError, match="idle_s"):
         Store(idle_s=-1)
+
+
+def test_a_run_the_view_shows_keeps_its_history_while_a_newer_one_streams() -> None:
+    world = 4
+    store = Store(history_steps=40, max_cells=224, floor_cells=32, idle_s=60, raw_steps=100)
+    intake = Intake(store)
+    feed(intake, hello("old", world, T0) + steps("old", world, 0, 50, T0))
+    store.settle()
+    store.watch("old")  # the view opens the finished run
+    t1 = T0 + GAP_NS
+    feed(intake, hello("new", world, t1) + steps("new", world, 0, 60, t1))
+    store.settle()
+    # Watched, the old run is planned as an active one: the two share the budget instead
+    # of the old one dropping to its floor of 16 steps.
+    assert store.run_state("old").H > 16
+    assert ring_budget(store) <= 224
+    assert store.window("old").steps.tolist()[-1] == 49
+
+
+def test_the_views_sampler_marks_the_run_it_shows() -> None:
+    from rankscope.tui.sources import StoreSource, sample
+
+    store = Store(history_steps=40, max_cells=224, floor_cells=32, idle_s=60)
+    intake = Intake(store)
+    feed(intake, hello("a", 4, T0) + steps("a", 4, 0, 5, T0))
+    feed(intake, hello("b", 4, T0) + steps("b", 4, 0, 5, T0))
+    store.settle()
+    assert sample(StoreSource(store, "test"), "a", 16).window is not None
+    assert set(store._watched) == {"a"}

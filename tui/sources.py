@@ -125,6 +125,9 @@ def sample(source: Source, run: str | None, last: int, max_cells: int | None = N
         return Sample(runs, None, None, health, "no runs yet")
     world = next((r.world_size for r in runs if r.run == run), 0)
     try:
+        watch = getattr(source, "watch", None)
+        if watch is not None:
+            watch(run)  # the store keeps the shown run's history even once it finished
         window = source.window(run, steps_within(last, world, max_cells))
     except Exception as exc:
         return Sample(runs, run, None, health, f"{type(exc).__name__}: {exc}")
@@ -221,6 +224,12 @@ class StoreSource:
     def runs(self) -> list[RunEntry]:
         """Known runs."""
         return [run_entry(s) for s in self.store.runs()]
+
+    def watch(self, run: str) -> None:
+        """Tell the store the view shows ``run`` (a hub store plans its ring as active)."""
+        keep = getattr(self.store, "watch", None)
+        if keep is not None:
+            keep(run)
 
     def window(self, run: str, last: int) -> Window | None:
         """The latest ``last`` steps of ``run``."""
