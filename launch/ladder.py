@@ -351,12 +351,22 @@ def build_ladder(
         if any(scope_index(s) >= scope_index(m.first_scope) for s in clean)
     )
     present = {r.scope for r in rungs}
+    # A scope as large as the parent job is the parent itself: a one-host job has no
+    # smaller node to rerun on, a two-host job no smaller pair of nodes.
+    n_hosts = len(set(parent.ranks.host.tolist()))
+    present |= {s for s, h in (("one-node", 1), ("two-node", 2)) if n_hosts <= h}
+    if parent.world_size <= 1:
+        present.add("one-rank")
     unmeasured: tuple[str, ...] = ()
     if first is None:
         meaning = "the regression appears at no measured scope: " + ABSENT_MEANS["full"]
         implicated: tuple[str, ...] = ()
     else:
-        unmeasured = tuple(s for s in LADDER[: scope_index(first.scope)] if s not in present)
+        # Only the scopes between the largest clean rung below and the first regressing one
+        # are open: a scope inside a clean one (one rank of a clean node) is clean too.
+        top = scope_index(first.scope)
+        below = max((scope_index(s) for s in clean), default=-1)
+        unmeasured = tuple(s for s in LADDER[below + 1 : top] if s not in present)
         meaning = APPEARS_MEANS[first.scope]
         if unmeasured:
             meaning = (

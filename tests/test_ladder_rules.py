@@ -227,3 +227,24 @@ def test_a_parent_alone_is_only_the_smallest_measured_scope() -> None:
     assert narrowed.first_scope == "one-node"
     assert narrowed.unmeasured_below == ("one-rank",)
     assert "slow_device" in narrowed.implicated
+
+
+def test_a_one_host_job_is_its_own_one_node_and_two_node_rung() -> None:
+    full = _flat(8)
+    full[3] *= 1.4
+    alone = build_ladder(_window(full, run="full", scope="full", parent=None), [])
+    assert alone.first_scope == "full"
+    assert alone.unmeasured_below == ("one-rank",)
+    assert alone.missing == ("one-rank",)
+
+
+def test_a_clean_node_closes_the_scopes_inside_it() -> None:
+    # The network case: one node clean, two nodes (the whole job) regress; one rank alone
+    # was never run, but it lies inside the clean node.
+    full = _flat(16)
+    ladder = build_ladder(
+        _window(full, run="full", scope="full", parent=None, tp_ms={0: 5.0, 1: 40.0}),
+        [_window(full[:8], run="c2", scope="one-node")],
+    )
+    assert [r.regression for r in ladder.rungs] == [False, True]
+    assert ladder.first_scope == "full" and ladder.unmeasured_below == ()
