@@ -351,31 +351,37 @@ def build_ladder(
         if any(scope_index(s) >= scope_index(m.first_scope) for s in clean)
     )
     present = {r.scope for r in rungs}
-    # A scope as large as the parent job is the parent itself: a one-host job has no
-    # smaller node to rerun on, a two-host job no smaller pair of nodes.
+    # A scope as large as the parent job is the parent itself: a one-host job is its own
+    # one-node rung (and two-node), a two-host job its own two-node rung.
     n_hosts = len(set(parent.ranks.host.tolist()))
-    present |= {s for s, h in (("one-node", 1), ("two-node", 2)) if n_hosts <= h}
+    covered = [s for s, h in (("one-rank", 0), ("one-node", 1), ("two-node", 2)) if n_hosts <= h]
     if parent.world_size <= 1:
-        present.add("one-rank")
+        covered = ["one-rank", "one-node", "two-node"]
+    present |= set(covered)
     unmeasured: tuple[str, ...] = ()
     if first is None:
         meaning = "the regression appears at no measured scope: " + ABSENT_MEANS["full"]
         implicated: tuple[str, ...] = ()
     else:
+        # The parent regressing at "full" regresses at the smallest scope it is as well.
+        scope = covered[0] if first.run == parent.run and covered else first.scope
         # Only the scopes between the largest clean rung below and the first regressing one
         # are open: a scope inside a clean one (one rank of a clean node) is clean too.
-        top = scope_index(first.scope)
+        top = scope_index(scope)
         below = max((scope_index(s) for s in clean), default=-1)
         unmeasured = tuple(s for s in LADDER[below + 1 : top] if s not in present)
-        meaning = APPEARS_MEANS[first.scope]
+        meaning = APPEARS_MEANS[scope]
+        if scope != first.scope:
+            job = f"{n_hosts}-host" if parent.world_size > 1 else "one-rank"
+            meaning = f"the {job} job is its own {scope} rung: {meaning}"
         if unmeasured:
             meaning = (
                 f"present at {first.scope}, but {', '.join(unmeasured)} "
                 f"{'was' if len(unmeasured) == 1 else 'were'} not run, so it may first appear "
-                f"lower; rerun there to narrow it. If {first.scope} is the first: {meaning}"
+                f"lower; rerun there to narrow it. If {scope} is the first: {meaning}"
             )
         implicated = tuple(
-            m for s in (*unmeasured, first.scope) for m in implicated_by(s) if m not in eliminated
+            m for s in (*unmeasured, scope) for m in implicated_by(s) if m not in eliminated
         )
     return Ladder(
         parent_run=parent.run,

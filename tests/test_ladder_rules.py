@@ -236,6 +236,11 @@ def test_a_one_host_job_is_its_own_one_node_and_two_node_rung() -> None:
     assert alone.first_scope == "full"
     assert alone.unmeasured_below == ("one-rank",)
     assert alone.missing == ("one-rank",)
+    # Regressing as a whole, it regresses at one node: the one-node mechanisms, not the
+    # full-scale ones, are what it implicates (with one rank's, not run).
+    assert "is its own one-node rung" in alone.meaning
+    assert {"slow_device", "data_imbalance", "local_fabric"} <= set(alone.implicated)
+    assert "intermittent_congestion" not in alone.implicated
 
 
 def test_a_clean_node_closes_the_scopes_inside_it() -> None:
@@ -248,3 +253,6 @@ def test_a_clean_node_closes_the_scopes_inside_it() -> None:
     )
     assert [r.regression for r in ladder.rungs] == [False, True]
     assert ladder.first_scope == "full" and ladder.unmeasured_below == ()
+    # Two hosts: the whole job is the two-node rung, which points at the network.
+    assert "is its own two-node rung" in ladder.meaning
+    assert "network_rail" in ladder.implicated and "local_fabric" in ladder.eliminated
