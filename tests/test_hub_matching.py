@@ -89,9 +89,9 @@ def single_group_job(
     return head, [m for _, _, m in body], raw, groups
 
 
-def reference(raw, groups, world: int):
+def reference(raw, groups, world: int, run: str = RUN):
     ids = {r: {**identity(r, world), "incarnation": 0} for r in range(world)}
-    return build_window(job="j", run=RUN, identities=ids, groups=groups, **raw)
+    return build_window(job="j", run=run, identities=ids, groups=groups, **raw)
 
 
 def feed(head, body, order=None, settle_every: int = 0, **kw) -> Store:

@@ -11,13 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_hub_job import BASE, assert_windows_equal, header, identity
-from test_hub_matching import paths  # noqa: F401  (fixture)
+from test_hub_matching import feed, paths, reference  # noqa: F401  (paths: a fixture)
 
 from rankscope.collector import schema
-from rankscope.diagnosis.arrivals import build_window
 from rankscope.hub.intake import Intake
 from rankscope.hub.pending import Part, prepare
-from rankscope.hub.store import Store
 
 RUN = "mixed"
 BUCKET = schema.FLAG_ASYNC | schema.FLAG_DDP_BUCKET
@@ -119,29 +117,12 @@ def hybrid_job(
     return head, [m for _, _, m in body], raw, groups
 
 
-def reference(raw, groups, world: int):
-    ids = {r: {**identity(r, world), "incarnation": 0} for r in range(world)}
-    return build_window(job="j", run=RUN, identities=ids, groups=groups, **raw)
-
-
-def feed(head, body, order=None, settle_every: int = 0, **kw) -> Store:
-    store = Store(raw_steps=100, **kw)
-    intake = Intake(store)
-    for m in head:
-        assert intake.feed(m)
-    for i, j in enumerate(order if order is not None else range(len(body))):
-        assert intake.feed(body[j])
-        if settle_every and i % settle_every == settle_every - 1:
-            store.settle()
-    return store
-
-
 @pytest.mark.parametrize("settle_every", [0, 1, 3, 7])
 def test_mixed_messages_take_blocks_and_equal_build_window(paths, settle_every: int) -> None:  # noqa: F811
     head, body, raw, groups = hybrid_job()
     store = feed(head, body, settle_every=settle_every)
     assert_windows_equal(
-        store.window(RUN), reference(raw, groups, 8), skip=("health", "clock_error_ns")
+        store.window(RUN), reference(raw, groups, 8, RUN), skip=("health", "clock_error_ns")
     )
     assert paths["blocks"] > 0 and paths["rows"] == 0
     totals = store.totals(RUN)
@@ -169,7 +150,7 @@ def test_mixed_variants_equal_build_window(paths, kw) -> None:  # noqa: F811
     order = np.random.default_rng(3).permutation(len(body))
     store = feed(head, body, order=order, settle_every=3)
     assert_windows_equal(
-        store.window(RUN), reference(raw, groups, 8), skip=("health", "clock_error_ns")
+        store.window(RUN), reference(raw, groups, 8, RUN), skip=("health", "clock_error_ns")
     )
     assert paths["blocks"] > 0 and paths["rows"] == 0
 
@@ -178,7 +159,7 @@ def test_a_piece_missing_a_row_takes_the_rows_path_with_the_same_result(paths) -
     head, body, raw, groups = hybrid_job(missing=(3, 1, 4))
     store = feed(head, body, settle_every=5)
     assert_windows_equal(
-        store.window(RUN), reference(raw, groups, 8), skip=("health", "clock_error_ns")
+        store.window(RUN), reference(raw, groups, 8, RUN), skip=("health", "clock_error_ns")
     )
     assert paths["rows"] > 0 and paths["blocks"] > 0
 
@@ -249,7 +230,7 @@ def test_any_arrival_order_and_pass_timing_gives_the_rows_path_window(
     order = np.random.default_rng(seed).permutation(len(body))
     store = feed(head, body, order=order, settle_every=settle_every)
     assert_windows_equal(
-        store.window(RUN), reference(raw, groups, world), skip=("health", "clock_error_ns")
+        store.window(RUN), reference(raw, groups, world, RUN), skip=("health", "clock_error_ns")
     )
     totals = store.totals(RUN)
     assert totals.instances_complete == steps * ((world // tp) * layers + tp * buckets)
@@ -272,6 +253,6 @@ def test_waiting_pieces_keep_only_their_own_rows_and_still_match() -> None:
     for m in late:
         assert intake.feed(m)
     assert_windows_equal(
-        store.window(RUN), reference(raw, groups, world), skip=("health", "clock_error_ns")
+        store.window(RUN), reference(raw, groups, world, RUN), skip=("health", "clock_error_ns")
     )
     assert store.totals(RUN).instances_complete == 4 * (4 * 6 + 2 * 3)
