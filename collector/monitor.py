@@ -35,15 +35,21 @@ _NEVER = -(1 << 62)
 MAX_USER_PHASES = 1024
 MAX_GROUP_ID = (1 << 31) - 1
 
-DDP_BUCKET_MODES = ("every", "sampled", "off")
-"""How DDP gradient buckets are timed (``rankscope.start(ddp_buckets=...)``):
+DDP_BUCKET_MODES = ("auto", "every", "sampled", "tail", "off")
+"""How DDP's gradient all-reduce is timed (``rankscope.start(ddp_buckets=...)``; the
+mechanisms are in ``torch_ddp``):
 
+- ``auto`` (default): ``tail`` for a model on the CPU, ``every`` on a GPU.
 - ``every``: a comm hook times every bucket of every step (per-bucket arrival and
-  transfer). A Python comm hook costs more than DDP's built-in C++ all-reduce, per bucket
-  (the reducer calls into Python for the hook and again for its completion callback).
+  transfer). A Python comm hook costs more than DDP's built-in C++ all-reduce: a call into
+  Python per bucket and its completion, and a division pass over the gradients that the
+  built-in path folds into its copy (on a CPU, that pass is the training thread's).
 - ``sampled``: the same hook, recording buckets on one step in ``ddp_sample_every``; the
   other steps run the hook without recording (a little cheaper than ``every``, still a
   Python hook per bucket).
+- ``tail``: no comm hook, DDP keeps its built-in path; one row per backward, from the end
+  of this rank's backward to the completion of its last bucket (the part of the all-reduce
+  the step waits for). Host times, so only on CPU; a GPU model gets ``every``.
 - ``off``: no comm hook, DDP keeps its built-in path. Steps, phases and the collectives
   the program calls itself are still recorded; DDP's gradient all-reduce is not seen.
 """
@@ -87,7 +93,7 @@ class Monitor:
         sample_interval_s: float = 1.0,
         clock_sync: bool = True,
         enabled: bool = True,
-        ddp_buckets: str = "every",
+        ddp_buckets: str = "auto",
         ddp_sample_every: int = DDP_SAMPLE_EVERY,
     ) -> None:
         """Build a monitor; ``start()`` launches its threads (``rankscope.start`` does both).

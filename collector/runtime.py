@@ -70,14 +70,14 @@ def _ddp_settings(env: Mapping[str, str], mode: str | None, every: int | None) -
     ignored with a warning)."""
     if mode is None:
         raw = env.get("RANKSCOPE_DDP_BUCKETS", "").strip().lower()
-        mode = raw or "every"
+        mode = raw or "auto"
         if mode not in DDP_BUCKET_MODES:
             log.warning(
                 "rankscope: ignoring RANKSCOPE_DDP_BUCKETS=%r (not one of %s)",
                 raw,
                 ", ".join(DDP_BUCKET_MODES),
             )
-            mode = "every"
+            mode = "auto"
     elif mode not in DDP_BUCKET_MODES:
         raise ValueError(f"ddp_buckets {mode!r} is not one of {', '.join(DDP_BUCKET_MODES)}")
     if every is None:
@@ -170,10 +170,12 @@ def start(
         clock_sync: ping the hub's clock service.
         instrument_torch: wrap torch.distributed collectives, optimizer steps and the
             DataLoader (default: when torch is already imported).
-        ddp_buckets: how DDP gradient buckets are timed (``RANKSCOPE_DDP_BUCKETS``, else
-            ``every``): ``every`` bucket of every step through a Python comm hook;
-            ``sampled``, the same hook recording one step in ``ddp_sample_every``; ``off``,
-            no hook (DDP's built-in all-reduce, the cheapest; its buckets are not seen).
+        ddp_buckets: how DDP's gradient all-reduce is timed (``RANKSCOPE_DDP_BUCKETS``,
+            else ``auto``), one of ``monitor.DDP_BUCKET_MODES``: ``auto`` is ``tail`` on
+            CPU and ``every`` on GPU; ``every`` bucket of every step through a Python comm
+            hook; ``sampled``, the same hook recording one step in ``ddp_sample_every``;
+            ``tail``, no hook, one row per backward for the wait at its end; ``off``, no
+            hook and nothing of DDP's all-reduce seen.
         ddp_sample_every: with ``sampled``, the step period (``RANKSCOPE_DDP_SAMPLE_EVERY``,
             else 10).
 

@@ -110,6 +110,10 @@ FLAG_DDP_BUCKET = 1 << 3
 """A DDP gradient bucket seen through the comm hook."""
 FLAG_MANUAL = 1 << 4
 """Recorded through the explicit API rather than auto-instrumentation."""
+FLAG_DDP_TAIL = 1 << 5
+"""The tail of DDP's gradient all-reduce, one row per backward: entry when this rank's
+backward finished (its last bucket launched), exit when every bucket was reduced. A
+blocking row: the rank waits for it."""
 
 STEP_COLUMNS: dict[str, np.dtype] = {
     "step": np.dtype("<i8"),

@@ -3,10 +3,10 @@
 What is captured, and how (torch is imported only when this module is used):
 
 - ``torch.distributed`` Python collectives: wrapped by ``torch_collectives``.
-- DDP gradient buckets: a comm hook equivalent to DDP's default all-reduce, registered at
-  the model's first forward unless the user registered their own (then the collectives
-  inside theirs are seen through the wrappers instead). ``Monitor.ddp_buckets`` chooses
-  every step, one step in N, or no hook at all (``monitor.DDP_BUCKET_MODES``).
+- DDP's gradient all-reduce: per bucket through a comm hook, or as the all-reduce's tail
+  with no hook (``torch_ddp``; ``Monitor.ddp_buckets`` chooses), set up at the model's
+  first forward unless the user registered a comm hook of their own (then the
+  collectives inside theirs are seen through the wrappers instead).
 - Step boundaries: torch's global optimizer step hooks (the first optimizer that steps
   is the step clock); the optimizer itself is the ``optimizer`` phase.
 - Input waits: the DataLoader iterator's ``__next__`` is the ``input`` phase.
@@ -23,15 +23,10 @@ import sys
 import time
 from typing import Any
 
-from rankscope.collector import schema
+from rankscope.collector import schema, torch_ddp
 from rankscope.collector.monitor import Monitor
 from rankscope.collector.torch_collectives import (
-    _ALL_REDUCE,
-    _ASYNC,
-    _BUCKET,
-    _DEV,
     COLLECTIVES,
-    NO_TIME,
     _group_id,
     _name_group,
     _state,
@@ -48,117 +43,6 @@ MESH_ALIASES = {
     "expert": "ep",
 }
 """DeviceMesh dimension names mapped onto ``schema.MESH_DIMS``."""
-
-
-class _BucketDone:
-    """Completion callback of one DDP bucket's all-reduce: stamps the row's exit and hands
-    DDP the reduced tensor. One per bucket index, reused every step (a bucket's previous
-    all-reduce has completed before DDP runs its hook again), so timing a bucket allocates
-    no closure."""
-
-    __slots__ = ("ev0", "row")
-
-    def __init__(self) -> None:
-        self.row = -1
-        self.ev0: Any = None
-
-    def __call__(self, fut: Any) -> Any:
-        t = time.monotonic_ns()
-        mon = _state.mon
-        if mon is not None:
-            try:
-                if self.ev0 is None:
-                    mon._colls.complete(self.row, "t_exit", t, _DEV)
-                elif mon._colls.set_field(self.row, "t_exit", t):
-                    _state.timer.track(self.row, self.ev0, _state.timer.event())
-            except Exception as exc:
-                mon._error("ddp_bucket_done", exc)
-        return fut.value()[0]
-
-
-class _BucketHookState:
-    """Per-model state of the DDP comm hook: the group and what is constant about it,
-    looked up once instead of per bucket.
-
-    Attributes:
-        pg: the process group DDP was given (None: the default group).
-        group: the process group DDP reduces over.
-        size: its size (the gradient divisor).
-        gid: its rankscope group id (-1: this rank is not a member).
-        every: record buckets on steps whose number is a multiple of this (1: all).
-        done: the reusable completion callback per bucket index.
-        generation: ``_state.generation`` when ``gid`` was looked up.
-    """
-
-    __slots__ = ("done", "every", "generation", "gid", "group", "pg", "size")
-
-    def __init__(self, group: Any, every: int) -> None:
-        dist = sys.modules["torch.distributed"]
-        self.pg = group
-        self.group = group if group is not None else dist.group.WORLD
-        self.size = self.group.size()
-        self.gid = _group_id(group)
-        self.generation = _state.generation
-        self.every = every
-        self.done: dict[int, _BucketDone] = {}
-
-    def refresh(self) -> None:
-        """Monitoring was restarted: look the group up (and register it) again."""
-        self.gid = _group_id(self.pg)
-        self.generation = _state.generation
-
-
-def _ddp_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]
-    """DDP's default gradient all-reduce, timed: entry when the bucket is ready, exit when
-    its future completes. (Left unannotated: DDP refuses a hook whose ``bucket``
-    annotation is not ``dist.GradBucket``.)
-
-    It calls the process group directly, as DDP's built-in C++ path does, instead of
-    ``dist.all_reduce``, whose Python argument handling would cost more than the timing.
-    """
-    t0 = time.monotonic_ns()
-    tensor = bucket.buffer()
-    tensor.div_(state.size)
-    mon = _state.mon
-    ev0 = None
-    if mon is not None and _state.cuda and tensor.is_cuda:
-        ev0 = _state.timer.event()
-    if tensor.is_complex():
-        work = _state.orig_all_reduce(tensor, group=state.group, async_op=True)
-    else:
-        work = state.group.allreduce([tensor])
-    fut = work.get_future()
-    if mon is None:
-        return fut.then(_bucket_value)
-    if state.generation != _state.generation:
-        state.refresh()
-    if state.gid < 0:
-        return fut.then(_bucket_value)
-    if state.every > 1 and mon._step % state.every:
-        # Not a sampled step: keep the group's sequence in issue order, record nothing.
-        seqs = mon._seq
-        seqs[state.gid] = seqs.get(state.gid, 0) + 1
-        return fut.then(_bucket_value)
-    try:
-        row = mon._rec_coll(
-            _ALL_REDUCE, state.gid, tensor.nbytes, t0, NO_TIME, _ASYNC | _BUCKET | _DEV
-        )
-    except Exception as exc:
-        mon._error("ddp_hook", exc)
-        row = -1
-    if row < 0:
-        return fut.then(_bucket_value)
-    index = bucket.index()
-    done = state.done.get(index)
-    if done is None:
-        done = state.done[index] = _BucketDone()
-    done.row = row
-    done.ev0 = ev0
-    return fut.then(done)
-
-
-def _bucket_value(f: Any) -> Any:
-    return f.value()[0]
 
 
 _BACKWARD = schema.PHASE_INDEX["backward"]
@@ -185,10 +69,13 @@ def _backward_start(_grad: Any) -> None:
             _state.mon._error("backward_hook", exc)
 
 
-def _watch_backward(mon: Monitor, out: Any) -> None:
+def _watch_backward(mon: Monitor, out: Any, tail: torch_ddp.DDPTail | None = None) -> None:
     """Time the backward pass through ``out`` (the model's output) unless the program
-    marks ``backward`` itself, or ``out`` holds no tensor that needs a gradient."""
-    if mon.user_backward:
+    marks ``backward`` itself, or ``out`` holds no tensor that needs a gradient; with
+    ``tail``, the DDP all-reduce tail of that backward too (it times the phase then)."""
+    if tail is not None:
+        tail.phase = not mon.user_backward
+    elif mon.user_backward:
         return
     t = out
     if not getattr(t, "requires_grad", False):
@@ -204,11 +91,12 @@ def _watch_backward(mon: Monitor, out: Any) -> None:
     try:
         # The node's pre-hook: a C++ binding, cheaper than Tensor.register_hook's
         # Python bookkeeping (a leaf output has no node and takes the tensor hook).
+        hook = _backward_start if tail is None else tail.started
         node = t.grad_fn
         if node is not None:
-            node.register_prehook(_backward_start)
+            node.register_prehook(hook)
         else:
-            t.register_hook(_backward_start)
+            t.register_hook(hook)
     except Exception as exc:
         mon._error("backward_hook", exc)
 
@@ -222,7 +110,7 @@ def _forward_hooks(model: Any) -> None:
     def pre(_module: Any, _inputs: Any) -> None:
         box[0] = time.monotonic_ns()
         if not getattr(model, "_rankscope_hook_set", True):
-            _register_ddp_hook(model)
+            torch_ddp.register(model)
 
     def post(_module: Any, _inputs: Any, output: Any) -> None:
         mon = _state.mon
@@ -232,22 +120,6 @@ def _forward_hooks(model: Any) -> None:
 
     _state.handles.append(model.register_forward_pre_hook(pre))
     _state.handles.append(model.register_forward_hook(post))
-
-
-def _register_ddp_hook(model: Any) -> None:
-    model._rankscope_hook_set = True
-    if getattr(model, "_comm_hooks", None) or getattr(model, "_rankscope_user_hook", False):
-        return
-    mon = _state.mon
-    mode, every = (mon.ddp_buckets, mon.ddp_sample_every) if mon is not None else ("off", 1)
-    if mode == "off":
-        return  # DDP keeps its built-in C++ all-reduce
-    try:
-        state = _BucketHookState(model.process_group, every if mode == "sampled" else 1)
-        model.register_comm_hook(state, _ddp_allreduce_hook)
-    except Exception as exc:  # e.g. a built-in hook registered through another path
-        if mon is not None:
-            mon._error("ddp_comm_hook", exc)
 
 
 def instrument(model: Any, monitor: Monitor | None = None) -> Any:
@@ -355,6 +227,7 @@ def _ddp_patches(torch: Any) -> None:
     orig_forward = DDP.forward
     fwd = schema.PHASE_INDEX["forward"]
     mono = time.monotonic_ns
+    grad_enabled = torch.is_grad_enabled
 
     @functools.wraps(orig_forward)
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -362,11 +235,14 @@ def _ddp_patches(torch: Any) -> None:
         if mon is None:
             return orig_forward(self, *args, **kwargs)
         if self.__dict__.get("_rankscope_hook_set", True) is False:
-            _register_ddp_hook(self)  # the first forward of an instrumented model
+            torch_ddp.register(self)  # the first forward of an instrumented model
         t0 = mono()
         out = orig_forward(self, *args, **kwargs)
         mon._rec_phase(fwd, t0, mono())
-        _watch_backward(mon, out)
+        tail = self.__dict__.get("_rankscope_tail")
+        if tail is not None and not (self.require_backward_grad_sync and grad_enabled()):
+            tail = None  # no_sync() or no gradient: DDP reduces nothing after this forward
+        _watch_backward(mon, out, tail)
         return out
 
     @functools.wraps(orig_init)
@@ -380,7 +256,7 @@ def _ddp_patches(torch: Any) -> None:
 
     @functools.wraps(orig_register)
     def register_comm_hook(self: Any, state: Any, hook: Any) -> None:
-        if hook is not _ddp_allreduce_hook:
+        if hook is not torch_ddp._ddp_allreduce_hook:
             self._rankscope_user_hook = True
         return orig_register(self, state, hook)
 

@@ -49,6 +49,7 @@ from rankscope.collector.schema import (
     FLAG_ASYNC,
     FLAG_COALESCED,
     FLAG_DDP_BUCKET,
+    FLAG_DDP_TAIL,
     FLAG_DEVICE_TIMED,
     FLAG_MANUAL,
     NO_TIME,
@@ -64,6 +65,7 @@ _FLAG_NAMES = (
     (FLAG_COALESCED, "coalesced"),
     (FLAG_DDP_BUCKET, "ddp_bucket"),
     (FLAG_MANUAL, "manual"),
+    (FLAG_DDP_TAIL, "ddp_tail"),
 )
 
 # Slice kinds, in the order a tie (same start and end) nests: the step holds its phases,

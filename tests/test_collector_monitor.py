@@ -367,7 +367,7 @@ def test_ddp_bucket_setting_from_arguments_and_env(
     with caplog.at_level("WARNING", logger="rankscope"):
         mon = runtime.start(job="j", sample_interval_s=0, instrument_torch=False)
     try:
-        assert (mon.ddp_buckets, mon.ddp_sample_every) == ("every", 10)
+        assert (mon.ddp_buckets, mon.ddp_sample_every) == ("auto", 10)
     finally:
         runtime.close()
     assert "RANKSCOPE_DDP_BUCKETS='never'" in caplog.text

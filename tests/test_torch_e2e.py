@@ -395,10 +395,11 @@ def test_point_to_point_keeps_collectives_matched(tmp_path: Path) -> None:
     assert counters["collector_errors"] == {}
 
 
-@pytest.mark.parametrize("mode", ["off", "sampled"])
+@pytest.mark.parametrize("mode", ["off", "sampled", "tail"])
 def test_ddp_bucket_settings_across_ranks(mode: str) -> None:
     """``RANKSCOPE_DDP_BUCKETS`` in a real zero-code job. ``sampled``: bucket instances
     of the sampled steps still match across ranks (the sequence counts every bucket).
+    ``tail``: one all-reduce row per step, matched across ranks, no comm hook.
     ``off``: steps and phases without a single collective, and the diagnosis still runs."""
     port = free_port_pair()
     hub = Hub(bind=f"tcp://127.0.0.1:{port}").start()
@@ -432,6 +433,16 @@ def test_ddp_bucket_settings_across_ranks(mode: str) -> None:
             return
         rows = window.rows
         assert rows is not None
+        if mode == "tail":
+            assert not np.any(rows.flags & schema.FLAG_DDP_BUCKET)
+            tail = (rows.flags & schema.FLAG_DDP_TAIL) != 0
+            assert np.all(inst.n_arrived == inst.n_members), "an instance is not matched"
+            # The window keeps the raw rows of its last steps: one tail row per rank there.
+            kept, n = np.unique(rows.step[tail & (rows.step < steps)], return_counts=True)
+            assert len(kept) > 0 and np.all(n == 2)
+            per_step = np.bincount(inst.step[inst.step < steps].astype(int), minlength=steps)
+            assert per_step.tolist() == [3 * (s > 0) + 1 for s in range(steps)]
+            return
         bucket = (rows.flags & schema.FLAG_DDP_BUCKET) != 0
         assert bucket.any()
         assert set(np.unique(rows.step[bucket]).tolist()) <= set(range(0, steps + 1, 3))

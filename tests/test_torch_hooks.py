@@ -149,18 +149,23 @@ def test_training_loop_auto_steps_phases_and_ddp_buckets(mon: Monitor) -> None:
         # forward, then backward (from the output's gradient to autograd's end), then step
         fwd, bwd, opt_ = by[PH["forward"]], by[PH["backward"]], by[PH["optimizer"]]
         assert fwd["t1"] <= bwd["t0"] < bwd["t1"] <= opt_["t0"]
+    # On CPU the default times DDP's all-reduce by its tail: no comm hook, one blocking
+    # row per backward, from the end of the backward phase to the end of DDP's wait.
+    assert not model._comm_hooks
     rows = _colls(mon)
-    deadline = time.monotonic() + 5
-    while np.any(_colls(mon)["t_exit"] == schema.NO_TIME) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    rows = _colls(mon)
-    bucket = (rows["flags"] & schema.FLAG_DDP_BUCKET) != 0
-    assert bucket.sum() == 3 and np.all(rows["op"][bucket] == OP["all_reduce"])
-    assert np.all(rows["flags"][bucket] & schema.FLAG_ASYNC)
-    assert rows["step"][bucket].tolist() == [0, 1, 2]
-    assert np.all(rows["t_exit"][bucket] >= rows["t_enter"][bucket])
+    tail = (rows["flags"] & schema.FLAG_DDP_TAIL) != 0
+    assert tail.sum() == 3 and len(rows) == 3
+    assert np.all(rows["op"][tail] == OP["all_reduce"])
+    assert not np.any(rows["flags"][tail] & (schema.FLAG_ASYNC | schema.FLAG_DDP_BUCKET))
+    assert rows["step"][tail].tolist() == [0, 1, 2]
+    assert rows["seq"][tail].tolist() == [0, 1, 2]
     n_params = sum(p.numel() for p in model.parameters())
-    assert rows["nbytes"][bucket].tolist() == [4 * n_params] * 3
+    assert rows["nbytes"][tail].tolist() == [4 * n_params] * 3
+    for k, row in enumerate(rows[tail]):
+        by = {int(p["phase"]): p for p in phases[phases["step"] == k]}
+        # The rank arrives when its backward ends, and leaves before the optimizer steps.
+        assert row["t_enter"] == by[PH["backward"]]["t1"]
+        assert row["t_enter"] <= row["t_exit"] <= by[PH["optimizer"]]["t0"]
     # The forward phase comes from DDP's forward, not module hooks: every call of the model
     # keeps torch's fast path.
     assert not model._forward_hooks and not model._forward_pre_hooks
@@ -248,7 +253,7 @@ def test_device_mesh_coordinates_and_group_names(mon: Monitor) -> None:
     assert next(g for g in groups if g["id"] == gid)["name"] == "tp"
 
 
-@pytest.mark.parametrize("mode", ["every", "sampled", "off"])
+@pytest.mark.parametrize("mode", ["every", "sampled", "tail", "auto", "off"])
 def test_ddp_bucket_timing_settings(mon: Monitor, mode: str) -> None:
     mon.ddp_buckets, mon.ddp_sample_every = mode, 2
     torch.manual_seed(0)
@@ -273,11 +278,15 @@ def test_ddp_bucket_timing_settings(mon: Monitor, mode: str) -> None:
         time.sleep(0.01)
     rows = _colls(mon)
     bucket = rows[(rows["flags"] & schema.FLAG_DDP_BUCKET) != 0]
+    tail = rows[(rows["flags"] & schema.FLAG_DDP_TAIL) != 0]
     assert mon._steps.unread()["step"].tolist() == [0, 1, 2, 3]
     assert set(mon._phases.unread()["phase"].tolist()) >= {PH["forward"], PH["optimizer"]}
-    if mode == "off":
+    if mode in ("off", "tail", "auto"):
         assert len(bucket) == 0 and not model._comm_hooks  # DDP's built-in path
+        # tail, and auto on a CPU model: one row per backward whatever the buckets.
+        assert tail["step"].tolist() == ([] if mode == "off" else [0, 1, 2, 3])
         return
+    assert len(tail) == 0
     per_step = np.bincount(bucket["step"], minlength=4).tolist()
     assert np.all(bucket["t_exit"] >= bucket["t_enter"])
     # DDP's first step runs one bucket, then rebuilds them in gradient order.
@@ -336,3 +345,23 @@ def test_ddp_hook_follows_a_restarted_monitor(mon: Monitor) -> None:
     finally:
         torch_hooks.uninstall()
         again.close(timeout_s=0.2)
+
+
+def test_ddp_tail_follows_synchronising_backwards_only(mon: Monitor) -> None:
+    model = DDP(nn.Linear(4, 2))
+    x = torch.randn(3, 4)
+    with model.no_sync():  # gradient accumulation: DDP reduces nothing after this forward
+        model(x).sum().backward()
+    model(x).sum().backward()
+    with torch.no_grad():
+        model(x)
+    tail = _colls(mon)
+    assert (tail["flags"] & schema.FLAG_DDP_TAIL).tolist() == [schema.FLAG_DDP_TAIL]
+    phases = mon._phases.unread()
+    assert phases["phase"].tolist().count(PH["backward"]) == 2  # both backwards are timed
+    # A program that marks backward itself keeps its own span; the tail is still timed.
+    with mon.phase("backward"):
+        model(x).sum().backward()
+    rows = _colls(mon)
+    assert len(rows) == 2 and rows["seq"].tolist() == [0, 1]
+    assert mon._phases.unread()["phase"].tolist().count(PH["backward"]) == 3

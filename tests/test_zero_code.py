@@ -145,7 +145,7 @@ def test_run_environment() -> None:
     assert env["RANKSCOPE_RUN"].startswith("llm-")  # single node: the run is named here
     assert env["PYTHONPATH"] == "/site" + os.pathsep + "/existing"
     assert env["RANKSCOPE_ZERO_CODE"] == "1"
-    assert "RANKSCOPE_DDP_BUCKETS" not in env  # the collector's default (every) applies
+    assert "RANKSCOPE_DDP_BUCKETS" not in env  # the collector's default (auto) applies
     args = _args("--ddp-buckets", "sampled", "--ddp-sample-every", "4", "--", "x.py")
     env = run_cmd.build_env(args, {}, "/site")
     assert env["RANKSCOPE_DDP_BUCKETS"] == "sampled" and env["RANKSCOPE_DDP_SAMPLE_EVERY"] == "4"

@@ -41,8 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         choices=DDP_BUCKET_MODES,
         help=(
-            "how DDP gradient buckets are timed: every (default), sampled (one step in "
-            "--ddp-sample-every), off (DDP keeps its built-in all-reduce; lowest overhead)"
+            "how DDP's gradient all-reduce is timed: auto (default: tail on CPU, every on "
+            "GPU), every (each bucket, through a comm hook), sampled (the buckets of one "
+            "step in --ddp-sample-every), tail (no hook: one row per backward, from the end "
+            "of the rank's backward to its last bucket's completion; CPU), off (not timed)"
         ),
     )
     parser.add_argument(
