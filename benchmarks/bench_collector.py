@@ -146,7 +146,7 @@ def step_parts(quick: bool) -> dict[str, Any]:
     Arms: ``bare`` (DDP's built-in all-reduce, no rankscope), ``python_hook`` (a Python
     comm hook doing DDP's default, no rankscope) and one per bucket-timing setting
     (everything installed: wrapped collectives, DataLoader, optimizer hooks, DDP forward,
-    and the comm hook for ``every``/``sampled``). Each step
+    and the comm hook for ``every``/``sampled``, the tail callbacks for ``tail``). Each step
     runs one arm, in a shuffled order per round; per round the arm's cost minus the bare
     arm's is one paired difference.
     """
@@ -294,7 +294,7 @@ def run(quick: bool) -> str:
         "### Cost per training step, by part (world size 1)",
         "",
         f"One gloo DDP rank (MLP 16-256-4, batch 8, a DataLoader, three explicit "
-        f"collectives per step). Five arms alternate step by step in shuffled order, "
+        f"collectives per step). Six arms alternate step by step in shuffled order, "
         f"{parts['rounds']} rounds: DDP's built-in C++ all-reduce; the same all-reduce "
         "as a minimal Python comm hook (no rankscope); and the full collector (wrapped "
         "collectives, DataLoader, optimizer step hooks, DDP forward and backward) with "
@@ -310,6 +310,7 @@ def run(quick: bool) -> str:
         ("python_hook", "Python comm hook, no rankscope"),
         ("every", "collector, `ddp_buckets=every`"),
         ("sampled", f"collector, `ddp_buckets=sampled` (1 in {SAMPLE_EVERY})"),
+        ("tail", "collector, `ddp_buckets=tail` (`auto` on CPU)"),
         ("off", "collector, `ddp_buckets=off`"),
     ):
         t, p = parts["thread"][arm], parts["process"][arm]
@@ -320,6 +321,7 @@ def run(quick: bool) -> str:
     hook_us = parts["thread"]["python_hook"]["diff_us"][1]
     full_us = parts["thread"]["every"]["diff_us"][1]
     off_us = parts["thread"]["off"]["diff_us"][1]
+    tail_us = parts["thread"]["tail"]["diff_us"][1]
     div = division_cost(quick)
     lines += [
         "",
@@ -333,7 +335,9 @@ def run(quick: bool) -> str:
         f"the bucket: on this CPU that pass costs {div[0]:.0f} µs for a 1 MiB bucket and "
         f"{div[1]:.0f} µs for a 25 MiB one (best of {div[2]}), so with a comm hook the "
         "cost grows with the gradient size as well as the bucket count. On a GPU the "
-        "division is one kernel per bucket, queued on the device.",
+        "division is one kernel per bucket, queued on the device. `tail` (what `auto` "
+        "chooses on CPU) registers no hook either: two autograd final callbacks per "
+        f"backward and one row, {tail_us:.0f} µs in all.",
     ]
 
     jobs = [in_job_ab(4, 6 if quick else 10), in_job_ab(2, 6 if quick else 10)]
@@ -343,7 +347,8 @@ def run(quick: bool) -> str:
         "",
         "The training loop of `examples/tiny_ddp.py` (MLP 16-256-4, batch 8, three explicit "
         "collectives per step), launched once; each pair is a bare block and an "
-        "instrumented block (full collector, `ddp_buckets=every`, reporting to a live "
+        "instrumented block (full collector with its defaults, so `ddp_buckets=auto`, the "
+        "tail on CPU, reporting to a live "
         "hub, started per block) run back to back, in random order, by the same "
         "processes. Per block: median step wall time and process CPU per step (every "
         "thread: training, gloo, rankscope), averaged over ranks; the start-up of each "
@@ -405,6 +410,7 @@ def run(quick: bool) -> str:
         "python_hook": "Python hook, no rankscope",
         "every": "`every`",
         "sampled": f"`sampled` (1 in {SAMPLE_EVERY})",
+        "tail": "`tail` (`auto` on CPU)",
         "off": "`off`",
     }
     for j in steps:
@@ -472,7 +478,8 @@ def run(quick: bool) -> str:
         "the marks of the step, input, forward and optimizer), plus, when DDP buckets "
         "are timed, one Python comm hook per bucket and a division pass over the "
         "gradients. `ddp_buckets=off` keeps DDP's built-in all-reduce and leaves only the "
-        "fixed part; `sampled` records one step in "
+        "fixed part; `tail`, the default on CPU, keeps it too and adds two callbacks and "
+        "one row per backward; `sampled` records one step in "
         f"{SAMPLE_EVERY} but its other steps still run the hook, so it saves the "
         "recording (and nine tenths of the bucket rows shipped and stored), not the "
         "hook.",

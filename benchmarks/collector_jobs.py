@@ -22,7 +22,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "tiny_ddp.py"
-BUCKET_MODES = ("every", "sampled", "off")
+BUCKET_MODES = ("every", "sampled", "tail", "off")
 """The collector's DDP bucket-timing settings, one instrumented arm each."""
 SAMPLE_EVERY = 10
 BLOCK_S = 3.0
