@@ -365,3 +365,24 @@ def test_ddp_tail_follows_synchronising_backwards_only(mon: Monitor) -> None:
     rows = _colls(mon)
     assert len(rows) == 2 and rows["seq"].tolist() == [0, 1]
     assert mon._phases.unread()["phase"].tolist().count(PH["backward"]) == 3
+
+
+def test_ddp_timing_mode_follows_the_model_device() -> None:
+    from rankscope.collector.torch_ddp import resolve_mode
+
+    class OnGPU:  # what DDP exposes of where its model lives
+        device_type = "cuda"
+
+    class OnCPU:
+        device_type = "cpu"
+
+    gpu, cpu = OnGPU(), OnCPU()
+    # Host times say nothing of an NCCL reduction: a GPU model gets the per-bucket hook.
+    assert [resolve_mode(m, gpu) for m in ("auto", "tail", "every", "sampled", "off")] == [
+        "every",
+        "every",
+        "every",
+        "sampled",
+        "off",
+    ]
+    assert [resolve_mode(m, cpu) for m in ("auto", "tail", "every")] == ["tail", "tail", "every"]
