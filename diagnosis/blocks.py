@@ -52,6 +52,13 @@ def block_nanmedian(values: np.ndarray, overwrite: bool = False) -> np.ndarray:
         of the two middle values.
     """
     c, k = values.shape
+    if c > 1 and c * k >= _KEY_SORT_MIN and values.min() >= 0.0:
+        # No NaN and no negative value: the floats order as their bits do, and numpy sorts
+        # many short rows of integers several times faster than the columns of a block.
+        keys = np.ascontiguousarray(values.T).view(np.int64)
+        keys.sort(axis=1)
+        mid = keys[:, [(c - 1) // 2, c // 2]].view(np.float64)
+        return 0.5 * (mid[:, 0] + mid[:, 1])
     if overwrite:
         values.sort(axis=0)  # NaN sorts last
         s = values
@@ -65,6 +72,21 @@ def block_nanmedian(values: np.ndarray, overwrite: bool = False) -> np.ndarray:
     hi = np.minimum(valid // 2, c - 1)
     med = 0.5 * (s[lo, cols] + s[hi, cols])
     return np.where(valid > 0, med, np.nan)
+
+
+_KEY_SORT_MIN = 4096
+"""Blocks of at least this many values sort as integer keys (below it the extra calls
+cost more than the faster sort saves)."""
+
+
+def _first_true(mask: np.ndarray) -> np.ndarray:
+    """int64 first row of each column of a bool (c, k) ``mask`` where it is True (every
+    column has one): the largest of the rows' descending weights where True, a reduction
+    over axis 0 of small integers, several times faster than ``argmax(axis=0)``."""
+    c = mask.shape[0]
+    dtype = np.int8 if c < 2**7 else np.int16 if c < 2**15 else np.int64
+    weight = np.arange(c, 0, -1, dtype=dtype)[:, None] * mask
+    return c - weight.max(axis=0).astype(np.int64)
 
 
 def match_block(
@@ -96,13 +118,13 @@ def match_block(
     at_last = enter == last
     if rank.shape[1] == 1 and (c == 1 or bool((rank[1:, 0] > rank[:-1, 0]).all())):
         # Rows in ascending rank order: the first row at the latest entry is the last arriver.
-        last_row = at_last.argmax(axis=0)
+        last_row = _first_true(at_last)
         last_rank = rank[last_row, 0].astype(np.int64)
     else:
         ranks = np.broadcast_to(rank, (c, k))
         last_rank = np.where(at_last, ranks, np.iinfo(np.int64).max).min(axis=0)
         # The same rank twice at the latest entry: its first row is the last arriver.
-        last_row = (at_last & (ranks == last_rank)).argmax(axis=0)
+        last_row = _first_true(at_last & (ranks == last_rank))
     cols = np.arange(k)
     if c > 1:
         # The latest entry of the other rows: hide the last arriver's for one reduction
