@@ -46,6 +46,8 @@ class _Block:
     step: np.ndarray | None = None
     bounds: np.ndarray | None = None
     """Start column of each sub-block, then the total."""
+    nbytes: np.ndarray | None = None
+    """Per instance, the size every member moves; None when some member moves another."""
     _plan: list[tuple[Mapping[str, np.ndarray], np.ndarray, np.ndarray]] | None = None
     _plan_done: bool = False
     """`_gather` ran for the current sub-blocks (reset when they change)."""
@@ -195,21 +197,53 @@ def _blocks(parts: list[Part]) -> tuple[list[_Block], list[Part]]:
 def _verify(b: _Block) -> list[Part]:
     """Check that every part of each sub-block has the ``seq`` and ``step`` columns of its
     first; drop the sub-blocks that do not (returned as loose parts). Every row of a part
-    is of its group (`Part.group`, checked when the part was made), the block's."""
-    b.bounds = np.cumsum([0] + [sub[0].n for sub in b.subs])
-    seq, step = b.stack("seq"), b.stack("step")
-    same = (seq == seq[0]).all(axis=0) & (step == step[0]).all(axis=0)
-    if same.all():
-        b.seq, b.step = seq[0].copy(), step[0].copy()
-        return []
-    good = np.logical_and.reduceat(same, b.bounds[:-1])
-    bad = [p for sub, ok in zip(b.subs, good) if not ok for p in sub]
-    b.subs = [sub for sub, ok in zip(b.subs, good) if ok]
-    b._plan_done = False
-    b.first_part = [f for f, ok in zip(b.first_part, good) if ok]
-    if b.subs:
-        bad += _verify(b)
+    is of its group (`Part.group`, checked when the part was made), the block's.
+
+    Parts that matched one reference at ingest (`Part.ref`) are equal without another look
+    at their rows. Others are compared with their sub-block's first as bytes: one copy and
+    one compare a part, with no block-sized temporary. The same look tells whether every
+    member moves the same sizes (``nbytes``)."""
+    bad: list[Part] = []
+    subs, first_part, seq, step, nbytes = [], [], [], [], []
+    same_sizes = True
+    for sub, f in zip(b.subs, b.first_part):
+        head = sub[0]
+        ref = head.ref
+        if ref is not None and all(p.ref is ref for p in sub):
+            sizes = all(p.same_sizes for p in sub)
+        elif _equal_columns(sub, ("seq", "step")):
+            sizes = _equal_columns(sub, ("nbytes",))
+        else:
+            bad += sub
+            continue
+        subs.append(sub)
+        first_part.append(f)
+        seq.append(head.column("seq"))
+        step.append(head.column("step"))
+        same_sizes = same_sizes and sizes
+        if same_sizes:
+            nbytes.append(head.column("nbytes"))
+    if len(subs) != len(b.subs):
+        b.subs, b.first_part = subs, first_part
+        b._plan_done = False
+    if subs:
+        b.bounds = np.cumsum([0] + [sub[0].n for sub in subs])
+        b.seq = np.concatenate(seq).astype(np.int64, copy=False)
+        b.step = np.concatenate(step).astype(np.int64, copy=False)
+        b.nbytes = np.concatenate(nbytes).astype(np.int64, copy=False) if same_sizes else None
     return bad
+
+
+def _equal_columns(parts: list[Part], names: tuple[str, ...]) -> bool:
+    """Whether every part has the first's columns ``names`` (dtype and bytes)."""
+    for name in names:
+        want = parts[0].column(name)
+        data = want.tobytes()
+        for p in parts[1:]:
+            col = p.column(name)
+            if col.dtype != want.dtype or col.tobytes() != data:
+                return False
+    return True
 
 
 def _key(epoch: np.ndarray, group: np.ndarray, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -357,12 +391,9 @@ def _settle_block(
         run.life_late[ranks[:, 0]] += sums["late_ns"].sum(axis=1)
     run.fold(folds)
 
-    nb = b.stack("nbytes")
-    lo = nb.min(axis=0)
-    if (lo == nb.max(axis=0)).all():
-        nbytes = lo  # the usual case: every member moves the same size
-    else:
-        nbytes = np.rint(block_nanmedian(nb.astype(np.float64))).astype(np.int64)
+    nbytes = b.nbytes  # the usual case: every member moves the same size
+    if nbytes is None:
+        nbytes = np.rint(block_nanmedian(b.stack("nbytes").astype(np.float64))).astype(np.int64)
     inst = InstanceTable(
         group=np.full(k, b.group, np.int32),
         seq=b.seq,

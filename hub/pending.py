@@ -1,13 +1,17 @@
 """Collective rows between arrival and matching, and the raw rows of the latest steps.
 
-Ingest only keeps references to the columns of each accepted message (a `Part`); the
-store's matching pass (`hub.matching`) takes them all at once. Ingest reads nothing of
-the rows: before a pass, :func:`prepare` looks at the new parts together, one numpy call per
-question for all of them rather than a few per message: their flags (asynchronous,
-device-timed), whether they mix groups, the asynchronous cut
-(:func:`diagnosis.arrivals.async_cut`) of their asynchronous rows, and it splits the parts
-that mix groups (a rank's tensor-parallel calls and its data-parallel buckets in one
-message) into one *piece* per group, so that they too form blocks. Parts whose instances
+Ingest keeps references to the columns of each accepted message (a `Part`); the store's
+matching pass (`hub.matching`) takes them all at once. While a message's columns are still
+in cache, ingest compares a few of them as bytes, a copy and a compare each with no numpy
+reduction: whether every row is of one group, whether no row carries a flag, and whether
+``seq``, ``step`` and ``nbytes`` equal those of the first pending part of the same
+signature (a `_Reference`), which spares the pass a read of each column of every member of
+a block. Before a pass, :func:`prepare` looks at the remaining questions for all new parts
+together, one numpy call per question rather than a few per message: the flags of parts
+that carry some, the asynchronous cut (:func:`diagnosis.arrivals.async_cut`) of their
+asynchronous rows, and it splits the parts that mix groups (a rank's tensor-parallel calls
+and its data-parallel buckets in one message) into one *piece* per group, so that they too
+form blocks. Parts whose instances
 are not complete yet wait for the next pass as they are (no copy; waiting pieces move to a
 batch of their own rows) when they form a block (`hub.matching`), otherwise their rows wait
 as columns (``left``). The raw rows of the last ``raw_steps`` step ids are kept the same
@@ -33,6 +37,38 @@ PENDING_DTYPES = {
 """Columns of a matching pass: the row, its rank, incarnation and async cut."""
 
 
+_UNIFORM: dict[tuple[np.dtype, int, int], bytes] = {}
+"""(dtype, rows, value) -> the bytes of a column holding only ``value`` (bounded cache)."""
+
+
+def _uniform(col: np.ndarray, value: int) -> bool:
+    """Whether every entry of the integer ``col`` equals ``value``: one copy and one
+    compare against cached bytes, cheaper than a numpy reduction on a message's column."""
+    key = (col.dtype, col.shape[0], value)
+    want = _UNIFORM.get(key)
+    if want is None:
+        if len(_UNIFORM) >= 256:
+            _UNIFORM.clear()
+        want = _UNIFORM[key] = np.full(col.shape[0], value, col.dtype).tobytes()
+    return col.tobytes() == want
+
+
+class _Reference:
+    """The ``seq``, ``step`` and ``nbytes`` columns (as bytes) of the first pending part of
+    a signature ``(inc, group, rows, first seq, first step)``: the parts of one block's
+    sub-block (`hub.matching`) share a signature, and each compares its columns with these
+    when it arrives."""
+
+    __slots__ = ("dtypes", "nbytes", "one_step", "seq", "step")
+
+    def __init__(self, cols: Mapping[str, np.ndarray]) -> None:
+        seq, step, nbytes = cols["seq"], cols["step"], cols["nbytes"]
+        self.dtypes = (seq.dtype, step.dtype, nbytes.dtype)
+        self.seq, self.step, self.nbytes = seq.tobytes(), step.tobytes(), nbytes.tobytes()
+        self.one_step = _uniform(step, int(step[0]))
+        """Every row is of the first row's step."""
+
+
 class Part:
     """The collective rows of one message of one rank, or one group's rows of it (a
     *piece*: its rows are ``batch[index[start:start + n]]``, in a batch of columns shared by
@@ -51,7 +87,10 @@ class Part:
         "index",
         "is_async",
         "n",
+        "newest",
         "rank",
+        "ref",
+        "same_sizes",
         "seq0",
         "start",
         "step0",
@@ -85,19 +124,27 @@ class Part:
         self.n = int(cols["step"].shape[0])
         g = cols["group"]
         g0 = int(g[0])
-        self.group = g0 if g0 == int(g[-1]) else -1
-        """-1 when the rows mix groups, otherwise the group of every row (until the pass
-        looks at all rows, :func:`prepare`: the group of the first and the last row)."""
+        self.group = g0 if _uniform(g, g0) else -1
+        """-1 when the rows mix groups, otherwise the group of every row."""
         self.seq0 = int(cols["seq"][0])
         self.step0 = int(cols["step"][0])
         """``seq`` and ``step`` of the first row."""
         self.fresh = True
         """Not seen by a matching pass yet (its calls and time are not counted yet)."""
+        if is_async is None and dev is None and _uniform(cols["flags"], 0):
+            is_async = dev = False  # the usual rows: blocking, host-timed, no flag
         self.is_async = is_async
         """Some row is asynchronous (``arrivals.ASYNC_FLAGS``); None until the pass looks
-        at the flags of all new parts at once (:func:`prepare`)."""
+        at the flags of all new parts that carry some at once (:func:`prepare`)."""
         self.dev = dev
         """Some row is device-timed (None: as ``is_async``)."""
+        self.ref: _Reference | None = None
+        """The reference whose ``seq`` and ``step`` columns the rows have (set by
+        `PendingRows.add`); None when not compared or different."""
+        self.same_sizes = False
+        """With ``ref``: the rows also have its ``nbytes``."""
+        self.newest: int | None = None
+        """The newest step of the rows when known without reading them again."""
 
     @classmethod
     def piece(
@@ -119,6 +166,7 @@ class Part:
         p._cols, p.batch, p.index, p.start, p.n = None, batch, index, start, n
         p.group, p.is_async, p.dev = group, is_async, dev
         p.seq0, p.step0 = first
+        p.ref, p.same_sizes, p.newest = None, False, None
         p.cut = batch["cut"][index[start : start + n]] if is_async else None
         return p
 
@@ -163,7 +211,6 @@ def prepare(parts: list[Part], t0: int) -> list[Part]:
         The parts, a mixed one replaced by its pieces in its place.
     """
     _scan([p for p in parts if p.is_async is None or p.dev is None])
-    _find_mixed([p for p in parts if p.group >= 0 and p.n > 2 and p.index is None])
     todo = [p for p in parts if p.is_async and p.cut is None]
     if todo:
         _fill_cuts(todo, t0)
@@ -194,19 +241,6 @@ def _scan(parts: list[Part]) -> None:
     dev = np.logical_or.reduceat((flags & schema.FLAG_DEVICE_TIMED) != 0, starts).tolist()
     for p, a, d in zip(parts, is_async, dev):
         p.is_async, p.dev = a, d
-
-
-def _find_mixed(parts: list[Part]) -> None:
-    """Mark parts whose rows between the first and the last are of another group (one
-    min and max per part over all their rows at once)."""
-    if not parts:
-        return
-    starts = np.cumsum([0] + [p.n for p in parts[:-1]])
-    group = np.concatenate([p.cols["group"] for p in parts])
-    lo = np.minimum.reduceat(group, starts)
-    hi = np.maximum.reduceat(group, starts)
-    for i in np.flatnonzero(lo != hi).tolist():
-        parts[i].group = -1
 
 
 def _fill_cuts(parts: list[Part], t0: int) -> None:
@@ -327,9 +361,11 @@ class PendingRows:
         """Rows arrived since the last pass."""
         self._raw: list[tuple[int, int, Mapping[str, np.ndarray]]] = []
         """(newest step, rank, columns) of the parts whose raw rows may be kept."""
-        self._raw_new: list[tuple[int, Mapping[str, np.ndarray]]] = []
-        """(rank, columns) of parts not in ``_raw`` yet (their newest steps are found for
-        all at once)."""
+        self._raw_new: list[tuple[int | None, int, Mapping[str, np.ndarray]]] = []
+        """(newest step or None, rank, columns) of parts not in ``_raw`` yet (the unknown
+        newest steps are found for all at once)."""
+        self._refs: dict[tuple[int, int, int, int, int], _Reference] = {}
+        """Signature -> the reference of the pending parts of that signature."""
         self._raw_base = -(2**62)
         self._arrivals = 0
 
@@ -351,11 +387,13 @@ class PendingRows:
         """
         self._arrivals += 1
         part = Part(rank, inc, cols, arrival=self._arrivals)
+        if part.group >= 0:
+            self._compare(part, cols)
         self._new.append(part)
         self.rows += part.n
         self.new_rows += part.n
         if self.raw_steps:
-            self._raw_new.append((rank, cols))
+            self._raw_new.append((part.newest, rank, cols))
             # Filter once the parts span twice the steps to keep: each part is looked at a
             # bounded number of times, and what is kept depends only on the message order.
             if raw_cutoff is not None and raw_cutoff - self._raw_base >= self.raw_steps:
@@ -363,14 +401,38 @@ class PendingRows:
                 self._raw = [p for p in self._raw if p[0] >= raw_cutoff]
                 self._raw_base = raw_cutoff
 
+    def _compare(self, part: Part, cols: Mapping[str, np.ndarray]) -> None:
+        """Compare the ``seq``, ``step`` and ``nbytes`` columns of a single-group ``part``
+        with the reference of its signature (it becomes the reference when there is none)."""
+        sig = (part.inc, part.group, part.n, part.seq0, part.step0)
+        ref = self._refs.get(sig)
+        if ref is None:
+            ref = self._refs[sig] = _Reference(cols)
+            part.ref, part.same_sizes = ref, True
+        else:
+            seq, step, nbytes = cols["seq"], cols["step"], cols["nbytes"]
+            if (
+                (seq.dtype, step.dtype, nbytes.dtype) == ref.dtypes
+                and seq.tobytes() == ref.seq
+                and step.tobytes() == ref.step
+            ):
+                part.ref, part.same_sizes = ref, nbytes.tobytes() == ref.nbytes
+        if part.ref is not None and ref.one_step:
+            part.newest = part.step0
+
     def _index_raw(self) -> None:
         """Move ``_raw_new`` into ``_raw`` with the newest step of each part."""
         if not self._raw_new:
             return
-        steps = [cols["step"] for _, cols in self._raw_new]
-        starts = np.cumsum([0] + [s.shape[0] for s in steps[:-1]])
-        newest = np.maximum.reduceat(np.concatenate(steps), starts).tolist()
-        self._raw += [(top, r, cols) for top, (r, cols) in zip(newest, self._raw_new)]
+        steps = [cols["step"] for top, _, cols in self._raw_new if top is None]
+        found: list[int] = []
+        if steps:
+            starts = np.cumsum([0] + [s.shape[0] for s in steps[:-1]])
+            found = np.maximum.reduceat(np.concatenate(steps), starts).tolist()
+        more = iter(found)
+        self._raw += [
+            (next(more) if top is None else top, r, cols) for top, r, cols in self._raw_new
+        ]
         self._raw_new = []
 
     def take(self, t0: int) -> tuple[list[Part], dict[str, np.ndarray] | None]:
@@ -379,6 +441,7 @@ class PendingRows:
         origin), and the left-over rows (None when there are none)."""
         parts = sorted(self.kept, key=lambda p: p.arrival) + prepare(self._new, t0)
         self.kept, self._new = [], []
+        self._refs = {}  # `keep` registers those of the parts that stay pending
         left = None
         if len(self.left):
             left = {k: v.copy() for k, v in self.left.view().items()}
@@ -391,6 +454,8 @@ class PendingRows:
         a batch of their own rows: a few waiting pieces must not hold a whole pass)."""
         for p in parts:
             p.fresh = False
+            if p.ref is not None:
+                self._refs.setdefault((p.inc, p.group, p.n, p.seq0, p.step0), p.ref)
         _compact([p for p in parts if p.batch is not None])
         self.kept.extend(parts)
         self.rows += sum(p.n for p in parts)
