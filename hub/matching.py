@@ -271,6 +271,15 @@ def _unique_keys(
 ) -> tuple[list[_Block], list[Part]]:
     """Blocks whose instance keys appear nowhere else in the pass; the parts of the others
     go to the rows path."""
+    # The usual pass: one block per group, each listing its instances in issue order; then
+    # ascending ``seq`` in every block is enough, without a sort of all the keys.
+    if (
+        not loose
+        and left is None
+        and len({(b.inc, b.group) for b in blocks}) == len(blocks)
+        and all(bool((b.seq[1:] > b.seq[:-1]).all()) for b in blocks if b.seq is not None)
+    ):
+        return blocks, []
     epoch, group, seq, owner = [], [], [], []
     for i, b in enumerate(blocks):
         assert b.seq is not None

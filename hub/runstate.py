@@ -8,7 +8,7 @@ cell, and collective rows only count towards a cell of their own incarnation.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
@@ -45,6 +45,8 @@ _INSTANCE_DTYPES = {
     "device_transfer": np.float64,
     "epoch": np.int64,
 }
+_STEP_VALUES = ("t_start", "t_end", *WORK_COLUMNS, *MEMORY_COLUMNS)
+"""Columns of a steps table the ring keeps."""
 _SAMPLE_DTYPES = {"rank": np.dtype(np.int32), **schema.SAMPLE_COLUMNS}
 _MAX_SAMPLES = 4_000_000
 
@@ -117,6 +119,8 @@ class RunState:
         # (store.settle) and readers apply them in vectorized batches.
         self._staged_steps: list[tuple[int, Any, Mapping[str, np.ndarray], Any]] = []
         """(rank, slot or slots, steps table, rows kept or None) of each message."""
+        self._staged_one: list[tuple[int, int, list[Any]]] = []
+        """(rank, slot, values of ``_STEP_VALUES``) of each single-step message."""
         self._staged_phases: list[tuple[int, int, Mapping[str, np.ndarray], Any, np.ndarray]] = []
         self.pending = PendingRows(raw_steps)
         self._luts: dict[tuple[str, ...], np.ndarray] = {}
@@ -416,7 +420,9 @@ class RunState:
                     self._clear(r, slot)
                 self.present[r, slot] = True
                 self.cell_inc[r, slot] = inc
-                self._staged_steps.append((r, slot, st, None))
+                # Python scalars now, while the table is in cache: the pass builds each
+                # column from them instead of concatenating one-row arrays.
+                self._staged_one.append((r, slot, [st[name].item(0) for name in _STEP_VALUES]))
                 self.max_step = step if self.max_step is None else max(self.max_step, step)
                 self.first_step = step if self.first_step is None else min(self.first_step, step)
         elif ids.shape[0]:
@@ -475,6 +481,13 @@ class RunState:
 
     def flush(self) -> None:
         """Write staged step values and phase spans into the ring."""
+        if self._staged_one:
+            one, self._staged_one = self._staged_one, []
+            rank = np.array([r for r, _, _ in one], np.int64)
+            slot = np.array([sl for _, sl, _ in one], np.int64)
+            values = list(zip(*[v for _, _, v in one], strict=True))
+            at = {name: j for j, name in enumerate(_STEP_VALUES)}
+            self._write_steps(rank, slot, lambda name: np.array(values[at[name]]))
         if self._staged_steps:
             staged, self._staged_steps = self._staged_steps, []
             slots = [sl for _, sl, _, _ in staged]
@@ -499,20 +512,7 @@ class RunState:
                         [t[name] if rows is None else t[name][rows] for _, _, t, rows in staged]
                     )
 
-            self.t_start[rank, slot] = col("t_start")
-            self.t_end[rank, slot] = col("t_end")
-            for grids, names in ((self.work, WORK_COLUMNS), (self.memory, MEMORY_COLUMNS)):
-                for name in names:
-                    c = col(name)
-                    v = c.astype(np.float64)
-                    if c.dtype.kind != "f":
-                        v[c < 0] = np.nan
-                    a = grids.get(name)
-                    if a is None:
-                        if np.isnan(v).all():
-                            continue
-                        a = grids[name] = np.full((self.world_size, self.H), np.nan)
-                    a[rank, slot] = v
+            self._write_steps(rank, slot, col)
         if self._staged_phases:
             staged_p, self._staged_phases = self._staged_phases, []
             parts = [
@@ -533,6 +533,25 @@ class RunState:
             for c in np.unique(code[ok]):
                 m = ok & (code == c)
                 np.add.at(self.phase_grid(names[int(c)]).reshape(-1), cell[m], dur[m])
+
+    def _write_steps(
+        self, rank: np.ndarray, slot: np.ndarray, col: Callable[[str], np.ndarray]
+    ) -> None:
+        """Write the step values ``col(name)`` of cells ``(rank, slot)`` into the ring."""
+        self.t_start[rank, slot] = col("t_start")
+        self.t_end[rank, slot] = col("t_end")
+        for grids, names in ((self.work, WORK_COLUMNS), (self.memory, MEMORY_COLUMNS)):
+            for name in names:
+                c = col(name)
+                v = c.astype(np.float64)
+                if c.dtype.kind != "f":
+                    v[c < 0] = np.nan
+                a = grids.get(name)
+                if a is None:
+                    if np.isnan(v).all():
+                        continue
+                    a = grids[name] = np.full((self.world_size, self.H), np.nan)
+                a[rank, slot] = v
 
     def add_instances(self, inst: InstanceTable, epoch: np.ndarray, mask: np.ndarray) -> None:
         if mask.all():  # the usual pass closes every instance it matched: no copy first
