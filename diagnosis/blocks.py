@@ -38,6 +38,8 @@ class BlockMatch:
     """float64 median over rows of ``exit - last`` (NaN rows ignored)."""
     device_transfer: np.ndarray
     """float64 median over device-timed rows of ``t_end - max t_start`` (NaN without)."""
+    exits_after_last: bool = False
+    """Every exit is known and not before its instance's last entry."""
 
 
 def block_nanmedian(values: np.ndarray, overwrite: bool = False) -> np.ndarray:
@@ -53,12 +55,7 @@ def block_nanmedian(values: np.ndarray, overwrite: bool = False) -> np.ndarray:
     """
     c, k = values.shape
     if c > 1 and c * k >= _KEY_SORT_MIN and values.min() >= 0.0:
-        # No NaN and no negative value: the floats order as their bits do, and numpy sorts
-        # many short rows of integers several times faster than the columns of a block.
-        keys = np.ascontiguousarray(values.T).view(np.int64)
-        keys.sort(axis=1)
-        mid = keys[:, [(c - 1) // 2, c // 2]].view(np.float64)
-        return 0.5 * (mid[:, 0] + mid[:, 1])
+        return _median_of_nonnegative(values)
     if overwrite:
         values.sort(axis=0)  # NaN sorts last
         s = values
@@ -77,6 +74,17 @@ def block_nanmedian(values: np.ndarray, overwrite: bool = False) -> np.ndarray:
 _KEY_SORT_MIN = 4096
 """Blocks of at least this many values sort as integer keys (below it the extra calls
 cost more than the faster sort saves)."""
+
+
+def _median_of_nonnegative(values: np.ndarray) -> np.ndarray:
+    """`block_nanmedian` of a (c > 1, k) block without NaN or negative value: such floats
+    order as their bits do, and numpy sorts many short rows of integers several times faster
+    than the columns of a float block."""
+    c = values.shape[0]
+    keys = np.ascontiguousarray(values.T).view(np.int64)
+    keys.sort(axis=1)
+    mid = keys[:, [(c - 1) // 2, c // 2]].view(np.float64)
+    return 0.5 * (mid[:, 0] + mid[:, 1])
 
 
 def _first_true(mask: np.ndarray) -> np.ndarray:
@@ -134,7 +142,12 @@ def match_block(
         enter[last_row, cols] = last
     else:
         margin = np.full(k, np.nan)
-    transfer = block_nanmedian(exit_ - last, overwrite=True)
+    row_transfer = exit_ - last
+    after = bool(row_transfer.min() >= 0.0)  # NaN (an unknown exit) fails too
+    if after and c > 1 and c * k >= _KEY_SORT_MIN:
+        transfer = _median_of_nonnegative(row_transfer)
+    else:
+        transfer = block_nanmedian(row_transfer, overwrite=True)
     device_transfer = np.full(k, np.nan)
     if flags is not None:
         dev = (flags & FLAG_DEVICE_TIMED) != 0
@@ -151,6 +164,7 @@ def match_block(
         margin=margin,
         transfer=transfer,
         device_transfer=device_transfer,
+        exits_after_last=after,
     )
 
 
@@ -249,7 +263,7 @@ def block_sums(
     # are exact (integer ns, bounded) and so equal to the sums of the row shares.
     if (
         (is_async is None or not done)
-        and bool((exit_ >= (m.last if m is not None else enter)).all())
+        and (m.exits_after_last if m is not None else bool((exit_ >= enter).all()))
         and max(-low, float(exit_.max())) * k < _EXACT
     ):
         s_enter = np.add.reduceat(enter, starts, axis=1)

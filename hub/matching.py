@@ -51,6 +51,8 @@ class _Block:
     _plan: list[tuple[Mapping[str, np.ndarray], np.ndarray, np.ndarray]] | None = None
     _plan_done: bool = False
     """`_gather` ran for the current sub-blocks (reset when they change)."""
+    _tables: list[Mapping[str, np.ndarray]] | None = None
+    """When every part is a whole message: their columns, in block order (by `_gather`)."""
 
     def stack(self, col: str) -> np.ndarray:
         """One column of every part, as a (ranks, instances) array."""
@@ -58,6 +60,8 @@ class _Block:
         c, k = len(self.ranks), int(self.bounds[-1])
         plan = self._gather()
         if plan is None:
+            if self._tables is not None:
+                return np.concatenate([t[col] for t in self._tables]).reshape(c, k)
             cols = [sub[i].column(col) for i in range(c) for sub in self.subs]
             return np.concatenate(cols).reshape(c, k)
         if len(plan) == 1:
@@ -74,7 +78,11 @@ class _Block:
         for the current sub-blocks); None when some part is a whole message."""
         if self._plan_done:
             return self._plan
-        self._plan_done, self._plan = True, None
+        self._plan_done, self._plan, self._tables = True, None, None
+        if all(p.batch is None for sub in self.subs for p in sub):
+            # Whole messages (the usual parts): their columns in block order, once.
+            self._tables = [sub[i].cols for i in range(len(self.ranks)) for sub in self.subs]
+            return None
         assert self.bounds is not None
         k = int(self.bounds[-1])
         spans: dict[
