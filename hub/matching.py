@@ -193,7 +193,7 @@ def _blocks(parts: list[Part]) -> tuple[list[_Block], list[Part]]:
         if b is None:
             b = blocks[(inc, group, ranks)] = _Block(inc, group, ranks)
         b.subs.append(members)
-        b.first_part.append(int(np.argmin([p.arrival for p in members])))
+        b.first_part.append(min(range(len(members)), key=lambda i: members[i].arrival))
     out = []
     for b in blocks.values():
         loose += _verify(b)
