@@ -199,18 +199,18 @@ class Store:
                 run.hello(h)
                 return
             run = self._runs[h["run"]]
-            if msg.kind == "groups":
-                run.set_groups(h["groups"])
-            elif msg.kind == "samples":
-                run.add_samples(h["rank"], msg.tables["samples"])
-            elif msg.kind == "stats":
-                run.stats[h["rank"]] = dict(h.get("stats") or {})
-            elif msg.kind == "steps":
+            if msg.kind == "steps":  # nearly every message
                 late, events = run.add_steps(h, msg.tables, keep_steps)
                 self._counters["late_steps"] += late
                 self._counters["events"] += events
                 if run.pending.new_rows >= self.settle_rows:
                     self._settle_run(run)
+            elif msg.kind == "groups":
+                run.set_groups(h["groups"])
+            elif msg.kind == "samples":
+                run.add_samples(h["rank"], msg.tables["samples"])
+            elif msg.kind == "stats":
+                run.stats[h["rank"]] = dict(h.get("stats") or {})
             now = time.monotonic()
             if not self._rate or now - self._rate[-1][0] >= 0.25:
                 self._rate.append((now, self._counters["events"]))

@@ -113,7 +113,10 @@ def check(msg: schema.Message, store: Store) -> Verdict:
             "unknown_rank",
             f"{msg.kind} from rank {rank} incarnation {inc} before that incarnation's hello",
         )
-    if msg.kind == "groups":
+    kind = msg.kind
+    if kind == "steps":  # nearly every message
+        return _check_steps(msg, run)
+    if kind == "groups":
         for g in h["groups"]:
             bad = [r for r in g["ranks"] if not isinstance(r, int) or not 0 <= r < run.world_size]
             if bad:
@@ -122,11 +125,11 @@ def check(msg: schema.Message, store: Store) -> Verdict:
                     f"group {g['id']} lists ranks {bad[:5]} outside world size {run.world_size}",
                 )
         return Verdict()
-    if msg.kind == "stats":
+    if kind == "stats":
         if not isinstance(h.get("stats"), dict):
             raise Reject("bad_stats", "stats message without a stats map")
         return Verdict()
-    if msg.kind == "samples":
+    if kind == "samples":
         return Verdict()
     return _check_steps(msg, run)
 
@@ -134,7 +137,7 @@ def check(msg: schema.Message, store: Store) -> Verdict:
 def _check_steps(msg: schema.Message, run: RunState) -> Verdict:
     h = msg.header
     names = h.get("phase_names") or []
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+    if names and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
         raise Reject("bad_phase", "phase_names must be a list of strings")
     ph = msg.tables.get("phases")
     if ph is not None and ph["phase"].shape[0]:
