@@ -38,7 +38,8 @@ PENDING_DTYPES = {
 
 
 _UNIFORM: dict[tuple[np.dtype, int, int], bytes] = {}
-"""(dtype, rows, value) -> the bytes of a column holding only ``value`` (bounded cache)."""
+"""(dtype, rows, value) -> the bytes of a column holding only ``value``: at most 256
+columns of at most 64 KiB (a larger column pays for its own)."""
 
 
 def _uniform(col: np.ndarray, value: int) -> bool:
@@ -47,9 +48,11 @@ def _uniform(col: np.ndarray, value: int) -> bool:
     key = (col.dtype, col.shape[0], value)
     want = _UNIFORM.get(key)
     if want is None:
-        if len(_UNIFORM) >= 256:
-            _UNIFORM.clear()
-        want = _UNIFORM[key] = np.full(col.shape[0], value, col.dtype).tobytes()
+        want = np.full(col.shape[0], value, col.dtype).tobytes()
+        if len(want) <= 1 << 16:
+            if len(_UNIFORM) >= 256:
+                _UNIFORM.clear()
+            _UNIFORM[key] = want
     return col.tobytes() == want
 
 
