@@ -127,14 +127,14 @@ class Part:
         self.n = int(cols["step"].shape[0])
         g = cols["group"]
         g0 = int(g[0])
-        self.group = g0 if _uniform(g, g0) else -1
+        self.group = g0 if g0 == int(g[-1]) and _uniform(g, g0) else -1
         """-1 when the rows mix groups, otherwise the group of every row."""
         self.seq0 = int(cols["seq"][0])
         self.step0 = int(cols["step"][0])
         """``seq`` and ``step`` of the first row."""
         self.fresh = True
         """Not seen by a matching pass yet (its calls and time are not counted yet)."""
-        if is_async is None and dev is None and _uniform(cols["flags"], 0):
+        if is_async is None and dev is None and self.group >= 0 and _uniform(cols["flags"], 0):
             is_async = dev = False  # the usual rows: blocking, host-timed, no flag
         self.is_async = is_async
         """Some row is asynchronous (``arrivals.ASYNC_FLAGS``); None until the pass looks
