@@ -319,11 +319,21 @@ def _unique_keys(
 def _relative(t: np.ndarray, t0: int, known: bool = False) -> np.ndarray:
     """int64 hub-clock ns -> float64 relative to ``t0`` (NaN for ``NO_TIME``, unless the
     times are ``known``), in one pass (the subtraction is exact in int64; only its result is
-    converted)."""
-    out = np.empty(t.shape)
-    np.subtract(t, np.int64(t0), out=out, casting="unsafe")
-    if not known and t.min() <= schema.NO_TIME:
-        out[t == schema.NO_TIME] = np.nan
+    converted). ``t`` is a block's own stack: it is converted in place, so that a pass needs
+    one block-sized buffer per column, not two."""
+    unknown = t == schema.NO_TIME if not known and t.min() <= schema.NO_TIME else None
+    if t.dtype == np.int64 and t.flags.c_contiguous and t.flags.writeable:
+        # Two steps on a flat view: numpy buffers a copy of the block for a subtraction that
+        # casts into its own input, or for a cast between 2-D views of one buffer.
+        flat = t.reshape(-1)
+        flat -= np.int64(t0)
+        np.copyto(flat.view(np.float64), flat, casting="unsafe")
+        out = flat.view(np.float64).reshape(t.shape)
+    else:
+        out = np.empty(t.shape)
+        np.subtract(t, np.int64(t0), out=out, casting="unsafe")
+    if unknown is not None:
+        out[unknown] = np.nan
     return out
 
 
