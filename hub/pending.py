@@ -11,11 +11,10 @@ together, one numpy call per question rather than a few per message: the flags o
 that carry some, the asynchronous cut (:func:`diagnosis.arrivals.async_cut`) of their
 asynchronous rows, and it splits the parts that mix groups (a rank's tensor-parallel calls
 and its data-parallel buckets in one message) into one *piece* per group, so that they too
-form blocks. Parts whose instances
-are not complete yet wait for the next pass as they are (no copy; waiting pieces move to a
-batch of their own rows) when they form a block (`hub.matching`), otherwise their rows wait
-as columns (``left``). The raw rows of the last ``raw_steps`` step ids are kept the same
-way, as references.
+form blocks. Parts whose instances are not complete yet wait for the next pass as they are
+(no copy; waiting pieces move to a batch of their own rows) when they form a block
+(`hub.matching`), otherwise their rows wait as columns (``left``). The raw rows of the
+last ``raw_steps`` step ids are kept the same way, as references.
 """
 
 from __future__ import annotations
