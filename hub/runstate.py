@@ -543,14 +543,15 @@ class RunState:
         for grids, names in ((self.work, WORK_COLUMNS), (self.memory, MEMORY_COLUMNS)):
             for name in names:
                 c = col(name)
-                v = c.astype(np.float64)
-                if c.dtype.kind != "f":
-                    v[c < 0] = np.nan
+                counted = c.dtype.kind != "f"  # a count: negative is unknown
                 a = grids.get(name)
                 if a is None:
-                    if np.isnan(v).all():
-                        continue
+                    if (c.max() < 0) if counted else np.isnan(c).all():
+                        continue  # nothing known yet: no grid
                     a = grids[name] = np.full((self.world_size, self.H), np.nan)
+                v = c.astype(np.float64)
+                if counted:
+                    v[c < 0] = np.nan
                 a[rank, slot] = v
 
     def add_instances(self, inst: InstanceTable, epoch: np.ndarray, mask: np.ndarray) -> None:
