@@ -123,13 +123,13 @@ class Part:
         """Per-row async cut relative to the run's origin (NaN on blocking rows, which do
         not use it); None when no row is async, or until the pass computes it
         (:func:`prepare`)."""
-        self.n = int(cols["step"].shape[0])
-        g = cols["group"]
-        g0 = int(g[0])
-        self.group = g0 if g0 == int(g[-1]) and _uniform(g, g0) else -1
+        step, g = cols["step"], cols["group"]
+        self.n = len(step)
+        g0 = int(g.item(0))
+        self.group = g0 if g0 == g.item(-1) and _uniform(g, g0) else -1
         """-1 when the rows mix groups, otherwise the group of every row."""
-        self.seq0 = int(cols["seq"][0])
-        self.step0 = int(cols["step"][0])
+        self.seq0 = int(cols["seq"].item(0))
+        self.step0 = int(step.item(0))
         """``seq`` and ``step`` of the first row."""
         self.fresh = True
         """Not seen by a matching pass yet (its calls and time are not counted yet)."""
