@@ -143,7 +143,7 @@ def match_block(
     else:
         margin = np.full(k, np.nan)
     row_transfer = exit_ - last
-    after = bool(row_transfer.min() >= 0.0)  # NaN (an unknown exit) fails too
+    after = k > 0 and bool(row_transfer.min() >= 0.0)  # NaN (an unknown exit) fails too
     if after and c > 1 and c * k >= _KEY_SORT_MIN:
         transfer = _median_of_nonnegative(row_transfer)
     else:
