@@ -346,13 +346,31 @@ class RunState:
     def cells(
         self, rank: np.ndarray, step: np.ndarray, epoch: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Flat (rank, slot) cell of rows and whether it holds their incarnation's step."""
-        slots = self.lookup(step.astype(np.int64))
+        """Flat (rank, slot) cell of rows and whether it holds their incarnation's step.
+
+        Rows may come before their step: the collector ships the rows of a step that has
+        run for a second without waiting for its end. Such rows claim the step's cell for
+        their incarnation (and a ring slot for the step, unless it is older than the
+        ring), so what they add is kept when the step row follows; a step row of another
+        incarnation clears the cell first, as it does a reported one.
+        """
+        step = step.astype(np.int64)
+        slots = self.lookup(step)
         rank = rank.astype(np.int64)
-        ok = (slots >= 0) & (rank >= 0) & (rank < self.world_size)
+        known = (rank >= 0) & (rank < self.world_size)
+        missing = known & (slots < 0)
+        if missing.any():
+            self._alloc(np.unique(step[missing]))
+            slots = self.lookup(step)
+        ok = (slots >= 0) & known
         s = np.where(ok, slots, 0)
         r = np.where(ok, rank, 0)
-        ok &= self.present[r, s] & (self.cell_inc[r, s] == epoch)
+        inc = self.cell_inc[r, s]
+        free = ok & (inc < 0)
+        if free.any():
+            self.cell_inc[r[free], s[free]] = np.broadcast_to(epoch, free.shape)[free]
+            inc = self.cell_inc[r, s]
+        ok &= inc == epoch
         return r * self.H + s, ok
 
     def fold(self, values: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> None:
@@ -415,7 +433,7 @@ class RunState:
             if slot < 0:
                 late = 1
             else:
-                if self.present[r, slot] and self.cell_inc[r, slot] != inc:
+                if self.cell_inc[r, slot] not in (-1, inc):
                     self.flush()  # a restarted rank re-executes the step: its cell starts over
                     self._clear(r, slot)
                 self.present[r, slot] = True
@@ -433,7 +451,7 @@ class RunState:
                 rows = (np.arange(steps.shape[0]) if rows is None else rows)[ok]
                 slots, ids = slots[ok], ids[ok]
             if slots.shape[0]:
-                old = self.present[r, slots] & (self.cell_inc[r, slots] != inc)
+                old = (self.cell_inc[r, slots] >= 0) & (self.cell_inc[r, slots] != inc)
                 if old.any():  # a restarted rank re-executes steps: its cells start over
                     self.flush()
                     self._clear(r, slots[old])
