@@ -132,8 +132,9 @@ def overhead(quick: bool, work: Path) -> list[str]:
             + ("resolved." if resolved else f"not resolved; within ±{bound[mode]:.1%}.")
         )
     lines.append(
-        f"- What the collector records here per rank-step: {colls:.1f} collective(s) (one DDP "
-        f"gradient bucket), {spans:.1f} phase spans and one step row — a few rows per "
+        f"- What the collector records here per rank-step: {colls:.1f} collective(s) (DDP's "
+        "all-reduce, timed by its tail: the default on CPU), "
+        f"{spans:.1f} phase spans and one step row — a few rows per "
         f"{np.median(step['plain']):.0f} ms step, so its hot-path cost is far below the noise "
         "above; the per-row cost is in the collector section."
     )
