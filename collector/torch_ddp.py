@@ -154,8 +154,8 @@ def _bucket_value(f: Any) -> Any:
 class DDPTail:
     """The all-reduce tail of one DDP model (see the module docstring).
 
-    A backward that will synchronise (``watch``) arms a gradient pre-hook on the forward's
-    output; when backward reaches it, a final callback is queued ahead of DDP's own (DDP
+    The forward of a backward that will synchronise puts `started` as a gradient pre-hook
+    on its output (``torch_hooks._watch_backward``); when backward reaches it, a final callback is queued ahead of DDP's own (DDP
     queues its callback at the first parameter's gradient, later). That callback runs once
     autograd has finished: this rank's backward is over, and it queues a second one, which
     runs after DDP's callback has waited for every bucket.
