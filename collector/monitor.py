@@ -236,8 +236,29 @@ class Monitor:
         """
         if not self.enabled:
             return
+        t = time.monotonic_ns()
+        if self._auto and self._open and self._last_ended == _NEVER:
+            self._adopt_setup(step)
         self._auto = False
-        self._begin(step, time.monotonic_ns())
+        self._begin(step, t)
+
+    def _adopt_setup(self, step: int | None) -> None:
+        """The program marks its first step while a step the collector opened by itself is
+        open: that step was setup (a parameter broadcast, a first barrier), not one of the
+        program's. It gets no row of its own (its id would repeat the program's first,
+        and the hub would keep one of the two), and the rows it holds count in the
+        program's first step."""
+        setup = self._step
+        self._open = False
+        self._next_step = setup  # numbering continues from where the setup step began
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0 or step == setup:
+            return
+        since_colls, since_phases, _ = self._heads_at_begin
+        for ring, since in ((self._colls, since_colls), (self._phases, since_phases)):
+            rows = ring.rows
+            for i in range(max(since, ring.tail), ring.head):
+                if rows[i & ring.mask]["step"] == setup:
+                    ring.set_field(i, "step", step)
 
     def _begin(self, step: int | None, t: int) -> None:
         if self._open:

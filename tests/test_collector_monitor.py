@@ -372,3 +372,43 @@ def test_ddp_bucket_setting_from_arguments_and_env(
         runtime.close()
     assert "RANKSCOPE_DDP_BUCKETS='never'" in caplog.text
     assert "RANKSCOPE_DDP_SAMPLE_EVERY='-3'" in caplog.text
+
+
+@pytest.mark.parametrize("first", [None, 0, 40])
+def test_setup_before_the_programs_first_step_is_not_a_step(pull: Pull, first) -> None:
+    """Auto-instrumentation opens a step at the first activity (here: setup collectives
+    such as DDP's parameter broadcast); a program that then marks its own steps gets them
+    under its ids, once each, and the setup's rows count in its first step."""
+    mon = _monitor(pull.endpoint)
+    mon._auto = True  # as the torch hooks set it before the program marks a step
+    now = time.monotonic_ns()
+    mon._rec_coll(schema.OP_INDEX["broadcast"], 0, 64, now, now + 1000, 0)  # opens a step
+    mon._rec_phase(schema.PHASE_INDEX["checkpoint"], now, now + 500)
+    base = 0 if first is None else first
+    for k in range(2):
+        mon.begin_step(None if first is None else first + k)
+        with mon.collective("all_reduce", group=0, nbytes=4096):
+            pass
+        mon.end_step()
+    mon.close()
+    msgs = pull.messages()
+    assert _tables(msgs, "steps")["step"].tolist() == [base, base + 1]
+    colls = _tables(msgs, "colls")
+    assert colls["step"].tolist() == [base, base, base + 1]
+    assert colls["seq"].tolist() == [0, 1, 2]  # the setup call keeps its place in the group
+    assert _tables(msgs, "phases")["step"].tolist() == [base]
+    stats = [m for m in msgs if m.kind == "stats"][-1].header["stats"]
+    assert stats["errors"] == {}
+
+
+def test_auto_steps_already_ended_are_kept_when_the_program_takes_over(pull: Pull) -> None:
+    mon = _monitor(pull.endpoint)
+    mon._auto = True
+    now = time.monotonic_ns()
+    mon._rec_coll(schema.OP_INDEX["all_reduce"], 0, 64, now, now + 1000, 0)
+    mon._auto_step_boundary()  # an optimizer step: auto step 0 ends, step 1 opens
+    mon.begin_step(5)
+    mon.end_step()
+    mon.close()
+    steps = _tables(pull.messages(), "steps")
+    assert steps["step"].tolist() == [0, 1, 5]
