@@ -37,21 +37,14 @@ MAX_GROUP_ID = (1 << 31) - 1
 
 DDP_BUCKET_MODES = ("auto", "every", "sampled", "tail", "off")
 """How DDP's gradient all-reduce is timed (``rankscope.start(ddp_buckets=...)``; the
-mechanisms are in ``torch_ddp``):
+mechanisms and their costs are in ``torch_ddp``):
 
 - ``auto`` (default): ``tail`` for a model on the CPU, ``every`` on a GPU.
-- ``every``: a comm hook times every bucket of every step (per-bucket arrival and
-  transfer). A Python comm hook costs more than DDP's built-in C++ all-reduce: a call into
-  Python per bucket and its completion, and a division pass over the gradients that the
-  built-in path folds into its copy (on a CPU, that pass is the training thread's).
-- ``sampled``: the same hook, recording buckets on one step in ``ddp_sample_every``; the
-  other steps run the hook without recording (a little cheaper than ``every``, still a
-  Python hook per bucket).
-- ``tail``: no comm hook, DDP keeps its built-in path; one row per backward, from the end
-  of this rank's backward to the completion of its last bucket (the part of the all-reduce
-  the step waits for). Host times, so only on CPU; a GPU model gets ``every``.
-- ``off``: no comm hook, DDP keeps its built-in path. Steps, phases and the collectives
-  the program calls itself are still recorded; DDP's gradient all-reduce is not seen.
+- ``every``: a comm hook times every bucket of every step.
+- ``sampled``: the same hook, recording the buckets of one step in ``ddp_sample_every``.
+- ``tail``: no hook; one row per backward, for the wait at its end (CPU only; a GPU model
+  gets ``every``).
+- ``off``: no hook, and nothing of DDP's all-reduce is recorded.
 """
 
 DDP_SAMPLE_EVERY = 10
@@ -59,6 +52,11 @@ DDP_SAMPLE_EVERY = 10
 
 _OP_INDEX = schema.OP_INDEX
 _OTHER = schema.OP_INDEX["other"]
+
+
+def _is_step(step: object) -> bool:
+    """Whether a program's step id is usable: an int >= 0 (a bool is not)."""
+    return isinstance(step, int) and not isinstance(step, bool) and step >= 0
 
 
 def op_index(op: str | int) -> int:
@@ -251,7 +249,7 @@ class Monitor:
         setup = self._step
         self._open = False
         self._next_step = setup  # numbering continues from where the setup step began
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0 or step == setup:
+        if not _is_step(step) or step == setup:
             return
         since_colls, since_phases, _ = self._heads_at_begin
         for ring, since in ((self._colls, since_colls), (self._phases, since_phases)):
@@ -265,7 +263,7 @@ class Monitor:
             self._end(t)
         if step is None:
             step = self._next_step
-        elif isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        elif not _is_step(step):
             self._error("bad_step", ValueError(f"step must be an int >= 0, got {step!r}"))
             step = self._next_step
         self._step = step
