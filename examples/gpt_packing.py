@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # before init_process_group: see the end of train
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -437,6 +438,12 @@ def train(args: argparse.Namespace) -> int:
         )
     probe.close()
     dist.barrier()
+    # End gloo's worker threads before interpreter exit, where one that frees a tensor
+    # late aborts the process: destroy_process_group joins them when it drops the last
+    # reference to the group. Hence torch.distributed.nn (whose default arguments would bind
+    # group.WORLD) is imported before the group exists, and the model goes first: DDP's
+    # reducer would free the group with the GIL held and deadlock with a waiting worker.
+    del model, base
     dist.destroy_process_group()
     return 0
 

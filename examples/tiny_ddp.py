@@ -23,6 +23,7 @@ import time
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # before init_process_group: see the end of main
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
@@ -141,6 +142,14 @@ def main(argv: list[str] | None = None) -> int:
         dist.group.WORLD.barrier().wait()
     else:
         dist.barrier()
+    # End gloo's worker threads before interpreter exit: one that frees a tensor after the
+    # interpreter has begun to finalise aborts the process ("terminate called without an
+    # active exception"). destroy_process_group joins them if it drops the last reference
+    # to the group. torch.distributed.nn, which DDP imports, binds group.WORLD into default
+    # arguments, so it is imported at the top, before the group exists; DDP's reducer
+    # holds the group and would free it with the GIL held, which deadlocks with a worker
+    # waiting for the GIL, so the model goes first.
+    del ddp
     dist.destroy_process_group()
     return 0
 
