@@ -13,6 +13,8 @@ Every mechanism is judged on two scale-free quantities:
 baseline shows just as much is not the regression: impacts are taken net of the
 baseline's. A conclusion that rests on arrival order when the skews are not larger than
 the clock error says so in its caveats. ``healthy`` scores ``1 − max(other scores)``.
+Hypotheses are ranked by score, except that the mechanisms within `SCORE_TIE` of the best
+lead in order of impact (`rank`).
 """
 
 from __future__ import annotations
@@ -27,12 +29,50 @@ from rankscope.diagnosis.mechanisms import candidates
 from rankscope.diagnosis.nextstep import NextExperiment, next_experiment
 from rankscope.diagnosis.robust import logistic
 
-__all__ = ["MECHANISMS", "MIN_IMPACT", "Evidence", "Hypothesis", "Verdict", "judge"]
+__all__ = [
+    "MECHANISMS",
+    "MIN_IMPACT",
+    "SCORE_TIE",
+    "Evidence",
+    "Hypothesis",
+    "Verdict",
+    "judge",
+    "rank",
+]
 
 
 MIN_IMPACT = 0.01
 """A mechanism costing less than ~1 % of the step is not called a regression: below this
 the cost is inside what healthy runs vary by from window to window."""
+
+
+SCORE_TIE = 0.1
+"""Mechanisms scoring within this of the best are ranked by impact. Scores saturate a few
+percent of impact above `MIN_IMPACT`, so among well-supported mechanisms the score no
+longer says which matters: one that costs 3 % of the step must not outrank one that costs
+80 % because its signature is a little cleaner."""
+
+
+def rank(hyps: list[Hypothesis]) -> tuple[Hypothesis, ...]:
+    """Order hypotheses: by score, except that the mechanisms scoring within `SCORE_TIE`
+    of the best one (and above ``healthy``) lead, ordered by impact.
+
+    Args:
+        hyps: every hypothesis, ``healthy`` included.
+
+    Returns:
+        The ranked hypotheses.
+    """
+    by_score = sorted(hyps, key=lambda h: (-h.score, -h.impact))
+    healthy = max((h.score for h in hyps if h.mechanism == "healthy"), default=0.0)
+    best = max((h.score for h in hyps if h.mechanism != "healthy"), default=0.0)
+    floor = max(best - SCORE_TIE, healthy)
+
+    def leads(h: Hypothesis) -> bool:
+        return h.mechanism != "healthy" and h.score >= floor and h.score > healthy
+
+    lead = sorted((h for h in by_score if leads(h)), key=lambda h: (-h.impact, -h.score))
+    return (*lead, *(h for h in by_score if not leads(h)))
 
 
 def _pct(x: float) -> str:
@@ -49,7 +89,7 @@ class Hypothesis:
 
     mechanism: str
     score: float
-    """0..1, higher is more likely; the verdict is ordered by it."""
+    """0..1, higher is more likely; the verdict is ordered by it (see `rank`)."""
     impact: float
     """Estimated share of the step time the mechanism costs (net of the baseline's)."""
     strength: float
@@ -66,7 +106,7 @@ class Hypothesis:
 
 @dataclass(frozen=True)
 class Verdict:
-    """Hypotheses ranked by score (``healthy`` included)."""
+    """Hypotheses ranked by score, near-equal ones by impact (``healthy`` included)."""
 
     hypotheses: tuple[Hypothesis, ...]
 
@@ -136,8 +176,7 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
     best = max((h.score for h in hyps), default=0.0)
     unjudged = tuple(u for c in cur.values() for u in c.unjudged)
     hyps.append(_healthy(ev, 1.0 - best, (*shared, *unjudged)))
-    hyps.sort(key=lambda h: (-h.score, -h.impact))
-    return Verdict(hypotheses=tuple(hyps))
+    return Verdict(hypotheses=rank(hyps))
 
 
 def _healthy(ev: Evidence, score: float, unjudged: tuple[str, ...] = ()) -> Hypothesis:

@@ -81,3 +81,29 @@ def test_a_run_without_collectives_says_what_was_not_judged() -> None:
     n = np.full((R, S), 3.0)
     timed = diagnose(make_window(*_steps(step), ranks=rank_layout(R), coll={"n": n}))
     assert not any("no collective" in c for c in timed.verdict.top.caveats)
+
+
+def test_near_equal_scores_are_ranked_by_impact() -> None:
+    from dataclasses import replace
+
+    from rankscope.diagnosis.verdict import SCORE_TIE, rank
+
+    rng = np.random.default_rng(4)
+    step = 1e9 * (1 + 0.002 * rng.standard_normal((R, S)))
+    hyps = {h.mechanism: h for h in diagnose(make_window(*_steps(step))).verdict.hypotheses}
+    healthy = hyps.pop("healthy")
+    a, b, c = (hyps[m] for m in sorted(hyps)[:3])
+    small = replace(a, score=1.0, impact=0.026)  # saturated, cheap
+    large = replace(b, score=1.0 - SCORE_TIE / 2, impact=0.8)  # a little weaker, costly
+    far = replace(c, score=1.0 - 2 * SCORE_TIE, impact=0.9)  # clearly weaker: stays behind
+    low = replace(healthy, score=0.0)
+    assert [h.mechanism for h in rank([small, far, low, large])] == [
+        b.mechanism,
+        a.mechanism,
+        c.mechanism,
+        "healthy",
+    ]
+    # Healthy keeps its place by score: a weak mechanism does not jump it on impact.
+    weak = replace(a, score=0.4, impact=0.5)
+    sound = replace(healthy, score=0.6)
+    assert [h.mechanism for h in rank([weak, sound])] == ["healthy", a.mechanism]
