@@ -12,7 +12,8 @@ Every mechanism is judged on two scale-free quantities:
 ``score = strength × logistic(impact; MIN_IMPACT)``. With a baseline, a finding the
 baseline shows just as much is not the regression: impacts are taken net of the
 baseline's. A conclusion that rests on arrival order when the skews are not larger than
-the clock error says so in its caveats. ``healthy`` scores ``1 − max(other scores)``.
+the clock error says so in its caveats. ``healthy`` scores ``1 − max(other scores)``,
+less where the step regressed against the baseline (`regressed`).
 Hypotheses are ranked by score, except that the mechanisms within `SCORE_TIE` of the best
 lead in order of impact (`rank`).
 """
@@ -32,18 +33,27 @@ from rankscope.diagnosis.robust import logistic
 __all__ = [
     "MECHANISMS",
     "MIN_IMPACT",
+    "REGRESSION_RATIO",
     "SCORE_TIE",
     "Evidence",
     "Hypothesis",
     "Verdict",
     "judge",
     "rank",
+    "regressed",
 ]
 
 
 MIN_IMPACT = 0.01
 """A mechanism costing less than ~1 % of the step is not called a regression: below this
 the cost is inside what healthy runs vary by from window to window."""
+
+
+REGRESSION_RATIO = 1.5
+"""A median step this many times the baseline's (per unit of useful work) is a regression
+whatever explains it: ``healthy`` scores half as much there, and nothing at twice. Healthy
+runs of one job differ by a few per cent; a fault the mechanisms judge only weakly (a
+degraded link whose control rows moved a lot between the runs) can triple the step."""
 
 
 SCORE_TIE = 0.1
@@ -173,18 +183,48 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
                 ),
             )
         )
-    best = max((h.score for h in hyps), default=0.0)
+    best = max(hyps, key=lambda h: h.score, default=None)
     unjudged = tuple(u for c in cur.values() for u in c.unjudged)
-    hyps.append(_healthy(ev, 1.0 - best, (*shared, *unjudged)))
+    hyps.append(_healthy(ev, best, (*shared, *unjudged)))
     return Verdict(hypotheses=rank(hyps))
 
 
-def _healthy(ev: Evidence, score: float, unjudged: tuple[str, ...] = ()) -> Hypothesis:
+def regressed(ev: Evidence) -> float:
+    """0..1: how surely the run is slower per unit of useful work than the baseline's
+    (0 without a baseline)."""
+    cmp, num = ev.comparison, ev.numerator
+    if cmp.baseline is None or not np.isfinite(cmp.p50_ratio):
+        return 0.0
+    ratio = cmp.p50_ratio
+    if np.isfinite(num.useful_ratio) and num.useful_ratio > 0:
+        ratio /= num.useful_ratio  # more work per step is not a slower step
+    return logistic(ratio, REGRESSION_RATIO, REGRESSION_RATIO / 15)
+
+
+def _healthy(ev: Evidence, best: Hypothesis | None, unjudged: tuple[str, ...] = ()) -> Hypothesis:
+    """``healthy`` scores ``1 − best score``, times the odds that the step did not regress
+    against the baseline: a run twice as slow per unit of work is not healthy even when no
+    mechanism is well supported."""
     cmp = ev.comparison
     evidence = [f"median step {_ms(cmp.current.p50)}, p99 {_ms(cmp.current.p99)}"]
     if cmp.baseline is not None:
         evidence.append(f"p50 {cmp.p50_ratio:.2f}x and p99 {cmp.p99_ratio:.2f}x the baseline's")
-    evidence.append(f"no mechanism explains more than {_pct(MIN_IMPACT)} of the step time")
+    if best is not None and best.impact >= MIN_IMPACT:
+        evidence.append(
+            f"the best supported mechanism, {best.mechanism}, would cost "
+            f"{_pct(best.impact)} of the step time but scores only {best.score:.2f}"
+        )
+    else:
+        evidence.append(f"no mechanism explains more than {_pct(MIN_IMPACT)} of the step time")
+    slower = regressed(ev)
+    caveats = unjudged
+    if slower > 0.5:
+        caveats = (
+            f"the median step is {cmp.p50_ratio:.2f}x the baseline's: a regression, even "
+            "though no mechanism explains it with confidence",
+            *unjudged,
+        )
+    score = (1.0 - (best.score if best is not None else 0.0)) * (1.0 - slower)
     return Hypothesis(
         mechanism="healthy",
         score=float(max(score, 0.0)),
@@ -195,6 +235,6 @@ def _healthy(ev: Evidence, score: float, unjudged: tuple[str, ...] = ()) -> Hypo
         rails=(),
         groups=(),
         evidence=tuple(evidence),
-        caveats=unjudged,
+        caveats=caveats,
         next_experiment=next_experiment("healthy"),
     )

@@ -107,3 +107,21 @@ def test_near_equal_scores_are_ranked_by_impact() -> None:
     weak = replace(a, score=0.4, impact=0.5)
     sound = replace(healthy, score=0.6)
     assert [h.mechanism for h in rank([weak, sound])] == ["healthy", a.mechanism]
+
+
+def test_a_run_much_slower_than_its_baseline_is_not_called_healthy() -> None:
+    # Every rank 2.5x slower and no mechanism with a signature: the step regressed all the
+    # same, so healthy must not lead with a high score; the same job at the baseline's pace
+    # stays healthy.
+    rng = np.random.default_rng(3)
+
+    def run(factor: float):
+        step = factor * 1e9 * (1 + 0.002 * rng.standard_normal((R, S)))
+        return make_window(*_steps(step), ranks=rank_layout(R))
+
+    base = run(1.0)
+    same = {h.mechanism: h for h in diagnose(run(1.0), base).verdict.hypotheses}["healthy"]
+    slow = {h.mechanism: h for h in diagnose(run(2.5), base).verdict.hypotheses}["healthy"]
+    assert same.score > 0.9
+    assert slow.score < 0.05
+    assert any("2.50x the baseline's: a regression" in c for c in slow.caveats), slow.caveats
