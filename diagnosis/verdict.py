@@ -13,7 +13,8 @@ Every mechanism is judged on two scale-free quantities:
 baseline shows just as much is not the regression: impacts are taken net of the
 baseline's. A conclusion that rests on arrival order when the skews are not larger than
 the clock error says so in its caveats. ``healthy`` scores ``1 − max(other scores)``,
-less where the step regressed against the baseline (`regressed`).
+less where the step regressed against the baseline (`regressed`); there, a mechanism
+far too small to account for the regression fades too (`MIN_COVER`).
 Hypotheses are ranked by score, except that the mechanisms within `SCORE_TIE` of the best
 lead in order of impact (`rank`).
 """
@@ -32,15 +33,18 @@ from rankscope.diagnosis.robust import logistic
 
 __all__ = [
     "MECHANISMS",
+    "MIN_COVER",
     "MIN_IMPACT",
     "REGRESSION_RATIO",
     "SCORE_TIE",
     "Evidence",
     "Hypothesis",
     "Verdict",
+    "covers",
     "judge",
     "rank",
     "regressed",
+    "regression_share",
 ]
 
 
@@ -54,6 +58,12 @@ REGRESSION_RATIO = 1.5
 whatever explains it: ``healthy`` scores half as much there, and nothing at twice. Healthy
 runs of one job differ by a few per cent; a fault the mechanisms judge only weakly (a
 degraded link whose control rows moved a lot between the runs) can triple the step."""
+
+
+MIN_COVER = 0.25
+"""Where the step regressed (`REGRESSION_RATIO`), a mechanism that accounts for less than
+about this share of the regression cannot be its cause: its score fades (a burst of
+congestion costing 3 % of a step that tripled does not outrank the link that costs 80 %)."""
 
 
 SCORE_TIE = 0.1
@@ -157,6 +167,7 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
             "does not see): arrival wait, transfer and the links were not judged, and "
             "collective time counts as other"
         )
+    slower, share = regressed(ev), regression_share(ev)
     hyps = []
     for mech, c in cur.items():
         impact = c.impact
@@ -165,7 +176,11 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
             impact = max(0.0, c.impact - base[mech].impact)
             if base[mech].impact >= 0.5 * c.impact and c.impact > 0:
                 caveats.append(f"the baseline shows {_pct(base[mech].impact)} of the same")
-        score = c.strength * logistic(impact, MIN_IMPACT, MIN_IMPACT / 5)
+        score = (
+            c.strength
+            * logistic(impact, MIN_IMPACT, MIN_IMPACT / 5)
+            * covers(impact, slower, share)
+        )
         hyps.append(
             Hypothesis(
                 mechanism=mech,
@@ -189,16 +204,42 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
     return Verdict(hypotheses=rank(hyps))
 
 
-def regressed(ev: Evidence) -> float:
-    """0..1: how surely the run is slower per unit of useful work than the baseline's
-    (0 without a baseline)."""
+def _per_work_ratio(ev: Evidence) -> float:
+    """Median step over the baseline's, per unit of useful work (NaN without a baseline)."""
     cmp, num = ev.comparison, ev.numerator
     if cmp.baseline is None or not np.isfinite(cmp.p50_ratio):
-        return 0.0
+        return float("nan")
     ratio = cmp.p50_ratio
     if np.isfinite(num.useful_ratio) and num.useful_ratio > 0:
         ratio /= num.useful_ratio  # more work per step is not a slower step
-    return logistic(ratio, REGRESSION_RATIO, REGRESSION_RATIO / 15)
+    return float(ratio)
+
+
+def regression_share(ev: Evidence) -> float:
+    """Share of the current step that the regression against the baseline accounts for
+    (``1 − 1/ratio`` per unit of work; 0 without a baseline or a regression)."""
+    ratio = _per_work_ratio(ev)
+    return float(1.0 - 1.0 / ratio) if np.isfinite(ratio) and ratio > 1.0 else 0.0
+
+
+def covers(impact: float, slower: float, share: float) -> float:
+    """Factor on a mechanism's score: 1, fading towards ``1 − slower`` as its ``impact``
+    falls below `MIN_COVER` of the regression's ``share`` of the step.
+
+    Args:
+        impact: the mechanism's share of the step.
+        slower: `regressed`.
+        share: `regression_share`.
+    """
+    if slower == 0.0 or not share > 0.0:
+        return 1.0
+    return 1.0 - slower * (1.0 - logistic(impact / share, MIN_COVER, MIN_COVER / 5))
+
+
+def regressed(ev: Evidence) -> float:
+    """0..1: how surely the run is slower per unit of useful work than the baseline's
+    (0 without a baseline)."""
+    return logistic(_per_work_ratio(ev), REGRESSION_RATIO, REGRESSION_RATIO / 15)
 
 
 def _healthy(ev: Evidence, best: Hypothesis | None, unjudged: tuple[str, ...] = ()) -> Hypothesis:

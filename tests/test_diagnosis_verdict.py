@@ -125,3 +125,13 @@ def test_a_run_much_slower_than_its_baseline_is_not_called_healthy() -> None:
     assert same.score > 0.9
     assert slow.score < 0.05
     assert any("2.50x the baseline's: a regression" in c for c in slow.caveats), slow.caveats
+
+
+def test_a_mechanism_far_too_small_for_the_regression_fades() -> None:
+    from rankscope.diagnosis.verdict import MIN_COVER, covers
+
+    share = 1 - 1 / 2.8  # the step regressed 2.8x: 64 % of it is new
+    assert covers(0.035, 1.0, share) < 0.05  # 3.5 % of the step: not the cause
+    assert covers(0.8, 1.0, share) > 0.99  # 80 %: accounts for all of it
+    assert covers(2 * MIN_COVER * share, 1.0, share) > 0.99
+    assert covers(0.035, 0.0, share) == 1.0  # no regression: nothing fades
