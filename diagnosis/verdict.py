@@ -200,7 +200,7 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
         )
     best = max(hyps, key=lambda h: h.score, default=None)
     unjudged = tuple(u for c in cur.values() for u in c.unjudged)
-    hyps.append(_healthy(ev, best, (*shared, *unjudged)))
+    hyps.append(_healthy(ev, best, slower, (*shared, *unjudged)))
     return Verdict(hypotheses=rank(hyps))
 
 
@@ -242,10 +242,12 @@ def regressed(ev: Evidence) -> float:
     return logistic(_per_work_ratio(ev), REGRESSION_RATIO, REGRESSION_RATIO / 15)
 
 
-def _healthy(ev: Evidence, best: Hypothesis | None, unjudged: tuple[str, ...] = ()) -> Hypothesis:
+def _healthy(
+    ev: Evidence, best: Hypothesis | None, slower: float, unjudged: tuple[str, ...] = ()
+) -> Hypothesis:
     """``healthy`` scores ``1 − best score``, times the odds that the step did not regress
     against the baseline: a run twice as slow per unit of work is not healthy even when no
-    mechanism is well supported."""
+    mechanism is well supported (``slower``: `regressed`)."""
     cmp = ev.comparison
     evidence = [f"median step {_ms(cmp.current.p50)}, p99 {_ms(cmp.current.p99)}"]
     if cmp.baseline is not None:
@@ -257,7 +259,6 @@ def _healthy(ev: Evidence, best: Hypothesis | None, unjudged: tuple[str, ...] = 
         )
     else:
         evidence.append(f"no mechanism explains more than {_pct(MIN_IMPACT)} of the step time")
-    slower = regressed(ev)
     caveats = unjudged
     if slower > 0.5:
         caveats = (
