@@ -4,8 +4,7 @@ Both loops receive the same pre-encoded ``steps`` batches (one message per rank 
 from a sender process over tcp loopback. The raw loop only does ``recv`` +
 ``schema.decode``; the hub does everything it does live: receive, decode, validation, store
 ingest, the periodic matching pass (instances of a 16-rank all-reduce group) and, in a
-second variant, the recording. The pass's compiled kernel is ready before timing starts
-(it compiles in the background during a hub's first second or two).
+second variant, the recording.
 
 What is measured, per loop: from the end of the first third of the batches (``WARM_PART``:
 a running hub's steady state) to the last one processed, with the final matching pass
@@ -154,19 +153,6 @@ def _skip(world: int, steps: int, colls: int) -> int:
     return skip
 
 
-def _kernel_ready() -> None:
-    """Wait until the matching pass's compiled kernel is ready, as it is in a hub that has
-    run for a second or two (it compiles in the background; passes before that run on
-    numpy)."""
-    from rankscope.diagnosis import block_kernel
-
-    block_kernel.warm()
-    deadline = time.monotonic() + 60
-    while not block_kernel.ready():
-        assert time.monotonic() < deadline, "the matching kernel did not compile"
-        time.sleep(0.01)
-
-
 def _thread_cpu(thread) -> float:
     return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
 
@@ -178,7 +164,6 @@ def hub_loop(world: int, steps: int, colls: int, record: bool) -> tuple[float, f
 
     with tempfile.TemporaryDirectory() as tmp:
         hub = Hub(record_dir=os.path.join(tmp, "rec") if record else None).start()
-        _kernel_ready()
         p, ready, go = _spawn(hub.endpoint, world, steps, colls)
         ready.wait()
         while hub.store.message_count < world + 1:
@@ -224,7 +209,6 @@ def breakdown(world: int, steps: int, colls: int, mixed: bool = False) -> dict[s
     from rankscope.hub.validate import check
 
     keep_freed_memory()  # as `Hub.start` does
-    _kernel_ready()
     head, body = make_messages(world, steps, colls, mixed)
     store = Store()
     intake = Intake(store)

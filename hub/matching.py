@@ -25,8 +25,7 @@ import numpy as np
 
 from rankscope.collector import schema
 from rankscope.diagnosis.arrivals import ASYNC_FLAGS, match, row_contributions
-from rankscope.diagnosis.block_kernel import usual_block
-from rankscope.diagnosis.blocks import BlockMatch, block_nanmedian, block_sums, match_block
+from rankscope.diagnosis.blocks import block_nanmedian, block_sums, match_block
 from rankscope.diagnosis.window import COLL_AGGREGATES, InstanceTable
 from rankscope.hub.pending import PENDING_DTYPES, Part, concat_rows
 from rankscope.hub.runstate import RunState
@@ -377,16 +376,38 @@ def _settle_block(
     counted = valid & fresh
     lens = np.broadcast_to(np.diff(np.append(starts, k)).astype(np.float64), (c, nr))
     folds = {"n": (cell[counted], lens.reshape(-1)[counted])}
-    ranks = np.array(b.ranks, np.int64)[:, None]
-    usual = None
-    if done and not any(p.dev or p.is_async for p in parts):
-        # Nearly every block: blocking, host-timed rows of complete instances.
-        usual = usual_block(b.stack("t_enter"), b.stack("t_exit"), run.t0, starts, ranks[:, 0])
-    m, sums = usual if usual is not None else _numpy_block(run, b, closing, done, ranks, starts)
-    if m is None:  # only the calls and the time inside count before completion
+    enter = _relative(b.stack("t_enter"), run.t0, known=True)  # validation saw to it
+    exit_ = _relative(b.stack("t_exit"), run.t0)
+    if not closing.any():  # only the calls and the time inside count before completion
+        sums = block_sums(enter, exit_, None, starts)
         folds["coll_ns"] = (cell[counted], sums["coll_ns"].reshape(-1)[counted])
         run.fold(folds)
         return parts, []
+
+    ranks = np.array(b.ranks, np.int64)[:, None]
+    device: dict[str, np.ndarray] = {}
+    if any(p.dev for p in parts):
+        device = {
+            "flags": b.stack("flags"),
+            "t_start": _relative(b.stack("t_start"), run.t0),
+            "t_end": _relative(b.stack("t_end"), run.t0),
+        }
+    m = match_block(enter, exit_, ranks, **device)
+    is_async = cut = None
+    if done and any(p.is_async for p in parts):
+        flags = device["flags"] if device else b.stack("flags")
+        is_async = (flags & ASYNC_FLAGS) != 0
+        plan = b._gather()
+        if plan is not None and all("cut" in batch for batch, _, _ in plan):
+            cut = b.stack("cut")  # NaN on the rows of pieces without a cut
+        else:
+            cut = np.full((c, k), np.nan)
+            for j, sub in enumerate(b.subs):
+                a = int(b.bounds[j])
+                for i, p in enumerate(sub):
+                    if p.cut is not None:
+                        cut[i, a : a + p.n] = p.cut
+    sums = block_sums(enter, exit_, m if done else None, starts, is_async, cut)
     folds["coll_ns"] = (cell[counted], sums["coll_ns"].reshape(-1)[counted])
     if done:  # the arrival aggregates are zero until an instance completes
         for name in COLL_AGGREGATES:
@@ -430,48 +451,6 @@ def _settle_block(
         elif open_.any():
             rows += [p.rows(open_) for p in sub]
     return kept, rows
-
-
-def _numpy_block(
-    run: RunState,
-    b: _Block,
-    closing: np.ndarray,
-    done: bool,
-    ranks: np.ndarray,
-    starts: np.ndarray,
-) -> tuple[BlockMatch | None, dict[str, np.ndarray]]:
-    """`match_block` and `block_sums` of any block, on numpy: the match is None while no
-    instance closes (then only the calls and the time inside are summed)."""
-    assert b.bounds is not None
-    c, k = len(b.ranks), int(b.bounds[-1])
-    parts = b.parts()
-    enter = _relative(b.stack("t_enter"), run.t0, known=True)  # validation saw to it
-    exit_ = _relative(b.stack("t_exit"), run.t0)
-    if not closing.any():
-        return None, block_sums(enter, exit_, None, starts)
-    device: dict[str, np.ndarray] = {}
-    if any(p.dev for p in parts):
-        device = {
-            "flags": b.stack("flags"),
-            "t_start": _relative(b.stack("t_start"), run.t0),
-            "t_end": _relative(b.stack("t_end"), run.t0),
-        }
-    m = match_block(enter, exit_, ranks, **device)
-    is_async = cut = None
-    if done and any(p.is_async for p in parts):
-        flags = device["flags"] if device else b.stack("flags")
-        is_async = (flags & ASYNC_FLAGS) != 0
-        plan = b._gather()
-        if plan is not None and all("cut" in batch for batch, _, _ in plan):
-            cut = b.stack("cut")  # NaN on the rows of pieces without a cut
-        else:
-            cut = np.full((c, k), np.nan)
-            for j, sub in enumerate(b.subs):
-                a = int(b.bounds[j])
-                for i, p in enumerate(sub):
-                    if p.cut is not None:
-                        cut[i, a : a + p.n] = p.cut
-    return m, block_sums(enter, exit_, m if done else None, starts, is_async, cut)
 
 
 def _settle_rows(

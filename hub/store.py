@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from rankscope.collector import schema
-from rankscope.diagnosis import arrivals, block_kernel
+from rankscope.diagnosis import arrivals
 from rankscope.diagnosis.arrivals import match
 from rankscope.diagnosis.assemble import coll_rows, device_means
 from rankscope.diagnosis.window import (
@@ -136,9 +136,6 @@ class Store:
                 f"max_cells ({max_cells}) and floor_cells ({floor_cells}) must be ≥ 1, "
                 f"idle_s ({idle_s}) ≥ 0"
             )
-        # The matching pass's kernel compiles in the background; passes before it is
-        # ready run on numpy, with the same results.
-        block_kernel.warm()
         self.history_steps = int(history_steps)
         self.raw_steps = int(raw_steps)
         self.stale_steps = int(stale_steps)

@@ -9,7 +9,6 @@ import pytest
 from test_hub_job import BASE, assert_windows_equal, header, identity
 
 from rankscope.collector import schema
-from rankscope.diagnosis import block_kernel
 from rankscope.diagnosis.arrivals import build_window
 from rankscope.hub import matching
 from rankscope.hub.intake import Intake
@@ -126,36 +125,14 @@ def paths(monkeypatch):
     return seen
 
 
-@pytest.fixture(params=["compiled", "numpy"])
-def kernel(request, monkeypatch):
-    """Runs a test with the usual blocks on the compiled pass, then without it; counts the
-    blocks the compiled pass took."""
-    block_kernel.warm(background=False)
-    assert block_kernel.ready()
-    if request.param == "numpy":
-        monkeypatch.setattr(block_kernel, "_kernel", None)
-    seen = {"compiled": 0}
-    usual_block = matching.usual_block
-
-    def counted(*a, **k):
-        out = usual_block(*a, **k)
-        seen["compiled"] += out is not None
-        return out
-
-    monkeypatch.setattr(matching, "usual_block", counted)
-    return request.param, seen
-
-
 @pytest.mark.parametrize("settle_every", [0, 1, 3, 5])
-def test_blocks_equal_build_window(paths, kernel, settle_every: int) -> None:
+def test_blocks_equal_build_window(paths, settle_every: int) -> None:
     head, body, raw, groups = single_group_job(world=4, steps=6, colls=5)
     store = feed(head, body, settle_every=settle_every)
     assert_windows_equal(
         store.window(RUN), reference(raw, groups, 4), skip=("health", "clock_error_ns")
     )
     assert paths["blocks"] > 0 and paths["rows"] == 0
-    path, seen = kernel
-    assert (seen["compiled"] > 0) == (path == "compiled")
     totals = store.totals(RUN)
     assert totals.instances_complete == 30 and totals.instances_incomplete == 0
 
@@ -171,7 +148,7 @@ def test_blocks_equal_build_window(paths, kernel, settle_every: int) -> None:
     ],
     ids=["async", "device", "unknown-exit", "two-steps-a-message", "ragged-last-message"],
 )
-def test_blocks_cover_async_device_unknown_exit_and_batched_steps(paths, kernel, kw) -> None:
+def test_blocks_cover_async_device_unknown_exit_and_batched_steps(paths, kw) -> None:
     head, body, raw, groups = single_group_job(world=3, **kw)
     order = np.random.default_rng(1).permutation(len(body))
     store = feed(head, body, order=order, settle_every=2)
