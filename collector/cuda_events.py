@@ -79,10 +79,7 @@ class DeviceTimer:
         self._pending.append((row, time.monotonic_ns(), start, end))
 
     def _release(self, row: int) -> None:
-        ring = self.mon._colls
-        if ring.tail <= row < ring.head:
-            flags = int(ring.rows[row & ring.mask]["flags"])
-            ring.set_field(row, "flags", flags & ~FLAG_PENDING)
+        self.mon._colls.update(row, {}, clear_bits=FLAG_PENDING)
 
     def resolve(self) -> None:
         """Fill device times of completed events (background thread; never blocks)."""
@@ -107,10 +104,12 @@ class DeviceTimer:
                 self.abandoned += 1
                 self._release(row)
                 continue
-            ring.set_field(row, "t_start", t_start)
-            ring.set_field(row, "t_end", t_end)
-            flags = int(ring.rows[row & ring.mask]["flags"])
-            ring.set_field(row, "flags", (flags | schema.FLAG_DEVICE_TIMED) & ~FLAG_PENDING)
+            ring.update(
+                row,
+                {"t_start": t_start, "t_end": t_end},
+                set_bits=schema.FLAG_DEVICE_TIMED,
+                clear_bits=FLAG_PENDING,
+            )
             self.resolved += 1
             if len(self._pool) < EVENT_POOL:
                 self._pool.extend((start, end))

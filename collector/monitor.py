@@ -52,11 +52,17 @@ DDP_SAMPLE_EVERY = 10
 
 _OP_INDEX = schema.OP_INDEX
 _OTHER = schema.OP_INDEX["other"]
+_NO_WORK = (-1, -1, -1, math.nan, math.nan)
+"""A step's work before the program reports any (``work`` copies it on first use)."""
+_NO_MEM = (-1, -1, -1, -1)
+
+
+_INT64_END = 1 << 63
 
 
 def _is_step(step: object) -> bool:
-    """Whether a program's step id is usable: an int >= 0 (a bool is not)."""
-    return isinstance(step, int) and not isinstance(step, bool) and step >= 0
+    """Whether a program's step id is usable: an int64 >= 0 (a bool is not)."""
+    return isinstance(step, int) and not isinstance(step, bool) and 0 <= step < _INT64_END
 
 
 def op_index(op: str | int) -> int:
@@ -148,8 +154,8 @@ class Monitor:
         self._next_step = 0
         self._t_step = 0
         self._last_ended = _NEVER
-        self._work = [-1, -1, -1, math.nan, math.nan]
-        self._mem = (-1, -1, -1, -1)
+        self._work: tuple[float, ...] | list[float] = _NO_WORK
+        self._mem = _NO_MEM
         self._heads_at_begin = (0, 0, 0)
         self.memory_probe: Callable[[], tuple[int, int, int, int]] | None = None
         """Returns (allocated, reserved, peak, allocator retries) at each step end."""
@@ -253,9 +259,8 @@ class Monitor:
             return
         since_colls, since_phases, _ = self._heads_at_begin
         for ring, since in ((self._colls, since_colls), (self._phases, since_phases)):
-            rows = ring.rows
             for i in range(max(since, ring.tail), ring.head):
-                if rows[i & ring.mask]["step"] == setup:
+                if ring.get_field(i, "step") == setup:
                     ring.set_field(i, "step", step)
 
     def _begin(self, step: int | None, t: int) -> None:
@@ -264,15 +269,18 @@ class Monitor:
         if step is None:
             step = self._next_step
         elif not _is_step(step):
-            self._error("bad_step", ValueError(f"step must be an int >= 0, got {step!r}"))
+            self._error("bad_step", ValueError(f"step must be an int64 >= 0, got {step!r}"))
             step = self._next_step
         self._step = step
         self._next_step = step + 1
         self._t_step = t
         self._open = True
-        self._work = [-1, -1, -1, math.nan, math.nan]
-        self._mem = (-1, -1, -1, -1)
-        self._heads_at_begin = (self._colls.head, self._phases.head, self._colls.dropped)
+        # Shared constants, not fresh objects: a step the program reports no work or
+        # memory for allocates nothing.
+        self._work = _NO_WORK
+        self._mem = _NO_MEM
+        colls = self._colls
+        self._heads_at_begin = (colls.head, self._phases.head, colls.dropped)
 
     def _activity_since_begin(self) -> bool:
         w = self._work
@@ -302,12 +310,21 @@ class Monitor:
             except Exception as exc:
                 self._error("memory_probe", exc)
         w = self._work
-        self._steps.push(self._step, self._t_step, t, w[0], w[1], w[2], w[3], w[4], *mem)
-        if self._step > self._last_ended:
-            self._last_ended = self._step
+        step = self._step
+        ring = self._steps
+        h = ring.head
+        if h - ring.tail > ring.mask:
+            ring.dropped += 1
+        else:
+            ring.slots[h & ring.mask] = (step, self._t_step, t, *w, *mem)
+            ring.head = h + 1
+        if step > self._last_ended:
+            self._last_ended = step
         self._open = False
         self._step = self._next_step
-        self.pump.step_ended(t)
+        pump = self.pump
+        if t >= pump.wake_after_ns:
+            pump.step_ended(t)
 
     def step(self, step: int | None = None) -> StepSpan:
         """Context manager around one step: ``with mon.step(): ...``."""
@@ -319,6 +336,26 @@ class Monitor:
             t = time.monotonic_ns()
             if self._open:
                 self._end(t)
+            self._begin(None, t)
+
+    def _optimizer_end(self, idx: int, t0: int, t: int) -> None:
+        """Optimizer post-step hook: the optimizer phase ``[t0, t]`` and, under automatic
+        steps, the step boundary at ``t`` (the same work as ``_rec_phase`` followed by
+        ``_auto_step_boundary``, in one call: it runs on every training step)."""
+        if not self.enabled:
+            return
+        auto = self._auto
+        if auto and not self._open:
+            self._begin(None, t0)
+        ring = self._phases
+        h = ring.head
+        if h - ring.tail > ring.mask:
+            ring.dropped += 1
+        else:
+            ring.slots[h & ring.mask] = (self._step, idx, t0, t)
+            ring.head = h + 1
+        if auto:
+            self._end(t)
             self._begin(None, t)
 
     def _auto_touch(self) -> None:
@@ -347,13 +384,18 @@ class Monitor:
         if not self.enabled:
             return
         w = self._work
+        if not isinstance(w, list):
+            w = self._work = list(_NO_WORK)
         try:
             for i, v in enumerate((tokens, valid_tokens, samples)):
                 if v is not None:
                     iv = int(v)
                     if iv < 0:
                         raise ValueError(f"work counts must be >= 0, got {v!r}")
-                    w[i] = iv if w[i] < 0 else w[i] + iv
+                    total = iv if w[i] < 0 else w[i] + iv
+                    if total >= _INT64_END:
+                        raise ValueError(f"work count {total} does not fit int64")
+                    w[i] = total
             for i, f in ((3, attn_cost), (4, flops)):
                 if f is not None:
                     fv = float(f)
@@ -372,7 +414,10 @@ class Monitor:
         if not self.enabled:
             return
         try:
-            self._mem = (int(allocated), int(reserved), int(peak), int(alloc_retries))
+            mem = (int(allocated), int(reserved), int(peak), int(alloc_retries))
+            if any(not -_INT64_END <= v < _INT64_END for v in mem):
+                raise ValueError(f"memory figures {mem} do not fit int64")
+            self._mem = mem
         except (TypeError, ValueError) as exc:
             self._error("bad_memory", exc)
 
@@ -408,7 +453,13 @@ class Monitor:
             return
         if self._auto and not self._open:
             self._begin(None, t0)
-        self._phases.push(self._step, idx, t0, t1)
+        ring = self._phases
+        h = ring.head
+        if h - ring.tail > ring.mask:
+            ring.dropped += 1
+            return
+        ring.slots[h & ring.mask] = (self._step, idx, t0, t1)
+        ring.head = h + 1
 
     def _user_phase_names(self) -> list[str]:
         with self._lock:
@@ -543,9 +594,7 @@ class Monitor:
         if h - ring.tail > ring.mask:
             ring.dropped += 1
             return -1
-        ring.pack_into(
-            ring.raw,
-            (h & ring.mask) * ring.row_size,
+        ring.slots[h & ring.mask] = (
             self._step,
             op,
             gid,

@@ -127,6 +127,8 @@ class Pump:
         self.sender: Sender | None = None
         self.batch = 0
         self.incomplete = 0
+        self._malformed = 0
+        """Ring rows read with a value shipped as unknown, already counted as errors."""
         self.sent_rows = 0
         self.wakes = 0
         """Times the thread woke up (its cost is mostly per wake)."""
@@ -416,6 +418,10 @@ class Pump:
             steps = mon._steps.unread(MAX_BATCH_ROWS)
             colls = mon._colls.unread(MAX_BATCH_ROWS)
             phases = mon._phases.unread(MAX_BATCH_ROWS)
+            malformed = mon._colls.malformed + mon._phases.malformed + mon._steps.malformed
+            while self._malformed < malformed:
+                self._malformed += 1
+                mon._error("malformed_row", ValueError("a value did not fit its column"))
             pending = (colls["t_exit"] == schema.NO_TIME) | ((colls["flags"] & FLAG_PENDING) != 0)
             nc = shippable(colls["step"], colls["t_enter"], pending, last_ended, now, final)
             np_ = shippable(phases["step"], phases["t1"], None, last_ended, now, final)

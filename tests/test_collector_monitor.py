@@ -412,3 +412,29 @@ def test_auto_steps_already_ended_are_kept_when_the_program_takes_over(pull: Pul
     mon.close()
     steps = _tables(pull.messages(), "steps")
     assert steps["step"].tolist() == [0, 1, 5]
+
+
+def test_values_that_do_not_fit_are_counted_and_never_stop_the_stream(pull: Pull) -> None:
+    mon = _monitor(pull.endpoint)
+    mon.begin_step(1 << 63)  # beyond int64: counted, numbered automatically
+    mon.work(tokens=1 << 63)
+    mon.memory(allocated=1 << 64)
+    with mon.collective("all_reduce", group=1 << 40, nbytes=8):  # beyond int32
+        pass
+    mon.record_phase("forward", 1 << 64, 5)
+    mon.end_step()
+    mon.begin_step()
+    mon.end_step()
+    mon.close()
+    assert mon.stats()["errors"] == {
+        "bad_step": 1,
+        "bad_work": 1,
+        "bad_memory": 1,
+        "malformed_row": 2,
+    }
+    msgs = pull.messages()
+    assert _tables(msgs, "steps")["step"].tolist() == [0, 1]
+    colls = _tables(msgs, "colls")
+    assert colls["group"].tolist() == [-1] and colls["nbytes"].tolist() == [8]
+    phases = _tables(msgs, "phases")
+    assert phases["t0"].tolist() == [-1] and phases["t1"][0] != -1  # shipped as unknown

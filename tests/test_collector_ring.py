@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import struct
+import sys
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -22,13 +25,15 @@ def test_row_dtype_matches_schema_columns() -> None:
     assert dt.itemsize == sum(d.itemsize for d in schema.COLL_COLUMNS.values())
 
 
-def test_capacity_rounds_up_and_memory_is_fixed() -> None:
+def test_capacity_rounds_up_and_slots_are_fixed() -> None:
     ring = Ring(schema.COLL_COLUMNS, 1000)
     assert ring.capacity == 1024
-    raw_id = id(ring.raw)
+    slots_id = id(ring.slots)
     for i in range(5000):
+        if i % 300 == 0:
+            ring.consume(len(ring))
         ring.push(*_coll(i))
-    assert id(ring.raw) == raw_id and len(ring.raw) == 1024 * ring.row_size
+    assert id(ring.slots) == slots_id and len(ring.slots) == 1024
 
 
 def test_full_ring_drops_and_counts() -> None:
@@ -124,3 +129,63 @@ def test_complete_fills_time_and_clears_flag_bits() -> None:
     assert got["t_exit"] == 250 and got["flags"] == 2
     ring.consume(1)
     assert not ring.complete(row, "t_exit", 999, 1 << 30)
+
+
+def test_push_refuses_a_value_that_does_not_fit_and_writes_nothing() -> None:
+    ring = Ring(schema.PHASE_COLUMNS, 4)
+    with pytest.raises(struct.error):
+        ring.push(0, 1 << 20, 10, 20)  # the phase column is int16
+    assert ring.head == 0 and len(ring.unread()) == 0
+
+
+def test_a_row_written_inline_with_a_bad_value_is_read_as_unknown() -> None:
+    ring = Ring(schema.PHASE_COLUMNS, 4)
+    ring.push(1, 2, 10, 20)
+    ring.slots[1] = (1 << 70, 3, 30, None)  # as a hot path would write it, unchecked
+    ring.head = 2
+    ring.push(3, 4, 50, 60)
+    rows = ring.unread()
+    assert rows["step"].tolist() == [1, -1, 3] and rows["phase"].tolist() == [2, 3, 4]
+    assert rows["t0"].tolist() == [10, 30, 50] and rows["t1"].tolist() == [20, -1, 60]
+    assert ring.malformed == 1
+    ring.consume(3)
+    assert len(ring) == 0
+
+
+def test_update_sets_fields_and_flag_bits_of_unconsumed_rows_only() -> None:
+    ring = Ring(schema.COLL_COLUMNS, 4)
+    row = ring.push(0, 0, 0, 0, 8, 100, -1, -1, -1, 0b1010)
+    assert ring.update(row, {"t_start": 5, "t_end": 6}, set_bits=0b1, clear_bits=0b10)
+    got = ring.unread()[0]
+    assert (got["t_start"], got["t_end"], got["flags"]) == (5, 6, 0b1001)
+    assert ring.get_field(row, "flags") == 0b1001
+    ring.consume(1)
+    assert not ring.update(row, {"t_exit": 7}) and ring.get_field(row, "flags") is None
+
+
+def test_late_updates_from_two_threads_lose_nothing() -> None:
+    ring = Ring(schema.COLL_COLUMNS, 1024)
+    rows = [ring.push(*_coll(i)) for i in range(1000)]
+
+    def setter(first_bit: int) -> Callable[[], None]:
+        def run() -> None:
+            # Each update sets a bit no other update sets: any update lost to another
+            # one's stale copy of the row leaves its bit unset.
+            for bit in range(first_bit, first_bit + 15):
+                for r in rows:
+                    ring.update(r, {"t_start": bit}, set_bits=1 << bit)
+
+        return run
+
+    threads = [threading.Thread(target=setter(0)), threading.Thread(target=setter(16))]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often, inside updates too
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    flags = ring.unread()["flags"]
+    assert np.all(flags == (((1 << 15) - 1) | (((1 << 15) - 1) << 16)))
