@@ -75,6 +75,8 @@ class _State:
         self.orig_all_reduce: Any = None
         self.engine: Any = None
         """torch's autograd engine (end-of-backward callbacks)."""
+        self.tensor_type: Any = None
+        """``torch.Tensor`` (a subclass's outputs take the public hook path)."""
         self.backend = ""
         self.generation = 1
         """Bumped by ``uninstall``: models instrumented before get their hooks again."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import sys
 import time
+from collections import OrderedDict
 from typing import Any
 
 from rankscope.collector import schema, torch_ddp
@@ -46,6 +47,8 @@ MESH_ALIASES = {
 
 
 _BACKWARD = schema.PHASE_INDEX["backward"]
+_HOOK_KEY = -1
+"""Key of rankscope's entry in a tensor's hook dict: torch's handles count up from 0."""
 
 
 def _backward_end(t0: int) -> Any:
@@ -89,16 +92,23 @@ def _watch_backward(mon: Monitor, out: Any, tail: torch_ddp.DDPTail | None = Non
         if t is None:
             return
     try:
-        # The node's pre-hook: a C++ binding, cheaper than Tensor.register_hook's
-        # Python bookkeeping (a leaf output has no node and takes the tensor hook).
-        hook = _backward_start if tail is None else tail.started
-        node = t.grad_fn
-        if node is not None:
-            node.register_prehook(hook)
-        else:
-            t.register_hook(hook)
+        _on_backward(t, _backward_start if tail is None else tail.started)
     except Exception as exc:
         mon._error("backward_hook", exc)
+
+
+def _on_backward(t: Any, hook: Any) -> None:
+    """Call ``hook(grad)`` when backward reaches ``t``, once: the tensor's hook, put in
+    place directly when ``t`` is a plain tensor with no hooks yet. That is what
+    ``Tensor.register_hook`` does, without the handle and ordered dict it builds in Python,
+    and what ``Node.register_prehook`` does through a Python helper of its own: both cost
+    several µs a step, and this runs on every forward."""
+    node = t.grad_fn
+    if node is not None and type(t) is _state.tensor_type and t._backward_hooks is None:
+        t._backward_hooks = OrderedDict(((_HOOK_KEY, hook),))  # as torch's own: weakly referable
+        node._register_hook_dict(t)
+    else:
+        t.register_hook(hook)
 
 
 def _forward_hooks(model: Any) -> None:
@@ -168,23 +178,27 @@ def _patch(owner: Any, name: str, new: Any) -> None:
 def _optimizer_hooks(torch: Any) -> None:
     opt_phase = schema.PHASE_INDEX["optimizer"]
 
+    mono = time.monotonic_ns
+    state = _state
+
     def pre(optimizer: Any, _args: Any, _kwargs: Any) -> None:
-        mon = _state.mon
+        mon = state.mon
         if mon is None:
             return
-        if _state.step_optimizer is None:
-            _state.step_optimizer = id(optimizer)
-        if id(optimizer) == _state.step_optimizer:
-            _state.opt_t0 = time.monotonic_ns()
+        if id(optimizer) != state.step_optimizer:
+            if state.step_optimizer is not None:
+                return
+            state.step_optimizer = id(optimizer)
+        state.opt_t0 = mono()
+        if not mon._open:
             mon._auto_touch()
 
     def post(optimizer: Any, _args: Any, _kwargs: Any) -> None:
-        mon = _state.mon
-        if mon is None or id(optimizer) != _state.step_optimizer:
+        mon = state.mon
+        if mon is None or id(optimizer) != state.step_optimizer:
             return
         try:
-            mon._rec_phase(opt_phase, _state.opt_t0, time.monotonic_ns())
-            mon._auto_step_boundary()
+            mon._optimizer_end(opt_phase, state.opt_t0, mono())
         except Exception as exc:
             mon._error("optimizer_hook", exc)
 
@@ -383,6 +397,7 @@ def install(monitor: Monitor) -> None:
             except Exception as exc:
                 monitor._error("group", exc)
     _state.engine = torch.autograd.Variable._execution_engine
+    _state.tensor_type = torch.Tensor
     _optimizer_hooks(torch)
     _dataloader_hook(torch)
     _ddp_patches(torch)

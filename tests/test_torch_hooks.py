@@ -386,3 +386,35 @@ def test_ddp_timing_mode_follows_the_model_device() -> None:
         "off",
     ]
     assert [resolve_mode(m, cpu) for m in ("auto", "tail", "every")] == ["tail", "tail", "every"]
+
+
+class _HookedOutput(nn.Module):
+    """A model that puts a gradient hook on its own output, as some programs do."""
+
+    def __init__(self, seen: list[str]) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+        self.seen = seen
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.lin(x)
+        out.register_hook(lambda g: self.seen.append("model"))
+        return out
+
+
+def test_backward_timing_keeps_the_programs_gradient_hooks(mon: Monitor) -> None:
+    seen: list[str] = []
+    model = DDP(_HookedOutput(seen))
+    x = torch.randn(3, 4)
+    model(x).sum().backward()  # the output already holds a hook
+    out = model(x)
+    out.register_hook(lambda g: seen.append("after"))  # a hook added after the forward
+    out.sum().backward()
+    plain = DDP(nn.Linear(4, 2))
+    out = plain(x)
+    out.register_hook(lambda g: seen.append("plain"))
+    out.sum().backward()
+    assert seen == ["model", "model", "after", "plain"]
+    phases = mon._phases.unread()
+    backward = phases["t1"][phases["phase"] == PH["backward"]]
+    assert len(backward) == 3
