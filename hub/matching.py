@@ -209,8 +209,11 @@ def _verify(b: _Block) -> list[Part]:
 
     Parts that matched one reference at ingest (`Part.ref`) are equal without another look
     at their rows. Others are compared with their sub-block's first as bytes: one copy and
-    one compare a part, with no block-sized temporary. The same look tells whether every
-    member moves the same sizes (``nbytes``)."""
+    one compare a part, with no block-sized temporary; a block of pieces only is compared
+    as a whole (`_verify_pieces`). The same look tells whether every member moves the same
+    sizes (``nbytes``)."""
+    if all(p.batch is not None for sub in b.subs for p in sub):
+        return _verify_pieces(b)
     bad: list[Part] = []
     subs, first_part, seq, step, nbytes = [], [], [], [], []
     same_sizes = True
@@ -239,6 +242,35 @@ def _verify(b: _Block) -> list[Part]:
         b.seq = np.concatenate(seq).astype(np.int64, copy=False)
         b.step = np.concatenate(step).astype(np.int64, copy=False)
         b.nbytes = np.concatenate(nbytes).astype(np.int64, copy=False) if same_sizes else None
+    return bad
+
+
+def _verify_pieces(b: _Block) -> list[Part]:
+    """`_verify` for a block of pieces only (the parts of messages split by group, which
+    met no reference at ingest): each column of the whole block is one gather through the
+    block's plan (`_Block.stack`), compared with the block's first row at once, instead of
+    one gather and one compare a piece."""
+    b.bounds = np.cumsum([0] + [sub[0].n for sub in b.subs])
+    b._plan_done = False
+    seq, step = b.stack("seq"), b.stack("step")
+    differs = (seq != seq[0]).any(axis=0) | (step != step[0]).any(axis=0)
+    bad: list[Part] = []
+    if differs.any():
+        wrong = np.logical_or.reduceat(differs, b.bounds[:-1])
+        bad = [p for sub, w in zip(b.subs, wrong.tolist()) if w for p in sub]
+        kept = [i for i, w in enumerate(wrong.tolist()) if not w]
+        cols = np.repeat(~wrong, np.diff(b.bounds))
+        b.subs = [b.subs[i] for i in kept]
+        b.first_part = [b.first_part[i] for i in kept]
+        b._plan_done = False
+        if not b.subs:
+            return bad
+        b.bounds = np.cumsum([0] + [sub[0].n for sub in b.subs])
+        seq, step = seq[:, cols], step[:, cols]
+    nbytes = b.stack("nbytes")
+    b.seq = seq[0].astype(np.int64)
+    b.step = step[0].astype(np.int64)
+    b.nbytes = None if (nbytes != nbytes[0]).any() else nbytes[0].astype(np.int64)
     return bad
 
 

@@ -33,6 +33,7 @@ def hybrid_job(
     blocking_buckets: bool = False,
     unknown_exit: bool = False,
     missing: tuple[int, int, int] | None = None,
+    tweak=None,
     seed: int = 0,
 ):
     """Messages of a job with tensor-parallel groups (``tp`` consecutive ranks) and
@@ -40,7 +41,8 @@ def hybrid_job(
     its tp calls with its dp gradient buckets (asynchronous unless ``blocking_buckets``).
 
     Returns (hello + groups messages, steps messages, raw tables, group table).
-    ``missing`` = (rank, step, row) drops one row of one message.
+    ``missing`` = (rank, step, row) drops one row of one message; ``tweak(rank, step,
+    colls)`` edits a message's rows before it is encoded.
     """
     rng = np.random.default_rng(seed)
     n_tp = world // tp
@@ -99,6 +101,8 @@ def hybrid_job(
                 co["t_start"][:] = (enter[r] + 2000)[keep]
                 co["t_end"][:] = (exit_[r] - 1000 - 10 * r)[keep]
             co["flags"][:] = flags[keep]
+            if tweak is not None:
+                tweak(r, s, co)
             tables[r].append((st_, co))
             raw_steps.append({**st_, "rank": np.array([r], np.int32)})
             raw_colls.append({**co, "rank": np.full(co["step"].shape[0], r, np.int32)})
@@ -162,6 +166,43 @@ def test_a_piece_missing_a_row_takes_the_rows_path_with_the_same_result(paths) -
         store.window(RUN), reference(raw, groups, 8, RUN), skip=("health", "clock_error_ns")
     )
     assert paths["rows"] > 0 and paths["blocks"] > 0
+
+
+def _middle_tp_row(co) -> int:
+    return int(np.flatnonzero(co["group"] < 100)[2])
+
+
+@pytest.mark.parametrize(
+    "column, rows_path",
+    [("seq", True), ("step", True), ("nbytes", False)],
+    ids=["seq", "step", "nbytes"],
+)
+@pytest.mark.parametrize("settle_every", [0, 4])
+def test_a_piece_unlike_its_sub_block_in_one_middle_row(
+    paths,  # noqa: F811
+    column: str,
+    rows_path: bool,
+    settle_every: int,
+) -> None:
+    # Every message mixes groups, so every part is a piece: rank 3's tp piece of step 1
+    # differs from the other pieces of its sub-block in one row.
+    def tweak(r: int, s: int, co: dict[str, np.ndarray]) -> None:
+        if (r, s) == (3, 1):
+            i = _middle_tp_row(co)
+            if column == "seq":
+                co["seq"][i] += 10_000  # an instance no other rank has
+            elif column == "step":
+                co["step"][i] -= 1  # a row filed under the step before
+            else:
+                co["nbytes"][i] = 1 << 10  # one member moves another size: the median
+
+    head, body, raw, groups = hybrid_job(tweak=tweak)
+    store = feed(head, body, settle_every=settle_every)
+    assert_windows_equal(
+        store.window(RUN), reference(raw, groups, 8, RUN), skip=("health", "clock_error_ns")
+    )
+    assert paths["blocks"] > 0
+    assert (paths["rows"] > 0) == rows_path
 
 
 def test_prepare_splits_by_group_keeping_row_order_and_cuts() -> None:
