@@ -253,7 +253,22 @@ class Ring:
     def consume(self, n: int) -> None:
         """Release the first ``n`` unread rows for reuse.
 
+        The reader empties their slots, so the rows are freed on its thread, not by the
+        writer's next pass over the slot.
+
         Args:
             n: rows to release (clipped to the number unread).
         """
-        self.tail += max(0, min(n, self.head - self.tail))
+        with self._lock:
+            n = max(0, min(n, self.head - self.tail))
+            if n == 0:
+                return
+            i0 = self.tail & self.mask
+            i1 = i0 + n
+            slots = self.slots
+            if i1 <= self.capacity:
+                slots[i0:i1] = [None] * n
+            else:
+                slots[i0:] = [None] * (self.capacity - i0)
+                slots[: i1 - self.capacity] = [None] * (i1 - self.capacity)
+            self.tail += n

@@ -189,3 +189,16 @@ def test_late_updates_from_two_threads_lose_nothing() -> None:
         sys.setswitchinterval(interval)
     flags = ring.unread()["flags"]
     assert np.all(flags == (((1 << 15) - 1) | (((1 << 15) - 1) << 16)))
+
+
+def test_consumed_rows_are_released_by_the_reader() -> None:
+    ring = Ring(schema.PHASE_COLUMNS, 4)
+    for i in range(3):
+        ring.push(i, 1, 10 * i, 10 * i + 5)
+    ring.consume(2)
+    assert ring.slots[:3] == [None, None, (2, 1, 20, 25)]
+    for i in range(3, 6):
+        ring.push(i, 1, 10 * i, 10 * i + 5)
+    ring.consume(4)  # across the wrap
+    assert ring.slots == [None] * 4 and len(ring) == 0
+    assert ring.push(6, 1, 60, 65) == 6 and ring.unread()["step"].tolist() == [6]
