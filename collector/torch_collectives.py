@@ -276,7 +276,47 @@ def _wrap(fn: Any, op: str, in_name: str | None, kind: int) -> Any:
         return out
 
     wrapper.__rankscope_original__ = fn  # type: ignore[attr-defined]
-    return wrapper
+    if kind != _T or p2p:
+        return wrapper
+    general = wrapper
+
+    @functools.wraps(fn)
+    def tensor_wrapper(*args: Any, **kwargs: Any) -> Any:
+        # The common case, one input tensor on the host and no peer: the general wrapper's
+        # steps less the branches that cannot apply (it runs on every collective).
+        mon = state.mon
+        if mon is None or state.cuda:
+            return general(*args, **kwargs)
+        t0 = mono()
+        out = fn(*args, **kwargs)
+        t1 = mono()
+        try:
+            if kwargs:
+                group = (
+                    kwargs["group"]
+                    if "group" in kwargs
+                    else (args[g_pos] if len(args) > g_pos else None)
+                )
+                x = kwargs[in_name] if in_name in kwargs else args[in_pos]
+            else:
+                group = args[g_pos] if len(args) > g_pos else None
+                x = args[in_pos]
+            gid = gids.get(group)
+            if gid is None:
+                gid = _group_id(group)
+            if gid >= 0:
+                if out is None or type(out) is int:
+                    mon._rec_coll(op_i, gid, x.nbytes, t0, t1, 0)
+                else:
+                    row = mon._rec_coll(op_i, gid, x.nbytes, t0, NO_TIME, _ASYNC | _DEV)
+                    if row >= 0:
+                        _on_done(mon, out, row, None)
+        except Exception as exc:  # never let bookkeeping break the training step
+            mon._error("collective_wrapper", exc)
+        return out
+
+    tensor_wrapper.__rankscope_original__ = fn  # type: ignore[attr-defined]
+    return tensor_wrapper
 
 
 def _on_done(mon: Monitor, work: Any, row: int, ev0: Any) -> None:
