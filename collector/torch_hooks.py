@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import sys
 import time
-from collections import OrderedDict
 from typing import Any
 
 from rankscope.collector import schema, torch_ddp
@@ -97,6 +96,14 @@ def _watch_backward(mon: Monitor, out: Any, tail: torch_ddp.DDPTail | None = Non
         mon._error("backward_hook", exc)
 
 
+class _HookDict(dict):
+    """A tensor's hook dict: a plain dict that can be weakly referenced, as a handle from
+    ``Tensor.register_hook`` does to it. (torch's own is an ``OrderedDict``: building one
+    cost ~1.6 µs more per step, measured at world size 1.)"""
+
+    __slots__ = ("__weakref__",)
+
+
 def _on_backward(t: Any, hook: Any) -> None:
     """Call ``hook(grad)`` when backward reaches ``t``, once: the tensor's hook, put in
     place directly when ``t`` is a plain tensor with no hooks yet. That is what
@@ -105,7 +112,9 @@ def _on_backward(t: Any, hook: Any) -> None:
     several µs a step, and this runs on every forward."""
     node = t.grad_fn
     if node is not None and type(t) is _state.tensor_type and t._backward_hooks is None:
-        t._backward_hooks = OrderedDict(((_HOOK_KEY, hook),))  # as torch's own: weakly referable
+        hooks = _HookDict()
+        hooks[_HOOK_KEY] = hook
+        t._backward_hooks = hooks
         node._register_hook_dict(t)
     else:
         t.register_hook(hook)
