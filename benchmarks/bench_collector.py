@@ -189,9 +189,13 @@ def step_parts(quick: bool) -> dict[str, Any]:
             on = arm in BUCKET_MODES
             switch.set(on)
             mon._auto = on
+            model, opt = models[arm], opts[arm]
             if on:
                 mon.ddp_buckets = arm  # read at the model's first forward
-            model, opt = models[arm], opts[arm]
+                # The step hooks take the first optimizer that steps as the step clock;
+                # each arm's own optimizer is the clock during its steps, or only one arm
+                # would pay for step boundaries and the optimizer phase.
+                torch_hooks._state.step_optimizer = id(opt)
             all_reduce, all_gather, reduce_scatter = fns[arm]
             if iters[arm] is None:
                 iters[arm] = iter(DataLoader(data, batch_size=8))
