@@ -3,8 +3,9 @@
 The hot path (the torch wrappers, ``collective`` and ``phase`` spans, step ends) stamps
 ``time.monotonic_ns()`` and stores one row, a small tuple, in a slot of a preallocated ring
 — no lock, no system call beyond the clock read. A background ``Pump`` drains the rings
-into columnar messages. Every method swallows its own failures: an error is counted by reason, logged
-once, and reported in the ``stats`` messages; it never reaches the training loop.
+into columnar messages. Every method swallows its own failures: an error is counted by
+reason, logged once, and reported in the ``stats`` messages; it never reaches the training
+loop.
 
 Step attribution: a collective or phase belongs to the step that is open when it starts;
 between ``end_step`` and the next ``begin_step`` it belongs to the next step.
