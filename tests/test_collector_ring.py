@@ -10,6 +10,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from rankscope.collector import ring as ring_module
 from rankscope.collector import schema
 from rankscope.collector.ring import Ring, row_dtype
 
@@ -202,3 +203,15 @@ def test_consumed_rows_are_released_by_the_reader() -> None:
     ring.consume(4)  # across the wrap
     assert ring.slots == [None] * 4 and len(ring) == 0
     assert ring.push(6, 1, 60, 65) == 6 and ring.unread()["step"].tolist() == [6]
+
+
+def test_many_rows_read_in_pieces_keep_order_and_unknowns(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ring_module, "CONVERT_ROWS", 8)
+    ring = Ring(schema.COLL_COLUMNS, 64)
+    for i in range(30):
+        ring.push(*_coll(i))
+    ring.slots[17] = (*_coll(17)[:4], 1 << 70, *_coll(17)[5:])  # nbytes beyond int64
+    rows = ring.unread()
+    assert rows["seq"].tolist() == list(range(30))
+    assert rows["nbytes"][17] == -1 and rows["nbytes"][16] == 8 * 16
+    assert ring.malformed == 1
