@@ -203,7 +203,20 @@ class Ring:
         Returns:
             False when the row was already consumed.
         """
-        return self.update(index, {time_field: t}, clear_bits=clear)
+        j = self._index[time_field]
+        f = self._flags
+        with self._lock:
+            if index < self.tail or index >= self.head:
+                return False
+            i = index & self.mask
+            row = self.slots[i]
+            if row is None:
+                return False
+            new = list(row)
+            new[j] = t
+            new[f] = int(new[f]) & ~clear
+            self.slots[i] = tuple(new)
+            return True
 
     def __len__(self) -> int:
         return self.head - self.tail
