@@ -114,10 +114,13 @@ def _on_backward(t: Any, hook: Any) -> None:
     if node is not None and type(t) is _state.tensor_type and t._backward_hooks is None:
         hooks = _HookDict()
         hooks[_HOOK_KEY] = hook
-        t._backward_hooks = hooks
-        node._register_hook_dict(t)
-    else:
-        t.register_hook(hook)
+        try:
+            t._backward_hooks = hooks
+            node._register_hook_dict(t)
+            return
+        except AttributeError:  # a torch without these internals: the public path
+            t._backward_hooks = None
+    t.register_hook(hook)
 
 
 def _forward_hooks(model: Any) -> None:
