@@ -102,7 +102,7 @@ def worker(argv: list[str]) -> int:
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, TensorDataset
 
-    from rankscope.collector import runtime
+    from rankscope.collector import runtime, torch_hooks
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -179,6 +179,10 @@ def worker(argv: list[str]) -> int:
                 mon._auto = on
                 if on:
                     mon.ddp_buckets = arm
+                    # The step hooks take the first optimizer that steps as the step clock:
+                    # each arm's own optimizer is the clock during its steps, or only one
+                    # arm would pay for step boundaries and the optimizer phase.
+                    torch_hooks._state.step_optimizer = id(opts[arm])
                 t0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
                 x, y = next(batches[arm])
                 one_step(models[arm], opts[arm], x, y)
