@@ -331,32 +331,13 @@ class Monitor:
         """Context manager around one step: ``with mon.step(): ...``."""
         return StepSpan(self, step)
 
-    def _auto_step_boundary(self) -> None:
-        """Optimizer post-step hook: end the step and open the next one at once."""
-        if self._auto:
-            t = time.monotonic_ns()
-            if self._open:
-                self._end(t)
-            self._begin(None, t)
-
     def _optimizer_end(self, idx: int, t0: int, t: int) -> None:
         """Optimizer post-step hook: the optimizer phase ``[t0, t]`` and, under automatic
-        steps, the step boundary at ``t`` (the same work as ``_rec_phase`` followed by
-        ``_auto_step_boundary``, in one call: it runs on every training step)."""
-        if not self.enabled:
-            return
-        auto = self._auto
-        if auto and not self._open:
-            self._begin(None, t0)
-        ring = self._phases
-        h = ring.head
-        if h - ring.tail > ring.mask:
-            ring.dropped += 1
-        else:
-            ring.slots[h & ring.mask] = (self._step, idx, t0, t)
-            ring.head = h + 1
-        if auto:
-            self._end(t)
+        steps, the step boundary at ``t`` (the next step opens at once)."""
+        self._rec_phase(idx, t0, t)
+        if self._auto and self.enabled:
+            if self._open:
+                self._end(t)
             self._begin(None, t)
 
     def _auto_touch(self) -> None:

@@ -134,11 +134,16 @@ class Ring:
         self.head = h + 1
         return h
 
-    def get_field(self, index: int, name: str) -> int | float | None:
-        """One column of an unconsumed row (None when the row was consumed)."""
+    def _row(self, index: int) -> tuple[int | float, ...] | None:
+        """The row at absolute ``index`` while it is unconsumed, else None (callers that
+        replace it hold the ring's lock)."""
         if index < self.tail or index >= self.head:
             return None
-        row = self.slots[index & self.mask]
+        return self.slots[index & self.mask]
+
+    def get_field(self, index: int, name: str) -> int | float | None:
+        """One column of an unconsumed row (None when the row was consumed)."""
+        row = self._row(index)
         return None if row is None else row[self._index[name]]
 
     def update(
@@ -161,10 +166,7 @@ class Ring:
             False when the row was already consumed (nothing is changed).
         """
         with self._lock:
-            if index < self.tail or index >= self.head:
-                return False
-            i = index & self.mask
-            row = self.slots[i]
+            row = self._row(index)
             if row is None:
                 return False
             new = list(row)
@@ -173,7 +175,7 @@ class Ring:
             if set_bits or clear_bits:
                 f = self._flags
                 new[f] = (int(new[f]) | set_bits) & ~clear_bits
-            self.slots[i] = tuple(new)
+            self.slots[index & self.mask] = tuple(new)
             return True
 
     def set_field(self, index: int, name: str, value: int | float) -> bool:
@@ -206,16 +208,13 @@ class Ring:
         j = self._index[time_field]
         f = self._flags
         with self._lock:
-            if index < self.tail or index >= self.head:
-                return False
-            i = index & self.mask
-            row = self.slots[i]
+            row = self._row(index)
             if row is None:
                 return False
             new = list(row)
             new[j] = t
             new[f] = int(new[f]) & ~clear
-            self.slots[i] = tuple(new)
+            self.slots[index & self.mask] = tuple(new)
             return True
 
     def __len__(self) -> int:

@@ -406,7 +406,8 @@ def test_auto_steps_already_ended_are_kept_when_the_program_takes_over(pull: Pul
     mon._auto = True
     now = time.monotonic_ns()
     mon._rec_coll(schema.OP_INDEX["all_reduce"], 0, 64, now, now + 1000, 0)
-    mon._auto_step_boundary()  # an optimizer step: auto step 0 ends, step 1 opens
+    # An optimizer step: its phase, then auto step 0 ends and step 1 opens.
+    mon._optimizer_end(schema.PHASE_INDEX["optimizer"], now + 2000, now + 3000)
     mon.begin_step(5)
     mon.end_step()
     mon.close()
