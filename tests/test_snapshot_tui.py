@@ -32,7 +32,12 @@ def test_ctrl_s_writes_the_bundle_with_the_view(tmp_path, monkeypatch) -> None:
             await pilot.press("ctrl+s")
             for _ in range(600):
                 await pilot.pause(0.05)
-                done = [p for p in work.iterdir() if (p / "snapshot.json").exists()]
+                # A bundle is written in a hidden directory and renamed when whole.
+                done = [
+                    p
+                    for p in work.iterdir()
+                    if not p.name.startswith(".") and (p / "snapshot.json").exists()
+                ]
                 if done:
                     return done
             return []
