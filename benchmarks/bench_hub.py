@@ -27,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 import zmq
@@ -117,24 +118,49 @@ def _spawn(endpoint: str, world: int, steps: int, colls: int):
     return p, ready, go
 
 
-def raw_loop(world: int, steps: int, colls: int) -> tuple[float, float]:
-    """(wall, cpu) seconds to recv + decode every batch."""
+def raw_loop(world: int, steps: int, colls: int, keep: bool = False) -> tuple[float, float]:
+    """(wall, cpu) seconds to recv + decode every batch.
+
+    ``keep``: also hold each decoded message until a hub's matching pass would take it
+    (``Store.settle_rows`` rows), then drop it, and validate it against a store that knows
+    the ranks (`hub.validate.check`). That is the least any hub that keeps what it receives
+    does: decode then writes each message's columns into memory that is not in cache,
+    where the bare loop reuses the memory it has just freed."""
+    from rankscope.hub.store import Store
+    from rankscope.hub.validate import check
+
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
     pull.setsockopt(zmq.MAXMSGSIZE, schema.MAX_MESSAGE_BYTES)
     port = pull.bind_to_random_port("tcp://127.0.0.1")
     p, ready, go = _spawn(f"tcp://127.0.0.1:{port}", world, steps, colls)
     ready.wait()
+    store = Store()
     for _ in range(world + 1):
-        schema.decode(pull.recv())
+        msg = schema.decode(pull.recv())
+        store.ingest(msg, check(msg, store).keep_steps)
     go.set()
     n = world * steps
     skip = _skip(world, steps, colls)
+    held: list[schema.Message] = []
+    hold = max(1, store.settle_rows // colls)
+
+    def one() -> None:
+        msg = schema.decode(pull.recv())
+        check(msg, store)
+        held.append(msg)
+        if len(held) >= hold:
+            held.clear()
+
     for _ in range(skip):
-        schema.decode(pull.recv())
+        one() if keep else schema.decode(pull.recv())
     t0, c0 = time.perf_counter(), time.thread_time()
-    for _ in range(n - skip):
-        schema.decode(pull.recv())
+    if keep:
+        for _ in range(n - skip):
+            one()
+    else:
+        for _ in range(n - skip):
+            schema.decode(pull.recv())
     wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
     p.join()
     pull.close(0)
@@ -271,7 +297,8 @@ def run(quick: bool) -> str:
         "*wall* rows: elapsed time. All loops run with the heap settings the hub sets "
         "(`hub.allocator`) and are timed after the first third of the batches and the "
         "hub's first matching pass (by then it holds the pass's buffers, as a hub that "
-        "has been running does). Each repetition runs raw, hub and hub+rec back to back; "
+        "has been running does). Each repetition runs raw, hub, hub+rec and raw + keep "
+        "(below) back to back; "
         f"rates are medians of {reps} repetition(s), ratios medians of the per-repetition "
         "ratios.",
         "",
@@ -279,6 +306,7 @@ def run(quick: bool) -> str:
         "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     idle: dict[int, list[float]] = {}
+    floors: list[tuple[int, int, list[Any]]] = []
     for colls, steps in cases:
         events = world * steps * colls
         runs = []
@@ -288,8 +316,10 @@ def run(quick: bool) -> str:
                     raw_loop(world, steps, colls),
                     hub_loop(world, steps, colls, False),
                     hub_loop(world, steps, colls, True),
+                    raw_loop(world, steps, colls, keep=True),
                 )
             )
+        floors.append((colls, world * steps, runs))
         for i, what in enumerate(("wall", "cpu")):
             r, h, c = (
                 events / statistics.median(rep[j][i] for rep in runs) / 1e6 for j in range(3)
@@ -307,6 +337,30 @@ def run(quick: bool) -> str:
         + " and ".join(f"{c / w:.1f}x its wall rate ({k} rows)" for k, (w, c) in idle.items())
         + ", so its wall rate measures the sender and a wall ratio flatters the hub; the CPU "
         "rows compare the two loops on what one core does.",
+        "",
+        "What keeping the data costs, in the same repetitions (CPU µs per message, "
+        "medians). *raw + keep* receives, decodes and validates each message as the hub "
+        "does and holds it until a matching pass would take it (`Store.settle_rows` rows), "
+        "then drops it: the least a hub that keeps what it receives does, with no store, "
+        "matching or folding. Holding the messages is what costs: the bare loop decodes "
+        "into memory it has just freed, still in cache, a keeping loop into memory that "
+        "is not. *room* is what a hub at 0.5 of the raw loop could spend on everything "
+        "else (2 x raw - raw + keep); *spent* is what this hub spends on it (hub - raw + "
+        "keep).",
+        "",
+        "| rows/batch | raw | raw + keep | ceiling of hub / raw | hub | room at 0.5 | spent |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for colls, msgs, runs in floors:
+        raw, hub, keep = (
+            statistics.median(rep[j][1] for rep in runs) / msgs * 1e6 for j in (0, 1, 3)
+        )
+        ceiling = statistics.median(rep[0][1] / rep[3][1] for rep in runs)
+        lines.append(
+            f"| {colls} | {raw:.1f} | {keep:.1f} | {ceiling:.2f} | {hub:.1f} "
+            f"| {2 * raw - keep:.1f} | {hub - keep:.1f} |"
+        )
+    lines += [
         "",
         "CPU time per collective row of each stage, in-process on the same batches "
         "(ns/row, median of 3). *two groups*: every message mixes the world group and the "
