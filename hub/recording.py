@@ -26,7 +26,12 @@ Segment file (format version ``FORMAT_VERSION``, little endian)::
 The writer buffers frames and writes them in whole-frame chunks every ``flush_s`` seconds
 (and when the buffer is large, and on close), so a reader following the file sees either a
 complete frame or a partial one it waits for. ``meta.json`` is replaced atomically at each
-flush and carries the hub's counters (messages, rejects per reason) of each session.
+flush and carries the hub's counters (messages, rejects per reason) of each session. The
+hub's writer works in a thread of its own (``background=True``): the receive loop only
+queues each message, and the checksums and the writes, whose time is the kernel's and the
+disk's to decide, happen beside it. When the disk falls ``max_backlog_bytes`` behind, the
+receive loop writes itself, and so slows to the disk's pace: ZeroMQ then holds what the
+collectors send, up to its high-water mark, past which collectors drop and count.
 
 Readers tolerate damage: a frame with a bad magic, length or checksum is skipped by scanning
 for the next valid frame, and a truncated tail is reported; both become `Skip` records
@@ -159,7 +164,8 @@ class RecordingWriter:
     """Appends frames to a recording directory, one new segment per writer.
 
     Not thread-safe: one thread appends (the hub's receive loop); ``flush`` and ``close``
-    may be called from others, they take a lock.
+    may be called from others, they take a lock. With ``background``, a thread of the
+    writer's own flushes every ``flush_s`` and whenever 8 MiB are buffered.
     """
 
     def __init__(
@@ -169,6 +175,8 @@ class RecordingWriter:
         flush_s: float = 0.5,
         max_segment_bytes: int = 1 << 30,
         info: dict[str, Any] | None = None,
+        background: bool = False,
+        max_backlog_bytes: int = 256 << 20,
     ) -> None:
         """Open ``path`` (created if needed) for writing.
 
@@ -177,6 +185,9 @@ class RecordingWriter:
             flush_s: longest time a received message waits in memory.
             max_segment_bytes: rotate to a new segment past this size.
             info: extra fields for this session's entry in ``meta.json`` (e.g. endpoint).
+            background: write from a thread of the writer's own; `append` only queues.
+            max_backlog_bytes: with ``background``, past this many buffered bytes `append`
+                writes them itself (the disk is behind: the caller slows to its pace).
 
         Raises:
             RecordingError: another hub holds the directory, or it is not a recording.
@@ -219,13 +230,27 @@ class RecordingWriter:
         }
         self._meta.setdefault("sessions", []).append(self._session)
         self._chunks: list[bytes] = []
+        """Frame headers and payloads not written yet, in order."""
         self._buffered = 0
         self._last_flush = time.monotonic()
         self._file: BinaryIO | None = None
         self._size = 0
         self.closed = False
+        self.max_backlog_bytes = max_backlog_bytes
+        self._io_lock = threading.Lock()
+        """Held while frames go to the file: one flush at a time, in order."""
+        self._wake = threading.Event()
+        self._stopping = False
+        self._error: Exception | None = None
+        """The background thread's last failed flush, raised by the next `append`."""
         self._open_segment()
         self._write_meta()
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(
+                target=self._write_loop, name="rankscope-hub-recorder", daemon=True
+            )
+            self._thread.start()
 
     def _open_segment(self) -> None:
         if self._file is not None:
@@ -240,7 +265,14 @@ class RecordingWriter:
         self._session["last_segment"] = name
 
     def append(self, payload: bytes, t_recv_ns: int) -> None:
-        """Buffer one accepted message; written at the next flush."""
+        """Buffer one accepted message; written at the next flush.
+
+        Raises:
+            RecordingError: the recording is closed, or the background thread's last
+                flush failed (its frames stay buffered and are tried again).
+        """
+        # The checksum here, while the payload is in cache (and a thread that took it
+        # would trade the GIL with this one for every frame); the write is the thread's.
         head = _frame_header(payload, t_recv_ns)
         with self._lock:
             if self.closed:
@@ -250,12 +282,28 @@ class RecordingWriter:
             self._buffered += len(head) + len(payload)
             self._session["messages"] += 1
             self._session["bytes"] += len(payload)
-            due = self._buffered >= 8 << 20 or time.monotonic() - self._last_flush >= self.flush_s
-        if due:
-            self.flush()
+            big = self._buffered >= 8 << 20
+            error, self._error = self._error, None
+        if self._thread is None:
+            if big or time.monotonic() - self._last_flush >= self.flush_s:
+                self.flush()
+        elif self._buffered >= self.max_backlog_bytes:
+            self.flush()  # the disk is behind: write here, after the thread's write
+        elif big:
+            self._wake.set()
+        if error is not None:
+            raise RecordingError(f"writing {self.path} failed: {error!r}") from error
 
     def maybe_flush(self, counters: dict[str, Any] | None = None) -> bool:
-        """Flush when ``flush_s`` has passed since the last flush. Returns whether it did."""
+        """Flush when ``flush_s`` has passed since the last flush. Returns whether it did.
+
+        With ``background``, only hands ``counters`` to the thread's next flush (the
+        caller never waits for the disk) and returns False."""
+        if self._thread is not None:
+            if counters is not None:
+                with self._lock:
+                    self._session["counters"] = counters
+            return False
         if time.monotonic() - self._last_flush < self.flush_s:
             return False
         self.flush(counters)
@@ -266,32 +314,64 @@ class RecordingWriter:
 
         Args:
             counters: the hub's counters to store with this session (rejects, drops...).
-        """
-        with self._lock:
-            if self.closed:
-                return
-            if counters is not None:
-                self._session["counters"] = counters
-            if self._chunks:
-                if self._size + self._buffered > self.max_segment_bytes and self._size > 16:
-                    self._open_segment()
-                assert self._file is not None
-                self._size += _write_all(self._file.fileno(), self._chunks)
-                self._chunks = []
-                self._buffered = 0
-            self._session["updated_ns"] = time.time_ns()
-            self._last_flush = time.monotonic()
-            self._write_meta()
 
-    def _write_meta(self) -> None:
+        Raises:
+            OSError: the write failed; the frames stay buffered for the next flush.
+        """
+        with self._io_lock:
+            with self._lock:
+                if self.closed:
+                    return
+                if counters is not None:
+                    self._session["counters"] = counters
+                chunks, self._chunks = self._chunks, []
+                size, self._buffered = self._buffered, 0
+            if chunks:
+                try:
+                    if self._size + size > self.max_segment_bytes and self._size > 16:
+                        self._open_segment()
+                    assert self._file is not None
+                    self._size += _write_all(self._file.fileno(), chunks)
+                except BaseException:
+                    with self._lock:  # ahead of what came meanwhile, in order
+                        self._chunks[:0] = chunks
+                        self._buffered += size
+                    raise
+            with self._lock:  # the text under the lock, the file after it
+                self._session["updated_ns"] = time.time_ns()
+                self._last_flush = time.monotonic()
+                text = self._meta_text()
+            self._write_meta(text)
+
+    def _write_loop(self) -> None:
+        """The background thread: flush every ``flush_s``, or at once when woken."""
+        while not self._stopping:
+            self._wake.wait(self.flush_s)
+            self._wake.clear()
+            if self._stopping:
+                return
+            try:
+                self.flush()
+            except Exception as exc:  # a full disk: `append` reports it, frames wait
+                with self._lock:
+                    self._error = exc
+
+    def _meta_text(self) -> str:
+        return json.dumps(self._meta, indent=1, sort_keys=True)
+
+    def _write_meta(self, text: str | None = None) -> None:
         tmp = self.path / f".{META_NAME}.tmp"
-        tmp.write_text(json.dumps(self._meta, indent=1, sort_keys=True))
+        tmp.write_text(self._meta_text() if text is None else text)
         os.replace(tmp, self.path / META_NAME)
 
     def close(self, counters: dict[str, Any] | None = None) -> None:
         """Flush, mark the session stopped and release the directory. Idempotent."""
         if self.closed:
             return
+        if self._thread is not None:
+            self._stopping = True
+            self._wake.set()
+            self._thread.join()
         self.flush(counters)
         with self._lock:
             self._session["stopped_ns"] = time.time_ns()

@@ -96,7 +96,9 @@ class Hub:
             record_dir: recording directory, or None for no recording.
             store: the store to fill (a new one by default).
             settle_s: period of the collective matching pass.
-            flush_s: longest time a received message waits before it is on disk.
+            flush_s: longest time a received message waits before it is on disk (the
+                recording's own thread writes it; the receive loop never waits for the
+                disk unless it falls far behind, `RecordingWriter`).
             rcvhwm: messages ZeroMQ queues for the hub before pushing back on senders
                 (which then drop and count, never block).
             resume: when ``record_dir`` already holds a recording, replay it into the
@@ -151,7 +153,10 @@ class Hub:
                 self._bind()
                 if self.record_dir is not None:
                     self.recorder = RecordingWriter(
-                        self.record_dir, flush_s=self.flush_s, info={"endpoint": self.endpoint}
+                        self.record_dir,
+                        flush_s=self.flush_s,
+                        info={"endpoint": self.endpoint},
+                        background=True,
                     )
             except Exception:
                 self._close_sockets()

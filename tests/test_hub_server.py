@@ -1,5 +1,6 @@
 """The hub over real ZeroMQ sockets: raw PUSH senders, the clock ROUTER, restarts."""
 
+import threading
 import time
 
 import msgpack
@@ -187,3 +188,38 @@ def test_window_while_ingesting_is_consistent(ctx) -> None:
             time.sleep(0.005)
         assert hub.store.window(j.run).present.all()
         s.close(0)
+
+
+def test_a_stalled_disk_does_not_stall_ingest(ctx, tmp_path, monkeypatch) -> None:
+    """The recording's thread writes; the receive loop only queues. While every write is
+    held, the hub still takes and stores every message; once the disk answers, the
+    recording holds them all, in order."""
+    from rankscope.hub import recording
+
+    release = threading.Event()
+    writing = threading.Event()
+    real_write = recording._write_all
+
+    def held_write(fd, chunks):
+        writing.set()
+        release.wait(30)
+        return real_write(fd, chunks)
+
+    monkeypatch.setattr(recording, "_write_all", held_write)
+    j = job(world=2, steps=8, slow=1)
+    hub = Hub(record_dir=str(tmp_path), flush_s=0.02).start()
+    try:
+        s = pusher(ctx, hub.endpoint)
+        s.send(j.messages[0])
+        assert writing.wait(20), "the recording's thread never tried to write"
+        for m in j.messages[1:]:
+            s.send(m)
+        # Every message is stored while the first write is still held.
+        assert wait_for(lambda: hub.store.health["messages"] >= len(j.messages))
+        assert not release.is_set()
+        release.set()
+    finally:
+        release.set()
+        hub.stop()
+        s.close(0)
+    assert [f.payload for f in recording.read_frames(tmp_path)] == j.messages

@@ -210,3 +210,72 @@ def test_follower_feeds_a_store_while_the_recording_grows(tmp_path) -> None:
         time.sleep(0.02)
     f.stop()
     assert_windows_equal(f.store.window(j.run), live.window(j.run))
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_round_trip_with_and_without_the_writer_thread(tmp_path, background) -> None:
+    many = payloads(40)
+    w = RecordingWriter(tmp_path, flush_s=0.001, background=background)
+    for i, p in enumerate(many):
+        w.append(p, 1000 + i)
+        if i % 7 == 0:
+            w.flush()  # a flush from another caller interleaves with the thread's
+    w.close({"rejects": {}})
+    frames = list(read_frames(tmp_path))
+    assert [f.payload for f in frames] == many
+    assert [f.t_recv_ns for f in frames] == list(range(1000, 1040))
+    (s,) = json.loads((tmp_path / "meta.json").read_text())["sessions"]
+    assert s["messages"] == 40 and s["stopped_ns"] is not None
+
+
+def test_a_failed_background_write_is_reported_and_its_frames_kept(tmp_path, monkeypatch) -> None:
+    real_write = recording._write_all
+    failed = threading.Event()
+    calls = []
+
+    def failing_once(fd, chunks):
+        calls.append(len(chunks))
+        if len(calls) == 1:
+            failed.set()
+            raise OSError(28, "No space left on device")
+        return real_write(fd, chunks)
+
+    monkeypatch.setattr(recording, "_write_all", failing_once)
+    w = RecordingWriter(tmp_path, flush_s=0.01, background=True)
+    w.append(b"first", 1)
+    assert failed.wait(20)
+    # The thread's failure reaches the next append (the hub counts it as record_error);
+    # the message itself is queued all the same.
+    with pytest.raises(RecordingError, match="No space left"):
+        w.append(b"second", 2)
+    w.append(b"third", 3)  # reported once
+    w.close()
+    assert [f.payload for f in read_frames(tmp_path)] == [b"first", b"second", b"third"]
+
+
+def test_a_backlog_past_its_bound_is_written_by_the_appender(tmp_path, monkeypatch) -> None:
+    """When the disk falls behind by ``max_backlog_bytes``, `append` waits for it: memory
+    stays bounded and the hub slows to the disk's pace (ZeroMQ then holds what comes)."""
+    real_write = recording._write_all
+    release = threading.Event()
+    writing = threading.Event()
+
+    def held_write(fd, chunks):
+        writing.set()
+        release.wait(30)
+        return real_write(fd, chunks)
+
+    monkeypatch.setattr(recording, "_write_all", held_write)
+    w = RecordingWriter(tmp_path, flush_s=0.01, background=True, max_backlog_bytes=200)
+    w.append(b"a" * 50, 1)
+    assert writing.wait(20)  # the thread holds the file, its write stuck
+    w.append(b"b" * 50, 2)  # under the bound: queued, returns at once
+    blocked = threading.Thread(target=w.append, args=(b"c" * 200, 3))
+    blocked.start()
+    blocked.join(0.3)
+    assert blocked.is_alive(), "append returned while the backlog was past its bound"
+    release.set()
+    blocked.join(20)
+    assert not blocked.is_alive()
+    w.close()
+    assert [f.payload for f in read_frames(tmp_path)] == [b"a" * 50, b"b" * 50, b"c" * 200]
