@@ -4,15 +4,17 @@ Both loops receive the same pre-encoded ``steps`` batches (one message per rank 
 from a sender process over tcp loopback. The raw loop only does ``recv`` +
 ``schema.decode``; the hub does everything it does live: receive, decode, validation, store
 ingest, the periodic matching pass (instances of a 16-rank all-reduce group) and, in a
-second variant, the recording.
+second variant, the recording. Two more loops place the raw one (`raw_loop` modes): the
+transport alone (``recv`` + ``msgpack.unpackb``), and the least a hub that keeps its data
+does (decode, validate, hold until a pass would take the message).
 
 What is measured, per loop: from the end of the first third of the batches (``WARM_PART``:
 a running hub's steady state) to the last one processed, with the final matching pass
-included, (a) the wall time and (b) the CPU time of the thread that
-does the work — the raw loop's thread, or the hub's receive thread plus the thread that runs
-the final pass. (b) is what "one core" sustains; ZeroMQ's own I/O thread (socket reads,
-the same for both loops) is in neither. Each repetition runs raw, hub and hub+rec back to
-back and the ratios are taken inside a repetition, so load from other processes on a shared
+included, (a) the wall time and (b) the CPU time of the threads that do the work — the raw
+loop's thread, or the hub's receive thread, its recording thread (with a recording) and the
+thread that runs the final pass. (b) is what "one core" sustains; ZeroMQ's own I/O thread (socket reads,
+the same for both loops) is in neither. Each repetition runs every loop back to back and
+the ratios are taken inside a repetition, so load from other processes on a shared
 machine cancels as far as it can.
 
     python benchmarks/bench_hub.py [--quick]
@@ -29,6 +31,7 @@ import tempfile
 import time
 from typing import Any
 
+import msgpack
 import numpy as np
 import zmq
 
@@ -118,17 +121,26 @@ def _spawn(endpoint: str, world: int, steps: int, colls: int):
     return p, ready, go
 
 
-def raw_loop(world: int, steps: int, colls: int, keep: bool = False) -> tuple[float, float]:
-    """(wall, cpu) seconds to recv + decode every batch.
+RAW_MODES = ("decode", "unpack", "keep")
 
-    ``keep``: also hold each decoded message until a hub's matching pass would take it
-    (``Store.settle_rows`` rows), then drop it, and validate it against a store that knows
-    the ranks (`hub.validate.check`). That is the least any hub that keeps what it receives
-    does: decode then writes each message's columns into memory that is not in cache,
-    where the bare loop reuses the memory it has just freed."""
+
+def raw_loop(world: int, steps: int, colls: int, mode: str = "decode") -> tuple[float, float]:
+    """(wall, cpu) seconds for a loop that receives every batch and, by ``mode``:
+
+    - ``decode``: decodes it with ``schema.decode`` (msgpack, then the schema's checks and
+      a numpy view of each column): the raw loop the hub is compared with;
+    - ``unpack``: only ``msgpack.unpackb`` with the options ``schema.decode`` uses: the
+      transport's own share;
+    - ``keep``: decodes it, validates it against a store that knows the ranks
+      (`hub.validate.check`) and holds it until a hub's matching pass would take it
+      (``Store.settle_rows`` rows), then drops it. That is the least a hub that keeps what
+      it receives does: decode then writes each message's columns into memory that is not
+      in cache, where the bare loop reuses the memory it has just freed."""
     from rankscope.hub.store import Store
     from rankscope.hub.validate import check
 
+    if mode not in RAW_MODES:
+        raise ValueError(f"mode must be one of {RAW_MODES}, not {mode!r}")
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
     pull.setsockopt(zmq.MAXMSGSIZE, schema.MAX_MESSAGE_BYTES)
@@ -144,23 +156,27 @@ def raw_loop(world: int, steps: int, colls: int, keep: bool = False) -> tuple[fl
     skip = _skip(world, steps, colls)
     held: list[schema.Message] = []
     hold = max(1, store.settle_rows // colls)
+    unpackb, limit = msgpack.unpackb, schema.MAX_MESSAGE_BYTES
 
-    def one() -> None:
-        msg = schema.decode(pull.recv())
-        check(msg, store)
-        held.append(msg)
-        if len(held) >= hold:
-            held.clear()
+    def loop(count: int) -> None:
+        # One loop per mode, so that the bare loops carry no call or branch per message.
+        if mode == "decode":
+            for _ in range(count):
+                schema.decode(pull.recv())
+        elif mode == "unpack":
+            for _ in range(count):
+                unpackb(pull.recv(), raw=False, strict_map_key=True, max_bin_len=limit)
+        else:
+            for _ in range(count):
+                msg = schema.decode(pull.recv())
+                check(msg, store)
+                held.append(msg)
+                if len(held) >= hold:
+                    held.clear()
 
-    for _ in range(skip):
-        one() if keep else schema.decode(pull.recv())
+    loop(skip)
     t0, c0 = time.perf_counter(), time.thread_time()
-    if keep:
-        for _ in range(n - skip):
-            one()
-    else:
-        for _ in range(n - skip):
-            schema.decode(pull.recv())
+    loop(n - skip)
     wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
     p.join()
     pull.close(0)
@@ -185,7 +201,7 @@ def _thread_cpu(thread) -> float:
 
 def hub_loop(world: int, steps: int, colls: int, record: bool) -> tuple[float, float]:
     """(wall, cpu) seconds for the hub to ingest, match (and record) every batch; cpu is
-    the receive thread's plus the final matching pass."""
+    the receive thread's, the recording thread's and the final matching pass and flush."""
     from rankscope.hub.server import Hub
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -200,6 +216,9 @@ def hub_loop(world: int, steps: int, colls: int, record: bool) -> tuple[float, f
         skip = _skip(world, steps, colls)
         while hub.store.message_count < head + skip:
             time.sleep(0.0002)
+        # The recording's own thread (checksums and writes) works for the hub too.
+        writer = hub.recorder._thread if hub.recorder is not None else None
+        w0 = _thread_cpu(writer) if writer is not None else 0.0
         t0, c0 = time.perf_counter(), _thread_cpu(hub._threads[0])
         k0 = hub.store.message_count  # read after the clocks: never counts too many
         while hub.store.message_count < n:
@@ -207,8 +226,12 @@ def hub_loop(world: int, steps: int, colls: int, record: bool) -> tuple[float, f
         c1 = _thread_cpu(hub._threads[0])
         m0 = time.thread_time()
         hub.store.settle()
+        if hub.recorder is not None:
+            hub.recorder.flush()  # what is still buffered; waits for the thread's write
         wall = time.perf_counter() - t0
         cpu = c1 - c0 + time.thread_time() - m0
+        if writer is not None:
+            cpu += _thread_cpu(writer) - w0
         health = hub.store.health
         p.join()
         hub.stop()
@@ -292,13 +315,14 @@ def run(quick: bool) -> str:
         f"{world} ranks, one all-reduce group, batches of one step per rank. *raw* = `recv` "
         "+ `schema.decode` only; *hub* = receive, decode, validation, store, periodic "
         "matching and folding of every instance; *hub+rec* adds the recording. *cpu* rows: "
-        "CPU time of the thread doing the work (the hub's receive thread plus the final "
-        "matching pass) — what one core sustains, whatever else runs on the machine; "
+        "CPU time of the threads doing the work (the hub's receive thread, the recording's "
+        "writer thread and the final matching pass and flush) — what one core sustains, "
+        "whatever else runs on the machine; "
         "*wall* rows: elapsed time. All loops run with the heap settings the hub sets "
         "(`hub.allocator`) and are timed after the first third of the batches and the "
         "hub's first matching pass (by then it holds the pass's buffers, as a hub that "
-        "has been running does). Each repetition runs raw, hub, hub+rec and raw + keep "
-        "(below) back to back; "
+        "has been running does). Each repetition runs raw, hub, hub+rec and the two loops "
+        "of the second table back to back; "
         f"rates are medians of {reps} repetition(s), ratios medians of the per-repetition "
         "ratios.",
         "",
@@ -316,7 +340,8 @@ def run(quick: bool) -> str:
                     raw_loop(world, steps, colls),
                     hub_loop(world, steps, colls, False),
                     hub_loop(world, steps, colls, True),
-                    raw_loop(world, steps, colls, keep=True),
+                    raw_loop(world, steps, colls, "keep"),
+                    raw_loop(world, steps, colls, "unpack"),
                 )
             )
         floors.append((colls, world * steps, runs))
@@ -338,26 +363,29 @@ def run(quick: bool) -> str:
         + ", so its wall rate measures the sender and a wall ratio flatters the hub; the CPU "
         "rows compare the two loops on what one core does.",
         "",
-        "What keeping the data costs, in the same repetitions (CPU µs per message, "
-        "medians). *raw + keep* receives, decodes and validates each message as the hub "
-        "does and holds it until a matching pass would take it (`Store.settle_rows` rows), "
-        "then drops it: the least a hub that keeps what it receives does, with no store, "
-        "matching or folding. Holding the messages is what costs: the bare loop decodes "
-        "into memory it has just freed, still in cache, a keeping loop into memory that "
-        "is not. *room* is what a hub at 0.5 of the raw loop could spend on everything "
-        "else (2 x raw - raw + keep); *spent* is what this hub spends on it (hub - raw + "
-        "keep).",
+        "Where the raw loop's time goes and what keeping the data costs, in the same "
+        "repetitions (CPU µs per message, medians). *recv + unpack* only receives and "
+        "unpacks the msgpack: the transport's share; the rest of *raw* is the schema's "
+        "checks and a numpy view of each column (`schema.decode`). *raw + keep* decodes "
+        "and validates each message as the hub does and holds it until a matching pass "
+        "would take it (`Store.settle_rows` rows), then drops it: the least a hub that "
+        "keeps what it receives does, with no store, matching or folding. Holding the "
+        "messages costs by itself: the bare loop decodes into memory it has just freed, "
+        "still in cache, a keeping loop into memory that is not. *ceiling* is raw over "
+        "raw + keep, the best hub / raw any keeping hub reaches; *room* is what a hub at "
+        "0.5 of the raw loop could spend on its store, matching and folding (2 x raw - "
+        "(raw + keep)); *spent* is what this hub spends on them (hub - (raw + keep)).",
         "",
-        "| rows/batch | raw | raw + keep | ceiling of hub / raw | hub | room at 0.5 | spent |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| rows/batch | recv + unpack | raw | raw + keep | ceiling | hub | room at 0.5 | spent |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for colls, msgs, runs in floors:
-        raw, hub, keep = (
-            statistics.median(rep[j][1] for rep in runs) / msgs * 1e6 for j in (0, 1, 3)
+        raw, hub, keep, unpack = (
+            statistics.median(rep[j][1] for rep in runs) / msgs * 1e6 for j in (0, 1, 3, 4)
         )
         ceiling = statistics.median(rep[0][1] / rep[3][1] for rep in runs)
         lines.append(
-            f"| {colls} | {raw:.1f} | {keep:.1f} | {ceiling:.2f} | {hub:.1f} "
+            f"| {colls} | {unpack:.1f} | {raw:.1f} | {keep:.1f} | {ceiling:.2f} | {hub:.1f} "
             f"| {2 * raw - keep:.1f} | {hub - keep:.1f} |"
         )
     lines += [
