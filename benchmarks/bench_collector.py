@@ -449,7 +449,19 @@ def run(quick: bool) -> str:
         "thread's CPU per step; share = that over the bare step's wall time. The measured "
         "wall ratio is beside it: it carries the scheduler's noise of an oversubscribed "
         "machine (its IQR), so it resolves a few per cent on short steps, less on long "
-        "ones.",
+        "ones. The background thread's part is taken from the interleaved job, where it "
+        "is divided among the instrumented steps alone although two steps of every six "
+        "are not instrumented; its work is mostly per shipment and per second, not per "
+        "step, so the figure errs high. In the paired-block job above, where every step "
+        "of a block is instrumented, it was "
+        + " and ".join(f"{j['pump_us_per_step']:.0f} µs a step at {j['nproc']} ranks" for j in jobs)
+        + "; in the interleaved small job "
+        + " and ".join(
+            f"{j['pump_us_per_step']:.0f} at {j['nproc']}"
+            for j in steps
+            if not j["model"]["layers"]
+        )
+        + ".",
         "",
         "| ranks | model | bare step wall | setting | added per rank-step | share of step "
         "| ≤ 0.5 %? | wall ratio (median) |",
