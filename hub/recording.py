@@ -28,7 +28,7 @@ The writer buffers frames and writes them in whole-frame chunks every ``flush_s`
 complete frame or a partial one it waits for. ``meta.json`` is replaced atomically at each
 flush and carries the hub's counters (messages, rejects per reason) of each session. The
 hub's writer works in a thread of its own (``background=True``): the receive loop only
-queues each message, and the checksums and the writes, whose time is the kernel's and the
+checksums and queues each message, and the writes, whose time is the kernel's and the
 disk's to decide, happen beside it. When the disk falls ``max_backlog_bytes`` behind, the
 receive loop writes itself, and so slows to the disk's pace: ZeroMQ then holds what the
 collectors send, up to its high-water mark, past which collectors drop and count.
