@@ -294,6 +294,11 @@ class RecordingWriter:
         if error is not None:
             raise RecordingError(f"writing {self.path} failed: {error!r}") from error
 
+    @property
+    def backlog_bytes(self) -> int:
+        """Bytes received and not written yet (with ``background``, the disk's lag)."""
+        return self._buffered
+
     def maybe_flush(self, counters: dict[str, Any] | None = None) -> bool:
         """Flush when ``flush_s`` has passed since the last flush. Returns whether it did.
 

@@ -381,9 +381,12 @@ class Hub:
 
     @property
     def health(self) -> dict[str, Any]:
-        """The store's health plus ``transport`` (connects, disconnects, clock pings)."""
+        """The store's health plus ``transport`` (connects, disconnects, clock pings) and,
+        when recording, ``record_backlog_bytes`` (received, not on disk yet)."""
         h = self.store.health
         h["transport"] = dict(self.transport_stats)
+        if self.recorder is not None:
+            h["record_backlog_bytes"] = self.recorder.backlog_bytes
         return h
 
 

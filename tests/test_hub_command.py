@@ -121,3 +121,15 @@ def test_bad_bind_is_a_clear_error() -> None:
     )
     assert proc.returncode == 2
     assert "needs a port" in proc.stderr
+
+
+def test_status_line_shows_a_recording_that_falls_behind() -> None:
+    from rankscope.commands.hub import BACKLOG_SHOWN, status_line
+
+    store = Store()
+    health = {**store.health, "transport": {}}
+    assert "behind" not in status_line(health, store)  # not recording
+    health["record_backlog_bytes"] = BACKLOG_SHOWN - 1  # within one flush: normal
+    assert "behind" not in status_line(health, store)
+    health["record_backlog_bytes"] = 40 << 20
+    assert status_line(health, store).endswith(" | recording 40 MiB behind")

@@ -217,7 +217,11 @@ def test_a_stalled_disk_does_not_stall_ingest(ctx, tmp_path, monkeypatch) -> Non
         # Every message is stored while the first write is still held.
         assert wait_for(lambda: hub.store.health["messages"] >= len(j.messages))
         assert not release.is_set()
+        # What waits for the disk shows in the hub's health.
+        behind = sum(len(m) for m in j.messages[1:])
+        assert hub.health["record_backlog_bytes"] >= behind
         release.set()
+        assert wait_for(lambda: hub.health["record_backlog_bytes"] == 0)
     finally:
         release.set()
         hub.stop()

@@ -88,21 +88,31 @@ def _count(d: dict[str, int]) -> str:
     return f"{total} (" + ", ".join(f"{k} {v}" for k, v in worst) + ")"
 
 
+BACKLOG_SHOWN = 8 << 20
+"""A recording this far behind the hub (bytes) shows in the status line: the writer
+flushes every half second or 8 MiB, so more means the disk is not keeping up."""
+
+
 def status_line(health: dict[str, Any], store: Store) -> str:
-    """One line: runs, ranks, steps, events/s, rejects, drops, connections."""
+    """One line: runs, ranks, steps, events/s, rejects, drops, connections, and the
+    recording's lag when the disk falls behind."""
     runs = store.runs()
     ranks = sum(r.n_ranks_seen for r in runs)
     world = sum(r.world_size for r in runs)
     last = max((r.last_step for r in runs if r.last_step is not None), default=None)
     t = health.get("transport", {})
     drops = health["drops"]
-    return (
+    line = (
         f"runs {len(runs)} | ranks {ranks}/{world} | last step {'-' if last is None else last}"
         f" | {health['events_per_s'] / 1e6:.2f} M ev/s | messages {health['messages']}"
         f" | rejects {_count(health['rejects'])}"
         f" | drops {drops['batches']} batches/{drops['events']} events"
         f" | connections {t.get('connects', 0) - t.get('disconnects', 0)}"
     )
+    backlog = health.get("record_backlog_bytes", 0)
+    if backlog >= BACKLOG_SHOWN:
+        line += f" | recording {backlog / (1 << 20):.0f} MiB behind"
+    return line
 
 
 def run(args: argparse.Namespace) -> int:
