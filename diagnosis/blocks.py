@@ -258,13 +258,15 @@ def block_sums(
     c, k = enter.shape
     done = m is not None
     low = float(m.first.min()) if m is not None else float(enter.min())
+    longest = int(np.diff(starts, append=k).max()) if k else 0
     # The usual block: blocking rows, every exit known and after the last entry. Then no
     # clipping applies and each sum splits into sums of enter, exit, first and last, which
-    # are exact (integer ns, bounded) and so equal to the sums of the row shares.
+    # are exact (integer ns, bounded, over one run of columns each) and so equal to the sums
+    # of the row shares.
     if (
         (is_async is None or not done)
         and (m.exits_after_last if m is not None else bool((exit_ >= enter).all()))
-        and max(-low, float(exit_.max())) * k < _EXACT
+        and max(-low, float(exit_.max())) * longest < _EXACT
     ):
         s_enter = np.add.reduceat(enter, starts, axis=1)
         s_exit = np.add.reduceat(exit_, starts, axis=1)

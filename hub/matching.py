@@ -8,7 +8,9 @@ Two paths compute the same definitions (`diagnosis.blocks`):
   was split into one piece per group by `hub.pending.prepare`) form a block: row ``i`` is
   the i-th rank, column ``j`` an instance. Stacking their columns is the whole join; every
   per-instance statistic is an axis-0 reduction and every per-rank-step sum an axis-1 one.
-  Blocks of the same ranks are stacked side by side, so a pass over many steps is one block.
+  Blocks of the same ranks are stacked side by side, so a pass over many steps is one block;
+  complete blocks of as many ranks each (a hybrid-parallel job's tensor-parallel groups,
+  hundreds a pass) are settled side by side too, each column keeping its own ranks.
 - **rows**, everything else (ranks that disagree on an instance, a key seen twice): one
   sort over the rows, as :func:`diagnosis.arrivals.match`.
 
@@ -153,10 +155,20 @@ def settle(run: RunState, stale_steps: int) -> None:
     oldest = run.oldest_step()
     kept: list[Part] = []
     rows: list[Mapping[str, np.ndarray]] = []
+    simple: dict[int, list[_Block]] = {}
     for b in blocks:
+        if _simple(b, sizes):
+            simple.setdefault(len(b.ranks), []).append(b)
+            continue
         more_parts, more_rows = _settle_block(run, b, sizes, stale_at, oldest)
         kept += more_parts
         rows += more_rows
+    for same in simple.values():
+        for batch in _batches(same):
+            if len(batch) == 1:
+                _settle_block(run, batch[0], sizes, stale_at, oldest)  # keeps nothing
+            else:
+                _settle_blocks(run, batch, sizes)
     if loose or left is not None:
         open_rows = _settle_rows(run, left, loose, sizes, stale_at, oldest)
         if open_rows is not None:
@@ -483,6 +495,129 @@ def _settle_block(
         elif open_.any():
             rows += [p.rows(open_) for p in sub]
     return kept, rows
+
+
+_BATCH_VALUES = 1 << 22
+"""Most values (ranks x instances) of blocks settled together (`_settle_blocks`)."""
+
+
+def _simple(b: _Block, sizes: Mapping[int, int]) -> bool:
+    """Whether `_settle_blocks` may take ``b`` with others: every member reported (so every
+    instance completes now), its rows are blocking, and every member moves the same sizes."""
+    n_members = sizes.get(b.group, -1)
+    return (
+        0 < n_members <= len(b.ranks)
+        and b.nbytes is not None
+        and not any(p.is_async for sub in b.subs for p in sub)
+    )
+
+
+def _batches(blocks: list[_Block]) -> list[list[_Block]]:
+    """``blocks`` (of one size) in runs of at most ``_BATCH_VALUES`` values."""
+    out: list[list[_Block]] = [[]]
+    size = 0
+    for b in blocks:
+        assert b.seq is not None
+        n = len(b.ranks) * b.seq.shape[0]
+        if out[-1] and size + n > _BATCH_VALUES:
+            out.append([])
+            size = 0
+        out[-1].append(b)
+        size += n
+    return out
+
+
+def _settle_blocks(run: RunState, blocks: list[_Block], sizes: Mapping[int, int]) -> None:
+    """`_settle_block` for several `_simple` blocks of as many ranks each, at once.
+
+    Side by side they form one block whose columns keep their own ranks (row ``i`` of a
+    column is the i-th rank of its block, ranks ascending in every block), so the few dozen
+    numpy calls of a block are paid once for all: a hybrid-parallel job has a tensor-parallel
+    group per few ranks, hundreds of small blocks a pass. Every instance completes."""
+    c = len(blocks[0].ranks)
+    seq, steps, bounds, nbytes = [], [], [], []
+    for b in blocks:  # set by `_verify` (and nbytes by `_simple`)
+        assert b.seq is not None and b.step is not None
+        assert b.bounds is not None and b.nbytes is not None
+        seq.append(b.seq)
+        steps.append(b.step)
+        bounds.append(b.bounds)
+        nbytes.append(b.nbytes)
+    ks = [a.shape[0] for a in seq]
+    k = sum(ks)
+    step = np.concatenate(steps)
+    # Sums per (rank, run of equal steps inside a sub-block), as `_settle_block` makes them.
+    subs = np.concatenate([bb[:-1] + at for bb, at in zip(bounds, np.cumsum([0, *ks[:-1]]))])
+    new = np.zeros(k, bool)
+    new[subs] = True
+    new[1:] |= step[1:] != step[:-1]
+    starts = np.flatnonzero(new)
+    nr = starts.shape[0]
+    # Parts a pass saw before had their calls and time counted then.
+    fresh = np.concatenate(
+        [np.array([[p.fresh for p in sub] for sub in b.subs], bool).T for b in blocks], axis=1
+    )
+    fresh_runs = fresh[:, np.searchsorted(subs, starts, side="right") - 1].reshape(-1)
+    table = np.array([b.ranks for b in blocks], np.int64)  # (blocks, c), ascending rows
+    owner = np.repeat(np.arange(len(blocks)), ks)  # the block of each column
+    epoch = np.repeat(np.array([b.inc for b in blocks], np.int64), ks)
+    run_rank = table[owner[starts]].T  # (c, runs)
+    cell, valid = run.cells(
+        run_rank.reshape(-1), np.tile(step[starts], c), np.tile(epoch[starts], c)
+    )
+    lens = np.broadcast_to(np.diff(np.append(starts, k)).astype(np.float64), (c, nr))
+    enter = _relative(
+        np.concatenate([b.stack("t_enter") for b in blocks], axis=1), run.t0, known=True
+    )
+    exit_ = _relative(np.concatenate([b.stack("t_exit") for b in blocks], axis=1), run.t0)
+    device: dict[str, np.ndarray] = {}
+    if any(p.dev for b in blocks for sub in b.subs for p in sub):
+        device = {
+            "flags": np.concatenate([b.stack("flags") for b in blocks], axis=1),
+            "t_start": _relative(
+                np.concatenate([b.stack("t_start") for b in blocks], axis=1), run.t0
+            ),
+            "t_end": _relative(np.concatenate([b.stack("t_end") for b in blocks], axis=1), run.t0),
+        }
+    # Rows in ascending rank order in every column: the row index stands for the rank.
+    m = match_block(enter, exit_, np.arange(c, dtype=np.int64)[:, None], **device)
+    sums = block_sums(enter, exit_, m, starts)
+    counted = valid & fresh_runs
+    folds = {
+        "n": (cell[counted], lens.reshape(-1)[counted]),
+        "coll_ns": (cell[counted], sums["coll_ns"].reshape(-1)[counted]),
+    }
+    for name in COLL_AGGREGATES:
+        if name not in folds:
+            folds[name] = (cell[valid], sums[name].reshape(-1)[valid])
+    R = run.world_size
+    who = run_rank.reshape(-1)
+    run.life_done += np.bincount(who, lens.reshape(-1), minlength=R)[:R].astype(np.int64)
+    run.life_last += np.bincount(who, sums["times_last"].reshape(-1), minlength=R)[:R].astype(
+        np.int64
+    )
+    run.life_late += np.bincount(who, sums["late_ns"].reshape(-1), minlength=R)[:R]
+    run.fold(folds)
+    inst = InstanceTable(
+        group=np.repeat(np.array([b.group for b in blocks], np.int32), ks),
+        seq=np.concatenate(seq),
+        step=step,
+        op=np.concatenate(
+            [sub[f].column("op") for b in blocks for sub, f in zip(b.subs, b.first_part)]
+        ),
+        nbytes=np.concatenate(nbytes),
+        n_members=np.repeat(np.array([sizes[b.group] for b in blocks], np.int32), ks),
+        n_arrived=np.full(k, c, np.int32),
+        first=m.first,
+        last=m.last,
+        last_rank=table[owner, m.last_row].astype(np.int32),
+        margin=m.margin,
+        skew=m.last - m.first,
+        transfer=m.transfer,
+        device_transfer=m.device_transfer,
+    )
+    run.add_instances(inst, epoch, np.ones(k, bool))
+    run.life_complete += k
 
 
 def _settle_rows(

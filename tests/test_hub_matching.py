@@ -108,19 +108,27 @@ def feed(head, body, order=None, settle_every: int = 0, **kw) -> Store:
 
 @pytest.fixture
 def paths(monkeypatch):
-    """Counts the blocks and row passes the store runs."""
-    seen = {"blocks": 0, "rows": 0}
-    settle_block, settle_rows = matching._settle_block, matching._settle_rows
+    """Counts the blocks (one at a time, or several together) and row passes the store
+    runs."""
+    seen = {"blocks": 0, "rows": 0, "together": 0}
+    settle_block, settle_blocks = matching._settle_block, matching._settle_blocks
+    settle_rows = matching._settle_rows
 
     def block(*a, **k):
         seen["blocks"] += 1
         return settle_block(*a, **k)
+
+    def blocks(run, batch, *a, **k):
+        seen["blocks"] += len(batch)
+        seen["together"] += 1
+        return settle_blocks(run, batch, *a, **k)
 
     def rows(*a, **k):
         seen["rows"] += 1
         return settle_rows(*a, **k)
 
     monkeypatch.setattr(matching, "_settle_block", block)
+    monkeypatch.setattr(matching, "_settle_blocks", blocks)
     monkeypatch.setattr(matching, "_settle_rows", rows)
     return seen
 

@@ -14,6 +14,7 @@ from test_hub_job import BASE, assert_windows_equal, header, identity
 from test_hub_matching import feed, paths, reference  # noqa: F401  (paths: a fixture)
 
 from rankscope.collector import schema
+from rankscope.hub import matching
 from rankscope.hub.intake import Intake
 from rankscope.hub.pending import Part, prepare
 
@@ -297,3 +298,32 @@ def test_waiting_pieces_keep_only_their_own_rows_and_still_match() -> None:
         store.window(RUN), reference(raw, groups, world, RUN), skip=("health", "clock_error_ns")
     )
     assert store.totals(RUN).instances_complete == 4 * (4 * 6 + 2 * 3)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{}, {"blocking_buckets": True}, {"device": True}],
+    ids=["async-buckets", "blocking-buckets", "device-timed"],
+)
+@pytest.mark.parametrize("settle_every", [0, 20])
+def test_blocks_settled_together_equal_blocks_settled_one_by_one(
+    paths,  # noqa: F811
+    monkeypatch,
+    kw,
+    settle_every,
+) -> None:
+    """Complete blocks of as many ranks each (the tp groups) are settled side by side in
+    one go; the window and the lifetime totals are exactly those of one block at a time."""
+    head, body, raw, groups = hybrid_job(world=12, tp=3, steps=5, **kw)
+    order = np.random.default_rng(5).permutation(len(body))
+    together = feed(head, body, order=order, settle_every=settle_every)
+    together.settle()
+    assert paths["together"] > 0
+    with monkeypatch.context() as m:
+        m.setattr(matching, "_simple", lambda b, sizes: False)
+        one_by_one = feed(head, body, order=order, settle_every=settle_every)
+    assert_windows_equal(together.window(RUN), one_by_one.window(RUN))
+    assert_windows_equal(together.totals(RUN), one_by_one.totals(RUN), skip=())
+    assert_windows_equal(
+        together.window(RUN), reference(raw, groups, 12, RUN), skip=("health", "clock_error_ns")
+    )
