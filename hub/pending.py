@@ -58,7 +58,7 @@ def _uniform(col: np.ndarray, value: int) -> bool:
 class _Reference:
     """The ``seq``, ``step`` and ``nbytes`` columns (as bytes) of the first pending part of
     a signature ``(inc, group, rows, first seq, first step)``: the parts of one block's
-    sub-block (`hub.matching`) share a signature, and each compares its columns with these
+    sub-block (`hub.blockset`) share a signature, and each compares its columns with these
     when it arrives."""
 
     __slots__ = ("dtypes", "nbytes", "one_step", "seq", "step")
