@@ -91,6 +91,11 @@ MECHANISMS = (
     "allocator_growth",
     "intermittent_congestion",
     "numerator_change",
+    "pipeline_imbalance",
+    "host_pause",
+    "cpu_contention",
+    "expert_imbalance",
+    "unexplained_straggler",
     "healthy",
 )
 """The hypothesis vocabulary (ARCHITECTURE §6): verdicts, the CLI's JSON, the TUI, snapshots
