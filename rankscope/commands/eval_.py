@@ -1,36 +1,72 @@
-"""``rankscope eval``: score the diagnosis against the simulator's ground truth.
+"""``rankscope eval``: score the diagnosis against ground truth.
 
 Every shipped fault scenario runs in-process (no hub, no sockets) at several scales and
 seeds; each seed draws the scenario's magnitudes, noise, layout (tp) and fault targets
 anew. Each run is diagnosed against a healthy baseline of the same job — the same resolved
 configuration with no fault and its own noise (another seed stream) — and the top verdict
-is compared with ``sim.truth``: a confusion matrix, top-1 accuracy, whether the implicated
-ranks, hosts and rails are right where the mechanism has them, and the false-alarm rate on
-runs whose truth is healthy. The section is written into ``benchmarks/RESULTS.md`` between
-``<!-- eval:begin -->`` and ``<!-- eval:end -->``, leaving the rest of the file alone.
+is compared with ``sim.truth`` (`rankscope.commands.eval_scoring`: the full confusion
+matrix, top-1 accuracy, missed faults, false alarms, wrong names, localised-but-unexplained
+stragglers, localisation and warm-up).
+
+With ``--real`` the real torchrun fault jobs of a source checkout (``examples/faultjobs.py``:
+``CASES`` and ``run_case(name, hub) -> (window, baseline_window | None, truth)``) run into
+a local hub and are scored the same way, in a section of their own.
+
+The report goes to stdout (``--json``: as data). Only ``--write-results [PATH]`` writes a
+file: the section between ``<!-- eval:begin -->`` and ``<!-- eval:end -->`` of
+``benchmarks/RESULTS.md`` (or PATH), leaving the rest of the file alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import re
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from rankscope.commands.eval_scoring import Case, make_case, render, score_case, to_json
+
+__all__ = [
+    "BEGIN",
+    "END",
+    "RESULTS",
+    "Case",
+    "baseline_of",
+    "cases",
+    "catalog",
+    "load_faultjobs",
+    "real_cases",
+    "score_case",
+    "simulate_window",
+    "summarize",
+    "write_section",
+]
+
 HELP = "Score the diagnosis on every simulated scenario at several scales and seeds"
 DEFAULT_SCALES = "64,512"
-RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "RESULTS.md"
+REPO = Path(__file__).resolve().parents[2]
+"""The source checkout this package runs from (in an installed wheel: site-packages, where
+neither file below exists)."""
+RESULTS = REPO / "benchmarks" / "RESULTS.md"
+FAULTJOBS = Path("examples") / "faultjobs.py"
 BEGIN, END = "<!-- eval:begin -->", "<!-- eval:end -->"
 BASELINE_SEED_OFFSET = 7919
 """The baseline run's noise streams use seed + this (its configuration is the scenario's)."""
+_DEFAULT_RESULTS = "\0results"
+"""``--write-results`` given without a path."""
+
+
+class EvalError(ValueError):
+    """What eval was given cannot be used; `run` prints it as one line and exits 2."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -52,36 +88,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--scenarios", default=None, help="comma-separated subset of scenarios")
     p.add_argument("--no-baseline", action="store_true", help="diagnose without a baseline")
-    p.add_argument("--no-write", action="store_true", help="do not update benchmarks/RESULTS.md")
-    p.add_argument("--results", default=str(RESULTS), help="results file to update")
-    p.add_argument("--json", action="store_true", help="print the per-run records as JSON")
-
-
-@dataclass(frozen=True)
-class Case:
-    """One scored run."""
-
-    scenario: str
-    scale: int
-    seed: int
-    truth: str
-    predicted: str
-    score: float
-    runner_up: str
-    rank_ok: bool | None
-    """Implicated ranks right (None where the truth names no ranks or the verdict is wrong)."""
-    host_ok: bool | None
-    rail_ok: bool | None
-    magnitude: float
-    seconds: float
-    baseline_alone: str = ""
-    """The top verdict on the healthy baseline run diagnosed without any baseline (every
-    run brings one more healthy sample for the false-alarm rate)."""
-    detail: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def correct(self) -> bool:
-        return self.truth == self.predicted
+    p.add_argument(
+        "--real",
+        action="store_true",
+        help="also run the real torchrun fault jobs of examples/faultjobs.py (source checkout)",
+    )
+    p.add_argument(
+        "--real-cases", default=None, help="comma-separated subset of the real jobs (--real)"
+    )
+    p.add_argument(
+        "--no-sim", action="store_true", help="skip the simulated scenarios (with --real)"
+    )
+    p.add_argument(
+        "--write-results",
+        nargs="?",
+        const=_DEFAULT_RESULTS,
+        default=None,
+        metavar="PATH",
+        help="write the report into the eval section of PATH (default: benchmarks/RESULTS.md "
+        "of this source checkout); without it nothing is written",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print the scores and per-run records as JSON"
+    )
 
 
 def catalog() -> list[str]:
@@ -140,32 +169,6 @@ def baseline_of(scenario: Any) -> Any:
     )
 
 
-def _set_ok(predicted: tuple, truth: list) -> bool | None:
-    if not truth:
-        return None
-    return set(map(str, predicted)) == set(map(str, truth))
-
-
-def score_case(diag: Any, truth: dict[str, Any]) -> tuple[bool | None, bool | None, bool | None]:
-    """Whether the top hypothesis names the afflicted ranks, hosts and rails.
-
-    Ranks: the first implicated rank is one of the truth's (a slow group drags its peers,
-    so the verdict may name more). Hosts and rails: the same set as the truth's. None where
-    the truth names none or the mechanism is wrong.
-    """
-    top = diag.verdict.top
-    if top.mechanism != truth["mechanism"]:
-        return None, None, None
-    rank_ok = None
-    if truth.get("ranks"):
-        rank_ok = bool(top.ranks) and int(top.ranks[0]) in set(truth["ranks"])
-    return (
-        rank_ok,
-        _set_ok(top.hosts, truth.get("hosts", [])),
-        _set_ok(top.rails, truth.get("rails", [])),
-    )
-
-
 def cases(
     scenarios: list[str],
     scales: list[int],
@@ -201,125 +204,144 @@ def cases(
                 diag = diagnose(window, base)
                 alone = diagnose(base).verdict.top.mechanism if base is not None else ""
                 del window, base
-                rank_ok, host_ok, rail_ok = score_case(diag, truth)
-                hyps = diag.verdict.hypotheses
-                yield Case(
+                yield make_case(
+                    diag,
+                    truth,
                     scenario=name,
                     scale=scale,
                     seed=seed,
-                    truth=truth["mechanism"],
-                    predicted=hyps[0].mechanism,
-                    score=hyps[0].score,
-                    runner_up=hyps[1].mechanism if len(hyps) > 1 else "",
-                    rank_ok=rank_ok,
-                    host_ok=host_ok,
-                    rail_ok=rail_ok,
-                    magnitude=float(truth.get("magnitude", float("nan"))),
                     seconds=time.perf_counter() - t0,
                     baseline_alone=alone,
-                    detail={
-                        "truth": truth,
-                        "top": {
-                            "ranks": list(hyps[0].ranks[:16]),
-                            "hosts": list(hyps[0].hosts),
-                            "rails": list(hyps[0].rails),
-                            "impact": hyps[0].impact,
-                        },
-                    },
                 )
 
 
-def _rate(flags: list[bool | None]) -> tuple[int, int]:
-    known = [f for f in flags if f is not None]
-    return sum(known), len(known)
-
-
-def _frac(ok: int, n: int) -> str:
-    return f"{ok}/{n} ({100 * ok / n:.1f} %)" if n else "n/a"
-
-
-def summarize(results: list[Case], args_line: str, seconds: float) -> str:
-    """The Markdown section: confusion matrix, accuracies, false alarms, misses.
+def load_faultjobs(root: Path | None = None) -> ModuleType:
+    """Import ``examples/faultjobs.py`` of the source checkout (the real fault jobs).
 
     Args:
-        results: scored runs.
+        root: the checkout (default `REPO`, the one this package runs from).
+
+    Returns:
+        The module, with ``CASES`` and ``run_case``.
+
+    Raises:
+        EvalError: no ``examples/faultjobs.py`` there (an installed package, or a
+            checkout without the real jobs), or it lacks ``CASES`` / ``run_case``.
+    """
+    root = REPO if root is None else root
+    path = root / FAULTJOBS
+    if not path.is_file():
+        raise EvalError(f"--real needs a source checkout with {FAULTJOBS}: {path} not found")
+    # The examples import their siblings by name (``import incidents``).
+    folder = str(path.parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    spec = importlib.util.spec_from_file_location("faultjobs", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["faultjobs"] = module  # dataclasses look their module up while it loads
+    try:
+        spec.loader.exec_module(module)
+    except ImportError as exc:
+        del sys.modules["faultjobs"]
+        raise EvalError(f"--real cannot import {path}: {exc}") from None
+    if not isinstance(getattr(module, "CASES", None), dict) or not callable(
+        getattr(module, "run_case", None)
+    ):
+        raise EvalError(f"{path} has no CASES dict and run_case(name, hub)")
+    return module
+
+
+def real_cases(
+    module: ModuleType, names: list[str], with_baseline: bool
+) -> Iterator[Case | tuple[str, str]]:
+    """Run and score the real fault jobs, one hub for all of them.
+
+    Args:
+        module: `load_faultjobs`'s module.
+        names: the cases to run, keys of ``module.CASES``.
+        with_baseline: diagnose against the baseline window the case brings.
+
+    Yields:
+        One `Case` per job that ran (``suite="real"``, seed 0), or ``(name, error)`` for a
+        job that did not.
+    """
+    from rankscope.diagnosis.engine import diagnose
+    from rankscope.hub.server import Hub
+
+    with Hub("tcp://127.0.0.1:0") as hub:
+        for name in names:
+            t0 = time.perf_counter()
+            try:
+                window, base, truth = module.run_case(name, hub)
+            except Exception as exc:  # one job failing to run must not hide the others
+                yield name, f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+                continue
+            if "mechanism" not in truth:
+                yield name, f"its truth has no mechanism: {truth!r}"
+                continue
+            if not with_baseline:
+                base = None
+            diag = diagnose(window, base)
+            alone = diagnose(base).verdict.top.mechanism if base is not None else ""
+            yield make_case(
+                diag,
+                dict(truth),
+                scenario=name,
+                scale=window.world_size,
+                seed=0,
+                seconds=time.perf_counter() - t0,
+                baseline_alone=alone,
+                suite="real",
+            )
+
+
+SIM_INTRO = (
+    "Each run is diagnosed against a healthy baseline of the same job (same drawn "
+    "configuration, no fault, its own noise). Seeds redraw magnitudes, noise, "
+    "tensor-parallel degree and fault targets."
+)
+REAL_INTRO = (
+    "Real torchrun (gloo) jobs from `examples/faultjobs.py`, each reporting to a local hub, "
+    "diagnosed against the healthy run its case brings."
+)
+
+
+def summarize(
+    results: list[Case],
+    args_line: str,
+    seconds: float,
+    real: list[Case] | None = None,
+    real_errors: list[tuple[str, str]] | None = None,
+) -> str:
+    """The Markdown section: one part for the simulated scenarios, one for real jobs.
+
+    Args:
+        results: scored simulated runs.
         args_line: the command that produced them.
         seconds: wall time of the whole evaluation.
+        real: scored real jobs (None: ``--real`` was not asked for).
+        real_errors: ``(case, error)`` for real jobs that did not run.
 
     Returns:
         Markdown text.
     """
-    from rankscope.diagnosis.verdict import MECHANISMS
-
-    n = len(results)
-    correct = sum(c.correct for c in results)
-    healthy = [c for c in results if c.truth == "healthy"]
-    alarms = sum(c.predicted != "healthy" for c in healthy)
-    alone = [c for c in results if c.baseline_alone]
-    alone_alarms = sum(c.baseline_alone != "healthy" for c in alone)
-    faults = [c for c in results if c.truth != "healthy"]
-    missed = sum(c.predicted == "healthy" for c in faults)
+    n = len(results) + len(real or [])
     out = [
         "## Diagnosis accuracy (`rankscope eval`)",
         "",
-        f"`{args_line}` — {n} runs in {seconds:.0f} s. Each run is diagnosed against a healthy "
-        "baseline of the same job (same drawn configuration, no fault, its own noise). "
-        "Seeds redraw magnitudes, noise, tensor-parallel degree and fault targets.",
+        f"`{args_line}` — {n} runs in {seconds:.0f} s.",
         "",
-        f"- **top-1 mechanism correct: {_frac(correct, n)}** (target ≥ 95 %)",
-        f"- false alarms on healthy runs: {_frac(alarms, len(healthy))} (target ≤ 1 %)",
-        f"- false alarms on the healthy baselines, each diagnosed alone (no baseline): "
-        f"{_frac(alone_alarms, len(alone))}",
-        f"- faults called healthy (missed): {_frac(missed, len(faults))}",
     ]
-    for label, attr in (("ranks", "rank_ok"), ("hosts", "host_ok"), ("rails", "rail_ok")):
-        ok, k = _rate([getattr(c, attr) for c in results])
-        out.append(f"- implicated {label} correct (where the truth names them): {_frac(ok, k)}")
-    out += [
-        "",
-        "Per scale:",
-        "",
-        "| ranks | runs | top-1 | false alarms |",
-        "|---:|---:|---:|---:|",
-    ]
-    for scale in sorted({c.scale for c in results}):
-        sub = [c for c in results if c.scale == scale]
-        h = [c for c in sub if c.truth == "healthy"]
-        out.append(
-            f"| {scale} | {len(sub)} | {_frac(sum(c.correct for c in sub), len(sub))} | "
-            f"{_frac(sum(c.predicted != 'healthy' for c in h), len(h))} |"
-        )
-    labels = [m for m in MECHANISMS if any(c.truth == m or c.predicted == m for c in results)]
-    short = {m: "".join(w[0] for w in m.split("_")).upper() for m in labels}
-    out += [
-        "",
-        "Confusion matrix (rows: truth, columns: top verdict; "
-        + ", ".join(f"{short[m]} = {m}" for m in labels)
-        + "):",
-        "",
-        "| truth \\ verdict | " + " | ".join(short[m] for m in labels) + " |",
-        "|---|" + "---:|" * len(labels),
-    ]
-    for t in labels:
-        row = [sum(1 for c in results if c.truth == t and c.predicted == p) for p in labels]
-        if sum(row):
-            out.append(f"| {t} | " + " | ".join(str(v) if v else "·" for v in row) + " |")
-    wrong = [c for c in results if not c.correct]
-    noisy = [c for c in alone if c.baseline_alone != "healthy"]
-    if noisy:
-        out += ["", "Healthy baselines diagnosed alone that raised an alarm:", ""]
-        for c in noisy[:20]:
-            out.append(
-                f"- baseline of {c.scenario} @ {c.scale} ranks, seed {c.seed}: {c.baseline_alone}"
-            )
-    if wrong:
-        out += ["", "Misdiagnosed runs:", ""]
-        for c in wrong[:30]:
-            out.append(
-                f"- {c.scenario} @ {c.scale} ranks, seed {c.seed}: truth {c.truth} "
-                f"(magnitude {c.magnitude:.3g}) -> {c.predicted} (score {c.score:.2f})"
-            )
-    return "\n".join(out) + "\n"
+    if results:
+        out.append(render(results, "Simulated scenarios", SIM_INTRO))
+    if real is not None:
+        text = render(real, "Real jobs", REAL_INTRO) if real else "### Real jobs\n"
+        if real_errors:
+            text += "\nJobs that did not run:\n\n"
+            text += "".join(f"- {name}: {err}\n" for name, err in real_errors)
+        out.append(text)
+    return "\n".join(out).rstrip() + "\n"
 
 
 def write_section(path: Path, section: str) -> None:
@@ -337,58 +359,116 @@ def _ints(text: str, what: str) -> list[int]:
     try:
         vals = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise ValueError(f"{what} must be comma-separated integers, got {text!r}") from None
+        raise EvalError(f"{what} must be comma-separated integers, got {text!r}") from None
     if not vals or any(v < 1 for v in vals):
-        raise ValueError(f"{what} must be positive integers, got {text!r}")
+        raise EvalError(f"{what} must be positive integers, got {text!r}")
     return vals
+
+
+def _names(text: str | None, known: list[str], what: str) -> list[str]:
+    if not text:
+        return known
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in names if s not in known]
+    if bad:
+        raise EvalError(f"unknown {what} {bad}; known: {', '.join(known)}")
+    return names
+
+
+def _results_path(arg: str | None) -> Path | None:
+    if arg is None:
+        return None
+    if arg != _DEFAULT_RESULTS:
+        return Path(arg)
+    if not RESULTS.is_file():
+        raise EvalError(
+            f"--write-results without a path needs a source checkout ({RESULTS} not found); "
+            "give a path"
+        )
+    return RESULTS
+
+
+def _progress(i: int, total: int, c: Case) -> None:
+    mark = "ok " if c.correct else "XX "
+    seed = f" seed {c.seed}" if c.suite == "sim" else ""
+    print(
+        f"[{i}/{total}] {mark}{c.scenario:24s} {c.scale:5d} ranks{seed}: "
+        f"truth {c.truth} -> {c.predicted} ({c.score:.2f}) {c.seconds:.1f}s",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        scales = _ints(args.scales, "--scales")
-        steps = _ints(str(args.steps), "--steps")
-        if len(steps) == 1:
-            steps = steps * len(scales)
-        if len(steps) != len(scales):
-            raise ValueError(f"--steps needs one value or one per scale ({len(scales)})")
-        n_seeds = _ints(str(args.seeds), "--seeds")
-        if len(n_seeds) == 1:
-            n_seeds = n_seeds * len(scales)
-        if len(n_seeds) != len(scales):
-            raise ValueError(f"--seeds needs one value or one per scale ({len(scales)})")
-        if min(steps) < 8:
-            raise ValueError("--steps must be >= 8")
-        known = catalog()
-        scenarios = known
-        if args.scenarios:
-            scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
-            bad = [s for s in scenarios if s not in known]
-            if bad:
-                raise ValueError(f"unknown scenario(s) {bad}; known: {', '.join(known)}")
-    except ValueError as exc:
-        print(f"rankscope eval: {exc}", file=sys.stderr)
+        return _run(args)
+    except EvalError as exc:
+        print(f"rankscope eval: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    scales = _ints(args.scales, "--scales")
+    steps = _ints(str(args.steps), "--steps")
+    if len(steps) == 1:
+        steps = steps * len(scales)
+    if len(steps) != len(scales):
+        raise EvalError(f"--steps needs one value or one per scale ({len(scales)})")
+    n_seeds = _ints(str(args.seeds), "--seeds")
+    if len(n_seeds) == 1:
+        n_seeds = n_seeds * len(scales)
+    if len(n_seeds) != len(scales):
+        raise EvalError(f"--seeds needs one value or one per scale ({len(scales)})")
+    if min(steps) < 8:
+        raise EvalError("--steps must be >= 8")
+    if args.no_sim and not args.real:
+        raise EvalError("--no-sim leaves nothing to run without --real")
+    if args.real_cases and not args.real:
+        raise EvalError("--real-cases needs --real")
+    scenarios = [] if args.no_sim else _names(args.scenarios, catalog(), "scenario(s)")
+    results_path = _results_path(args.write_results)
+    jobs: ModuleType | None = None
+    real_names: list[str] = []
+    if args.real:
+        jobs = load_faultjobs()
+        real_names = _names(args.real_cases, list(jobs.CASES), "real case(s)")
+
     seeds = [list(range(args.first_seed, args.first_seed + k)) for k in n_seeds]
     t0 = time.perf_counter()
-    results = []
-    total = len(scenarios) * sum(n_seeds)
-    for i, c in enumerate(cases(scenarios, scales, seeds, steps, not args.no_baseline), 1):
+    total = len(scenarios) * sum(n_seeds) + len(real_names)
+    results: list[Case] = []
+    for c in cases(scenarios, scales, seeds, steps, not args.no_baseline):
         results.append(c)
-        mark = "ok " if c.correct else "XX "
-        print(
-            f"[{i}/{total}] {mark}{c.scenario:24s} {c.scale:5d} ranks seed {c.seed}: "
-            f"truth {c.truth} -> {c.predicted} ({c.score:.2f}) {c.seconds:.1f}s",
-            file=sys.stderr,
-            flush=True,
-        )
-    cmd = f"rankscope eval --scales {','.join(map(str, scales))} --seeds {args.seeds}"
-    cmd += f" --steps {','.join(map(str, steps))}" + (" --no-baseline" if args.no_baseline else "")
-    section = summarize(results, cmd, time.perf_counter() - t0)
+        _progress(len(results), total, c)
+    real: list[Case] | None = None
+    errors: list[tuple[str, str]] = []
+    if jobs is not None:
+        real = []
+        for item in real_cases(jobs, real_names, not args.no_baseline):
+            if isinstance(item, Case):
+                real.append(item)
+                _progress(len(results) + len(real) + len(errors), total, item)
+            else:
+                errors.append(item)
+                print(f"rankscope eval: real job {item[0]} did not run: {item[1]}", file=sys.stderr)
+    cmd = "rankscope eval"
+    if scenarios:
+        cmd += f" --scales {','.join(map(str, scales))} --seeds {args.seeds}"
+        cmd += f" --steps {','.join(map(str, steps))}"
+    cmd += " --no-baseline" if args.no_baseline else ""
+    cmd += " --real" if args.real else ""
+    section = summarize(results, cmd, time.perf_counter() - t0, real, errors)
     if args.json:
-        json.dump([dataclasses.asdict(c) for c in results], sys.stdout, indent=1, default=str)
+        doc: dict[str, Any] = {"schema": "rankscope.eval/1", "command": cmd}
+        if scenarios:
+            doc["sim"] = to_json(results)
+        if real is not None:
+            doc["real"] = {**to_json(real), "errors": [list(e) for e in errors]}
+        json.dump(doc, sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(section)
-    if not args.no_write:
-        write_section(Path(args.results), section)
-    return 0
+    if results_path is not None:
+        write_section(results_path, section)
+        print(f"rankscope eval: wrote the eval section of {results_path}", file=sys.stderr)
+    return 1 if errors else 0
