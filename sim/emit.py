@@ -229,6 +229,7 @@ def run(
     stop: threading.Event | None = None,
     on_step: Callable[[StepTables], None] | None = None,
     argv: list[str] | None = None,
+    stop_linger_s: float = 0.0,
 ) -> RunInfo:
     """Simulate a job and stream it to a hub through the real collector path.
 
@@ -251,6 +252,9 @@ def run(
         stop: set it to end the run after the current step.
         on_step: called with each step's tables once they are handed to the senders.
         argv: command line recorded in the manifest.
+        stop_linger_s: once ``stop`` is set, how long what is still queued may take to
+            leave (0: given up at once; the demo's quit key waits a little so what the
+            run counts as sent reaches its hub).
 
     Returns:
         What was sent.
@@ -300,9 +304,10 @@ def run(
                 on_step(tables)
         streams.finish()
     finally:
-        # A stopped run gives up what is still queued; otherwise wait (bounded) until every
-        # message is handed to the network.
-        linger_ms = 0 if stop is not None and stop.is_set() else int(send_timeout_s * 1000)
+        # A stopped run waits at most stop_linger_s for what is still queued; otherwise wait
+        # (bounded) until every message is handed to the network.
+        stopped = stop is not None and stop.is_set()
+        linger_ms = int((stop_linger_s if stopped else send_timeout_s) * 1000)
         for s in socks:
             s.close(linger_ms=linger_ms)
         ctx.term()
