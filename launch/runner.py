@@ -70,6 +70,9 @@ class Launch:
     """Placeholder values used (validated)."""
     warnings: tuple[str, ...] = ()
     """What may keep the rerun from reporting or starting as planned."""
+    scenario_spec: tuple[Path, str, dict[str, Any]] | None = None
+    """``(file, name, spec)``: the simulated parent's scenario as it ran, which the command
+    names and `start` writes (preparing a launch writes nothing)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON (``rerun --json``, the launch record beside the log)."""
@@ -201,7 +204,8 @@ def prepare(
         local: host names that mean this machine.
 
     Returns:
-        The launch, with every value validated.
+        The launch, with every value validated. Nothing is written: `start` writes what
+        the commands need (the log, the launch record, a simulated parent's scenario).
 
     Raises:
         UnsafeValueError: a value (host, job, path, argument...) fails its pattern.
@@ -214,13 +218,12 @@ def prepare(
         plan, settings, manifest=manifest, log=log, record=Path(record), local=local
     )
     spec = _sim_spec(manifest)
+    scenario_spec = None
     if spec is not None and settings.scenario is None:
         # The parent's scenario as it ran (overrides included), not the file's name.
-        from rankscope.sim.spec import write_spec
-
-        folder.mkdir(parents=True, exist_ok=True)
         name, raw = spec
-        values["scenario"] = str(write_spec(folder / f"{plan.run}.scenario.json", name, raw))
+        scenario_spec = (folder / f"{plan.run}.scenario.json", name, raw)
+        values["scenario"] = str(scenario_spec[0])
     commands = render(template, values, plan.hosts, local=local)
     return Launch(
         plan=plan,
@@ -229,6 +232,7 @@ def prepare(
         log=log,
         values=values,
         warnings=_launch_warnings(commands, values, local),
+        scenario_spec=scenario_spec,
     )
 
 
@@ -377,6 +381,10 @@ def start(launch: Launch, *, env: Mapping[str, str] | None = None) -> RunningRer
         The running rerun.
     """
     launch.log.parent.mkdir(parents=True, exist_ok=True)
+    if launch.scenario_spec is not None:
+        from rankscope.sim.spec import write_spec
+
+        write_spec(*launch.scenario_spec)
     record = launch.log.with_suffix(".json")
     record.write_text(json.dumps(launch.to_dict(), indent=2) + "\n")
     log = open(launch.log, "ab")  # noqa: SIM115 - owned by RunningRerun, closed when done

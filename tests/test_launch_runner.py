@@ -189,3 +189,30 @@ def test_launch_warns_about_what_would_keep_it_from_reporting(tmp_path: Path) ->
         local=["node0000", "node0001"],
     )
     assert here.warnings == ()
+
+
+def test_preparing_writes_nothing_and_start_writes_the_parent_scenario(tmp_path: Path) -> None:
+    # A simulated parent's scenario as it ran travels in a file the command names: shown in
+    # a dry run (prepare), written only when the rerun starts.
+    spec = {"ranks": 16, "fault": {"mechanism": "slow_device"}}
+    tpl = load_template(
+        _template(
+            tmp_path,
+            f"""
+command = ["{PY}", "-c", "import json, sys; print('spec', json.load(open(sys.argv[1]))['spec']['fault']['mechanism'])", "{{scenario}}"]
+""",
+        )
+    )
+    win = _window({"sim": {"scenario": "healthy", "spec": spec}})
+    plan = propose(win, [], "one-node")
+    record = tmp_path / "rec"
+    launch = prepare(
+        plan, tpl, LaunchSettings(hub="tcp://127.0.0.1:5599"), record=record, manifest=win.manifest
+    )
+    named = Path(launch.commands[0].argv[-1])
+    assert named == record / "reruns" / "r1-one-node.scenario.json"
+    assert not record.exists()  # nothing written: no folder, no spec, no log
+    running = start(launch)
+    assert running.wait(timeout=60) == 0
+    assert json.loads(named.read_text())["spec"] == spec
+    assert "spec slow_device" in launch.log.read_text()
