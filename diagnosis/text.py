@@ -13,6 +13,9 @@ from rankscope.collector.schema import OPS
 from rankscope.diagnosis.curves import bucket_label
 from rankscope.diagnosis.decomposition import CATEGORIES, COMPUTE_RULE
 from rankscope.diagnosis.engine import Diagnosis
+from rankscope.diagnosis.trends import describe_trend
+
+_TREND_UNITS = {"mem_reserved": "bytes", "mem_allocated": "bytes", "alloc_retries": "count"}
 
 
 def _ms(ns: float) -> str:
@@ -197,8 +200,8 @@ def _distributions(diag: Diagnosis) -> list[str]:
 def _time(diag: Diagnosis) -> list[str]:
     t = diag.trends
     out = ["OVER TIME"]
-    st = t.step_time
-    out.append(f"  step time trend {_pct(st.relative_change)} over the window (ρ {st.rho:.2f})")
+    n = int(diag.window.steps.shape[0])
+    out.append(f"  step time trend {describe_trend(t.step_time, n)}")
     sp = t.spikes
     if sp.steps.size:
         period = f", every {sp.period:.0f} steps" if sp.periodic else ", irregular"
@@ -208,7 +211,7 @@ def _time(diag: Diagnosis) -> list[str]:
         )
     for m in t.memory:
         if np.isfinite(m.rho) and m.rho > 0.6:
-            out.append(f"  {m.name} rising: ρ {m.rho:.2f}, {_pct(m.relative_change)}")
+            out.append(f"  {m.name} rising: {describe_trend(m, n, _TREND_UNITS.get(m.name, 'ns'))}")
     if t.thermal_ranks.size:
         out.append(f"  SM clock falling on ranks {', '.join(map(str, t.thermal_ranks[:8]))}")
     return [*out, ""]

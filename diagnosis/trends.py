@@ -107,6 +107,60 @@ def series_trend(name: str, y: np.ndarray) -> Trend:
     return Trend(name=name, slope_per_step=slope, relative_change=float(rel), rho=spearman(x, y))
 
 
+TREND_MIN_STEPS = 3
+"""A trend needs at least this many steps (Theil–Sen and Spearman need three points)."""
+TREND_MIN_BASE = 0.1
+"""A trend's change is shown as a percentage only when the line's value at the start of the
+window is at least this fraction of the series' median: a percentage of a base near zero,
+or of one that changes sign, says nothing the absolute change does not say better."""
+
+
+def describe_trend(trend: Trend, n_steps: int, unit: str = "ns") -> str:
+    """A trend in words: the change over the window, the relative change where it means
+    something, and ρ — never ``nan``.
+
+    The change is the Theil–Sen line's rise from the first step to the last (slope × the
+    steps between them). The percentage is of the line's value at the first step, taken as
+    the series' median less half the change (the line passes near the median mid-window);
+    it is shown only when that start is at least `TREND_MIN_BASE` of the median, so a
+    near-zero or sign-changing base gives the absolute change alone. The series are
+    non-negative (times, bytes, counts).
+
+    Args:
+        trend: the trend (`series_trend`).
+        n_steps: steps in the series the trend was fitted on.
+        unit: ``"ns"`` (shown in ms or µs), ``"bytes"`` (MiB/GiB) or ``"count"``.
+
+    Returns:
+        E.g. ``"+3.21 ms over 64 steps (+7.9% from the first, ρ 0.93)"``, ``"flat"``, or
+        ``"n/a (too few steps)"``.
+    """
+    if n_steps < TREND_MIN_STEPS or not np.isfinite(trend.slope_per_step):
+        return "n/a (too few steps)"
+    rho = f"ρ {trend.rho:.2f}" if np.isfinite(trend.rho) else None
+    slope = float(trend.slope_per_step)
+    delta = slope * (n_steps - 1)
+    if delta == 0.0:
+        return "flat" + (f" ({rho})" if rho else "")
+    pct = None
+    rel = float(trend.relative_change)
+    if rel != 0.0 and np.isfinite(rel):
+        median = slope * n_steps / rel  # relative_change = slope × steps / |median|
+        start = median - delta / 2
+        if median > 0 and start >= TREND_MIN_BASE * median:
+            pct = f"{100 * delta / start:+.1f}% from the first"
+    notes = ", ".join(x for x in (pct, rho) if x)
+    return f"{_amount(delta, unit)} over {n_steps} steps" + (f" ({notes})" if notes else "")
+
+
+def _amount(x: float, unit: str) -> str:
+    if unit == "ns":
+        return f"{x / 1e6:+.2f} ms" if abs(x) >= 1e4 else f"{x / 1e3:+.2f} µs"
+    if unit == "bytes":
+        return f"{x / 2**30:+.2f} GiB" if abs(x) >= 2**30 else f"{x / 2**20:+.1f} MiB"
+    return f"{x:+.3g}"
+
+
 def find_spikes(window: Window, decomp: Decomposition) -> Spikes:
     """Spikes in the job's step time and the category each one's extra time went to.
 
