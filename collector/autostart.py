@@ -167,6 +167,24 @@ del _rankscope_bootstrap
 """Source of the injected ``sitecustomize.py``."""
 
 
+def site_dir_path(base: str | None = None) -> str:
+    """The directory `prepare_site_dir` writes to (in the usual case), without writing it:
+    what ``rankscope run --dry-run`` shows on ``PYTHONPATH``.
+
+    Args:
+        base: parent directory (the system temporary directory by default).
+
+    Returns:
+        ``<base>/rankscope-site-<uid>-<hash of the bootstrap>``.
+    """
+    import hashlib
+    import tempfile
+
+    digest = hashlib.sha256(SITECUSTOMIZE.encode()).hexdigest()[:12]
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    return os.path.join(base or tempfile.gettempdir(), f"rankscope-site-{uid}-{digest}")
+
+
 def prepare_site_dir(base: str | None = None) -> str:
     """Write the bootstrap ``sitecustomize.py`` into a private directory and return it.
 
@@ -181,14 +199,12 @@ def prepare_site_dir(base: str | None = None) -> str:
     Returns:
         The directory to put first on ``PYTHONPATH``.
     """
-    import hashlib
     import stat
     import tempfile
 
-    digest = hashlib.sha256(SITECUSTOMIZE.encode()).hexdigest()[:12]
     parent = base or tempfile.gettempdir()
     uid = os.getuid() if hasattr(os, "getuid") else 0
-    path = os.path.join(parent, f"rankscope-site-{uid}-{digest}")
+    path = site_dir_path(base)
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:

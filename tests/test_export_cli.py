@@ -105,5 +105,5 @@ def test_perfetto_of_chosen_ranks(recording, tmp_path, capsys) -> None:
     assert len(chosen) == 2 and min(times[sorted(chosen)]) >= np.sort(times)[-2]
     capsys.readouterr()
     for bad, why in (("3-1", "outside"), ("x", "not a rank"), ("99", "outside"), ("last:0", "N")):
-        assert main([*argv, "--ranks", bad]) == 1
+        assert main([*argv, "--ranks", bad]) == 2
         assert why in capsys.readouterr().err

@@ -69,7 +69,7 @@ def test_first_scope_matches_the_fault(
                     scope,
                     "--launcher",
                     "simulated",
-                    "--steps",
+                    "--rerun-steps",
                     str(STEPS),
                     "--yes",
                     "--json",
@@ -102,7 +102,7 @@ def test_a_rerun_reproduces_the_parent_as_it_ran_overrides_included(
     _record_parent("healthy", rec, fault="slow_device")
     with Hub(record_dir=str(rec)):
         argv = ["rerun", str(rec), "--scope", "one-rank", "--launcher", "simulated"]
-        assert main([*argv, "--steps", str(STEPS), "--yes", "--json"]) == 0
+        assert main([*argv, "--rerun-steps", str(STEPS), "--yes", "--json"]) == 0
         out = json.loads(capsys.readouterr().out)
         spec = Path(out["commands"][0]["argv"][4].partition("=")[2])
         assert spec.suffix == ".json" and spec.parent == rec / "reruns"

@@ -159,7 +159,7 @@ def test_packing_experiment_attention_packer_is_supported(packing, hub):
     )  # fmt: skip
     done = _cli(
         "experiment", "evaluate", record, "--id", rec["id"], "--before", before.run,
-        "--after", after.run, "--last", str(before.steps.shape[0]),
+        "--after", after.run, "--steps", str(before.steps.shape[0]),
     )  # fmt: skip
     result = done["evaluation"]
     assert result["verdict"] == "supported", result

@@ -70,7 +70,7 @@ def test_open_says_when_a_folder_is_not_a_recording(tmp_path: Path, headless, ca
     empty = tmp_path / "empty"
     empty.mkdir()
     assert main(["open", str(empty), "--no-follow"]) == 2
-    assert "rankscope open:" in capsys.readouterr().err
+    assert "rankscope: error:" in capsys.readouterr().err
 
 
 def test_watch_shows_a_simulated_job_pushing_to_its_hub(headless, tmp_path: Path) -> None:

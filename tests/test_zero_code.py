@@ -15,6 +15,7 @@ import pytest
 
 from rankscope.collector.autostart import SITECUSTOMIZE, prepare_site_dir
 from rankscope.commands import run as run_cmd
+from rankscope.errors import CommandError
 
 
 def _free_port() -> int:
@@ -172,13 +173,13 @@ def test_multi_node_leaves_the_run_id_to_the_ranks() -> None:
     ],
 )
 def test_bad_options_are_named(argv: list[str], match: str) -> None:
-    with pytest.raises(SystemExit, match=match):
+    with pytest.raises(CommandError, match=match):
         run_cmd.build_env(_args(*argv), {}, "/site")
 
 
 def test_command_line_errors(capsys: pytest.CaptureFixture[str]) -> None:
-    assert run_cmd.run(_args()) == 2
-    assert "no command" in capsys.readouterr().err
+    with pytest.raises(CommandError, match="no command"):
+        run_cmd.run(_args())
     assert run_cmd.run(_args("--", "no-such-binary-rankscope")) == 127
     assert "not found" in capsys.readouterr().err
 

@@ -3,7 +3,7 @@
     rankscope experiment record PATH --hypothesis data_imbalance \\
         --change "packer balances attention cost" --metric entry_spread --direction down \\
         --rejection "entry spread unchanged while transfer stays flat"
-    rankscope experiment evaluate PATH --id 001-data_imbalance --before RUN --after RUN
+    rankscope experiment evaluate PATH --id 001-data_imbalance --before ID --after ID
     rankscope experiment list PATH
 
 Records live beside the recording in ``PATH/experiments/<id>.json``; the evaluation
@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import asdict
+from pathlib import Path
 
-from rankscope.commands.rerun import DEFAULT_LAST, load_store
+from rankscope.commands.grammar import add_run, add_steps, read_store, window_of
+from rankscope.commands.rerun import DEFAULT_STEPS
+from rankscope.errors import CommandError
 
 HELP = "Record an experiment's prediction before the run; evaluate it after; list them"
 
@@ -32,16 +34,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     rec.add_argument("--direction", required=True, choices=("down", "up"))
     rec.add_argument("--rejection", required=True, help="the observation that would reject it")
     rec.add_argument("--id", default=None, help="record id (default NNN-<hypothesis>)")
-    rec.add_argument("--run", default=None, help="the run the experiment starts from")
+    add_run(rec, "the run the experiment starts from")
     rec.add_argument("--scope", default=None, help="scope the experiment runs at")
     rec.add_argument("--json", action="store_true")
 
     ev = sub.add_parser("evaluate", help="judge a recorded prediction from two runs")
     ev.add_argument("path", metavar="PATH", help="recording directory")
     ev.add_argument("--id", required=True, help="experiment id")
-    ev.add_argument("--before", required=True, help="run without the change")
-    ev.add_argument("--after", required=True, help="run with the change")
-    ev.add_argument("--last", type=int, default=DEFAULT_LAST, help="steps of each run")
+    ev.add_argument("--before", metavar="ID", required=True, help="run without the change")
+    ev.add_argument("--after", metavar="ID", required=True, help="run with the change")
+    add_steps(ev, DEFAULT_STEPS, "most recent steps of each run", old=("--last",))
     ev.add_argument("--json", action="store_true")
 
     ls = sub.add_parser("list", help="list the experiments of a recording")
@@ -81,51 +83,43 @@ def _print_record(rec, as_json: bool) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rankscope.launch.experiments import (
-        ExperimentError,
         evaluate_experiment,
         list_experiments,
         record_experiment,
     )
 
-    try:
-        if args.action == "record":
-            rec = record_experiment(
-                args.path,
-                hypothesis=args.hypothesis,
-                change=args.change,
-                metric=args.metric,
-                direction=args.direction,
-                rejection=args.rejection,
-                id=args.id,
-                parent_run=args.run,
-                scope=args.scope,
-            )
-            _print_record(rec, args.json)
-            return 0
-        if args.action == "list":
-            recs = list_experiments(args.path)
-            if args.json:
-                print(json.dumps([asdict(r) for r in recs], indent=2, allow_nan=False))
-            else:
-                for r in recs:
-                    runs = f"  {r.before_run} -> {r.after_run}" if r.after_run else ""
-                    print(
-                        f"{r.id:<28} {r.status:<15} {r.hypothesis}: {r.metric} {r.direction}{runs}"
-                    )
-            return 0
-        store = load_store(args.path, args.last)
-        known = {r.run for r in store.runs()}
-        for name in (args.before, args.after):
-            if name not in known:
-                raise ExperimentError(f"no run {name!r} in {args.path}; runs: {sorted(known)}")
-        rec = evaluate_experiment(
+    if not Path(args.path).is_dir():
+        # Records live beside a recording: a mistyped PATH must not grow a new folder.
+        raise CommandError(f"no recording at {args.path!r}")
+    if args.action == "record":
+        rec = record_experiment(
             args.path,
-            args.id,
-            store.window(args.before, last=args.last),
-            store.window(args.after, last=args.last),
+            hypothesis=args.hypothesis,
+            change=args.change,
+            metric=args.metric,
+            direction=args.direction,
+            rejection=args.rejection,
+            id=args.id,
+            parent_run=args.run,
+            scope=args.scope,
         )
         _print_record(rec, args.json)
         return 0
-    except ExperimentError as exc:
-        print(f"rankscope experiment: {exc}", file=sys.stderr)
-        return 2
+    if args.action == "list":
+        recs = list_experiments(args.path)
+        if args.json:
+            print(json.dumps([asdict(r) for r in recs], indent=2, allow_nan=False))
+        else:
+            for r in recs:
+                runs = f"  {r.before_run} -> {r.after_run}" if r.after_run else ""
+                print(f"{r.id:<28} {r.status:<15} {r.hypothesis}: {r.metric} {r.direction}{runs}")
+        return 0
+    store = read_store(args.path, args.steps)
+    rec = evaluate_experiment(
+        args.path,
+        args.id,
+        window_of(store, args.path, args.before, args.steps),
+        window_of(store, args.path, args.after, args.steps),
+    )
+    _print_record(rec, args.json)
+    return 0

@@ -8,14 +8,13 @@ steps of one run of the recording.
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from rankscope.collector import schema
+from rankscope.commands.grammar import add_run, add_steps, load_run, recording_of
 from rankscope.diagnosis.window import Window
+from rankscope.errors import CommandError
 
 HELP = "Export a recording as a Perfetto trace (--perfetto) or CSV tables (--csv)"
 DEFAULT_STEPS = 100
@@ -27,13 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--perfetto", metavar="OUT.json", help="write a Chrome/Perfetto trace")
     p.add_argument("--csv", metavar="DIR", help="write CSV tables into DIR")
-    p.add_argument("--run", default=None, help="run id (default: the most recent run)")
-    p.add_argument(
-        "--steps",
-        type=int,
-        default=DEFAULT_STEPS,
-        help=f"most recent steps to export (default {DEFAULT_STEPS})",
-    )
+    add_run(p, "run id (default: the most recent run)")
+    add_steps(p, DEFAULT_STEPS, "most recent steps to export")
     p.add_argument(
         "--ranks",
         metavar="SPEC",
@@ -81,13 +75,6 @@ def parse_ranks(spec: str, window: Window) -> list[int]:
             raise ValueError(f"--ranks {spec!r}: {part!r} is outside the run's ranks 0-{world - 1}")
         out.update(range(a, b + 1))
     return sorted(out)
-
-
-def load_run(path: str, run: str | None, steps: int) -> tuple[Any, Window]:
-    """Replay a recording and take the window of one run (``hub.replay.load_run``)."""
-    from rankscope.hub.replay import load_run as replay_run
-
-    return replay_run(path, run, steps)
 
 
 def recorded_phases(path: str, window: Window) -> tuple[dict[str, np.ndarray], list[str]]:
@@ -139,24 +126,16 @@ def recorded_phases(path: str, window: Window) -> tuple[dict[str, np.ndarray], l
     return table, names
 
 
-def recording_of(path: str) -> str:
-    """A snapshot folder's ``window/`` recording, or ``path`` itself."""
-    p = Path(path)
-    if (p / "snapshot.json").is_file() and (p / "window").is_dir():
-        return str(p / "window")
-    return path
-
-
 def run(args: argparse.Namespace) -> int:
     if not args.perfetto and not args.csv:
-        print("rankscope export: give --perfetto OUT.json and/or --csv DIR", file=sys.stderr)
-        return 2
+        raise CommandError("export: give --perfetto OUT.json and/or --csv DIR")
     args.path = recording_of(args.path)
+    _, window = load_run(args.path, args.run, args.steps)
     try:
-        _, window = load_run(args.path, args.run, args.steps)
+        # Checked before anything is written, even when only CSV is asked for.
+        ranks = parse_ranks(args.ranks, window) if args.ranks else None
     except ValueError as exc:
-        print(f"rankscope export: {exc}", file=sys.stderr)
-        return 2
+        raise CommandError(str(exc)) from None
     span = (
         f"steps {int(window.steps[0])}-{int(window.steps[-1])}" if window.steps.size else "no step"
     )
@@ -167,7 +146,6 @@ def run(args: argparse.Namespace) -> int:
 
             table, names = recorded_phases(args.path, window)
             spans = phase_spans(window, table, names) if table["step"].shape[0] else None
-            ranks = parse_ranks(args.ranks, window) if args.ranks else None
             s = write_trace(args.perfetto, window, spans, ranks)
             print(
                 f"perfetto: {s.path}: {s.slices} slices ({s.collectives} collectives, "
@@ -181,7 +159,6 @@ def run(args: argparse.Namespace) -> int:
             c = write_csv(args.csv, window)
             tables = ", ".join(f"{name} ({n} rows)" for name, n in c.rows.items())
             print(f"csv: {c.folder}: {tables}")
-    except (ValueError, OSError) as exc:
-        print(f"rankscope export: {exc}", file=sys.stderr)
-        return 1
+    except ValueError as exc:  # an output the writers refuse (e.g. a folder in the way)
+        raise CommandError(str(exc)) from None
     return 0

@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-import sys
 import threading
 from typing import Any
 
 import zmq
 
+from rankscope.errors import CommandError
 from rankscope.hub.recording import RecordingError
 from rankscope.hub.server import Hub
 from rankscope.hub.store import Store
@@ -131,8 +131,7 @@ def run(args: argparse.Namespace) -> int:
         )
         hub.start()
     except (ValueError, RecordingError, zmq.ZMQError) as exc:
-        print(f"rankscope hub: {exc}", file=sys.stderr)
-        return 2
+        raise CommandError(str(exc)) from None
     endpoint = None
     if args.prometheus:
         from rankscope.hub.prometheus import PrometheusEndpoint, parse_listen, store_source
@@ -143,8 +142,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"prometheus metrics on http://{addr}:{endpoint.start()}/metrics", flush=True)
         except (ValueError, OSError) as exc:
             hub.stop()
-            print(f"rankscope hub: {exc}", file=sys.stderr)
-            return 2
+            raise CommandError(f"--prometheus {args.prometheus}: {exc}") from None
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -6,18 +6,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
+from rankscope.commands.grammar import add_run
+from rankscope.errors import CommandError
 from rankscope.hub.inspection import inspect_recording
-from rankscope.hub.recording import RecordingError
 
 HELP = "Summarise a recording: runs, ranks, step times, last arrivers, drops, rejects"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", help="recording directory (rankscope hub --record DIR) or segment")
+    p.add_argument(
+        "path", metavar="PATH", help="recording directory (rankscope hub --record DIR) or segment"
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--run", default=None, help="only this run id")
+    add_run(p, "only this run id")
 
 
 def _ms(ns: float | None) -> str:
@@ -79,12 +83,12 @@ def format_text(rep: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not Path(args.path).exists():
+        raise CommandError(f"no recording at {args.path!r}")
     try:
         rep = inspect_recording(args.path, run=args.run)
-    except (RecordingError, KeyError) as exc:
-        msg = exc.args[0] if isinstance(exc, KeyError) else str(exc)
-        print(f"rankscope inspect: {msg}", file=sys.stderr)
-        return 2
+    except KeyError as exc:  # an unknown --run; a bad recording is a RecordingError
+        raise CommandError(str(exc.args[0])) from None
     if args.json:
         json.dump(rep, sys.stdout, indent=1)
         sys.stdout.write("\n")

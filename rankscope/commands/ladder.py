@@ -6,18 +6,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-from rankscope.commands.rerun import DEFAULT_LAST, load_store, pick_run
+from rankscope.commands.grammar import (
+    add_baseline,
+    add_run,
+    add_steps,
+    baseline_window,
+    read_store,
+    window_of,
+)
+from rankscope.commands.rerun import DEFAULT_STEPS, pick_run
+from rankscope.errors import CommandError
 
 HELP = "Show a run and its reruns by scope, and the first scope where the regression appears"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", metavar="PATH", help="recording directory of the hub")
-    p.add_argument("--run", default=None, help="the full run (default: the latest full run)")
-    p.add_argument("--baseline", default=None, help="a healthy run: the healthy expectation")
-    p.add_argument("--last", type=int, default=DEFAULT_LAST, help="steps of each run to analyse")
+    add_run(p, "the full run (default: the latest full run)")
+    add_baseline(p)
+    add_steps(p, DEFAULT_STEPS, "most recent steps of each run to analyse", old=("--last",))
     p.add_argument("--local-tol", type=float, default=None, help="local-time tolerance (0.10)")
     p.add_argument("--spread-tol", type=float, default=None, help="spread tolerance (0.05)")
     p.add_argument("--comm-tol", type=float, default=None, help="busbw tolerance (0.25)")
@@ -42,13 +50,12 @@ def run(args: argparse.Namespace) -> int:
         }
         tolerances = Tolerances(**given)
     except ValueError as exc:
-        print(f"rankscope ladder: {exc}", file=sys.stderr)
-        return 2
-    store = load_store(args.path, args.last)
+        raise CommandError(str(exc)) from None
+    store = read_store(args.path, args.steps)
     parent = pick_run(store, args.run)
     children = [r for r in store.runs() if r.parent_run == parent.run]
-    windows = {r.run: store.window(r.run, last=args.last) for r in [parent, *children]}
-    baseline = store.window(args.baseline, last=args.last) if args.baseline else None
+    windows = {r.run: window_of(store, args.path, r.run, args.steps) for r in [parent, *children]}
+    baseline = baseline_window(args, store, args.path, legacy_run=True)
     verdicts = {}
     if not args.no_verdict:
         verdicts = {run: diagnose(w, baseline).verdict for run, w in windows.items()}

@@ -13,17 +13,20 @@ import argparse
 import sys
 from pathlib import Path
 
+from rankscope.commands.grammar import add_run
+from rankscope.errors import CommandError
+
 HELP = "TUI on a recording or a snapshot (follows a growing recording)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", help="record directory, segment file or snapshot bundle")
+    p.add_argument("path", metavar="PATH", help="record directory, segment file or snapshot bundle")
     p.add_argument(
         "--no-follow",
         action="store_true",
         help="read what is there once instead of following new data",
     )
-    p.add_argument("--run", default=None, help="run to show (default: the newest full run)")
+    add_run(p, "run to show (default: the newest full run)")
     p.add_argument("--config", default=None, help="settings file (see config/default.toml)")
 
 
@@ -36,44 +39,31 @@ def _is_snapshot(path: Path) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rankscope.hub.recording import RecordingError
     from rankscope.tui.app import make_app
-    from rankscope.tui.settings import GROUP_BY, METRICS, SettingsError, load_settings
+    from rankscope.tui.settings import GROUP_BY, METRICS, load_settings
     from rankscope.tui.sources import RecordingSource
 
-    try:
-        settings = load_settings(args.config)
-    except SettingsError as exc:
-        print(f"rankscope open: {exc}", file=sys.stderr)
-        return 2
+    settings = load_settings(args.config)
     path = Path(args.path)
     run_id = args.run
     follow = not args.no_follow
     view = None
     if _is_snapshot(path):
-        from rankscope.snapshot import SnapshotError, open_snapshot
+        from rankscope.snapshot import open_snapshot
 
-        try:
-            opened = open_snapshot(path)
-        except SnapshotError as exc:
-            print(f"rankscope open: {exc}", file=sys.stderr)
-            return 2
+        opened = open_snapshot(path)
         if opened.recording is None:
-            print(f"rankscope open: {path} holds no window/ recording", file=sys.stderr)
-            return 2
+            raise CommandError(f"{path} holds no window/ recording")
         path, view, follow = opened.recording, opened.view, False
         run_id = run_id or view.run
     if not path.exists():
-        print(f"rankscope open: {path} does not exist", file=sys.stderr)
-        return 2
+        raise CommandError(f"{str(path)!r} does not exist")
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        print("rankscope open: needs a terminal", file=sys.stderr)
-        return 2
+        raise CommandError("open needs a terminal")
     try:
         source = RecordingSource(path, follow=follow)
-    except (FileNotFoundError, RecordingError) as exc:
-        print(f"rankscope open: {exc}", file=sys.stderr)
-        return 2
+    except FileNotFoundError as exc:
+        raise CommandError(f"{path}: {exc}") from None
     app = make_app(settings, source, run=run_id)
     if view is not None:
         app.initial_view(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import sys
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
@@ -239,13 +238,9 @@ def render_svg(content: dict[str, Any], width: int = 120) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rankscope.snapshot import SnapshotError, load_snapshot
+    from rankscope.snapshot import load_snapshot
 
-    try:
-        content, _ = load_snapshot(args.snapshot)
-    except SnapshotError as exc:
-        print(f"rankscope report: {exc}", file=sys.stderr)
-        return 2
+    content, _ = load_snapshot(args.snapshot)  # a SnapshotError names what is wrong
     console = Console(width=args.width) if args.width else Console()
     for r in renderables(content):
         console.print(r)

@@ -13,21 +13,37 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from rankscope.commands.grammar import (
+    add_baseline,
+    add_run,
+    add_steps,
+    baseline_window,
+    read_store,
+    steps_count,
+    window_of,
+)
+from rankscope.errors import CommandError
 from rankscope.launch.scopes import LADDER
 
 HELP = "Propose (and with --yes launch) a one-rank/one-node/two-node/full rerun of a run"
-DEFAULT_LAST = 64
-"""Steps of the run the plan and the ladder look at."""
+DEFAULT_STEPS = 64
+"""Steps of the run the plan, the ladder and an experiment's evaluation look at."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", metavar="PATH", help="recording directory of the hub")
-    p.add_argument("--scope", required=True, choices=LADDER, help="scope of the rerun")
-    p.add_argument("--run", default=None, help="run to reduce (default: the latest full run)")
-    p.add_argument("--baseline", default=None, help="a healthy run, for the diagnosis")
+    p.add_argument(
+        "path", metavar="PATH", nargs="?", default=None, help="recording directory of the hub"
+    )
+    p.add_argument(
+        "--scope", default=None, choices=LADDER, help="scope of the rerun (required to plan one)"
+    )
+    add_run(p, "run to reduce (default: the latest full run)")
+    add_baseline(p)
+    add_steps(p, DEFAULT_STEPS, "most recent steps of the run to analyse", old=("--last",))
     p.add_argument("--launcher", default="torchrun", help="launcher template (default torchrun)")
     p.add_argument(
         "--launchers",
@@ -36,7 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="extra folder of launcher templates (repeatable; overrides shipped ones by name)",
     )
-    p.add_argument("--list-launchers", action="store_true", help="list templates and exit")
+    p.add_argument(
+        "--list-launchers", action="store_true", help="list templates and exit (needs nothing else)"
+    )
     p.add_argument(
         "--hub", default=None, help="hub endpoint the rerun reports to (default: PATH's live hub)"
     )
@@ -49,15 +67,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a script argument (repeatable; default: the run's own)",
     )
     p.add_argument("--master-port", type=int, default=None, help="rendezvous port")
-    p.add_argument("--steps", type=int, default=None, help="steps (simulated launcher)")
-    p.add_argument("--new-run", default=None, help="id of the new run (default <run>-<scope>)")
+    p.add_argument(
+        "--rerun-steps",
+        type=steps_count,
+        default=None,
+        metavar="N",
+        help="steps the rerun runs (simulated launcher; default: the template's)",
+    )
+    p.add_argument(
+        "--new-run", metavar="ID", default=None, help="id of the new run (default <run>-<scope>)"
+    )
     p.add_argument(
         "--keep-global-batch",
         action="store_true",
         help="raise gradient accumulation to keep the global batch (default: keep local work)",
     )
-    p.add_argument("--last", type=int, default=DEFAULT_LAST, help="steps of the run to analyse")
-    p.add_argument("--dry-run", action="store_true", help="only show the plan (the default)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="only show the plan and its commands, writing nothing (the default without --yes)",
+    )
     p.add_argument("--yes", action="store_true", help="launch without asking")
     p.add_argument("--detach", action="store_true", help="with --yes: do not wait for the end")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -91,15 +120,15 @@ def pick_run(store: Any, run: str | None) -> Any:
         Its `RunSummary`.
 
     Raises:
-        SystemExit: no such run, or no run at all (the message lists the runs).
+        CommandError: no such run, or no run at all (the message lists the runs).
     """
     runs = store.runs()
     if not runs:
-        raise SystemExit("the recording holds no run")
+        raise CommandError("the recording holds no run")
     if run is not None:
         found = next((r for r in runs if r.run == run), None)
         if found is None:
-            raise SystemExit(f"no run {run!r}; runs: {', '.join(r.run for r in runs)}")
+            raise CommandError(f"unknown run {run!r}; runs: {', '.join(r.run for r in runs)}")
         return found
     full = [r for r in runs if r.scope == "full" and r.parent_run is None]
     return (full or runs)[-1]
@@ -107,55 +136,83 @@ def pick_run(store: Any, run: str | None) -> Any:
 
 def live_hub(path: str | Path) -> str | None:
     """The endpoint of the hub writing ``path`` now, if one is (from its ``meta.json``)."""
+    live, endpoint = _last_hub(path)
+    return endpoint if live else None
+
+
+def _last_hub(path: str | Path) -> tuple[bool, str | None]:
+    # (still writing, endpoint) of the recording's last hub session.
     from rankscope.hub.recording import read_meta
 
     sessions = read_meta(path).get("sessions") or []
     last = sessions[-1] if sessions and isinstance(sessions[-1], dict) else {}
-    if last.get("stopped_ns") is None and isinstance(last.get("endpoint"), str):
-        return str(last["endpoint"])
-    return None
+    endpoint = last.get("endpoint") if isinstance(last.get("endpoint"), str) else None
+    return last.get("stopped_ns") is None and endpoint is not None, endpoint
 
 
-def _prepare(args: argparse.Namespace) -> tuple[Any, Any]:
+def _report_hub(args: argparse.Namespace, launching: bool) -> tuple[str, str | None]:
+    """The endpoint the rerun reports to, and a warning when it is only a stand-in.
+
+    A launch needs a hub that records PATH now (or ``--hub``). A dry run does not: it shows
+    the command with the endpoint of the hub that last wrote PATH (or the default), and
+    says that nothing may listen there.
+    """
+    from rankscope.collector.runtime import DEFAULT_HUB
+
+    if args.hub:
+        return args.hub, None
+    live, endpoint = _last_hub(args.path)
+    if live and endpoint is not None:
+        return endpoint, None
+    why = (
+        f"no hub is recording {args.path} now; start one (rankscope hub --record "
+        f"{args.path}) or pass --hub ENDPOINT"
+    )
+    if launching:
+        raise CommandError(why)
+    stand_in = endpoint or DEFAULT_HUB
+    return stand_in, f"{why}: the command shows {stand_in}, where nothing may listen"
+
+
+def _prepare(args: argparse.Namespace, launching: bool) -> tuple[Any, Any]:
     from rankscope.diagnosis.engine import diagnose
     from rankscope.launch.plan import propose
     from rankscope.launch.runner import LaunchSettings, prepare
     from rankscope.launch.templates import find_launcher
 
-    store = load_store(args.path, args.last)
+    store = read_store(args.path, args.steps)
     summary = pick_run(store, args.run)
-    window = store.window(summary.run, last=args.last)
-    baseline = store.window(args.baseline, last=args.last) if args.baseline else None
+    window = window_of(store, args.path, summary.run, args.steps)
+    baseline = baseline_window(args, store, args.path, legacy_run=True)
     verdict = diagnose(window, baseline).verdict
-    plan = propose(
-        window,
-        verdict.hypotheses,
-        args.scope,
-        run=args.new_run,
-        keep_global_batch=args.keep_global_batch,
-    )
-    hub = args.hub or live_hub(args.path)
-    if hub is None:
-        raise SystemExit(
-            f"no hub is recording {args.path} now; start one (rankscope hub --record "
-            f"{args.path}) or pass --hub ENDPOINT"
+    try:
+        plan = propose(
+            window,
+            verdict.hypotheses,
+            args.scope,
+            run=args.new_run,
+            keep_global_batch=args.keep_global_batch,
         )
+    except ValueError as exc:  # the run cannot be reduced to this scope
+        raise CommandError(str(exc)) from None
+    hub, warning = _report_hub(args, launching)
     settings = LaunchSettings(
         hub=hub,
         script=args.script,
         script_args=tuple(args.script_arg) if args.script_arg is not None else None,
         master_port=args.master_port,
-        steps=args.steps,
+        steps=args.rerun_steps,
     )
     template = find_launcher(args.launcher, args.launchers)
     launch = prepare(plan, template, settings, record=args.path, manifest=window.manifest)
+    if warning is not None:
+        launch = replace(launch, warnings=(warning, *launch.warnings))
     return launch, verdict
 
 
 def run(args: argparse.Namespace) -> int:
     from rankscope.launch.report import launch_text
     from rankscope.launch.runner import start
-    from rankscope.launch.safety import UnsafeValueError
     from rankscope.launch.templates import TemplateError, list_launchers, load_template
 
     if args.list_launchers:
@@ -166,12 +223,16 @@ def run(args: argparse.Namespace) -> int:
                 desc = f"(broken: {exc})"
             print(f"{name:<16} {desc}  [{path}]")
         return 0
-    try:
-        launch, verdict = _prepare(args)
-    except (UnsafeValueError, TemplateError, ValueError, KeyError) as exc:
-        print(f"rankscope rerun: {exc}", file=sys.stderr)
-        return 2
+    if args.path is None or args.scope is None:
+        missing = " and ".join(
+            what for what, v in (("PATH", args.path), ("--scope", args.scope)) if v is None
+        )
+        raise CommandError(
+            f"rerun needs {missing} (rankscope rerun PATH --scope "
+            f"{'|'.join(LADDER)}; or rankscope rerun --list-launchers)"
+        )
     go = args.yes and not args.dry_run
+    launch, verdict = _prepare(args, go)
     if args.json:
         out = launch.to_dict()
         out["verdict"] = [h.mechanism for h in verdict.hypotheses[:3]]
@@ -181,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(launch_text(launch)))
     if not go:
         if not args.json:
-            print("dry run: nothing was started; pass --yes to launch")
+            print("dry run: nothing was started or written; pass --yes to launch")
         return 0
     running = start(launch)
     if not args.json:

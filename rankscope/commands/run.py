@@ -12,11 +12,14 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import shutil
 import sys
 
 from rankscope.collector import schema
 from rankscope.collector.monitor import DDP_BUCKET_MODES, DDP_SAMPLE_EVERY
+from rankscope.commands.grammar import add_run
+from rankscope.errors import CommandError
 
 HELP = "run a training command with zero-code instrumentation (rankscope run -- torchrun ...)"
 
@@ -33,8 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--scope", default=None, choices=schema.SCOPES, help="scope of this run (default: full)"
     )
-    parser.add_argument("--run", default=None, help="run id shared by all ranks (default: new)")
-    parser.add_argument("--parent-run", default=None, help="run this one is a reduced rerun of")
+    add_run(parser, "run id shared by all ranks (default: new)")
+    parser.add_argument(
+        "--parent-run", metavar="ID", default=None, help="run this one is a reduced rerun of"
+    )
     parser.add_argument("--topology", default=None, help="topology TOML (racks, NIC/rail per GPU)")
     parser.add_argument(
         "--ddp-buckets",
@@ -57,16 +62,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dry-run",
         action="store_true",
-        help="print the environment and command instead of running them",
+        help="print the environment and command instead of running them (writes nothing)",
     )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
 
 
 def _check(value: str | None, what: str) -> str | None:
     if value is not None and not _LABEL.match(value):
-        raise SystemExit(
-            f"rankscope run: {what} {value!r} must be 1-128 characters of letters, digits, ._:@+-"
-        )
+        raise CommandError(f"{what} {value!r} must be 1-128 characters of letters, digits, ._:@+-")
     return value
 
 
@@ -104,7 +107,7 @@ def build_env(args: argparse.Namespace, base: dict[str, str], site_dir: str) -> 
     try:
         clock_endpoint(check_endpoint(hub))
     except ValueError as exc:
-        raise SystemExit(f"rankscope run: --hub: {exc}") from None
+        raise CommandError(f"--hub: {exc}") from None
     env["RANKSCOPE_HUB"] = hub
     job = _check(args.job, "--job")
     if job:
@@ -123,15 +126,13 @@ def build_env(args: argparse.Namespace, base: dict[str, str], site_dir: str) -> 
     if args.topology:
         path = os.path.abspath(args.topology)
         if not os.path.isfile(path):
-            raise SystemExit(f"rankscope run: --topology {args.topology!r} is not a file")
+            raise CommandError(f"--topology {args.topology!r} is not a file")
         env["RANKSCOPE_TOPOLOGY"] = path
     if args.ddp_buckets:
         env["RANKSCOPE_DDP_BUCKETS"] = args.ddp_buckets
     if args.ddp_sample_every is not None:
         if args.ddp_sample_every < 1:
-            raise SystemExit(
-                f"rankscope run: --ddp-sample-every must be >= 1, got {args.ddp_sample_every}"
-            )
+            raise CommandError(f"--ddp-sample-every must be >= 1, got {args.ddp_sample_every}")
         env["RANKSCOPE_DDP_SAMPLE_EVERY"] = str(args.ddp_sample_every)
     env["RANKSCOPE_ZERO_CODE"] = "1"
     old = env.get("PYTHONPATH")
@@ -140,30 +141,29 @@ def build_env(args: argparse.Namespace, base: dict[str, str], site_dir: str) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    from rankscope.collector.autostart import prepare_site_dir
+    from rankscope.collector.autostart import prepare_site_dir, site_dir_path
 
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
     args.command = command
     if not command:
-        print(
-            "rankscope run: no command given (rankscope run [options] -- COMMAND ...)",
-            file=sys.stderr,
-        )
-        return 2
+        raise CommandError("run: no command given (rankscope run [options] -- COMMAND ...)")
     exe = shutil.which(command[0])
-    if exe is None:
-        print(f"rankscope run: command not found: {command[0]!r}", file=sys.stderr)
-        return 127
-    site_dir = prepare_site_dir()
-    env = build_env(args, dict(os.environ), site_dir)
     if args.dry_run:
+        # The bootstrap directory is named, not written: a dry run leaves no file behind.
+        env = build_env(args, dict(os.environ), site_dir_path())
         for key in sorted(env):
             if key.startswith("RANKSCOPE_") or key == "PYTHONPATH":
                 print(f"{key}={env[key]}")
-        print(" ".join(command))
+        print(shlex.join(command))
+        if exe is None:
+            print(f"rankscope: warning: command not found here: {command[0]!r}", file=sys.stderr)
         return 0
+    if exe is None:
+        print(f"rankscope: error: command not found: {command[0]!r}", file=sys.stderr)
+        return 127  # the shell's status for a command that is not there
+    env = build_env(args, dict(os.environ), prepare_site_dir())
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(exe, command, env)

@@ -6,9 +6,18 @@ The screen of a CLI snapshot is the ``rankscope report`` rendering of the same c
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from typing import Any
+
+from rankscope.commands.grammar import (
+    add_baseline,
+    add_run,
+    add_steps,
+    baseline_window,
+    load_run,
+    recording_of,
+)
+from rankscope.errors import CommandError
 
 HELP = "Write a snapshot bundle (Markdown, JSON, screen, raw window, manifests) of a recording"
 
@@ -22,18 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--out", metavar="DIR", default=None, help="bundle folder (default: snapshot-RUN-TIME)"
     )
     p.add_argument("--tar", action="store_true", help="also write DIR.tar.gz")
-    p.add_argument(
-        "--steps", type=int, default=DEFAULT_STEPS, help=f"steps in the window ({DEFAULT_STEPS})"
-    )
-    p.add_argument(
-        "--run", default=None, help="run id (default: the most recent run that is not a rerun)"
-    )
-    p.add_argument("--baseline", metavar="PATH", default=None, help="recording of a healthy run")
-    p.add_argument(
-        "--baseline-run",
-        default=None,
-        help="baseline run id (in --baseline, or in PATH when --baseline is not given)",
-    )
+    add_steps(p, DEFAULT_STEPS, "most recent steps in the window")
+    add_run(p, "run id (default: the most recent run that is not a rerun)")
+    add_baseline(p)
     p.add_argument("--pin", type=int, action="append", default=[], help="pin a rank (repeat)")
     view = ViewSettings()
     p.add_argument(
@@ -58,8 +58,6 @@ def _main_run(store: Any) -> str | None:
 
 
 def _load(path: str, run: str | None, steps: int) -> tuple[Any, Any]:
-    from rankscope.commands.export import load_run
-
     store, window = load_run(path, run, steps)
     if run is None:
         main = _main_run(store)
@@ -70,32 +68,13 @@ def _load(path: str, run: str | None, steps: int) -> tuple[Any, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from rankscope.commands.report import render_svg
-    from rankscope.snapshot import SnapshotError, View, take_snapshot
+    from rankscope.snapshot import View, take_snapshot
 
-    try:
-        store, window = _load(args.path, args.run, args.steps)
-        baseline = None
-        if args.baseline or args.baseline_run:
-            where = args.baseline or args.path
-            if where == args.path:
-                try:
-                    baseline = store.window(args.baseline_run, last=args.steps)
-                except KeyError as exc:
-                    raise ValueError(f"{args.path}: {exc.args[0]}") from None
-            else:
-                from rankscope.commands.export import load_run
-
-                _, baseline = load_run(where, args.baseline_run, args.steps)
-    except ValueError as exc:
-        print(f"rankscope snapshot: {exc}", file=sys.stderr)
-        return 2
+    store, window = _load(args.path, args.run, args.steps)
+    baseline = baseline_window(args, store, args.path)
     if args.pin and any(not 0 <= p < window.world_size for p in args.pin):
         bad = [p for p in args.pin if not 0 <= p < window.world_size]
-        print(
-            f"rankscope snapshot: --pin {bad} outside the run's ranks 0..{window.world_size - 1}",
-            file=sys.stderr,
-        )
-        return 2
+        raise CommandError(f"--pin {bad} outside the run's ranks 0..{window.world_size - 1}")
     reruns = []
     for summary in store.runs():
         if summary.parent_run == window.run:
@@ -108,21 +87,17 @@ def run(args: argparse.Namespace) -> int:
         pins=tuple(args.pin),
         baseline_run=baseline.run if baseline is not None else None,
     )
-    try:
-        bundle = take_snapshot(
-            out,
-            window,
-            recording=args.path,
-            baseline=baseline,
-            baseline_recording=args.baseline,
-            reruns=reruns,
-            view=view,
-            screen_svg=render_svg,
-            tar=args.tar,
-        )
-    except (SnapshotError, OSError) as exc:
-        print(f"rankscope snapshot: {exc}", file=sys.stderr)
-        return 1
+    bundle = take_snapshot(
+        out,
+        window,
+        recording=args.path,
+        baseline=baseline,
+        baseline_recording=recording_of(args.baseline) if args.baseline else None,
+        reruns=reruns,
+        view=view,
+        screen_svg=render_svg,
+        tar=args.tar,
+    )
     c = bundle.content
     top = (c["diagnosis"].get("verdict") or {}).get("top")
     print(

@@ -11,6 +11,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rankscope.commands.grammar import add_run
+from rankscope.errors import CommandError
+
 HELP = "Hub + live TUI in one process (collectors push to --bind)"
 
 
@@ -27,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="also record into DIR (default: [hub] record_dir in the settings; none)",
     )
-    p.add_argument("--run", default=None, help="run to show (default: the newest full run)")
+    add_run(p, "run to show (default: the newest full run)")
     p.add_argument("--config", default=None, help="settings file (see config/default.toml)")
 
 
@@ -37,29 +40,21 @@ def run(args: argparse.Namespace) -> int:
     from rankscope.hub.recording import RecordingError
     from rankscope.hub.server import Hub
     from rankscope.tui.app import make_app
-    from rankscope.tui.settings import SettingsError, load_settings
+    from rankscope.tui.settings import load_settings
     from rankscope.tui.sources import LiveSource
 
-    try:
-        settings = load_settings(args.config)
-    except SettingsError as exc:
-        print(f"rankscope watch: {exc}", file=sys.stderr)
-        return 2
+    settings = load_settings(args.config)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        print(
-            "rankscope watch: needs a terminal; for a hub without a view run "
-            "`rankscope hub --record DIR`",
-            file=sys.stderr,
+        raise CommandError(
+            "watch needs a terminal; for a hub without a view run `rankscope hub --record DIR`"
         )
-        return 2
     bind = args.bind or settings.hub.bind
     record = args.record or settings.hub.record_dir or None
     try:
         hub = Hub(bind, record_dir=record)
         hub.start()
     except (ValueError, RecordingError, zmq.ZMQError) as exc:
-        print(f"rankscope watch: cannot start the hub on {bind}: {exc}", file=sys.stderr)
-        return 2
+        raise CommandError(f"cannot start the hub on {bind}: {exc}") from None
     try:
         app = make_app(settings, LiveSource(hub, f"live {hub.endpoint}"), run=args.run)
         app.run()
