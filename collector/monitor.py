@@ -2,8 +2,10 @@
 
 The hot path (the torch wrappers, ``collective`` and ``phase`` spans, step ends) stamps
 ``time.monotonic_ns()`` and stores one row, a small tuple, in a slot of a preallocated ring
-— no lock, no system call beyond the clock read. A background ``Pump`` drains the rings
-into columnar messages. Every method swallows its own failures: an error is counted by
+— no lock, no system call beyond the clock reads. Phase spans and steps also read the
+training thread's CPU clock (``time.thread_time_ns()``) at both ends, for their ``cpu_ns``;
+steps take their GC pauses from the process's `gc_pauses.CLOCK`. A background ``Pump``
+drains the rings into columnar messages. Every method swallows its own failures: an error is counted by
 reason, logged once, and reported in the ``stats`` messages; it never reaches the training
 loop.
 
@@ -23,6 +25,7 @@ from dataclasses import replace
 from typing import Any
 
 from rankscope.collector import schema
+from rankscope.collector.gc_pauses import CLOCK as GC_CLOCK
 from rankscope.collector.identity import Identity
 from rankscope.collector.pump import FLAG_PENDING, Pump
 from rankscope.collector.ring import Ring
@@ -53,8 +56,13 @@ DDP_SAMPLE_EVERY = 10
 
 _OP_INDEX = schema.OP_INDEX
 _OTHER = schema.OP_INDEX["other"]
-_NO_WORK = (-1, -1, -1, math.nan, math.nan)
-"""A step's work before the program reports any (``work`` copies it on first use)."""
+_NO_WORK = (-1, -1, -1, math.nan, math.nan, -1)
+"""A step's work before the program reports any (``work`` copies it on first use): the
+``WORK`` columns of ``schema.STEP_COLUMNS`` in order, ``expert_tokens`` last."""
+_INT_WORK = (0, 1, 2, 5)
+"""Indices of the counted work columns (tokens, valid_tokens, samples, expert_tokens)."""
+_cpu = time.thread_time_ns
+_thread = threading.get_ident
 _NO_MEM = (-1, -1, -1, -1)
 
 
@@ -154,6 +162,14 @@ class Monitor:
         self._step = 0
         self._next_step = 0
         self._t_step = 0
+        self._c_step = 0
+        """Training-thread CPU clock at the open step's start."""
+        self._step_thread = 0
+        """Thread that opened the step (its CPU clock means nothing on another)."""
+        self._gc_ns0 = 0
+        self._gc_n0 = 0
+        self._gc = False
+        """The GC callback is registered for this monitor (else gc columns are unknown)."""
         self._last_ended = _NEVER
         self._work: tuple[float, ...] | list[float] = _NO_WORK
         self._mem = _NO_MEM
@@ -184,6 +200,8 @@ class Monitor:
         """Start the background threads (sender, sampler). Returns self."""
         if not self.enabled or self.pump.running:
             return self
+        if not self._gc:
+            self._gc = GC_CLOCK.acquire()
         if self._sample_interval_s > 0:
             # Sampled on the pump's thread, on its wake-ups: no thread of its own to wake.
             self._sampler = Sampler(
@@ -215,6 +233,9 @@ class Monitor:
                 self._open = False
         except Exception as exc:
             self._error("close", exc)
+        if self._gc:
+            self._gc = False
+            GC_CLOCK.release()
         self.pump.stop(timeout_s)
         self.enabled = False
 
@@ -231,6 +252,9 @@ class Monitor:
         self._closed = True
         self.pump.abandon()
         self._sampler = None
+        if self._gc:
+            self._gc = False
+            GC_CLOCK.release()
 
     # -- steps -----------------------------------------------------------------------
     def begin_step(self, step: int | None = None) -> None:
@@ -242,10 +266,11 @@ class Monitor:
         if not self.enabled:
             return
         t = time.monotonic_ns()
+        c = _cpu()
         if self._auto and self._open and self._last_ended == _NEVER:
             self._adopt_setup(step)
         self._auto = False
-        self._begin(step, t)
+        self._begin(step, t, c)
 
     def _adopt_setup(self, step: int | None) -> None:
         """The program marks its first step while a step the collector opened by itself is
@@ -264,9 +289,12 @@ class Monitor:
                 if ring.get_field(i, "step") == setup:
                     ring.set_field(i, "step", step)
 
-    def _begin(self, step: int | None, t: int) -> None:
+    def _begin(self, step: int | None, t: int, c: int = -1) -> None:
+        """Open a step at local time ``t``; ``c``: the thread CPU clock then (-1: read it)."""
+        if c < 0:
+            c = _cpu()
         if self._open:
-            self._end(t)
+            self._end(t, c)
         if step is None:
             step = self._next_step
         elif not _is_step(step):
@@ -275,6 +303,11 @@ class Monitor:
         self._step = step
         self._next_step = step + 1
         self._t_step = t
+        self._c_step = c
+        self._step_thread = _thread()
+        gcc = GC_CLOCK
+        self._gc_ns0 = gcc.ns
+        self._gc_n0 = gcc.count
         self._open = True
         # Shared constants, not fresh objects: a step the program reports no work or
         # memory for allocates nothing.
@@ -291,6 +324,7 @@ class Monitor:
             or w[1] >= 0
             or w[2] >= 0
             or not math.isnan(w[3])
+            or w[5] >= 0
         )
 
     def end_step(self) -> None:
@@ -302,7 +336,10 @@ class Monitor:
             return
         self._end(time.monotonic_ns())
 
-    def _end(self, t: int) -> None:
+    def _end(self, t: int, c: int = -1) -> None:
+        """Close the open step at local time ``t``; ``c``: the thread CPU clock then (-1:
+        read it)."""
+        cpu = (c if c >= 0 else _cpu()) - self._c_step if _thread() == self._step_thread else -1
         mem = self._mem
         probe = self.memory_probe
         if probe is not None:
@@ -312,12 +349,17 @@ class Monitor:
                 self._error("memory_probe", exc)
         w = self._work
         step = self._step
+        if self._gc:
+            gcc = GC_CLOCK
+            gc_ns, gc_n = gcc.ns - self._gc_ns0, gcc.count - self._gc_n0
+        else:
+            gc_ns = gc_n = -1
         ring = self._steps
         h = ring.head
         if h - ring.tail > ring.mask:
             ring.dropped += 1
         else:
-            ring.slots[h & ring.mask] = (step, self._t_step, t, *w, *mem)
+            ring.slots[h & ring.mask] = (step, self._t_step, t, *w, *mem, gc_ns, gc_n, cpu)
             ring.head = h + 1
         if step > self._last_ended:
             self._last_ended = step
@@ -331,14 +373,15 @@ class Monitor:
         """Context manager around one step: ``with mon.step(): ...``."""
         return StepSpan(self, step)
 
-    def _optimizer_end(self, idx: int, t0: int, t: int) -> None:
-        """Optimizer post-step hook: the optimizer phase ``[t0, t]`` and, under automatic
-        steps, the step boundary at ``t`` (the next step opens at once)."""
-        self._rec_phase(idx, t0, t)
+    def _optimizer_end(self, idx: int, t0: int, t: int, c0: int = -1, c: int = -1) -> None:
+        """Optimizer post-step hook: the optimizer phase ``[t0, t]`` (thread CPU clock
+        ``c0`` to ``c``, -1 unknown) and, under automatic steps, the step boundary at ``t``
+        (the next step opens at once)."""
+        self._rec_phase(idx, t0, t, c - c0 if c0 >= 0 and c >= 0 else -1)
         if self._auto and self.enabled:
             if self._open:
-                self._end(t)
-            self._begin(None, t)
+                self._end(t, c)
+            self._begin(None, t, c)
 
     def _auto_touch(self) -> None:
         """First activity under auto-instrumentation opens the first step."""
@@ -353,6 +396,7 @@ class Monitor:
         samples: int | None = None,
         attn_cost: float | None = None,
         flops: float | None = None,
+        expert_tokens: int | None = None,
     ) -> None:
         """Add work done in the current step (sums over calls, e.g. micro-batches).
 
@@ -362,6 +406,8 @@ class Monitor:
             samples: sequences or examples.
             attn_cost: Σ seq² of the local packed sequences.
             flops: executed floating-point operations, if known.
+            expert_tokens: MoE: tokens routed to this rank's local experts (what its
+                all-to-all brings in and its experts compute).
         """
         if not self.enabled:
             return
@@ -369,7 +415,7 @@ class Monitor:
         if not isinstance(w, list):
             w = self._work = list(_NO_WORK)
         try:
-            for i, v in enumerate((tokens, valid_tokens, samples)):
+            for i, v in zip(_INT_WORK, (tokens, valid_tokens, samples, expert_tokens)):
                 if v is not None:
                     iv = int(v)
                     if iv < 0:
@@ -426,11 +472,25 @@ class Monitor:
         """
         return PhaseSpan(self, self._phase_id(name))
 
-    def record_phase(self, name: str, t0: int, t1: int) -> None:
-        """Record a phase span measured elsewhere (``time.monotonic_ns()`` times)."""
-        self._rec_phase(self._phase_id(name), int(t0), int(t1))
+    def record_phase(self, name: str, t0: int, t1: int, cpu_ns: int = -1) -> None:
+        """Record a phase span measured elsewhere (``time.monotonic_ns()`` times).
 
-    def _rec_phase(self, idx: int, t0: int, t1: int) -> None:
+        Args:
+            name: phase name.
+            t0, t1: the span.
+            cpu_ns: CPU time of the training thread inside it (``time.thread_time_ns()``
+                difference), -1 unknown.
+        """
+        try:
+            cpu = int(cpu_ns)
+            if cpu < -1 or cpu >= _INT64_END:
+                raise ValueError(f"cpu_ns must be an int64 >= 0 or -1, got {cpu_ns!r}")
+        except (TypeError, ValueError) as exc:
+            self._error("bad_phase", exc)
+            cpu = -1
+        self._rec_phase(self._phase_id(name), int(t0), int(t1), cpu)
+
+    def _rec_phase(self, idx: int, t0: int, t1: int, cpu: int = -1) -> None:
         if idx < 0 or not self.enabled:
             return
         if self._auto and not self._open:
@@ -440,7 +500,7 @@ class Monitor:
         if h - ring.tail > ring.mask:
             ring.dropped += 1
             return
-        ring.slots[h & ring.mask] = (self._step, idx, t0, t1)
+        ring.slots[h & ring.mask] = (self._step, idx, t0, t1, cpu)
         ring.head = h + 1
 
     def _user_phase_names(self) -> list[str]:

@@ -129,20 +129,30 @@ STEP_COLUMNS: dict[str, np.dtype] = {
     "samples": np.dtype("<i8"),
     "attn_cost": np.dtype("<f8"),
     "flops": np.dtype("<f8"),
+    "expert_tokens": np.dtype("<i8"),
     "mem_allocated": np.dtype("<i8"),
     "mem_reserved": np.dtype("<i8"),
     "mem_peak": np.dtype("<i8"),
     "alloc_retries": np.dtype("<i4"),
+    "gc_ns": np.dtype("<i8"),
+    "gc_count": np.dtype("<i4"),
+    "cpu_ns": np.dtype("<i8"),
 }
-"""One row per rank and step. Work and memory columns are -1 (NaN for floats) when unknown."""
+"""One row per rank and step. Work, memory and host columns are -1 (NaN for floats) when
+unknown. ``expert_tokens``: tokens routed to this rank's local experts (MoE, reported by
+the program). Host columns, measured by the collector: ``gc_ns`` Σ wall ns of Python GC
+pauses inside the step and ``gc_count`` their number; ``cpu_ns`` CPU time of the training
+thread over the step (``time.thread_time_ns``)."""
 
 PHASE_COLUMNS: dict[str, np.dtype] = {
     "step": np.dtype("<i8"),
     "phase": np.dtype("<i2"),
     "t0": np.dtype("<i8"),
     "t1": np.dtype("<i8"),
+    "cpu_ns": np.dtype("<i8"),
 }
-"""One row per phase span."""
+"""One row per phase span. ``cpu_ns``: CPU time of the training thread inside the span
+(-1 unknown)."""
 
 COLL_COLUMNS: dict[str, np.dtype] = {
     "step": np.dtype("<i8"),
@@ -180,6 +190,16 @@ TABLES: dict[str, dict[str, np.dtype]] = {
     "colls": COLL_COLUMNS,
     "samples": SAMPLE_COLUMNS,
 }
+
+OPTIONAL_COLUMNS: dict[str, frozenset[str]] = {
+    "steps": frozenset({"expert_tokens", "gc_ns", "gc_count", "cpu_ns"}),
+    "phases": frozenset({"cpu_ns"}),
+}
+"""Columns added after the first collectors shipped, without a version bump: a table that
+lacks them (an older collector, the simulator of that time, an independent generator, an
+old recording) decodes with them unknown, and `encode_table` fills them in the same way.
+Every other column is required. Columns a hub does not know are ignored, so a newer sender
+still talks to an older hub."""
 
 HELLO_REQUIRED = {
     "rank": int,
@@ -235,7 +255,8 @@ def empty_table(name: str, n: int) -> dict[str, np.ndarray]:
 def encode_table(name: str, cols: dict[str, np.ndarray]) -> dict[str, Any]:
     """Encode one table as ``{"n": rows, "cols": {name: bytes}}``.
 
-    Every schema column must be present; arrays are cast to the schema dtype.
+    Every schema column must be present, except those of ``OPTIONAL_COLUMNS``, which are
+    sent as unknown when absent; arrays are cast to the schema dtype.
 
     Args:
         name: table name in ``TABLES``.
@@ -245,16 +266,25 @@ def encode_table(name: str, cols: dict[str, np.ndarray]) -> dict[str, Any]:
         The msgpack-ready table map.
     """
     spec = TABLES[name]
+    optional = OPTIONAL_COLUMNS.get(name, frozenset())
     n = -1
     out: dict[str, bytes] = {}
+    absent = []
     for col, dt in spec.items():
+        if col not in cols and col in optional:
+            absent.append(col)
+            continue
         arr = np.ascontiguousarray(cols[col], dtype=dt)
         if n < 0:
             n = arr.shape[0]
         elif arr.shape[0] != n:
             raise SchemaError("bad_table", f"{name}.{col} has {arr.shape[0]} rows, expected {n}")
         out[col] = arr.tobytes()
-    return {"n": max(n, 0), "cols": out}
+    n = max(n, 0)
+    for col in absent:
+        dt = spec[col]
+        out[col] = np.full(n, np.nan if dt.kind == "f" else -1, dtype=dt).tobytes()
+    return {"n": n, "cols": out}
 
 
 def encode(msg: dict[str, Any]) -> bytes:
@@ -383,8 +413,12 @@ def _decode_table(name: str, raw: Any) -> dict[str, np.ndarray]:
     if n < 0 or n > MAX_ROWS:
         raise SchemaError("bad_size", f"table {name!r} has {n} rows (max {MAX_ROWS})")
     cols = {}
+    optional = OPTIONAL_COLUMNS.get(name, frozenset())
     for col, dt in spec.items():
         buf = raw["cols"].get(col)
+        if buf is None and col in optional:
+            cols[col] = np.full(n, np.nan if dt.kind == "f" else -1, dtype=dt)
+            continue
         if not isinstance(buf, bytes):
             raise SchemaError("bad_table", f"{name}.{col} is missing or not bytes")
         if len(buf) != n * dt.itemsize:
@@ -399,8 +433,10 @@ def decode(data: bytes) -> Message:
     """Decode and validate one message.
 
     Checks: size bound, msgpack, schema version, kind, header types, table shapes and, for
-    ``hello``, the identity fields. Semantic checks that need hub state (known rank, world
-    size) are the hub's job.
+    ``hello``, the identity fields. A column of ``OPTIONAL_COLUMNS`` that is absent reads
+    as unknown; unknown columns are ignored. Semantic checks that need hub state (known
+    rank, world size) and the range of the host columns are the hub's job
+    (``hub.validate``).
 
     Args:
         data: raw message bytes.

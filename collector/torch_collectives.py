@@ -69,6 +69,8 @@ class _State:
         self.handles: list[Any] = []
         self.step_optimizer: int | None = None
         self.opt_t0 = 0
+        self.opt_c0 = -1
+        """Thread CPU clock when the step optimizer's step began."""
         self.timer: Any = None
         self.cuda = False
         self.lock = threading.Lock()

@@ -21,6 +21,7 @@ Two mechanisms, chosen per model at its first forward:
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import Any
 
@@ -167,7 +168,7 @@ class DDPTail:
         phase: whether the backward phase is timed here too (the program does not mark it).
     """
 
-    __slots__ = ("generation", "gid", "nbytes", "pg", "phase", "t0", "t_enter")
+    __slots__ = ("c0", "generation", "gid", "nbytes", "pg", "phase", "t0", "t_enter", "thread")
 
     def __init__(self, model: Any) -> None:
         self.pg = getattr(model, "process_group", None)
@@ -178,11 +179,15 @@ class DDPTail:
         )
         self.phase = True
         self.t0 = 0
+        self.c0 = 0
+        self.thread = 0
         self.t_enter = 0
 
     def started(self, _grad: Any) -> None:
         """Gradient pre-hook on the forward's output: backward has reached the model."""
         self.t0 = time.monotonic_ns()
+        self.c0 = time.thread_time_ns()
+        self.thread = threading.get_ident()
         try:
             _state.engine.queue_callback(self.computed)
         except Exception as exc:
@@ -197,7 +202,9 @@ class DDPTail:
             return
         try:
             if self.phase:
-                mon._rec_phase(_BACKWARD, self.t0, t)
+                same = threading.get_ident() == self.thread
+                cpu = time.thread_time_ns() - self.c0 if same else -1
+                mon._rec_phase(_BACKWARD, self.t0, t, cpu)
             self.t_enter = t
             _state.engine.queue_callback(self.reduced)
         except Exception as exc:

@@ -13,6 +13,9 @@ What is captured, and how (torch is imported only when this module is used):
 - Forward: DDP's ``forward`` (patched on the class, so the module keeps torch's fast call
   path), or forward pre/post hooks on other ``instrument``-ed models.
 - Process groups and their ranks; mesh coordinates from ``init_device_mesh``.
+- The CPU time of the thread running each of these phases (``cpu_ns``), from
+  ``time.thread_time_ns`` at both ends; a backward that ends on another thread than it
+  began (autograd's device threads) reports it unknown.
 - On CUDA: device times from CUDA events (``cuda_events``) and per-step memory figures.
 """
 
@@ -20,7 +23,9 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 import time
+from time import thread_time_ns
 from typing import Any
 
 from rankscope.collector import schema, torch_ddp
@@ -50,11 +55,12 @@ _HOOK_KEY = -1
 """Key of rankscope's entry in a tensor's hook dict: torch's handles count up from 0."""
 
 
-def _backward_end(t0: int) -> Any:
+def _backward_end(t0: int, c0: int, thread: int) -> Any:
     def end() -> None:
         mon = _state.mon
         if mon is not None:
-            mon._rec_phase(_BACKWARD, t0, time.monotonic_ns())
+            cpu = thread_time_ns() - c0 if threading.get_ident() == thread else -1
+            mon._rec_phase(_BACKWARD, t0, time.monotonic_ns(), cpu)
 
     return end
 
@@ -65,7 +71,9 @@ def _backward_start(_grad: Any) -> None:
     own end-of-backward callback waits for the last buckets: that wait is collective
     time, not compute)."""
     try:
-        _state.engine.queue_callback(_backward_end(time.monotonic_ns()))
+        _state.engine.queue_callback(
+            _backward_end(time.monotonic_ns(), thread_time_ns(), threading.get_ident())
+        )
     except Exception as exc:
         if _state.mon is not None:
             _state.mon._error("backward_hook", exc)
@@ -127,17 +135,19 @@ def _forward_hooks(model: Any) -> None:
     """Forward phase of a model that is not DDP (DDP's forward is timed by a class patch:
     module hooks would move every call of the model off torch's fast path, ~10 µs)."""
     fwd = schema.PHASE_INDEX["forward"]
-    box = [0]
+    box = [0, 0]
 
     def pre(_module: Any, _inputs: Any) -> None:
         box[0] = time.monotonic_ns()
+        box[1] = thread_time_ns()
         if not getattr(model, "_rankscope_hook_set", True):
             torch_ddp.register(model)
 
     def post(_module: Any, _inputs: Any, output: Any) -> None:
         mon = _state.mon
         if mon is not None:
-            mon._rec_phase(fwd, box[0], time.monotonic_ns())
+            cpu = thread_time_ns() - box[1]
+            mon._rec_phase(fwd, box[0], time.monotonic_ns(), cpu)
             _watch_backward(mon, output)
 
     _state.handles.append(model.register_forward_pre_hook(pre))
@@ -202,6 +212,7 @@ def _optimizer_hooks(torch: Any) -> None:
                 return
             state.step_optimizer = id(optimizer)
         state.opt_t0 = mono()
+        state.opt_c0 = thread_time_ns()
         if not mon._open:
             mon._auto_touch()
 
@@ -210,7 +221,8 @@ def _optimizer_hooks(torch: Any) -> None:
         if mon is None or id(optimizer) != state.step_optimizer:
             return
         try:
-            mon._optimizer_end(opt_phase, state.opt_t0, mono())
+            c = thread_time_ns()
+            mon._optimizer_end(opt_phase, state.opt_t0, mono(), state.opt_c0, c)
         except Exception as exc:
             mon._error("optimizer_hook", exc)
 
@@ -237,8 +249,10 @@ def _dataloader_hook(torch: Any) -> None:
         if mon is None:
             return orig(self)
         t0 = mono()
+        c0 = thread_time_ns()
         out = orig(self)  # StopIteration passes through unrecorded
-        mon._rec_phase(inp, t0, mono())
+        c = thread_time_ns() - c0
+        mon._rec_phase(inp, t0, mono(), c)
         return out
 
     _patch(cls, "__next__", __next__)
@@ -263,8 +277,10 @@ def _ddp_patches(torch: Any) -> None:
         if self.__dict__.get("_rankscope_hook_set", True) is False:
             torch_ddp.register(self)  # the first forward of an instrumented model
         t0 = mono()
+        c0 = thread_time_ns()
         out = orig_forward(self, *args, **kwargs)
-        mon._rec_phase(fwd, t0, mono())
+        c = thread_time_ns() - c0
+        mon._rec_phase(fwd, t0, mono(), c)
         tail = self.__dict__.get("_rankscope_tail")
         if tail is not None and not (self.require_backward_grad_sync and grad_enabled()):
             tail = None  # no_sync() or no gradient: DDP reduces nothing after this forward

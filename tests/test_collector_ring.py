@@ -65,7 +65,7 @@ def test_reads_in_order_across_the_wrap() -> None:
 def test_limit_and_partial_consume() -> None:
     ring = Ring(schema.PHASE_COLUMNS, 16)
     for i in range(10):
-        ring.push(i, i % 3, 10 * i, 10 * i + 5)
+        ring.push(i, i % 3, 10 * i, 10 * i + 5, -1)
     assert ring.unread(limit=4)["step"].tolist() == [0, 1, 2, 3]
     ring.consume(3)
     assert ring.unread()["step"].tolist() == list(range(3, 10))
@@ -86,10 +86,10 @@ def test_set_field_updates_unconsumed_rows_only() -> None:
 
 def test_mixed_dtypes_round_trip() -> None:
     ring = Ring(schema.STEP_COLUMNS, 4)
-    ring.push(7, 100, 200, 4096, 4000, 8, 1.5e9, float("nan"), -1, -1, -1, 3)
+    ring.push(7, 100, 200, 4096, 4000, 8, 1.5e9, float("nan"), 512, -1, -1, -1, 3, 0, 0, 90)
     row = ring.unread()[0]
     assert row["step"] == 7 and row["attn_cost"] == 1.5e9 and np.isnan(row["flops"])
-    assert row["alloc_retries"] == 3
+    assert row["alloc_retries"] == 3 and row["expert_tokens"] == 512 and row["cpu_ns"] == 90
 
 
 def test_one_writer_one_reader_thread_lose_nothing_unless_counted() -> None:
@@ -135,16 +135,16 @@ def test_complete_fills_time_and_clears_flag_bits() -> None:
 def test_push_refuses_a_value_that_does_not_fit_and_writes_nothing() -> None:
     ring = Ring(schema.PHASE_COLUMNS, 4)
     with pytest.raises(struct.error):
-        ring.push(0, 1 << 20, 10, 20)  # the phase column is int16
+        ring.push(0, 1 << 20, 10, 20, -1)  # the phase column is int16
     assert ring.head == 0 and len(ring.unread()) == 0
 
 
 def test_a_row_written_inline_with_a_bad_value_is_read_as_unknown() -> None:
     ring = Ring(schema.PHASE_COLUMNS, 4)
-    ring.push(1, 2, 10, 20)
-    ring.slots[1] = (1 << 70, 3, 30, None)  # as a hot path would write it, unchecked
+    ring.push(1, 2, 10, 20, 5)
+    ring.slots[1] = (1 << 70, 3, 30, None, 7)  # as a hot path would write it, unchecked
     ring.head = 2
-    ring.push(3, 4, 50, 60)
+    ring.push(3, 4, 50, 60, 9)
     rows = ring.unread()
     assert rows["step"].tolist() == [1, -1, 3] and rows["phase"].tolist() == [2, 3, 4]
     assert rows["t0"].tolist() == [10, 30, 50] and rows["t1"].tolist() == [20, -1, 60]
@@ -195,14 +195,14 @@ def test_late_updates_from_two_threads_lose_nothing() -> None:
 def test_consumed_rows_are_released_by_the_reader() -> None:
     ring = Ring(schema.PHASE_COLUMNS, 4)
     for i in range(3):
-        ring.push(i, 1, 10 * i, 10 * i + 5)
+        ring.push(i, 1, 10 * i, 10 * i + 5, -1)
     ring.consume(2)
-    assert ring.slots[:3] == [None, None, (2, 1, 20, 25)]
+    assert ring.slots[:3] == [None, None, (2, 1, 20, 25, -1)]
     for i in range(3, 6):
-        ring.push(i, 1, 10 * i, 10 * i + 5)
+        ring.push(i, 1, 10 * i, 10 * i + 5, -1)
     ring.consume(4)  # across the wrap
     assert ring.slots == [None] * 4 and len(ring) == 0
-    assert ring.push(6, 1, 60, 65) == 6 and ring.unread()["step"].tolist() == [6]
+    assert ring.push(6, 1, 60, 65, -1) == 6 and ring.unread()["step"].tolist() == [6]
 
 
 def test_many_rows_read_in_pieces_keep_order_and_unknowns(monkeypatch: pytest.MonkeyPatch) -> None:
