@@ -12,7 +12,14 @@ from typing import Any
 
 import numpy as np
 
-from rankscope.collector.schema import COLL_COLUMNS, MESH_DIMS, NO_TIME, PHASES
+from rankscope.collector.schema import (
+    COLL_COLUMNS,
+    MESH_DIMS,
+    NO_TIME,
+    OPTIONAL_COLUMNS,
+    PHASES,
+    TABLES,
+)
 from rankscope.diagnosis.arrivals import (
     ROW_COLUMNS,
     cell_index,
@@ -24,6 +31,7 @@ from rankscope.diagnosis.arrivals import (
 from rankscope.diagnosis.window import (
     COLL_AGGREGATES,
     DEVICE_COLUMNS,
+    HOST_COLUMNS,
     MEMORY_COLUMNS,
     WORK_COLUMNS,
     CollRows,
@@ -142,6 +150,39 @@ def phase_totals(
         sel = known & (code == c)
         total = np.bincount(cell[sel], weights=dur[sel], minlength=size).reshape(shape)
         out[names[int(c)]] = out.get(names[int(c)], np.zeros(shape)) + total
+    return out
+
+
+def phase_cpu_totals(
+    phases: Mapping[str, np.ndarray], names: Sequence[str], world_size: int, steps: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Training-thread CPU ns per phase name, rank and step (``Window.phase_cpu_ns``).
+
+    Args:
+        phases: ``rank``, ``step``, ``phase`` (index into ``names``, checked by
+            `phase_totals`), ``cpu_ns`` (-1 unknown).
+        names: phase names (``PHASES`` followed by the run's user phase names).
+        world_size: R.
+        steps: sorted step ids (S,).
+
+    Returns:
+        Name -> float64 (R, S) for each phase with a span of known CPU time: the sum over
+        the cell's spans, 0 where the rank ran none, NaN where one of them is unknown.
+    """
+    shape = (world_size, steps.shape[0])
+    size = shape[0] * shape[1]
+    code = np.asarray(phases["phase"], dtype=np.int64)
+    cpu = np.asarray(phases["cpu_ns"], dtype=np.int64)
+    cell, ok = cell_index(phases["rank"], phases["step"], world_size, steps)
+    known = cpu >= 0
+    out: dict[str, np.ndarray] = {}
+    for c in np.unique(code[ok & known]):
+        sel = ok & (code == c)
+        total = np.bincount(cell[sel & known], weights=cpu[sel & known], minlength=size)
+        unknown = np.bincount(cell[sel & ~known], minlength=size)
+        name = names[int(c)]
+        grid = np.where(unknown > 0, np.nan, total).reshape(shape)
+        out[name] = out[name] + grid if name in out else grid
     return out
 
 
@@ -283,7 +324,8 @@ def build_window(
         job, run, scope, parent_run: the run's names (ARCHITECTURE §3).
         identities: rank -> hello identity map (may carry ``incarnation``).
         groups: the ``groups`` entries (``id``, ``name``, ``ranks``...).
-        steps, phases, colls, samples: raw tables with a ``rank`` column.
+        steps, phases, colls, samples: raw tables with a ``rank`` column; the columns of
+            ``schema.OPTIONAL_COLUMNS`` may be absent (unknown).
         phase_names: the user phase names indexed after ``schema.PHASES``.
         manifest: rank 0's manifest.
         world_size: R; defaults to the largest identity world size or rank + 1 seen.
@@ -300,8 +342,11 @@ def build_window(
         ValueError: a table misses a column or has ragged columns, or a phase code is
             out of range.
     """
-    st = _with_rank(steps, ("step", "t_start", "t_end", *WORK_COLUMNS, *MEMORY_COLUMNS))
-    ph = _with_rank(phases, ("step", "phase", "t0", "t1"))
+    st = _with_rank(
+        _with_optional(steps, "steps"),
+        ("step", "t_start", "t_end", *WORK_COLUMNS, *MEMORY_COLUMNS, *HOST_COLUMNS),
+    )
+    ph = _with_rank(_with_optional(phases, "phases"), ("step", "phase", "t0", "t1", "cpu_ns"))
     co = _with_rank(colls, tuple(COLL_COLUMNS)) if colls is not None else None
     if world_size is None:
         seen = [int(i.get("world_size", 0)) for i in identities.values()]
@@ -338,6 +383,9 @@ def build_window(
     phase_ns = phase_totals(ph, names, R, step_ids)
     for name in phase_ns:
         phase_ns[name][~present] = np.nan
+    phase_cpu_ns = phase_cpu_totals(ph, names, R, step_ids)
+    for name in phase_cpu_ns:
+        phase_cpu_ns[name][~present] = np.nan
     ranks = rank_info(identities, R)
     ginfo = group_info(groups, ranks)
     if co is not None and co["rank"].shape[0]:
@@ -381,7 +429,27 @@ def build_window(
         rows=rows,
         clock_error_ns=None if clock_error_ns is None else np.asarray(clock_error_ns, float),
         health=dict(health or {}),
+        host={name: dense(numeric(name)) for name in HOST_COLUMNS},
+        phase_cpu_ns=phase_cpu_ns,
     )
+
+
+def _with_optional(
+    table: Mapping[str, np.ndarray] | None, name: str
+) -> Mapping[str, np.ndarray] | None:
+    """The table with the schema's optional columns it lacks added as unknown (a table
+    from an older collector or another generator)."""
+    if table is None or "rank" not in table:
+        return table
+    absent = [c for c in OPTIONAL_COLUMNS.get(name, ()) if c not in table]
+    if not absent:
+        return table
+    n = np.asarray(table["rank"]).shape[0]
+    out = dict(table)
+    for c in absent:
+        dt = TABLES[name][c]
+        out[c] = np.full(n, np.nan if dt.kind == "f" else -1, dtype=dt)
+    return out
 
 
 _INSTANCE_FIELDS = tuple(InstanceTable.__dataclass_fields__)

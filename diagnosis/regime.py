@@ -246,4 +246,6 @@ def since(window: Window, first_index: int) -> Window:
         coll=grid(window.coll),
         instances=instances,
         rows=rows,
+        host=grid(window.host),
+        phase_cpu_ns=grid(window.phase_cpu_ns),
     )

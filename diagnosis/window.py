@@ -155,7 +155,16 @@ COLL_AGGREGATES = (
 Only instances whose every member has arrived contribute to wait/transfer/late/times_last.
 """
 
-WORK_COLUMNS = ("tokens", "valid_tokens", "samples", "attn_cost", "flops")
+WORK_COLUMNS = ("tokens", "valid_tokens", "samples", "attn_cost", "flops", "expert_tokens")
+"""Per-rank-step work the program reports (``expert_tokens``: tokens routed to the rank's
+local experts, MoE)."""
+HOST_COLUMNS = ("gc_ns", "gc_count", "cpu_ns")
+"""Per-rank-step host evidence the collector measures, float64 (R, S), NaN unknown:
+
+- ``gc_ns``: Σ wall ns of Python GC pauses inside the step; ``gc_count``: collections;
+- ``cpu_ns``: CPU time of the training thread over the step. A step whose wall time grows
+  while ``cpu_ns`` does not waited for something: a CPU it did not get, a lock, the device.
+"""
 MEMORY_COLUMNS = ("mem_allocated", "mem_reserved", "mem_peak", "alloc_retries")
 DEVICE_COLUMNS = (
     "sm_clock_mhz",
@@ -211,6 +220,13 @@ class Window:
     """float64 (R,) clock-alignment uncertainty of each rank (half the best ping RTT)."""
     health: dict[str, Any] = field(default_factory=dict)
     """Hub/collector counters: drops, rejects, collector errors."""
+    host: dict[str, np.ndarray] = field(default_factory=dict)
+    """``HOST_COLUMNS`` -> float64 (R, S). The hub and ``build_window`` give every column
+    (NaN where unknown); a window built by hand may leave it empty."""
+    phase_cpu_ns: dict[str, np.ndarray] = field(default_factory=dict)
+    """Phase name -> float64 (R, S) Σ training-thread CPU ns of the phase's spans, 0 where
+    the rank ran no such span, NaN where a span's CPU time is unknown. A phase absent from
+    the dict: no rank reported its CPU time."""
 
     @property
     def world_size(self) -> int:

@@ -32,6 +32,7 @@ from rankscope.diagnosis.curves import CONVENTION, algbw_bytes, bus_factor, tran
 from rankscope.diagnosis.window import (
     COLL_AGGREGATES,
     DEVICE_COLUMNS,
+    HOST_COLUMNS,
     MEMORY_COLUMNS,
     WORK_COLUMNS,
     Window,
@@ -61,15 +62,24 @@ RANK_STEP_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("t_end_ns", "ns", "step end, hub-aligned clock"),
     ("step_ms", "ms", "step wall time t_end - t_start"),
     ("phase_<name>_ms", "ms", "total time in phase <name> during the step (one column a phase)"),
+    (
+        "phase_<name>_cpu_ms",
+        "ms",
+        "training-thread CPU time in phase <name> (one column a phase that reports it)",
+    ),
     ("tokens", "", "tokens processed"),
     ("valid_tokens", "", "tokens that are not padding"),
     ("samples", "", "samples processed"),
     ("attn_cost", "", "sum of squared sequence lengths of the local packed sequences"),
     ("flops", "", "executed floating-point operations, when reported"),
+    ("expert_tokens", "", "tokens routed to the rank's local experts (MoE), when reported"),
     ("mem_allocated", "bytes", "allocated device memory"),
     ("mem_reserved", "bytes", "reserved device memory"),
     ("mem_peak", "bytes", "peak allocated device memory"),
     ("alloc_retries", "", "allocator retries"),
+    ("gc_ms", "ms", "Python GC pauses inside the step"),
+    ("gc_count", "", "Python GC collections in the step"),
+    ("cpu_ms", "ms", "CPU time of the training thread over the step"),
     ("sm_clock_mhz", "MHz", "mean SM clock during the step"),
     ("mem_clock_mhz", "MHz", "mean memory clock during the step"),
     ("power_w", "W", "mean board power during the step"),
@@ -269,11 +279,18 @@ def rank_step_table(window: Window) -> dict[str, list[str]]:
     }
     for name, arr in window.phase_ns.items():
         cols[f"phase_{name}_ms"] = _floats(arr[r, j], 1e6)
+    for name, arr in window.phase_cpu_ns.items():
+        cols[f"phase_{name}_cpu_ms"] = _floats(arr[r, j], 1e6)
+    nan = np.full(r.shape, np.nan)
     for name in WORK_COLUMNS:
-        arr = window.work[name][r, j]
+        arr = window.work[name][r, j] if name in window.work else nan
         cols[name] = _floats(arr, 1.0, 3) if name in ("attn_cost", "flops") else _ints(arr)
     for name in MEMORY_COLUMNS:
         cols[name] = _ints(window.memory[name][r, j])
+    host = {name: window.host[name][r, j] if name in window.host else nan for name in HOST_COLUMNS}
+    cols["gc_ms"] = _floats(host["gc_ns"], 1e6)
+    cols["gc_count"] = _ints(host["gc_count"])
+    cols["cpu_ms"] = _floats(host["cpu_ns"], 1e6)
     for name in DEVICE_COLUMNS:
         arr = window.device[name][r, j]
         cols[name] = _ints(arr) if name in ("throttle", "rss_bytes") else _floats(arr, 1.0, 3)
@@ -393,18 +410,26 @@ def write_csv(folder: str | Path, window: Window) -> CsvSummary:
         "collectives.csv": instance_table(window),
         "collective_calls.csv": call_table(window),
     }
-    phase_cols = [c for c in tables["rank_steps.csv"] or {} if c.startswith("phase_")]
+    step_cols = tables["rank_steps.csv"] or {}
+    phase_cols = [c for c in step_cols if c.startswith("phase_") and not c.endswith("_cpu_ms")]
+    cpu_cols = [c for c in step_cols if c.startswith("phase_") and c.endswith("_cpu_ms")]
     docs: dict[str, list[str]] = {"table": [], "column": [], "unit": [], "description": []}
     for name, cols in tables.items():
         if cols is None:
             continue
         written[name] = _write(out / name, cols)
         for col, unit, text in TABLE_COLUMNS[name]:
-            expanded = (
-                [(c, f"total time in phase {c[6:-3]} during the step") for c in phase_cols]
-                if col == "phase_<name>_ms"
-                else [(col, text)]
-            )
+            if col == "phase_<name>_ms":
+                expanded = [
+                    (c, f"total time in phase {c[6:-3]} during the step") for c in phase_cols
+                ]
+            elif col == "phase_<name>_cpu_ms":
+                expanded = [
+                    (c, f"training-thread CPU time in phase {c[6:-7]} during the step")
+                    for c in cpu_cols
+                ]
+            else:
+                expanded = [(col, text)]
             for c, t in expanded:
                 docs["table"].append(name)
                 docs["column"].append(c)

@@ -19,6 +19,7 @@ from rankscope.collector import schema
 from rankscope.diagnosis.assemble import group_info, rank_info
 from rankscope.diagnosis.window import (
     COLL_AGGREGATES,
+    HOST_COLUMNS,
     MEMORY_COLUMNS,
     WORK_COLUMNS,
     GroupInfo,
@@ -45,7 +46,7 @@ _INSTANCE_DTYPES = {
     "device_transfer": np.float64,
     "epoch": np.int64,
 }
-_STEP_VALUES = ("t_start", "t_end", *WORK_COLUMNS, *MEMORY_COLUMNS)
+_STEP_VALUES = ("t_start", "t_end", *WORK_COLUMNS, *MEMORY_COLUMNS, *HOST_COLUMNS)
 """Columns of a steps table the ring keeps."""
 _SAMPLE_DTYPES = {"rank": np.dtype(np.int32), **schema.SAMPLE_COLUMNS}
 _MAX_SAMPLES = 4_000_000
@@ -113,7 +114,11 @@ class RunState:
         # a CPU job without memory counters or user phases pays nothing for them.
         self.work: dict[str, np.ndarray] = {}
         self.memory: dict[str, np.ndarray] = {}
+        self.host: dict[str, np.ndarray] = {}
         self.phases: dict[str, np.ndarray] = {}
+        self.phase_cpu: dict[str, np.ndarray] = {}
+        """Phase name -> Σ CPU ns of its spans (NaN once a span of unknown CPU time adds
+        in), for the phases some span reported CPU time of."""
         self.coll = {n: np.zeros((R, H)) for n in COLL_AGGREGATES}
         # Ingest only records references to the message columns; the periodic pass
         # (store.settle) and readers apply them in vectorized batches.
@@ -230,10 +235,10 @@ class RunState:
         self.cell_inc[rows, slot] = -1
         self.t_start[rows, slot] = schema.NO_TIME
         self.t_end[rows, slot] = schema.NO_TIME
-        for grids, fill in ((self.work, np.nan), (self.memory, np.nan)):
+        for grids, fill in ((self.work, np.nan), (self.memory, np.nan), (self.host, np.nan)):
             for a in grids.values():
                 a[rows, slot] = fill
-        for grids in (self.phases, self.coll):
+        for grids in (self.phases, self.phase_cpu, self.coll):
             for a in grids.values():
                 a[rows, slot] = 0.0
 
@@ -278,7 +283,9 @@ class RunState:
         for grids, fill in (
             (self.work, np.nan),
             (self.memory, np.nan),
+            (self.host, np.nan),
             (self.phases, 0.0),
+            (self.phase_cpu, 0.0),
             (self.coll, 0.0),
         ):
             for name in list(grids):
@@ -296,7 +303,7 @@ class RunState:
     def ring_nbytes(self) -> int:
         """Bytes of the dense ring's grids."""
         grids = [self.present, self.cell_inc, self.t_start, self.t_end]
-        for d in (self.work, self.memory, self.phases, self.coll):
+        for d in (self.work, self.memory, self.host, self.phases, self.phase_cpu, self.coll):
             grids.extend(d.values())
         return sum(a.nbytes for a in grids) + self.slot_step.nbytes + self.slot_used.nbytes
 
@@ -497,6 +504,19 @@ class RunState:
             self.phases[name] = np.zeros((self.world_size, self.H))
         return self.phases[name]
 
+    def phase_cpu_grid(self, name: str) -> np.ndarray:
+        """The CPU grid of a phase, made when a first span of known CPU time arrives:
+        cells that already hold spans of the phase (whose CPU time was unknown) start
+        NaN, the others 0."""
+        grid = self.phase_cpu.get(name)
+        if grid is None:
+            wall = self.phases.get(name)
+            grid = np.zeros((self.world_size, self.H))
+            if wall is not None:
+                grid[wall != 0] = np.nan
+            self.phase_cpu[name] = grid
+        return grid
+
     def flush(self) -> None:
         """Write staged step values and phase spans into the ring."""
         if self._staged_one:
@@ -544,13 +564,20 @@ class RunState:
             step = np.concatenate([p["step"] for _, _, p, _ in parts]).astype(np.int64)
             t0 = np.concatenate([p["t0"] for _, _, p, _ in parts])
             t1 = np.concatenate([p["t1"] for _, _, p, _ in parts])
+            cpu = np.concatenate([p["cpu_ns"] for _, _, p, _ in parts])
             cell, ok = self.cells(rank, step, inc)
             ok &= (t0 != schema.NO_TIME) & (t1 != schema.NO_TIME)
             dur = (t1 - t0).astype(np.float64)
+            # Unknown CPU time adds NaN: a cell with one such span is unknown as a whole.
+            cpu_f = np.where(cpu >= 0, cpu, np.nan)
+            known_cpu = cpu >= 0
             names = (*schema.PHASES, *self.phase_names)
             for c in np.unique(code[ok]):
                 m = ok & (code == c)
-                np.add.at(self.phase_grid(names[int(c)]).reshape(-1), cell[m], dur[m])
+                name = names[int(c)]
+                if name in self.phase_cpu or (known_cpu & m).any():
+                    np.add.at(self.phase_cpu_grid(name).reshape(-1), cell[m], cpu_f[m])
+                np.add.at(self.phase_grid(name).reshape(-1), cell[m], dur[m])
 
     def _write_steps(
         self, rank: np.ndarray, slot: np.ndarray, col: Callable[[str], np.ndarray]
@@ -558,7 +585,11 @@ class RunState:
         """Write the step values ``col(name)`` of cells ``(rank, slot)`` into the ring."""
         self.t_start[rank, slot] = col("t_start")
         self.t_end[rank, slot] = col("t_end")
-        for grids, names in ((self.work, WORK_COLUMNS), (self.memory, MEMORY_COLUMNS)):
+        for grids, names in (
+            (self.work, WORK_COLUMNS),
+            (self.memory, MEMORY_COLUMNS),
+            (self.host, HOST_COLUMNS),
+        ):
             for name in names:
                 c = col(name)
                 counted = c.dtype.kind != "f"  # a count: negative is unknown

@@ -16,8 +16,9 @@ Per run the store keeps
   oldest step of the ring.
 
 Memory is bounded across runs, not per run: the rings of all runs share one budget of
-``max_cells`` rank × step cells (85 bytes each, plus 8 per work or memory column and per
-phase that some rank reports), planned by `hub.ringbudget`:
+``max_cells`` rank × step cells (85 bytes each, plus 8 per work, memory or host column and
+per phase that some rank reports, and 8 more per phase whose CPU time some rank reports),
+planned by `hub.ringbudget`:
 
 - a new run's ring is sized when it says hello, from what the budget leaves it;
 - every run keeps a floor of ``max(16, floor_cells // world)`` steps (a baseline window);
@@ -54,6 +55,7 @@ from rankscope.diagnosis.assemble import coll_rows, device_means
 from rankscope.diagnosis.window import (
     COLL_AGGREGATES,
     DEVICE_COLUMNS,
+    HOST_COLUMNS,
     MEMORY_COLUMNS,
     WORK_COLUMNS,
     InstanceTable,
@@ -462,6 +464,8 @@ class Store:
             rows=rows,
             clock_error_ns=clock,
             health=r.health(),
+            host={name: nan_or(r.host.get(name)) for name in HOST_COLUMNS},
+            phase_cpu_ns={name: grid(a) for name, a in r.phase_cpu.items()},
         )
 
     def _window_instances(self, r: RunState, steps: np.ndarray, shift: float) -> InstanceTable:
