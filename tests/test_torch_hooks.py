@@ -171,6 +171,30 @@ def test_training_loop_auto_steps_phases_and_ddp_buckets(mon: Monitor) -> None:
     assert not model._forward_hooks and not model._forward_pre_hooks
 
 
+def test_automatic_phases_and_steps_carry_the_threads_cpu_time(mon: Monitor) -> None:
+    model = DDP(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 2)), batch_size=4)
+    for x, y in loader:
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    phases = mon._phases.unread()
+    assert {PH["input"], PH["forward"], PH["backward"], PH["optimizer"]} <= set(
+        phases["phase"].tolist()
+    )
+    wall = phases["t1"] - phases["t0"]
+    # On CPU, autograd runs backward on the calling thread: every phase knows its CPU time,
+    # and it never exceeds the span's wall time (by more than the clock reads' spread).
+    assert (phases["cpu_ns"] >= 0).all()
+    assert (phases["cpu_ns"] <= wall + 2_000_000).all()
+    steps = mon._steps.unread()
+    assert len(steps) == 2 and (steps["cpu_ns"] >= 0).all()
+    assert (steps["cpu_ns"] <= steps["t_end"] - steps["t_start"] + 2_000_000).all()
+    assert (steps["gc_count"] >= 0).all() and (steps["gc_ns"] >= 0).all()
+
+
 def test_plain_module_forward_is_timed_through_hooks(mon: Monitor) -> None:
     model = nn.Linear(4, 2)
     torch_hooks.instrument(model, mon)
