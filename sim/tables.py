@@ -148,6 +148,11 @@ def _concat(
             cols[name] = joined.astype(dtypes[name], copy=False)
     n = int(offsets[-1])
     cols["step"] = np.full(n, k, dtype=np.int64)
+    # Columns the records do not carry (a phase's ``cpu_ns``) start unknown; the host
+    # model fills them (`sim.host.fill_columns`).
+    for name, dt in dtypes.items():
+        if name not in cols:
+            cols[name] = np.full(n, np.nan if dt.kind == "f" else -1, dtype=dt)
     cols["rank"] = rank
     return cols, offsets
 
