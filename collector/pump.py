@@ -338,8 +338,15 @@ class Pump:
             self.clock.close()
             if self.sender is not None:
                 self.sender.close(linger_ms=self._linger_ms)
+        except Exception as exc:
+            self.mon._error("close", exc)
+        try:
             if self._ctx is not None:
-                self._ctx.term()
+                # destroy, not term: term waits for every socket of the context to be
+                # closed, so one left open by a failed close above would hold the exit for
+                # ever. destroy closes any such socket without linger, then terminates;
+                # the sockets closed above keep their own bounded linger.
+                self._ctx.destroy(linger=0)
         except Exception as exc:
             self.mon._error("close", exc)
         self._close_pipe()

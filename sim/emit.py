@@ -278,7 +278,9 @@ def run(
     socks: list[Sender] = []
     wall0 = time.monotonic()
     try:
-        socks += [Sender(endpoint, hwm, context=ctx) for _ in range(senders)]
+        for _ in range(senders):
+            # One at a time: a sender built before a later one fails is still closed below.
+            socks.append(Sender(endpoint, hwm, context=ctx))
         emit = Emitter(socks, send_timeout_s, stop)
         streams = RankStreams(
             cluster,
@@ -310,7 +312,10 @@ def run(
         linger_ms = int((stop_linger_s if stopped else send_timeout_s) * 1000)
         for s in socks:
             s.close(linger_ms=linger_ms)
-        ctx.term()
+        # destroy, not term: term waits for every socket of the context to be closed, so
+        # one left open would hold the run for ever; the senders closed above keep their
+        # bounded linger.
+        ctx.destroy(linger=0)
     return RunInfo(
         job=job,
         run=run_name,
