@@ -7,7 +7,16 @@ slower); ``slow_host_input`` extra data-loader ms per step on the host; ``local_
 tensor-parallel group moved to the other host; ``checkpoint`` the write time in seconds;
 ``allocator_growth`` ms of allocator time added per step; ``intermittent_congestion`` the
 cross-host bandwidth factor during a burst; ``numerator_change`` the added padding share or
-the sequence-length growth. ``data_imbalance`` only switches the packer.
+the sequence-length growth; ``pipeline_imbalance`` the layers of the heavy ``stage`` over
+the mean layers of the other stages (an uneven split of the same model; the truth gives
+the ratio after rounding to whole layers); ``expert_imbalance`` the routing weight of the
+hot expert-parallel rank ``ep_rank`` over an even share (its local experts receive about
+that many times the tokens); ``host_pause`` the mean length in ms of a stop-the-world
+(full garbage collection) pause, which each rank takes about every ``every`` steps at its
+own times; ``cpu_contention`` the share of the CPU the training threads of one host still
+get (another process competes); ``unexplained_straggler`` the ms one rank spends every
+step in a blocking host call outside any recorded phase that uses no CPU and is no
+garbage collection. ``data_imbalance`` only switches the packer.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ from rankscope.collector.schema import MECHANISMS
 from rankscope.sim.draw import ScenarioError, draw, pick_target
 
 if TYPE_CHECKING:
-    from rankscope.sim.spec import TopologySpec
+    from rankscope.sim.spec import LayoutSpec, TopologySpec
 
 
 @dataclass(frozen=True)
@@ -43,8 +52,13 @@ class FaultSpec:
     variant: str = ""
     """numerator_change: ``padding`` or ``longer``."""
     onset: int = 0
-    """Hardware faults (slow device, slow host input, local fabric, network rail): the
-    first step the fault acts in; the steps before it run on the healthy cluster."""
+    """Hardware and host faults (slow device, slow host input, local fabric, network rail,
+    CPU contention, unexplained straggler): the first step the fault acts in; the steps
+    before it run on the healthy cluster."""
+    stage: int = -1
+    """pipeline_imbalance: the pipeline stage that holds more layers."""
+    ep_rank: int = -1
+    """expert_imbalance: the expert-parallel coordinate whose experts routing favours."""
 
 
 FAULT_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -65,17 +79,26 @@ FAULT_DEFAULTS: dict[str, dict[str, Any]] = {
     "allocator_growth": {"magnitude": [6.0, 15.0]},
     "intermittent_congestion": {"magnitude": [0.08, 0.25], "prob": [0.2, 0.4]},
     "numerator_change": {"magnitude": [0.25, 0.5], "variant": ["padding", "longer"]},
+    "pipeline_imbalance": {"magnitude": [1.3, 1.8], "stage": "random"},
+    "expert_imbalance": {"magnitude": [1.6, 3.0], "ep_rank": "random"},
+    "host_pause": {"magnitude": [20.0, 80.0], "every": [3, 8]},
+    "cpu_contention": {"magnitude": [0.15, 0.3], "host": "random", "onset": 0},
+    "unexplained_straggler": {"magnitude": [30.0, 150.0], "device": "random", "onset": 0},
 }
 """Per mechanism: the keys its ``[fault]`` table may set, with default values or ranges."""
 
 
-def resolve_fault(table: Any, topo: TopologySpec, seed: int) -> FaultSpec:
+def resolve_fault(
+    table: Any, topo: TopologySpec, seed: int, layout: LayoutSpec | None = None
+) -> FaultSpec:
     """Resolve a scenario's ``[fault]`` table for one seed.
 
     Args:
         table: the table (None: healthy).
         topo: the full cluster, to draw targets from.
         seed: the scenario seed.
+        layout: the parallel layout, to draw a pipeline stage or expert-parallel rank from
+            (None: one stage, no expert parallelism).
 
     Returns:
         The fault with every range drawn and every target chosen.
@@ -115,6 +138,21 @@ def resolve_fault(table: Any, topo: TopologySpec, seed: int) -> FaultSpec:
         )
         if kw["peer_host"] == kw["host"]:
             raise ScenarioError("fault.peer_host must differ from fault.host")
+    pp, ep = (layout.pp, layout.ep) if layout is not None else (1, 1)
+    if "stage" in spec:
+        if pp < 2:
+            raise ScenarioError("fault pipeline_imbalance needs layout.pp >= 2")
+        kw["stage"] = pick_target("fault.stage", spec["stage"], pp, seed)
+    if "ep_rank" in spec:
+        if ep < 2:
+            raise ScenarioError("fault expert_imbalance needs layout.ep >= 2")
+        kw["ep_rank"] = pick_target("fault.ep_rank", spec["ep_rank"], ep, seed)
+    if mech in ("host_pause", "cpu_contention", "unexplained_straggler") and kw["magnitude"] <= 0:
+        raise ScenarioError(f"fault.magnitude of {mech} must be > 0")
+    if mech == "cpu_contention" and kw["magnitude"] > 1:
+        raise ScenarioError("fault.magnitude of cpu_contention is a CPU share in (0, 1]")
+    if mech == "host_pause" and kw.get("every", 0) < 1:
+        raise ScenarioError("fault.every of host_pause must be >= 1 step")
     if kw.get("extent", "rail") not in ("rail", "nic"):
         raise ScenarioError(f"fault.extent must be 'rail' or 'nic', got {kw['extent']!r}")
     if mech == "network_rail" and kw["extent"] == "rail":

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from rankscope.sim.program import split_layers
 from rankscope.sim.spec import Scenario
 from rankscope.sim.topology import Layout, host_name, rack_name
 from rankscope.sim.workload import effective_workload
@@ -32,6 +33,13 @@ def identities(scenario: Scenario, layout: Layout) -> list[dict[str, Any]]:
     out = []
     grid = np.arange(world).reshape(layout.pp, layout.dp, layout.tp)
     pp_i, dp_i, tp_i = (a.ravel() for a in np.indices(grid.shape))
+
+    def mesh(d: int, t: int, p: int) -> dict[str, int]:
+        out = {"dp": int(d), "tp": int(t), "pp": int(p)}
+        if layout.ep > 1:
+            out["ep"] = int(d) % layout.ep
+        return out
+
     for r in range(world):
         h, g = int(layout.host[r]), int(layout.gpu[r])
         out.append(
@@ -50,11 +58,22 @@ def identities(scenario: Scenario, layout: Layout) -> list[dict[str, Any]]:
                 "nic": f"mlx5_{g}",
                 "rail": g,
                 "rack": rack_name(h // topo.hosts_per_rack),
-                "mesh": {"dp": int(dp_i[r]), "tp": int(tp_i[r]), "pp": int(pp_i[r])},
+                "mesh": mesh(dp_i[r], tp_i[r], pp_i[r]),
                 "shard": int(dp_i[r]),
             }
         )
     return out
+
+
+ONSET_MECHANISMS = (
+    "slow_device",
+    "slow_host_input",
+    "local_fabric",
+    "network_rail",
+    "cpu_contention",
+    "unexplained_straggler",
+)
+"""Mechanisms whose ``[fault]`` takes an ``onset``."""
 
 
 def truth(scenario: Scenario, layout: Layout) -> dict[str, Any]:
@@ -63,7 +82,13 @@ def truth(scenario: Scenario, layout: Layout) -> dict[str, Any]:
     ``present`` is False when the run's scope leaves out what the mechanism needs (a rail
     fault inside one host, a slow GPU on another host): that run should look healthy.
     ``ranks``, ``hosts`` and ``rails`` name what is afflicted; they are empty for mechanisms
-    that act on every rank (checkpoint, allocator growth, congestion, numerator, data).
+    that act on every rank (checkpoint, allocator growth, congestion, numerator, data, host
+    pauses). A pipeline imbalance names the heavy stage's ranks and ``stage`` (its ``pp``
+    coordinate) with ``layers`` per stage; an expert imbalance the ranks of the favoured
+    ``ep_rank`` (their ``ep`` coordinate); an unexplained straggler its rank, host and
+    ``category`` (the wall-time category its time lands in). ``warmup_steps`` (every
+    scenario) is how many steps at the start run slower on every rank: a healthy feature
+    that never changes the mechanism.
 
     Args:
         scenario: the resolved scenario.
@@ -81,6 +106,7 @@ def truth(scenario: Scenario, layout: Layout) -> dict[str, Any]:
     rails: list[int] = []
     present = True
     extra: dict[str, Any] = {}
+    magnitude_of: dict[str, float] = {}
     if mech == "healthy":
         pass
     elif mech == "slow_device":
@@ -115,9 +141,36 @@ def truth(scenario: Scenario, layout: Layout) -> dict[str, Any]:
         extra["variant"] = f.variant
     elif mech == "data_imbalance":
         present = layout.dp > 1
-    if mech in ("slow_device", "slow_host_input", "local_fabric", "network_rail"):
+    elif mech == "pipeline_imbalance":
+        stage = np.arange(layout.world_size) // (layout.dp * layout.tp)
+        present = f.stage < layout.pp and layout.pp > 1
+        ranks = np.flatnonzero(stage == f.stage) if present else ranks
+        pp0 = scenario.layout.pp
+        layers = split_layers(scenario.model.layers, pp0, f.stage, f.magnitude)
+        share = layers[f.stage] / ((sum(layers) - layers[f.stage]) / (pp0 - 1))
+        extra.update(stage=f.stage, layers=list(layers[: layout.pp]))
+        magnitude_of["pipeline_imbalance"] = share
+    elif mech == "expert_imbalance":
+        dp_i = (np.arange(layout.world_size) // layout.tp) % layout.dp
+        present = layout.ep > 1 and f.ep_rank < layout.ep and scenario.model.experts > 0
+        ranks = np.flatnonzero(dp_i % max(layout.ep, 1) == f.ep_rank) if present else ranks
+        extra.update(ep_rank=f.ep_rank, ep=layout.ep)
+    elif mech == "host_pause":
+        present = True
+        extra["every"] = f.every
+    elif mech == "cpu_contention":
+        ranks = np.flatnonzero(layout.host == f.host)
+        hosts = [f.host]
+        present = ranks.size > 0
+    elif mech == "unexplained_straggler":
+        ranks = np.flatnonzero(layout.device == f.device)
+        hosts = [f.device // gph]
+        present = ranks.size > 0
+        extra["category"] = "host_gap"
+    if mech in ONSET_MECHANISMS:
         extra["onset"] = f.onset
     magnitude = scenario.workload.tail_fraction if mech == "data_imbalance" else f.magnitude
+    magnitude = magnitude_of.get(mech, magnitude)
     return {
         "mechanism": mech if present else "healthy",
         "scenario_mechanism": mech,
@@ -127,6 +180,7 @@ def truth(scenario: Scenario, layout: Layout) -> dict[str, Any]:
         "rails": [int(r) for r in rails],
         "magnitude": float(magnitude),
         **extra,
+        "warmup_steps": int(scenario.noise.warmup_steps),
     }
 
 

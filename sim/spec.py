@@ -73,7 +73,13 @@ class LayoutSpec:
     """Parallel degrees; dp is what remains of the world size."""
 
     tp: int = 8
+    """Tensor-parallel degree; ``"host"`` (also inside a choice) means ``gpus_per_host``, so
+    a drawn host size keeps tensor parallelism on NVLink."""
     pp: int = 1
+    ep: int = 1
+    """Expert-parallel degree (MoE models): ``ep`` consecutive data-parallel ranks of one
+    pipeline stage and tensor rank hold one copy of the experts and exchange tokens by
+    all-to-all; 1 = no expert parallelism."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,9 @@ class ModelSpec:
     mfu: float = 0.45
     """Fraction of peak the kernels reach."""
     precision: str = "bf16"
+    experts: int = 0
+    """Routed experts per layer (a mixture-of-experts MLP); 0 = a dense MLP. With experts,
+    ``params_b`` counts the parameters active per token."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +129,9 @@ class WorkloadSpec:
     checkpoint_every: int = 0
     """Steps between checkpoints; 0 = none in the window."""
     checkpoint_s: float = 1.0
+    host_gap_us: float = 0.0
+    """Host time before each recorded phase, outside any phase (Python between forward and
+    backward, loss, hooks, zero_grad)."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +152,20 @@ class NoiseSpec:
     """Spread of each collective's service time."""
     clock_error_us: float = 8.0
     """Residual clock-alignment error of each rank (constant per rank)."""
+    warmup_steps: int = 0
+    """Steps at the start that run slower on every rank (communicator set-up on the first
+    collective of each group, allocator growth, compilation); 0 = none. A healthy feature:
+    the truth lists it (``warmup_steps``) and keeps the mechanism."""
+    warmup_factor: float = 3.0
+    """Compute and host time of step 0 relative to steady state; the excess decays over the
+    warm-up steps."""
+    spike_prob: float = 0.0
+    """Chance per rank and step of a heavy-tailed compute spike (a slow kernel: page
+    faults, ECC retries, a memory-bandwidth neighbour)."""
+    spike_ms: float = 5.0
+    """Scale of a spike: ``spike_ms * (1 + Pareto(spike_alpha))``, cut at 100 x the scale."""
+    spike_alpha: float = 1.5
+    """Pareto shape of the spikes (smaller = heavier tail)."""
 
 
 @dataclass(frozen=True)
@@ -220,6 +246,17 @@ def _section(name: str, cls: type, table: Any, seed: int) -> Any:
     return cls(**values)
 
 
+def _host_sized(value: Any, topo: TopologySpec) -> Any:
+    """``"host"`` in a tensor-parallel degree (alone or among choices) is the host's size."""
+    if value == "host":
+        return topo.gpus_per_host
+    if isinstance(value, list):
+        return [_host_sized(v, topo) for v in value]
+    if isinstance(value, dict) and isinstance(value.get("choice"), list):
+        return {**value, "choice": [_host_sized(v, topo) for v in value["choice"]]}
+    return value
+
+
 def _read(path: Path, seen: tuple[str, ...] = ()) -> dict[str, Any]:
     """Parse a scenario file and merge it over its ``base``."""
     try:
@@ -244,22 +281,10 @@ def _read(path: Path, seen: tuple[str, ...] = ()) -> dict[str, Any]:
 
 def _apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    # The world size last: it needs the host size, which another override or the seed sets.
+    ranks = overrides.get("ranks")
     for key, value in overrides.items():
-        if value is None:
-            continue
-        if key == "ranks":
-            topo = raw.setdefault("topology", {})
-            gph = topo.get("gpus_per_host", TopologySpec.gpus_per_host)
-            if not isinstance(value, int) or value < 1:
-                raise ScenarioError(f"ranks must be a positive int, got {value!r}")
-            if not isinstance(gph, int):
-                raise ScenarioError("ranks override needs a fixed topology.gpus_per_host")
-            if value < gph:
-                topo["gpus_per_host"], topo["hosts"] = value, 1
-            elif value % gph:
-                raise ScenarioError(f"ranks={value} is not a multiple of gpus_per_host={gph}")
-            else:
-                topo["hosts"] = value // gph
+        if value is None or key == "ranks":
             continue
         if key == "fault":
             # the scenario's twin with another fault (or none): same seed, same draws
@@ -276,6 +301,24 @@ def _apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str
         if section not in _SECTIONS and section != "fault":
             raise ScenarioError(f"unknown override section {section!r} in {key!r}")
         raw.setdefault(section, {})[name] = value
+    if ranks is not None:
+        if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
+            raise ScenarioError(f"ranks must be a positive int, got {ranks!r}")
+        topo = raw.setdefault("topology", {})
+        seed = raw.get("seed", 0)
+        # a drawn host size is drawn here exactly as the scenario would draw it, then fixed
+        gph = draw(
+            "topology.gpus_per_host",
+            topo.get("gpus_per_host", TopologySpec.gpus_per_host),
+            TopologySpec.gpus_per_host,
+            seed if isinstance(seed, int) else 0,
+        )
+        if ranks < gph:
+            topo["gpus_per_host"], topo["hosts"] = ranks, 1
+        elif ranks % gph:
+            raise ScenarioError(f"ranks={ranks} is not a multiple of gpus_per_host={gph}")
+        else:
+            topo["gpus_per_host"], topo["hosts"] = gph, ranks // gph
     return raw
 
 
@@ -301,16 +344,22 @@ def build_scenario(raw: dict[str, Any], name: str = "custom", source: str = "") 
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ScenarioError(f"{where}: seed must be a non-negative int, got {seed!r}")
     try:
-        parts = {k: _section(k, cls, raw.get(k, {}), seed) for k, cls in _SECTIONS.items()}
-        fault = resolve_fault(raw.get("fault"), parts["topology"], seed)
+        parts: dict[str, Any] = {}
+        for k, cls in _SECTIONS.items():
+            table = raw.get(k, {})
+            if k == "layout" and isinstance(table, dict) and "tp" in table:
+                table = {**table, "tp": _host_sized(table["tp"], parts["topology"])}
+            parts[k] = _section(k, cls, table, seed)
+        fault = resolve_fault(raw.get("fault"), parts["topology"], seed, parts["layout"])
     except ScenarioError as exc:
         raise ScenarioError(f"{where}: {exc}") from None
     topo, layout, wl = parts["topology"], parts["layout"], parts["workload"]
     problems = []
     if topo.hosts < 1 or topo.gpus_per_host < 1 or topo.hosts_per_rack < 1:
         problems.append("topology.hosts, gpus_per_host and hosts_per_rack must be >= 1")
-    if layout.tp < 1 or layout.pp < 1:
-        problems.append("layout.tp and layout.pp must be >= 1")
+    model = parts["model"]
+    if layout.tp < 1 or layout.pp < 1 or layout.ep < 1:
+        problems.append("layout.tp, layout.pp and layout.ep must be >= 1")
     elif (topo.hosts * topo.gpus_per_host) % (layout.tp * layout.pp):
         problems.append(
             f"world size {topo.hosts * topo.gpus_per_host} is not divisible by "
@@ -324,6 +373,18 @@ def build_scenario(raw: dict[str, Any], name: str = "custom", source: str = "") 
         problems.append("workload.micro_batch, grad_accum >= 1 and seq_len >= 16")
     if parts["model"].grad_buckets < 1:
         problems.append("model.grad_buckets must be >= 1")
+    if layout.ep > 1 and layout.tp >= 1 and layout.pp >= 1:
+        dp = (topo.hosts * topo.gpus_per_host) // (layout.tp * layout.pp)
+        if model.experts < layout.ep or model.experts % layout.ep:
+            problems.append(f"layout.ep={layout.ep} needs model.experts a multiple of it")
+        elif dp % layout.ep:
+            problems.append(f"layout.ep={layout.ep} does not divide dp={dp}")
+    if model.experts < 0:
+        problems.append("model.experts must be >= 0")
+    if parts["noise"].warmup_steps < 0 or parts["noise"].warmup_factor < 1.0:
+        problems.append("noise.warmup_steps must be >= 0 and noise.warmup_factor >= 1")
+    if not 0.0 <= parts["noise"].spike_prob <= 1.0 or parts["noise"].spike_alpha <= 0:
+        problems.append("noise.spike_prob must be in [0, 1] and noise.spike_alpha > 0")
     if problems:
         raise ScenarioError(f"{where}: " + "; ".join(problems))
     return Scenario(

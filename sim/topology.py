@@ -12,6 +12,7 @@ distribution, tensor shard) and changes only how many ranks take part.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,6 +86,10 @@ class Layout:
     """Group table rows for the wire: ``{"id", "name", "ranks", "backend", "desc"}``."""
     moved: tuple[int, ...] = ()
     """Ranks whose placement a fault changed."""
+    ep: int = 1
+    """Expert-parallel degree (1: none)."""
+    ep_gid: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0, 0), np.int32))
+    """int32 (pp, tp, dp // ep) group id of each expert-parallel group (ep > 1)."""
 
     @property
     def world_size(self) -> int:
@@ -140,15 +145,19 @@ def _scope_devices(scenario: Scenario, spec: ScopeSpec) -> np.ndarray:
     return np.array([h * gph + g for h in hosts for g in local])
 
 
-def _degrees(scenario: Scenario, world: int) -> tuple[int, int, int]:
-    """Keep tp and pp where the reduced world allows; dp takes what is left."""
+def _degrees(scenario: Scenario, world: int) -> tuple[int, int, int, int]:
+    """Keep tp, pp and ep where the reduced world allows; dp takes what is left."""
     tp = scenario.layout.tp
     while world % tp:
         tp -= 1
     pp = scenario.layout.pp
     while world % (tp * pp):
         pp -= 1
-    return tp, pp, world // (tp * pp)
+    dp = world // (tp * pp)
+    ep = scenario.layout.ep
+    while dp % ep:
+        ep -= 1
+    return tp, pp, dp, ep
 
 
 def _apply_placement_fault(scenario: Scenario, device: np.ndarray, tp: int) -> tuple[int, ...]:
@@ -186,7 +195,7 @@ def build_layout(scenario: Scenario, scope: ScopeSpec | str | None = None) -> La
     spec = ScopeSpec.coerce(scope)
     device = _scope_devices(scenario, spec).astype(np.int64)
     world = int(device.shape[0])
-    tp, pp, dp = _degrees(scenario, world)
+    tp, pp, dp, ep = _degrees(scenario, world)
     moved = _apply_placement_fault(scenario, device, tp)
     gph = scenario.topology.gpus_per_host
     host, gpu = device // gph, device % gph
@@ -218,6 +227,15 @@ def build_layout(scenario: Scenario, scope: ScopeSpec | str | None = None) -> La
         for s in range(pp):
             for t in range(tp):
                 dp_gid[s, t] = add(f"dp{s}.{t}", ranks[s, :, t], f"data parallel, pp={s} tp={t}")
+    ep_gid = np.full((pp, tp, dp // ep if ep > 1 else 0), -1, dtype=np.int32)
+    if ep > 1:
+        for s in range(pp):
+            for t in range(tp):
+                for g in range(dp // ep):
+                    members = ranks[s, g * ep : (g + 1) * ep, t]
+                    ep_gid[s, t, g] = add(
+                        f"ep{s}.{t}.{g}", members, f"expert parallel, pp={s} tp={t} block={g}"
+                    )
     for s in range(pp - 1):
         for d in range(dp):
             for t in range(tp):
@@ -240,6 +258,8 @@ def build_layout(scenario: Scenario, scope: ScopeSpec | str | None = None) -> La
         world_gid=world_gid,
         groups=tuple(groups),
         moved=moved,
+        ep=ep,
+        ep_gid=ep_gid,
     )
 
 

@@ -129,7 +129,7 @@ def test_pipeline_stages_exchange_activations_and_wait() -> None:
     ],
 )
 def test_scopes_keep_local_shapes(scope: ScopeSpec, world: int) -> None:
-    sc = load_scenario("healthy")
+    sc = load_scenario("healthy", topology__gpus_per_host=8)
     full, part = Cluster(sc), Cluster(sc, scope)
     assert part.layout.world_size == world
     assert part.identities[0]["world_size"] == world

@@ -184,7 +184,8 @@ def test_packing_imbalance_moves_the_last_rank_and_compute_tracks_attention_cost
 ) -> None:
     cluster = Cluster(load_scenario("data-imbalance", seed=seed))
     assert cluster.layout.tp == 1 and cluster.layout.pp == 1
-    tables = simulate(cluster, 12)
+    warm = cluster.truth["warmup_steps"]
+    tables = simulate(cluster, warm + 12)[warm:]
     first = _first_bucket(instances(tables))
     # the rank the all-reduce waits for changes from step to step
     assert np.unique(first["last_rank"]).size >= 6
@@ -345,14 +346,18 @@ def test_checkpoint_interference_is_periodic() -> None:
 
 
 def test_allocator_growth_trends_with_time_since_start() -> None:
-    faulty, healthy, _ = twin_tables("allocator-growth", ScopeSpec("full"), 12)
+    warm = load_scenario("allocator-growth").noise.warmup_steps
+    n = warm + 12
+    faulty, healthy, cluster = twin_tables("allocator-growth", ScopeSpec("full"), n)
     mem = phase_per_rank(faulty, "memory").mean(axis=1)
-    assert np.corrcoef(np.arange(12), mem)[0, 1] > 0.95
+    assert np.corrcoef(np.arange(n), mem)[0, 1] > 0.95
     reserved = np.array([t.steps["mem_reserved"].mean() for t in faulty])
     assert np.all(np.diff(reserved) > 0)
     assert phase_per_rank(healthy, "memory").sum() == 0
-    # the healthy twin has no trend in step time, the faulty one does
-    assert np.corrcoef(np.arange(12), step_ns(faulty).max(axis=1))[0, 1] > 0.9
+    # after the warm-up, the healthy twin has no trend in step time, the faulty one does
+    assert cluster.truth["warmup_steps"] == warm
+    after = np.arange(warm, n)
+    assert np.corrcoef(after, step_ns(faulty[warm:]).max(axis=1))[0, 1] > 0.9
 
 
 def test_intermittent_congestion_spikes_cross_host_transfer_on_some_steps() -> None:
@@ -400,7 +405,8 @@ def test_numerator_change_adds_executed_work_not_valid_work(variant: str) -> Non
 
 def test_healthy_run_has_no_straggler_and_no_fault_phases() -> None:
     cluster = Cluster(load_scenario("healthy"))
-    tables = simulate(cluster, 8)
+    warm = cluster.truth["warmup_steps"]
+    tables = simulate(cluster, warm + 8)[warm:]
     inst = instances(tables)
     # Some rank always arrives last; in a healthy run it is late by little.
     s = step_ns(tables)
@@ -419,6 +425,7 @@ def test_healthy_run_has_no_straggler_and_no_fault_phases() -> None:
         "hosts": [],
         "rails": [],
         "magnitude": 1.0,
+        "warmup_steps": warm,
     }
 
 
