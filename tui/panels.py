@@ -17,6 +17,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
+from rankscope.tui.abbrev import Field, fit_fields, fit_words
 from rankscope.tui.analysis import AnalysisView
 from rankscope.tui.charts import sparkline, stacked_bar
 from rankscope.tui.mainmodel import Arrival, HeaderModel, LastRank
@@ -30,6 +31,7 @@ CATEGORY_COLOURS = {
     "memory": "#76b7b2",
     "checkpoint": "#59a14f",
     "recovery": "#ff9da7",
+    "host_gap": "#d37295",
     "other": "#9c9c9c",
 }
 """Colour of each decomposition category in the stacked bars."""
@@ -141,6 +143,8 @@ class HeaderBar(Static):
     }
     """
 
+    _shown: tuple | None = None
+
     def show(
         self,
         header: HeaderModel | None,
@@ -163,53 +167,79 @@ class HeaderBar(Static):
             message: shown instead of numbers while ``header`` is None.
             other_runs: the source holds a run that could be chosen as the baseline.
         """
-        # Live/paused comes first: on a narrow terminal the end of the line is cut.
-        top = Text()
+        self._shown = (header, paused, source, live, extra, message, other_runs)
+        width = self.content_size.width
+        live_text = Text()
         if paused:
-            top.append("‖ PAUSED", style="bold black on yellow")
+            live_text.append("‖ PAUSED", style="bold black on yellow")
         elif live:
-            top.append("● LIVE", style="bold green")
+            live_text.append("● LIVE", style="bold green")
         else:
-            top.append("○ STATIC", style="bold cyan")
-        bottom = Text()
+            live_text.append("○ STATIC", style="bold cyan")
         if header is None:
-            top.append(f" │ {source}", style="dim")
-            bottom.append(message or "waiting for data", style="italic")
+            top = fit_fields([Field(live_text, sep=""), Field(Text(source, style="dim"))], width)
+            bottom = fit_words(Text(message or "waiting for data", style="italic"), width)
             self.update(Text("\n").join([top, bottom]))
             return
-        top.append(f" │ step {header.step:,}", style="bold")
-        top.append(f" │ {header.job} · {header.run} · {header.scope}")
-        top.append(
-            f" │ {header.world_size} rank{'s' if header.world_size != 1 else ''} on "
-            f"{header.hosts} host{'s' if header.hosts != 1 else ''}"
+        # What goes first when the line is too narrow: the largest priority (abbrev.py).
+        plural = "s" if header.world_size != 1 else ""
+        hosts = f"{header.hosts} host{'s' if header.hosts != 1 else ''}"
+        top = fit_fields(
+            [
+                Field(live_text, sep=""),
+                Field(Text(f"step {header.step:,}", style="bold")),
+                Field(Text(header.job), priority=2),
+                Field(Text(f"{header.run} · {header.scope}")),
+                Field(Text(f"{header.world_size} rank{plural} on {hosts}"), priority=1),
+                Field(Text(extra, style="dim"), priority=3),
+            ],
+            width,
         )
-        if extra:
-            top.append(f" │ {extra}", style="dim")
         s = header.stats
+        fields = []
         if s is None:
-            bottom.append("step –")
+            fields.append(Field(Text("step –"), sep=""))
         else:
-            bottom.append("step ", style="bold")
-            bottom.append(f"p50 {fmt_ms(s.p50)} p90 {fmt_ms(s.p90)} max {fmt_ms(s.max)} ms ")
-            bottom.append(sparkline(s.series, 12), style="cyan")
+            stats = Text("step ", style="bold")
+            stats.append(f"p50 {fmt_ms(s.p50)} p90 {fmt_ms(s.p90)} max {fmt_ms(s.max)} ms")
+            fields.append(Field(stats, sep=""))
+            fields.append(Field(Text(sparkline(s.series, 12), style="cyan"), priority=4, sep=" "))
         b = header.baseline
         if b is not None and s is not None:
             change = (s.p50 / b.p50 - 1) * 100 if b.p50 > 0 else math.nan
             worse = math.isfinite(change) and change > 2
-            bottom.append(f" │ base {header.baseline_run} p50 {fmt_ms(b.p50)} ")
+            base = Text(f"base {header.baseline_run} p50 {fmt_ms(b.p50)}")
             if math.isfinite(change):
-                bottom.append(f"{change:+.0f}%", style="bold red" if worse else "green")
+                base.append(" ")
+                base.append(f"{change:+.0f}%", style="bold red" if worse else "green")
+            fields.append(Field(base, priority=1))
         elif s is not None:
-            hint = " │ no baseline (b)" if other_runs else " │ no other run to compare"
-            bottom.append(hint, style="dim")
-        bottom.append(f" │ {fmt_rate(header.tokens_per_s)} tok/s")
+            hint = "no baseline (b)" if other_runs else "no other run to compare"
+            fields.append(Field(Text(hint, style="dim"), priority=1))
+        fields.append(Field(Text(f"{fmt_rate(header.tokens_per_s)} tok/s"), priority=3))
         hub = hub_health(header.health)
+        # Lost data is worth more room than the ingest rate of a healthy hub.
+        losing = any(h.startswith(("drops", "rejects")) and not h.endswith(" 0") for h in hub)
         if header.clock_error_ms is not None:
             hub.append(f"clock ±{fmt_ms(header.clock_error_ms)} ms")
         if hub:
-            bottom.append(" │ hub " + " · ".join(hub))
+            fields.append(Field(Text("hub " + " · ".join(hub)), priority=2 if losing else 5))
+        bottom = fit_fields(fields, width)
         # One text, so the CSS keeps each line to one row instead of wrapping it.
         self.update(Text("\n").join([top, bottom]))
+
+    def on_resize(self) -> None:
+        if self._shown is not None:
+            header, paused, source, live, extra, message, other_runs = self._shown
+            self.show(
+                header,
+                paused=paused,
+                source=source,
+                live=live,
+                extra=extra,
+                message=message,
+                other_runs=other_runs,
+            )
 
 
 class VerdictLine(Static):
@@ -224,13 +254,18 @@ class VerdictLine(Static):
     }
     """
 
+    _shown: tuple | None = None
+
     def show(self, analysis: AnalysisView | None, busy: bool = False) -> None:
-        """Format the verdict.
+        """Format the verdict: on one line when it fits, else the hypothesis and its
+        evidence on the first and the next experiment on the second, each shortened at a
+        word boundary.
 
         Args:
             analysis: the latest diagnosis (None before the first pass).
             busy: a pass is running.
         """
+        self._shown = (analysis, busy)
         text = Text()
         if analysis is None:
             text.append("verdict: ", style="bold")
@@ -255,10 +290,23 @@ class VerdictLine(Static):
                 style="bold",
             )
         text.append(top.evidence)
-        if top.next_experiment:
-            text.append("  → next: ", style="bold")
-            text.append(top.next_experiment)
-        self.update(text)
+        width = self.content_size.width
+        if not top.next_experiment:
+            self.update(fit_words(text, width, lines=2))
+            return
+        advice = Text()
+        advice.append("→ next: ", style="bold")
+        advice.append(top.next_experiment)
+        if width <= 0 or text.cell_len + 2 + advice.cell_len <= width:
+            self.update(Text("  ").join([text, advice]))
+            return
+        # Too long for one line: what it is on the first, what to do next on the second,
+        # each shortened at a word boundary (the next experiment is never pushed off).
+        self.update(Text("\n").join([fit_words(text, width), fit_words(advice, width)]))
+
+    def on_resize(self) -> None:
+        if self._shown is not None:
+            self.show(*self._shown)
 
 
 class LastArrivalsPanel(Vertical):
