@@ -230,8 +230,14 @@ def test_dense_lines_keep_pins_whole_and_columns_stretch() -> None:
     pin_line = p.render_line(0, 46)
     assert pin_line.text.startswith(" ● r5 node0000")
     assert pin_line.text[16:46] == " " * 30  # plain cells, not half blocks
-    # Row 4 (rank 3) is the selected lower half of line 2: the label says so.
-    assert p.render_line(2, 46).text.startswith("▸▄r3 node0000")
+    # Row 4 (rank 3) is the selected lower half of line 2: the label says so, and names
+    # the rank drawn above it on the same line (its host is cut to make room).
+    selected = p.render_line(2, 46).text
+    assert selected.startswith("▸▄r3 node0") and selected[:16].endswith(" ▀r2 ")
+    wider = HeatmapPainter(grid, PALETTES["truecolor"], dense=True, label_width=20, cursor=3)
+    # Rank 2, the upper half of that line, selected: rank 3 is named below it.
+    assert wider.render_line(2, 50).text.startswith("▸▀r2 node0000 ▄r3 ")
+    assert wider.render_line(2, 50).text[20:] == "▀" * 30
     # 10 steps in 30 cells: each step three cells wide.
     assert p.cell_width(46) == 3 and p.cell_width(26) == 1
     assert p.render_line(1, 46).text[16:46] == "▀" * 30

@@ -78,7 +78,8 @@ class HeatmapPainter:
 
     Pinned rows always get a line of their own. In dense mode the other rows share lines
     two by two (upper half block = first row, lower half = second), and a line's label
-    names both (``▀node000 ▄node001``); the selected row's line shows its full label.
+    names both (``▀node000 ▄node001``); the selected row's line shows its full label and
+    its partner's name (``▸▀r12 node003 ▄r13``).
     Steps fill the width, each as wide as ``MAX_CELL_WIDTH`` cells when there is room; the
     newest steps are kept when there is not.
     """
@@ -140,15 +141,21 @@ class HeatmapPainter:
             styles[key] = style
         return style
 
-    def _label(self, y: int) -> tuple[str, Style]:
+    def _label(self, y: int) -> list[Segment]:
         top, bottom = self.rows_of_line(y)
         labels = self.grid.labels
         width = self.label_width - 2
         selected = self.cursor is not None and self.cursor in (top, bottom)
+        partner = ""
         if selected:
             shown = int(self.cursor)  # type: ignore[arg-type]
             half = "" if bottom is None else ("▀" if shown == top else "▄")
             text = half + labels[shown]
+            if bottom is not None:
+                # The other row of the line stays named: which rank shares the colours
+                # above (▀) or below (▄) the selected one.
+                other = bottom if shown == top else top
+                partner = f" {'▄' if shown == top else '▀'}{_short(labels[other])}"
         elif bottom is not None:
             shown = top
             text = f"▀{_short(labels[top])} ▄{_short(labels[bottom])}"
@@ -167,8 +174,9 @@ class HeatmapPainter:
         else:
             shown = top
             text = labels[top]
-        if len(text) > width:
-            text = text[: width - 1] + "…"
+        room = width - len(partner)
+        if len(text) > room:
+            text = text[: max(room - 1, 0)] + "…"
         kind = int(self.grid.kinds[shown])
         style = Style(
             bold=kind == PIN or selected,
@@ -176,7 +184,12 @@ class HeatmapPainter:
             italic=kind == GROUP,
             reverse=selected,
         )
-        return f"{'▸' if selected else ' '}{text:<{width}} ", style
+        segments = [Segment(f"{'▸' if selected else ' '}{text}", style)]
+        if partner:
+            segments.append(Segment(partner, Style(dim=True)))
+        pad = width - len(text) - len(partner)
+        segments.append(Segment(" " * (pad + 1)))
+        return segments
 
     def cell_width(self, width: int) -> int:
         """Cells per step for a line ``width`` cells wide (label included)."""
@@ -198,10 +211,9 @@ class HeatmapPainter:
         """
         if y < 0 or y >= self.line_count or width <= 0:
             return Strip.blank(max(width, 0))
-        label, label_style = self._label(y)
-        label = label[:width]
-        segments = [Segment(label, label_style)]
-        cells = width - len(label)
+        label_cells = min(width, self.label_width)
+        segments = list(Segment.adjust_line_length(self._label(y), label_cells))
+        cells = width - label_cells
         levels: np.ndarray = self._levels  # type: ignore[attr-defined]
         n_cols = levels.shape[1]
         cw = self.cell_width(width)
