@@ -5,6 +5,9 @@ because it is what the user confirms."""
 from __future__ import annotations
 
 import math
+import os
+import textwrap
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -12,7 +15,7 @@ from rankscope.launch.ladder import Ladder
 from rankscope.launch.plan import RerunPlan
 from rankscope.launch.runner import Launch
 
-__all__ = ["ladder_dict", "ladder_text", "launch_text", "plan_text"]
+__all__ = ["LADDER_WIDTH", "ladder_dict", "ladder_text", "launch_text", "plan_text", "short_names"]
 
 
 def _ms(ns: float) -> str:
@@ -79,49 +82,193 @@ def launch_text(launch: Launch) -> list[str]:
     return lines
 
 
-def ladder_text(ladder: Ladder) -> list[str]:
-    """The ladder as a table: one line per rung, then the conclusion.
+LADDER_WIDTH = 80
+"""Columns the ladder's text fits by default (a terminal over SSH, a ticket's code block)."""
+
+_SEPARATORS = "-_./:"
+
+
+def short_names(names: Sequence[str], width: int) -> tuple[dict[str, str], str]:
+    """Run names that fit ``width`` cells and still tell the runs apart.
+
+    A rerun is named after its parent (``<run>-<scope>``), so the runs of one ladder share
+    a long start and differ at the end: that common start, cut back to a separator, is
+    shown as ``…``. A name still too long keeps its end (``…-one-node``); should two ends
+    coincide, the name keeps its start and end around the ellipsis instead.
+
+    Args:
+        names: the run names.
+        width: cells available for one name (at least 3).
+
+    Returns:
+        ``(name -> shown, shared)``: ``shared`` is the start every name has, where the
+        names were cut after it (empty otherwise).
+    """
+    width = max(width, 3)
+    unique = list(dict.fromkeys(names))
+    if all(len(n) <= width for n in unique):
+        return {n: n for n in unique}, ""
+    cut = deep = 0
+    if len(unique) > 1:
+        common = os.path.commonprefix(unique)  # noqa: RUF071 (names, not paths)
+        shortest = min(len(n) for n in unique)
+        # The last separator of the common start: the parent keeps its last word
+        # (``…-a1b2c3``), its reruns that word and their scope (``…-a1b2c3-one-node``);
+        # where that is still too long, the reruns drop the shared word (``…-one-node``).
+        seps = [i for i, ch in enumerate(common) if ch in _SEPARATORS and 0 < i <= shortest - 2]
+        cut = seps[-1] if seps else 0
+        ends = [
+            i
+            for i in range(len(common) + 1)
+            if all(i < len(n) and n[i] in _SEPARATORS for n in unique if len(n) > i)
+        ]
+        deep = max([cut, *(i for i in ends if i <= len(common))])
+
+    def tail(name: str) -> str:
+        for start in dict.fromkeys((cut, deep)):
+            if 0 < start < len(name) - 1:
+                shown = f"…{name[start:]}"
+                if len(shown) <= width:
+                    return shown
+        if len(name) <= width:
+            return name
+        end = name[len(name) - (width - 1) :]
+        at = next((i for i, ch in enumerate(end) if ch in _SEPARATORS), 0)
+        return f"…{end[at:]}"
+
+    out = {n: tail(n) for n in unique}
+    if len(set(out.values())) < len(out):
+        head = (width - 1) // 2
+        out = {
+            n: n if len(n) <= width else f"{n[:head]}…{n[len(n) - (width - 1 - head) :]}"
+            for n in unique
+        }
+    # The start every name shares (cut at a separator), when names were cut there; tails
+    # cut only to fit the width share nothing worth naming.
+    shared = any(v == f"…{n[k:]}" for n, v in out.items() for k in (cut, deep) if k)
+    elided = unique[0][:cut] if shared and cut else ""
+    return out, elided
+
+
+def _wrap(text: str, width: int, indent: int) -> list[str]:
+    return textwrap.wrap(
+        text,
+        width=width,
+        subsequent_indent=" " * indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    ) or [""]
+
+
+def ladder_text(ladder: Ladder, width: int = LADDER_WIDTH) -> list[str]:
+    """The ladder as a table that fits ``width`` columns: one line per rung, then why each
+    rung does or does not show the regression, the decompositions and the conclusion.
 
     Args:
         ladder: the ladder.
+        width: columns the text must fit (no line is longer; at least 70). Run names are
+            shortened to fit by their distinguishing end (`short_names`).
 
     Returns:
         Lines of text.
     """
-    lines = [
-        f"ladder of {ladder.parent_run} (healthy expectation: {ladder.reference})",
-        f"{'scope':<9} {'run':<24} {'ranks':>5} {'p50 ms':>8} {'p90 ms':>8} {'max ms':>8} "
-        f"{'local':>6} {'spread':>6} {'busbw':>6}  {'verdict':<16} regression",
-    ]
+    width = max(width, 70)
+    head = (
+        "{scope:<8} {run:<{w}} {ranks:>5} {p50:>7} {p90:>7} {max:>7} "
+        "{local:>6} {spread:>6} {busbw:>6} {reg:>3}"
+    )
+    fixed = len(
+        head.format(
+            w=0,
+            scope="",
+            run="",
+            ranks="",
+            p50="",
+            p90="",
+            max="",
+            local="",
+            spread="",
+            busbw="",
+            reg="",
+        )
+    )
+    names = [r.run for r in ladder.rungs]
+    room = width - fixed
+    shown, elided = short_names(names, room)
+    w = max([3, *(len(v) for v in shown.values())])
+    lines = _wrap(
+        f"ladder of {ladder.parent_run} (healthy expectation: {ladder.reference})", width, 2
+    )
+    if elided:
+        lines += _wrap(
+            f"  runs named by their distinguishing end (…); every name starts with {elided}",
+            width,
+            4,
+        )
+    lines.append(
+        head.format(
+            w=w,
+            scope="scope",
+            run="run",
+            ranks="ranks",
+            p50="p50 ms",
+            p90="p90 ms",
+            max="max ms",
+            local="local",
+            spread="spread",
+            busbw="busbw",
+            reg="reg",
+        )
+    )
     for r in ladder.rungs:
         bw = f"{r.comm.ratio:.2f}x" if r.comm is not None else "-"
-        verdict = r.verdict or "-"
         lines.append(
-            f"{r.scope:<9} {r.run[:24]:<24} {r.world_size:>5} {_ms(r.step.p50):>8} "
-            f"{_ms(r.step.p90):>8} {_ms(r.step.max):>8} {r.local_ratio:>5.2f}x "
-            f"{r.spread_ratio:>6.0%} {bw:>6}  "
-            f"{verdict[:16]:<16} {'YES' if r.regression else 'no'}: {r.why}"
+            head.format(
+                w=w,
+                scope=r.scope[:8],
+                run=shown[r.run],
+                ranks=r.world_size,
+                p50=_ms(r.step.p50),
+                p90=_ms(r.step.p90),
+                max=_ms(r.step.max),
+                local=f"{r.local_ratio:.2f}x",
+                spread=f"{r.spread_ratio:.0%}",
+                busbw=bw,
+                reg="YES" if r.regression else "no",
+            )
+        )
+    lines.append("why (and each rung's verdict):")
+    for r in ladder.rungs:
+        verdict = f" · verdict {r.verdict}" if r.verdict else ""
+        lines += _wrap(
+            f"  {r.scope:<8}  {'YES' if r.regression else 'no'}: {r.why}{verdict}", width, 12
         )
     lines.append("decomposition (mean ms per rank-step):")
     for r in ladder.rungs:
         parts = ", ".join(f"{k} {_ms(v)}" for k, v in r.decomposition.items() if v > 0)
-        lines.append(f"  {r.scope:<9} {parts}")
+        lines += _wrap(f"  {r.scope:<8}  {parts}", width, 12)
     if ladder.first_scope and ladder.unmeasured_below:
-        lines.append(
+        lines += _wrap(
             f"smallest measured scope with the regression: {ladder.first_scope} "
-            f"({ladder.first_run}); not run below it: {', '.join(ladder.unmeasured_below)}"
+            f"({ladder.first_run}); not run below it: {', '.join(ladder.unmeasured_below)}",
+            width,
+            2,
         )
     elif ladder.first_scope:
-        lines.append(f"first scope with the regression: {ladder.first_scope} ({ladder.first_run})")
+        lines += _wrap(
+            f"first scope with the regression: {ladder.first_scope} ({ladder.first_run})",
+            width,
+            2,
+        )
     else:
         lines.append("first scope with the regression: none")
-    lines.append(f"  means:      {ladder.meaning}")
+    lines += _wrap(f"  means:      {ladder.meaning}", width, 14)
     if ladder.eliminated:
-        lines.append(f"  eliminates: {', '.join(ladder.eliminated)}")
+        lines += _wrap(f"  eliminates: {', '.join(ladder.eliminated)}", width, 14)
     if ladder.implicated:
-        lines.append(f"  implicates: {', '.join(ladder.implicated)}")
+        lines += _wrap(f"  implicates: {', '.join(ladder.implicated)}", width, 14)
     if ladder.missing:
-        lines.append(f"  not run:    {', '.join(ladder.missing)}")
+        lines += _wrap(f"  not run:    {', '.join(ladder.missing)}", width, 14)
     return lines
 
 

@@ -20,6 +20,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from rankscope.launch.ladder import Ladder
+from rankscope.tui.dialogs import HELP_BINDING
 from rankscope.tui.rerun_context import RerunContext, load_windows, parent_of, session_of
 
 
@@ -27,6 +28,7 @@ class LadderScreen(Screen):
     """Rungs by scope and the first scope where the regression appears."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
+        HELP_BINDING,
         Binding("escape", "app.pop_screen", "Back", tooltip="Back to the main screen"),
         Binding("r", "refresh", "Refresh", tooltip="Recompute the ladder"),
     ]
@@ -39,7 +41,7 @@ class LadderScreen(Screen):
 
     DEFAULT_CSS = """
     LadderScreen #title { height: auto; background: $panel; padding: 0 1; text-style: bold; }
-    LadderScreen #body { height: 1fr; padding: 0 1; }
+    LadderScreen #body { height: 1fr; padding: 0 1; scrollbar-gutter: stable; }
     LadderScreen #status { height: auto; padding: 0 1; color: $text-muted; }
     """
 
@@ -65,6 +67,8 @@ class LadderScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
+        # Focused, so the arrows and page keys scroll a ladder taller than the screen.
+        self.query_one("#body", VerticalScroll).focus()
         self.action_refresh()
 
     def action_refresh(self) -> None:
@@ -86,8 +90,6 @@ class LadderScreen(Screen):
         self.post_message(self.Built(ladder, error))
 
     def on_ladder_screen_built(self, message: Built) -> None:
-        from rankscope.launch.report import ladder_text
-
         self.building = False
         self.ladder = message.ladder
         status = self.query_one("#status", Static)
@@ -99,17 +101,30 @@ class LadderScreen(Screen):
             return
         lad = message.ladder
         self.query_one("#title", Static).update(Text(f"Ladder of {lad.parent_run}"))
-        lines = ladder_text(lad)
-        text = Text()
-        for line in lines:
-            style = "bold" if line.startswith("first scope") else ""
-            if " YES:" in line:
-                style = "red"
-            text.append(line + "\n", style=style)
-        self.query_one("#table", Static).update(text)
+        self.show_ladder()
         running = session_of(self.app).active()
         note = f"{len(running)} rerun(s) still running · " if running else ""
         status.update(Text(f"{note}r: refresh · esc: back"))
+
+    def show_ladder(self) -> None:
+        """Draw the ladder's text to the width of the screen (no line wraps)."""
+        from rankscope.launch.report import LADDER_WIDTH, ladder_text
+
+        if self.ladder is None:
+            return
+        table = self.query_one("#table", Static)
+        width = table.content_size.width or LADDER_WIDTH
+        rows = []
+        for line in ladder_text(self.ladder, width=width):
+            style = "bold" if line.startswith("first scope") else ""
+            if " YES:" in line or line.endswith(" YES"):
+                style = "red"
+            rows.append(Text(line, style=style))
+        text = Text("\n").join(rows)
+        table.update(text)
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self.show_ladder)
 
 
 def build_for_app(app: Any, ctx: RerunContext) -> tuple[Ladder | None, str]:
