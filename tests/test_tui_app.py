@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import io
 import json
 from pathlib import Path
 
@@ -39,6 +40,15 @@ def run_async(fn):
         return asyncio.run(fn(*args, **kwargs))
 
     return wrapper
+
+
+def _rendered(widget, width: int = 160) -> str:
+    """A widget's content as plain text, rendered at ``width`` columns."""
+    from rich.console import Console
+
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+    console.print(widget.content)
+    return console.export_text()
 
 
 @pytest.fixture(scope="module")
@@ -299,7 +309,7 @@ async def test_report_screens_and_help(slow13) -> None:
             assert isinstance(app.screen, MainScreen)
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
-        text = app.screen.query_one("#keys").content.plain
+        text = _rendered(app.screen.query_one("#keys"))
         for _, _keys, description in key_rows(app.help_sections()):
             assert description in text
         for binding_key in ("space", "P", "/", "m", "g", "enter", "esc", "p", "b", "q", "?"):

@@ -54,11 +54,13 @@ class RankscopeApp(Clocks, App[int]):
     ENABLE_COMMAND_PALETTE = False
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("q", "quit", "Quit", tooltip="Quit (the hub and recording are not affected)"),
-        Binding("question_mark", "help", "Help", tooltip="This list of keys"),
-        Binding("p", "pause", "Pause", tooltip="Freeze the view (data keeps being recorded)"),
-        Binding("b", "baseline", "Baseline", tooltip="Choose the baseline run"),
+        Binding("question_mark", "help", "Help", tooltip="This list of keys (every screen's)"),
         Binding("r", "rerun", "Rerun", tooltip="Plan and launch a reduced-scope rerun"),
+        Binding("q", "quit", "Quit", tooltip="Quit (the hub and recording are not affected)"),
+        Binding(
+            "p", "pause", "Pause", show=False, tooltip="Freeze the view (data keeps being recorded)"
+        ),
+        Binding("b", "baseline", "Baseline", show=False, tooltip="Choose the baseline run"),
         Binding(
             "L", "ladder", "Ladder", show=False, tooltip="Each scope's rerun next to the full run"
         ),
@@ -132,6 +134,13 @@ class RankscopeApp(Clocks, App[int]):
         self._stall_dismissed = False
         self._fixed_view = False
         self._shown_run: str | None = None
+        self.default_baseline: str | None = None
+        """The baseline the view starts with (``make_app(baseline=...)``); ``R`` returns
+        to it."""
+        self._restored: SavedView | None = None
+        self._held_pins: tuple[tuple[int, ...], str | None] | None = None
+        self._pins_run: str | None = None
+        self._restoring = False
         self.set_reactive(RankscopeApp.metric, settings.view.metric)
         self.set_reactive(RankscopeApp.group_by, settings.view.group_by)
         if not settings.display.animation:
@@ -300,19 +309,98 @@ class RankscopeApp(Clocks, App[int]):
         saved = load_view(self.settings.state_dir(), model.header.job)
         if saved is None:
             return
-        world = model.header.world_size
-        self.metric = saved.metric
-        self.group_by = saved.group_by
-        self.pins = tuple(p for p in saved.pins if p < world)
+        run, world = model.header.run, model.header.world_size
+        pins = tuple(p for p in saved.pins if p < world)
+        if saved.pins_run not in (None, run):
+            # Pins name ranks of the run they were made on; on another launch the same
+            # numbers may be other hosts, so they are kept in the file but not shown.
+            self._held_pins = (saved.pins, saved.pins_run)
+            pins = ()
         known = {r.run for r in model.runs}
-        if saved.baseline_run in known and saved.baseline_run != model.header.run:
-            self.baseline_run = saved.baseline_run
+        baseline = self.baseline_run
+        if saved.baseline_run in known and saved.baseline_run != run:
+            baseline = saved.baseline_run
+        self._restoring = True
+        try:
+            self.metric = saved.metric
+            self.group_by = saved.group_by
+            self.pins = pins
+            self._pins_run = saved.pins_run if pins else None
+            self.baseline_run = baseline
+        finally:
+            self._restoring = False
+        self._restored = SavedView(
+            saved.metric, saved.group_by, pins, baseline, saved.pins_run if pins else None
+        )
+        note = self.saved_view_note()
+        if note is not None:
+            self.notify(note, title="saved view", timeout=8)
+
+    def saved_view_note(self) -> str | None:
+        """What of the job's saved view is still in effect, or None when nothing is (no
+        saved view, or it differs from the defaults in nothing still shown).
+
+        Returns:
+            e.g. ``view: saved for job llm (pins 3, metric step) · R resets``.
+        """
+        saved = self._restored
+        if saved is None or self._restored_job is None:
+            return None
+        parts = []
+        if saved.pins and self.pins == saved.pins:
+            where = "" if saved.pins_run else ", run unknown"
+            parts.append(f"pins {len(saved.pins)}{where}")
+        if saved.metric != self.settings.view.metric and self.metric == saved.metric:
+            parts.append(f"metric {saved.metric}")
+        if saved.group_by != self.settings.view.group_by and self.group_by == saved.group_by:
+            parts.append(f"by {saved.group_by}")
+        if saved.baseline_run not in (None, self.default_baseline) and (
+            self.baseline_run == saved.baseline_run
+        ):
+            parts.append(f"baseline {saved.baseline_run}")
+        held = ""
+        if self._held_pins is not None:
+            pins, run = self._held_pins
+            held = f"{len(pins)} pin{'s' if len(pins) != 1 else ''} of {run} not applied"
+        if not parts and not held:
+            return None
+        text = f"view: saved for job {self._restored_job}"
+        if parts:
+            text += f" ({', '.join(parts)})"
+        if held:
+            text += f"; {held}" if parts else f": {held}"
+        return text + " · R resets"
+
+    def reset_view(self) -> None:
+        """Back to the default view: the settings' metric and grouping, no pins, no
+        filter or zoom, the baseline given on the command line (or none). Pins saved for
+        another run are forgotten too. The defaults are then the job's saved view."""
+        self._held_pins = None
+        self._restored = None
+        self._restoring = True
+        try:
+            self.metric = self.settings.view.metric
+            self.group_by = self.settings.view.group_by
+            self.pins = ()
+            self._pins_run = None
+            self.filter_text = ""
+            self.zoom = None
+            self.baseline_run = self.default_baseline
+        finally:
+            self._restoring = False
+        self._persist()
+        self.rebuild()
+        self.notify("view reset to the defaults", timeout=3)
 
     def _persist(self) -> None:
         job = self._restored_job
-        if job is None or not self.settings.state.persist or self._fixed_view:
+        if job is None or not self.settings.state.persist or self._fixed_view or self._restoring:
             return
-        view = SavedView(self.metric, self.group_by, self.pins, self.baseline_run)
+        pins, pins_run = self.pins, self._pins_run
+        if not pins and self._held_pins is not None:
+            # Nothing pinned on this run yet: keep the other run's pins for it.
+            pins, pins_run = self._held_pins
+        view = SavedView(self.metric, self.group_by, pins, self.baseline_run, pins_run)
         try:
             save_view(self.settings.state_dir(), job, view)
         except OSError as exc:
@@ -330,7 +418,12 @@ class RankscopeApp(Clocks, App[int]):
         self._persist()
         self._view_changed()
 
-    def watch_pins(self) -> None:
+    def watch_pins(self, pins: tuple[int, ...]) -> None:
+        if pins and not self._restoring:
+            # Pinned on this run: these are its pins now, not the other run's.
+            self._held_pins = None
+            if self._pins_run is None or self._pins_run != self._shown_run:
+                self._pins_run = self._shown_run
         self._persist()
         self._view_changed()
 
@@ -449,15 +542,28 @@ class RankscopeApp(Clocks, App[int]):
         write_snapshot(self)
 
     def help_sections(self) -> list[tuple[str, list[BindingType]]]:
-        """Every screen's bindings, for the help screen."""
+        """Every screen's bindings, for the help screen (keys that are not bindings,
+        like a form's tab, as ``(key, "", description)``)."""
         return [
             ("Everywhere", list(self.BINDINGS)),
             ("Main screen", list(MainScreen.BINDINGS)),
-            ("Heatmap", list(Heatmap.BINDINGS)),
+            ("Heatmap (main screen)", list(Heatmap.BINDINGS)),
             ("Rank detail", list(RankDetailScreen.BINDINGS)),
             ("Structure, curves, manifest, stall", list(StructureScreen.BINDINGS)),
-            ("Dialogs", list(BaselinePicker.BINDINGS)),
+            (
+                "Baseline picker",
+                [("up,down", "", "Move in the run list"), *BaselinePicker.BINDINGS],
+            ),
+            ("Filter", [("enter", "", "Apply (empty shows every rank)"), *FilterDialog.BINDINGS]),
             *self._rerun_sections(),
+            (
+                "Snapshot",
+                [
+                    ("ctrl+s", "", "Write a bundle for a ticket into the current folder"),
+                    ("", "", "rankscope open BUNDLE shows it again, pins and metric included"),
+                ],
+            ),
+            ("This help", list(HelpScreen.BINDINGS)),
         ]
 
     @staticmethod
@@ -467,9 +573,19 @@ class RankscopeApp(Clocks, App[int]):
         from rankscope.tui.rerun_screen import RerunScreen
 
         return [
-            ("Rerun menu", list(RerunScreen.BINDINGS)),
-            ("Ladder", list(LadderScreen.BINDINGS)),
-            ("Experiments", list(ExperimentScreen.BINDINGS)),
+            ("Rerun menu (r)", list(RerunScreen.BINDINGS)),
+            (
+                "Ladder (L)",
+                [("up,down,pageup,pagedown", "", "Scroll the ladder"), *LadderScreen.BINDINGS],
+            ),
+            (
+                "Experiments (e)",
+                [
+                    ("tab", "", "Next field"),
+                    ("enter", "", "On a record: judge it against the run on screen"),
+                    *ExperimentScreen.BINDINGS,
+                ],
+            ),
         ]
 
     def action_help(self) -> None:
@@ -503,4 +619,5 @@ def make_app(
     app = RankscopeApp(settings, source, clock=clock, run=run)
     if baseline is not None:
         app.set_reactive(RankscopeApp.baseline_run, baseline)
+        app.default_baseline = baseline
     return app

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
+from rich.console import Group
+from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -134,6 +136,10 @@ class FilterDialog(ModalScreen[str | None]):
         self.dismiss(None)
 
 
+HELP_BINDING = Binding("question_mark", "app.help", "Help", tooltip="Every key of every screen")
+"""``?`` on a screen of its own, first in its bindings, so the footer starts with it."""
+
+
 KEY_NAMES = {
     "escape": "esc",
     "question_mark": "?",
@@ -143,6 +149,8 @@ KEY_NAMES = {
     "pageup": "pgup",
     "pagedown": "pgdn",
     "ctrl+s": "ctrl+s",
+    "space": "space",
+    "enter": "enter",
 }
 """How keys are named in the help (anything else is shown as bound)."""
 
@@ -162,26 +170,46 @@ def key_rows(sections: Iterable[tuple[str, Sequence[BindingType]]]) -> list[tupl
         for b in bindings:
             if not isinstance(b, Binding):
                 b = Binding(*b)
+            if b.action == HELP_BINDING.action:
+                continue  # a screen's own `?`, listed once under "Everywhere"
             keys = ", ".join(KEY_NAMES.get(k.strip(), k.strip()) for k in b.key.split(","))
             rows.append((title, keys, b.tooltip or b.description))
     return rows
 
 
+KEY_WIDTH = 14
+"""Cells of the help's key column."""
+
+
 class HelpScreen(ModalScreen[None]):
-    """Every key of every screen, generated from their bindings."""
+    """Every key of every screen, generated from their bindings, in a list that scrolls
+    with the keyboard."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape,question_mark,q", "close", "Close", tooltip="Close the help"),
+        Binding("down,j", "scroll(1)", "Down", show=False, tooltip="Scroll down a line"),
+        Binding("up,k", "scroll(-1)", "Up", show=False, tooltip="Scroll up a line"),
+        Binding("pagedown,space", "page(1)", "Page down", show=False, tooltip="Scroll a page"),
+        Binding("pageup", "page(-1)", "Page up", show=False, tooltip="Scroll back a page"),
+        Binding("home,g", "edge(0)", "Top", show=False, tooltip="The first key"),
+        Binding("end,G", "edge(1)", "Bottom", show=False, tooltip="The last key"),
     ]
     """
     | Key(s) | Description |
     | :- | :- |
     | escape, ?, q | Close the help. |
+    | down, j / up, k | Scroll a line. |
+    | pagedown, space / pageup | Scroll a page. |
+    | home, g / end, G | The first / the last key. |
     """
 
     DEFAULT_CSS = (
         DIALOG_CSS.format(name="HelpScreen")
-        + "HelpScreen > Vertical { width: 80; } HelpScreen VerticalScroll { height: auto; }"
+        + """
+        HelpScreen > Vertical { width: 84; height: 90%; max-height: 100%; }
+        HelpScreen VerticalScroll { height: 1fr; scrollbar-size-vertical: 1; }
+        HelpScreen .hint { height: 1; }
+        """
     )
 
     def __init__(self, sections: Sequence[tuple[str, Sequence[BindingType]]]) -> None:
@@ -189,20 +217,56 @@ class HelpScreen(ModalScreen[None]):
         self.sections = sections
 
     def compose(self) -> ComposeResult:
-        text = Text()
+        # One table per section, all with the same key column, so the descriptions line
+        # up and wrap under themselves.
+        parts: list[Text | Table] = []
+        table: Table | None = None
         last = None
         for section, keys, desc in key_rows(self.sections):
             if section != last:
                 if last is not None:
-                    text.append("\n")
-                text.append(f"{section}\n", style="bold underline")
+                    parts.append(Text(""))
+                parts.append(Text(section, style="bold underline"))
+                table = Table.grid(padding=(0, 1), expand=True)
+                table.add_column(width=1)
+                table.add_column(style="bold cyan", no_wrap=True, width=KEY_WIDTH)
+                table.add_column(ratio=1)
+                parts.append(table)
                 last = section
-            text.append(f"  {keys:<16}", style="bold cyan")
-            text.append(f"{desc}\n")
+            assert table is not None
+            table.add_row("", keys, desc)
         with Vertical():
             yield Static("Keys", classes="title")
-            with VerticalScroll():
-                yield Static(text, id="keys")
+            yield Static(
+                Text("↑↓ j k  pgup pgdn  home end: scroll · esc: close", style="dim"),
+                classes="hint",
+            )
+            with VerticalScroll(id="keys-scroll"):
+                yield Static(Group(*parts), id="keys")
+
+    @property
+    def scroller(self) -> VerticalScroll:
+        """The scrolling list of keys."""
+        return self.query_one("#keys-scroll", VerticalScroll)
+
+    def on_mount(self) -> None:
+        self.scroller.focus()
+
+    def action_scroll(self, lines: int) -> None:
+        """Scroll by ``lines``."""
+        self.scroller.scroll_relative(y=lines, animate=False)
+
+    def action_page(self, direction: int) -> None:
+        """Scroll by a page."""
+        page = max(self.scroller.scrollable_content_region.height - 1, 1)
+        self.scroller.scroll_relative(y=direction * page, animate=False)
+
+    def action_edge(self, end: int) -> None:
+        """Scroll to the first or the last key."""
+        if end:
+            self.scroller.scroll_end(animate=False)
+        else:
+            self.scroller.scroll_home(animate=False)
 
     def action_close(self) -> None:
         """Close the help."""

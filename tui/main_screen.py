@@ -11,7 +11,9 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
+from rankscope.tui.abbrev import fit_words
 from rankscope.tui.analysis import AnalysisView
+from rankscope.tui.dialogs import HELP_BINDING
 from rankscope.tui.heatgrid import GROUP
 from rankscope.tui.heatmap import Heatmap
 from rankscope.tui.heatmap_render import legend
@@ -32,13 +34,23 @@ class MainScreen(Screen):
     """Everything an engineer needs in the first ten seconds of an incident."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
+        # First, so the footer shows it however narrow the terminal (k9s, htop): the
+        # footer carries the few keys used most, the help every key.
+        HELP_BINDING,
         Binding("space", "pin", "Pin", tooltip="Pin or unpin the selected rank"),
-        Binding("P", "pin_slowest", "Pin slowest", tooltip="Pin the slowest ranks"),
+        Binding("P", "pin_slowest", "Pin slowest", show=False, tooltip="Pin the slowest ranks"),
         Binding("slash", "filter", "Filter", tooltip="Filter ranks and hosts"),
         Binding("m", "metric", "Metric", tooltip="Next heatmap metric"),
-        Binding("g", "group_by", "Group by", tooltip="Next grouping dimension"),
-        Binding("enter", "open", "Detail/zoom", tooltip="Zoom into a group, or a rank's detail"),
+        Binding("g", "group_by", "Group", tooltip="Next grouping dimension"),
+        Binding("enter", "open", "Detail", tooltip="Zoom into a group, or a rank's detail"),
         Binding("escape", "back", "Back", show=False, tooltip="Leave the zoom, then the filter"),
+        Binding(
+            "R",
+            "reset_view",
+            "Reset view",
+            show=False,
+            tooltip="Back to the default view: metric, grouping, no pins, no filter",
+        ),
         Binding("s", "structure", "Structure", show=False, tooltip="Every dimension's effect"),
         Binding("c", "curves", "Curves", show=False, tooltip="Message-size curves"),
         Binding("d", "manifest", "Manifest", show=False, tooltip="Manifest diff vs baseline"),
@@ -46,6 +58,7 @@ class MainScreen(Screen):
     """
     | Key(s) | Description |
     | :- | :- |
+    | ? | Every key of every screen. |
     | space | Pin or unpin the selected rank (a group row pins its worst rank). |
     | P | Pin the slowest ranks (``view.pin_slowest`` of them). |
     | / | Filter ranks and hosts (``12``, ``8-15``, ``node0003``; comma-separated). |
@@ -53,6 +66,7 @@ class MainScreen(Screen):
     | g | Next grouping dimension. |
     | enter | Zoom into the selected group, or open the selected rank's detail. |
     | escape | Leave the zoom, then clear the filter. |
+    | R | Reset the view to the defaults (metric, grouping, pins, filter, baseline). |
     | s | Structure: every dimension's effect on every metric. |
     | c | Message-size curves. |
     | d | Manifest diff against the baseline. |
@@ -63,6 +77,10 @@ class MainScreen(Screen):
     MainScreen #body { height: 1fr; }
     MainScreen #left { width: 1fr; }
     MainScreen #legend { height: 1; padding: 0 1; }
+    MainScreen #viewnote {
+        height: 1; padding: 0 1; color: $text-warning; background: $warning-muted;
+        display: none;
+    }
     MainScreen #side { width: 50; height: 1fr; }
     MainScreen.-narrow #body { layout: vertical; }
     MainScreen.-narrow #side { width: 1fr; height: auto; max-height: 9; layout: horizontal; }
@@ -82,6 +100,7 @@ class MainScreen(Screen):
     def compose(self) -> ComposeResult:
         yield HeaderBar(id="header")
         yield VerdictLine(id="verdict")
+        yield Static(id="viewnote")
         with Horizontal(id="body"):
             with Vertical(id="left"):
                 yield Static(id="legend")
@@ -126,6 +145,7 @@ class MainScreen(Screen):
             other_runs=other_runs,
         )
         self.query_one(DecompositionPanel).set_other_runs(other_runs)
+        self.show_view_note()
         legend_widget = self.query_one("#legend", Static)
         if model.grid is None:
             legend_widget.update(Text(model.message, style="italic"))
@@ -145,6 +165,15 @@ class MainScreen(Screen):
         legend_widget.update(text)
         self.heatmap.set_grid(grid)
         self.query_one(LastArrivalsPanel).show(model.arrivals, model.ranking, model.regime_step)
+
+    def show_view_note(self) -> None:
+        """Say which parts of the job's saved view are in effect (hidden when none)."""
+        note = self.rs_app.saved_view_note()
+        widget = self.query_one("#viewnote", Static)
+        widget.display = note is not None
+        if note is not None:
+            width = widget.content_size.width or self.size.width - 2
+            widget.update(fit_words(Text(note), width))
 
     def show_analysis(self, analysis: AnalysisView | None) -> None:
         """Draw a new diagnosis."""
@@ -191,6 +220,10 @@ class MainScreen(Screen):
             app.zoom = None
         elif app.filter_text:
             app.filter_text = ""
+
+    def action_reset_view(self) -> None:
+        """Back to the default view."""
+        self.rs_app.reset_view()
 
     def action_structure(self) -> None:
         """Open the structure screen."""

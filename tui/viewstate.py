@@ -28,6 +28,10 @@ class SavedView:
     group_by: str = "host"
     pins: tuple[int, ...] = ()
     baseline_run: str | None = None
+    pins_run: str | None = None
+    """The run the pins were made on. Ranks are numbers of one launch: rank 37 of a
+    restarted or rescaled job may run on another host, so pins are only restored on that
+    run (None, from an older file: restored on none)."""
 
 
 def state_path(state_dir: Path, job: str) -> Path:
@@ -70,6 +74,7 @@ def load_view(state_dir: Path, job: str) -> SavedView | None:
     group_by = data.get("group_by")
     pins = data.get("pins")
     baseline = data.get("baseline_run")
+    pins_run = data.get("pins_run")
     return SavedView(
         metric=metric if isinstance(metric, str) and metric in METRICS else "lateness",
         group_by=group_by if isinstance(group_by, str) and group_by in GROUP_BY else "host",
@@ -77,6 +82,7 @@ def load_view(state_dir: Path, job: str) -> SavedView | None:
         if isinstance(pins, list)
         else (),
         baseline_run=baseline if isinstance(baseline, str) else None,
+        pins_run=pins_run if isinstance(pins_run, str) else None,
     )
 
 
