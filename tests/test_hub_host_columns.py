@@ -190,3 +190,32 @@ def test_since_slices_host_and_phase_cpu() -> None:
             np.testing.assert_array_equal(arr, full[name][:, 2:])
     assert later.work["expert_tokens"].shape == (2, 3)
     assert set(WORK_COLUMNS) == set(later.work)
+
+
+def test_a_recording_of_old_and_new_senders_replays_to_the_same_window(tmp_path) -> None:
+    from rankscope.hub.recording import RecordingWriter
+    from rankscope.hub.replay import load
+
+    msgs, _ = _job(world=2, steps=3)
+    # Rank 1 is an older collector; a step of rank 0 carries an impossible CPU time.
+    mixed = [
+        _without_new_columns(m)
+        if (d := schema.decode(m)).kind == "steps" and d.header["rank"]
+        else m
+        for m in msgs
+    ]
+    st, ph = _tables(0, 3)
+    st["cpu_ns"][:] = -12
+    mixed.append(schema.steps_message(header(RUN, 0, batch=9), st, ph))
+    live = Store()
+    writer = RecordingWriter(tmp_path, flush_s=0.0)
+    intake = Intake(live, recorder=writer)
+    for m in mixed:
+        assert intake.feed(m)
+    writer.close()
+    replayed = load(tmp_path)
+    a, b = live.window(RUN), replayed.window(RUN)
+    assert_windows_equal(a, b, skip=("health",))
+    assert np.isnan(b.host["cpu_ns"][0, 3]) and np.isnan(b.host["cpu_ns"][1]).all()
+    assert (b.host["cpu_ns"][0, :3] > 0).all()
+    assert replayed.health["rejects"] == live.health["rejects"] == {"bad_host_value": 1}
