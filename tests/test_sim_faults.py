@@ -451,3 +451,256 @@ def test_worked_example_replays_on_512_gpus_and_on_one_node() -> None:
         assert step_new > step_old
         if scope == "full":
             assert 1.6e9 < step_old < 2.0e9 and 1.05 < step_new / step_old < 1.3
+
+
+# -- pipeline, experts, host side -----------------------------------------------------------
+
+
+def steady(name: str, steps: int, seed: int | None = None, scope=None, **kw):
+    """Tables of a scenario and its healthy twin after the warm-up, and the faulty cluster."""
+    warm = load_scenario(name, seed=seed, **kw).noise.warmup_steps
+    faulty, healthy, cluster = twin_tables(
+        name, scope or ScopeSpec("full"), warm + steps, seed, **kw
+    )
+    assert cluster.truth["warmup_steps"] == warm
+    return faulty[warm:], healthy[warm:], cluster
+
+
+def outside_phases(tables: list[StepTables]) -> np.ndarray:
+    """(steps, ranks) step wall time not covered by any recorded phase."""
+    inside = sum(phase_per_rank(tables, p) for p in schema.PHASES)
+    return step_ns(tables) - inside
+
+
+def gaps_before_phases(tables: list[StepTables], rank: int) -> np.ndarray:
+    """(steps, phases) host time of one rank before each of its phases (from the step's
+    start or the previous phase's end)."""
+    out = []
+    for t in tables:
+        p = t.phases
+        m = p["rank"] == rank
+        t0, t1 = np.sort(p["t0"][m]), p["t1"][m][np.argsort(p["t0"][m])]
+        start = t.steps["t_start"][rank]
+        out.append(t0 - np.concatenate([[start], t1[:-1]]))
+    return np.stack(out).astype(float)
+
+
+def stage_of(cluster: Cluster) -> np.ndarray:
+    lay = cluster.layout
+    return np.arange(lay.world_size) // (lay.dp * lay.tp)
+
+
+@pytest.mark.parametrize("seed", [None, 31])
+def test_pipeline_imbalance_lengthens_one_stage_and_the_others_wait(seed: int | None) -> None:
+    faulty, healthy, cluster = steady("pipeline-imbalance", 5, seed)
+    truth, lay = cluster.truth, cluster.layout
+    assert lay.pp >= 2 and truth["mechanism"] == "pipeline_imbalance"
+    stage = stage_of(cluster)
+    heavy = truth["stage"]
+    assert sorted(truth["ranks"]) == np.flatnonzero(stage == heavy).tolist()
+    layers = truth["layers"]
+    assert (
+        sum(layers)
+        == load_scenario("pipeline-imbalance", seed=seed).model.layers // lay.pp * lay.pp
+    )
+    assert layers[heavy] == max(layers) and layers.count(max(layers)) == 1
+    others = np.delete(np.array(layers), heavy)
+    assert truth["magnitude"] == pytest.approx(layers[heavy] / others.mean())
+
+    def compute(tables: list[StepTables]) -> np.ndarray:
+        return phase_per_rank(tables, "forward") + phase_per_rank(tables, "backward")
+
+    c_bad, c_good = compute(faulty), compute(healthy)
+    on = stage == heavy
+    # the heavy stage's compute is longer, in proportion to its layers
+    ratio = np.median(c_bad[:, on]) / np.median(c_bad[:, ~on])
+    assert ratio > 1.15, ratio
+    assert 0.9 < np.median(c_good[:, on]) / np.median(c_good[:, ~on]) < 1.1
+    # the other stages idle more in pipeline bubbles than the heavy one, and more than before
+    wait_bad = phase_per_rank(faulty, "pp_wait")
+    wait_good = phase_per_rank(healthy, "pp_wait")
+    assert np.median(wait_bad[:, ~on]) > np.median(wait_bad[:, on])
+    assert np.median(wait_bad[:, ~on]) > np.median(wait_good[:, ~on])
+    assert np.median(step_ns(faulty)) > np.median(step_ns(healthy))
+    # the heavy stage executes more FLOPs per step
+    flops = concat(faulty, "steps")["flops"].reshape(len(faulty), -1)
+    assert flops[:, on].mean() > 1.15 * flops[:, ~on].mean()
+
+
+def test_an_even_pipeline_split_is_the_healthy_twin() -> None:
+    sc = load_scenario("pipeline-imbalance", fault="healthy")
+    cluster = Cluster(sc)
+    assert len(set(cluster.stage_layers)) == 1 and cluster.truth["mechanism"] == "healthy"
+
+
+@pytest.mark.parametrize("seed", [None, 5])
+def test_expert_imbalance_routes_more_tokens_to_one_ep_rank_and_all_to_alls_wait(
+    seed: int | None,
+) -> None:
+    faulty, healthy, cluster = steady("expert-imbalance", 5, seed)
+    truth, lay = cluster.truth, cluster.layout
+    assert lay.ep >= 2 and truth["ep"] == lay.ep
+    ep_coord = np.array([i["mesh"]["ep"] for i in cluster.identities])
+    hot = ep_coord == truth["ep_rank"]
+    assert sorted(truth["ranks"]) == np.flatnonzero(hot).tolist()
+    tokens = concat(faulty, "steps")["expert_tokens"].reshape(len(faulty), -1).astype(float)
+    even = concat(healthy, "steps")["expert_tokens"].reshape(len(healthy), -1).astype(float)
+    assert np.all(tokens >= 0) and np.all(even >= 0)
+    # every step, the favoured rank's experts get more tokens than any other's
+    assert np.all(tokens[:, hot].min(axis=1) > 1.2 * tokens[:, ~hot].max(axis=1))
+    assert np.all(even.max(axis=1) < 1.5 * even.min(axis=1))
+    # routing moves tokens, it does not make them: the block's total is the same
+    assert abs(tokens.sum() - even.sum()) <= 1e-6 * even.sum() + tokens.size
+    # the all-to-alls wait for the busiest experts: the favoured ranks arrive last
+    ep_groups = {g["id"] for g in cluster.groups if g["name"].startswith("ep")}
+    for tables, most in ((faulty, 0.4), (healthy, None)):
+        inst = instances(tables)
+        a2a = np.isin(inst["group"], list(ep_groups))
+        assert a2a.sum() > 0
+        assert np.all(inst["flags"][a2a] & schema.FLAG_DEVICE_TIMED)
+        share = np.mean(hot[inst["last_rank"][a2a]])
+        if most is None:
+            assert share < 2.5 / lay.ep
+        else:
+            assert share > most, share
+    ops = concat(faulty, "colls")["op"]
+    assert np.any(ops == schema.OP_INDEX["all_to_all"])
+
+
+def test_dense_models_report_no_expert_tokens() -> None:
+    tables = simulate(Cluster(load_scenario("healthy", ranks=16)), 2)
+    assert np.all(concat(tables, "steps")["expert_tokens"] == -1)
+    assert not any(
+        i["mesh"].get("ep") is not None for i in Cluster(load_scenario("healthy")).identities
+    )
+
+
+@pytest.mark.parametrize("seed", [None, 8])
+def test_host_pauses_land_outside_phases_on_varying_ranks(seed: int | None) -> None:
+    faulty, healthy, cluster = steady("host-pause", 16, seed)
+    sc = cluster.scenario
+    truth = cluster.truth
+    assert truth["ranks"] == [] and truth["every"] == sc.fault.every
+    steps = concat(faulty, "steps")
+    n = len(faulty)
+    gc = steps["gc_ns"].reshape(n, -1).astype(float)
+    gc_count = steps["gc_count"].reshape(n, -1)
+    long = gc > 5e6
+    # every rank pauses about once every `every` steps, each at its own times
+    rate = long.mean()
+    assert 0.4 / sc.fault.every < rate < 2.0 / sc.fault.every
+    assert np.unique(np.nonzero(long)[1]).size > 0.5 * gc.shape[1]
+    paused_sets = {tuple(np.flatnonzero(row)) for row in long}
+    assert len(paused_sets) > n // 2
+    assert not np.any(long.all(axis=0))
+    assert np.median(gc[long]) == pytest.approx(sc.fault.magnitude * 1e6, rel=0.35)
+    assert np.all(gc_count >= long) and np.all(gc_count >= 0)
+    # the pause is host time outside every phase, and CPU work
+    outside = outside_phases(faulty)
+    assert np.all(outside[long] >= gc[long])
+    cpu = steps["cpu_ns"].reshape(n, -1)
+    assert np.all(cpu[long] >= gc[long])
+    # the healthy twin only has young collections: short ones
+    gc_h = concat(healthy, "steps")["gc_ns"]
+    assert gc_h.max() < 5e6 and np.all(concat(healthy, "steps")["gc_count"] >= 0)
+    assert np.median(step_ns(faulty).max(axis=1)) > np.median(step_ns(healthy).max(axis=1))
+
+
+def _first_forward_gap(tables: list[StepTables]) -> np.ndarray:
+    """(steps, ranks) host time between the end of input and the first forward span."""
+    out = []
+    for t in tables:
+        p = t.phases
+        world = t.steps["step"].shape[0]
+        end_input = np.zeros(world)
+        first_fwd = np.full(world, np.inf)
+        inp = p["phase"] == PH["input"]
+        end_input[p["rank"][inp]] = p["t1"][inp]
+        fwd = p["phase"] == PH["forward"]
+        np.minimum.at(first_fwd, p["rank"][fwd], p["t0"][fwd].astype(float))
+        out.append(first_fwd - end_input)
+    return np.stack(out)
+
+
+def test_cpu_contention_starves_one_host_thread_and_its_gpus() -> None:
+    faulty, healthy, cluster = steady("cpu-contention", 5)
+    sc = cluster.scenario
+    on = cluster.layout.host == sc.fault.host
+    assert sorted(cluster.truth["ranks"]) == np.flatnonzero(on).tolist()
+    assert cluster.truth["hosts"] == [f"node{sc.fault.host:03d}"]
+
+    def phase_cpu(tables: list[StepTables], phase: str) -> tuple[np.ndarray, np.ndarray]:
+        p = concat(tables, "phases")
+        m = p["phase"] == PH[phase]
+        world = cluster.layout.world_size
+        wall = np.bincount(p["rank"][m], weights=(p["t1"] - p["t0"])[m], minlength=world)
+        cpu = np.bincount(p["rank"][m], weights=p["cpu_ns"][m], minlength=world)
+        return wall, cpu
+
+    for phase in ("forward", "backward", "optimizer"):
+        wall, cpu = phase_cpu(faulty, phase)
+        wall_h, cpu_h = phase_cpu(healthy, phase)
+        ratio = cpu / wall
+        # the starved thread's phases take longer while their CPU time does not grow
+        assert ratio[on].max() < 0.5 * ratio[~on].min(), phase
+        assert np.all(wall[on] > 1.1 * wall_h[on]), phase
+        assert np.all(cpu[on] <= 1.05 * cpu_h[on]), phase
+    steps = concat(faulty, "steps")
+    step_ratio = (steps["cpu_ns"] / (steps["t_end"] - steps["t_start"])).reshape(5, -1)
+    assert np.median(step_ratio[:, on]) < 0.6 * np.median(step_ratio[:, ~on])
+    # host gaps between phases grow on that host only
+    gap, gap_h = _first_forward_gap(faulty), _first_forward_gap(healthy)
+    assert np.median(gap[:, on]) > 2.0 * np.median(gap_h[:, on])
+    assert 0.7 < np.median(gap[:, ~on]) / np.median(gap_h[:, ~on]) < 1.4
+    samples = concat(faulty, "samples")
+    s_on = np.tile(on, 5)
+    assert samples["cpu_pct"][s_on].min() > 95 and samples["cpu_pct"][~s_on].max() < 60
+    assert np.median(samples["gpu_util"][s_on]) < 0.8 * np.median(samples["gpu_util"][~s_on])
+    assert samples["sm_clock_mhz"].min() > 0.97 * sc.topology.sm_clock_mhz
+    assert np.all(samples["throttle"] == 0)
+    # the fault lives on its host: elsewhere the run is the healthy twin's
+    elsewhere = ScopeSpec("one-node", hosts=(other_host(sc.fault.host, sc.topology.hosts),))
+    one, one_h, c1 = twin_tables("cpu-contention", elsewhere, 3)
+    assert not c1.truth["present"] and c1.truth["mechanism"] == "healthy"
+    assert_same_tables(one, one_h)
+
+
+@pytest.mark.parametrize("seed", [None, 23])
+def test_unexplained_straggler_blocks_outside_phases_without_cpu_or_gc(seed: int | None) -> None:
+    faulty, healthy, cluster = steady("host-gap", 6, seed)
+    sc = cluster.scenario
+    truth = cluster.truth
+    assert truth["mechanism"] == "unexplained_straggler" and truth["category"] == "host_gap"
+    (r,) = truth["ranks"]
+    assert cluster.layout.device[r] == sc.fault.device
+    # one of its gaps between phases grows by the blocking time, every step
+    extra = (gaps_before_phases(faulty, r) - gaps_before_phases(healthy, r)).max(axis=1)
+    # (that gap may also hold a wait for gradient buckets, which moves with the others)
+    assert np.all(extra > 0.5 * sc.fault.magnitude * 1e6), extra
+    assert np.median(extra) > 0.75 * sc.fault.magnitude * 1e6, extra
+    s_bad, s_good = concat(faulty, "steps"), concat(healthy, "steps")
+    # no collection and no CPU behind it: the same GC and about the same thread CPU time
+    np.testing.assert_array_equal(s_bad["gc_ns"], s_good["gc_ns"])
+    mine = s_bad["rank"] == r
+    assert np.all(s_bad["cpu_ns"][mine] < s_good["cpu_ns"][mine] + 0.05 * sc.fault.magnitude * 1e6)
+    # its own phases did not grow: the time is between them
+    inside = sum(phase_per_rank(faulty, p) for p in schema.PHASES)[:, r]
+    inside_h = sum(phase_per_rank(healthy, p) for p in schema.PHASES)[:, r]
+    assert np.all(inside < inside_h + 0.1 * sc.fault.magnitude * 1e6)
+    # its host looks ordinary
+    samples = concat(faulty, "samples")
+    assert samples["cpu_pct"].max() < 60 and np.all(samples["throttle"] == 0)
+    assert np.median(step_ns(faulty)) > np.median(step_ns(healthy))
+    host = sc.fault.device // sc.topology.gpus_per_host
+    elsewhere = ScopeSpec("one-node", hosts=(other_host(host, sc.topology.hosts),))
+    one, one_h, c1 = twin_tables("host-gap", elsewhere, 3, seed)
+    assert not c1.truth["present"]
+    assert_same_tables(one, one_h)
+
+
+@pytest.mark.parametrize("name", ["cpu-contention", "host-gap"])
+def test_host_faults_take_an_onset(name: str) -> None:
+    faulty, healthy, cluster = twin_tables(name, ScopeSpec("full"), 6, fault__onset=3)
+    assert cluster.truth["onset"] == 3
+    assert_same_tables(faulty[:3], healthy[:3])
+    assert np.median(step_ns(faulty[3:])) > np.median(step_ns(healthy[3:]))

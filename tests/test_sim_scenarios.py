@@ -6,8 +6,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from rankscope.collector import schema
 from rankscope.sim import MECHANISMS, Cluster, ScenarioError, list_scenarios, load_scenario
 from rankscope.sim.spec import build_scenario
 
@@ -145,3 +147,77 @@ def test_a_saved_spec_rebuilds_the_scenario_exactly(tmp_path) -> None:
     (tmp_path / "bad.json").write_text('{"spec": 3}')
     with pytest.raises(ScenarioError, match=r"bad\.json"):
         load_scenario(tmp_path / "bad.json")
+
+
+# -- variation across seeds -----------------------------------------------------------------
+
+
+def test_seeds_vary_warmup_tails_and_gpus_per_host() -> None:
+    scs = [load_scenario("healthy", seed=s) for s in range(24)]
+    warm = {sc.noise.warmup_steps for sc in scs}
+    assert 0 in warm and len(warm - {0}) >= 3 and all(0 <= w <= 8 for w in warm)
+    assert {sc.topology.gpus_per_host for sc in scs} == {4, 8}
+    assert len({sc.noise.warmup_factor for sc in scs}) == len(scs)
+    assert all(2.0 <= sc.noise.warmup_factor <= 5.0 for sc in scs)
+    assert len({sc.noise.spike_prob for sc in scs}) == len(scs)
+    assert len({sc.noise.spike_alpha for sc in scs}) == len(scs)
+    # tensor parallelism stays inside a host whatever its size
+    assert all(sc.layout.tp <= sc.topology.gpus_per_host for sc in scs)
+    rail = [load_scenario("network-rail", seed=s) for s in range(8)]
+    assert all(sc.layout.tp == sc.topology.gpus_per_host for sc in rail)
+    # a fixed world size draws the host size too, and keeps the world
+    sized = [load_scenario("healthy", seed=s, ranks=64) for s in range(12)]
+    assert {sc.topology.gpus_per_host for sc in sized} == {4, 8}
+    assert all(sc.world_size == 64 for sc in sized)
+    for sc in sized:
+        again = load_scenario("healthy", seed=sc.seed)
+        assert again.topology.gpus_per_host == sc.topology.gpus_per_host
+
+
+def test_every_truth_lists_the_warmup_and_a_healthy_warmup_stays_healthy() -> None:
+    for name, _ in list_scenarios():
+        sc = load_scenario(name, ranks=16)
+        assert Cluster(sc).truth["warmup_steps"] == sc.noise.warmup_steps, name
+    seed = next(s for s in range(50) if load_scenario("healthy", seed=s).noise.warmup_steps >= 4)
+    truth = Cluster(load_scenario("healthy", seed=seed)).truth
+    assert truth["mechanism"] == "healthy" and truth["present"] and truth["warmup_steps"] >= 4
+
+
+def test_warmup_steps_are_slower_on_every_rank() -> None:
+    seed = next(s for s in range(50) if load_scenario("healthy", seed=s).noise.warmup_steps >= 4)
+    sc = load_scenario("healthy", seed=seed, ranks=32)
+    n = sc.noise.warmup_steps
+    cluster = Cluster(sc)
+    tables = [cluster.step() for _ in range(n + 6)]
+    walls = np.stack([t.steps["t_end"] - t.steps["t_start"] for t in tables]).astype(float)
+    steady = np.median(walls[n:])
+    assert np.all(walls[0] > 1.5 * steady)  # every rank, not a straggler
+    assert np.all(np.median(walls[:n], axis=1) > steady)
+    assert np.all(np.diff(np.median(walls[: n + 1], axis=1)) < 0)  # it decays
+    assert walls[n:].max() < 1.3 * steady
+    flat = Cluster(load_scenario("healthy", seed=seed, ranks=32, noise__warmup_steps=0))
+    first = [flat.step() for _ in range(4)]
+    w0 = np.stack([t.steps["t_end"] - t.steps["t_start"] for t in first]).astype(float)
+    assert np.median(w0[0]) < 1.2 * np.median(w0[1:])
+
+
+def test_spikes_are_rare_heavy_tailed_and_compute() -> None:
+    def compute(prob: float) -> np.ndarray:
+        sc = load_scenario("data-imbalance", seed=3, ranks=64, noise__spike_prob=prob)
+        cluster = Cluster(sc)
+        tables = [cluster.step() for _ in range(8)]
+        out = np.zeros((8, 64))
+        for i, t in enumerate(tables):
+            p = t.phases
+            m = np.isin(p["phase"], [schema.PHASE_INDEX["forward"], schema.PHASE_INDEX["backward"]])
+            np.add.at(out[i], p["rank"][m], (p["t1"] - p["t0"])[m])
+        return out
+
+    sc = load_scenario("data-imbalance", seed=3)
+    base, spiky = compute(0.0), compute(0.05)
+    excess = spiky - base
+    hit = excess > 0.5 * sc.noise.spike_ms * 1e6
+    assert 0.01 < hit.mean() < 0.12
+    assert np.all(np.abs(excess[~hit]) < 1e3)  # the rest is untouched, to the rounding
+    assert excess[hit].max() > 2.5 * np.median(excess[hit])
+    assert excess.max() <= 100 * sc.noise.spike_ms * 1e6 + 1e3
