@@ -84,15 +84,6 @@ class Intake:
             self._reject(
                 "duplicate_step", f"rank {h['rank']} of run {h['run']!r} sent {n} step(s) again", n
             )
-        if verdict.bad_host_values:
-            h = msg.header
-            n = verdict.bad_host_values
-            self._reject(
-                "bad_host_value",
-                f"rank {h['rank']} of run {h['run']!r} sent {n} impossible GC, CPU or expert "
-                "value(s), read as unknown",
-                n,
-            )
         if verdict.empty:
             return False
         if self.recorder is not None:

@@ -48,6 +48,37 @@ _INSTANCE_DTYPES = {
 }
 _STEP_VALUES = ("t_start", "t_end", *WORK_COLUMNS, *MEMORY_COLUMNS, *HOST_COLUMNS)
 """Columns of a steps table the ring keeps."""
+HOST_SLACK_NS = 1_000_000
+"""CPU or GC time may exceed the wall time it fell in by this much plus 5 % (the clock
+reads at a span's ends are not simultaneous) before it is impossible."""
+MAX_HOST_NS = 7 * 86_400 * 10**9
+"""Bound on ``gc_ns``/``cpu_ns`` where the wall time is unknown (a week)."""
+_WALL_BOUNDED = ("gc_ns", "cpu_ns")
+_CHECKED = (*HOST_COLUMNS, "expert_tokens")
+"""Step columns whose impossible values are read as unknown and counted."""
+
+
+def host_value_bounds(values: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> np.ndarray:
+    """Which host or MoE values cannot be: below -1 (the unknown mark), or, for a CPU or GC
+    time, above the wall time ``t1 - t0`` it fell in (``HOST_SLACK_NS`` and 5 % allowed;
+    ``MAX_HOST_NS`` where the wall time is unknown).
+
+    The store reads such a value as unknown and counts it as ``bad_host_value`` rather than
+    refusing the message: one bad counter must not cost the step's times. The check runs
+    where the store writes its ring, over every staged message at once, not per message.
+
+    Args:
+        values: int64 ``gc_ns`` or ``cpu_ns`` column (counts are checked for ``< -1`` only).
+        t0, t1: int64 hub-clock ends of the step or span of each value.
+
+    Returns:
+        bool mask of the impossible values.
+    """
+    known = (t0 != schema.NO_TIME) & (t1 != schema.NO_TIME) & (t1 >= t0)
+    bound = np.where(known, (t1 - t0) * 1.05 + HOST_SLACK_NS, float(MAX_HOST_NS))
+    return (values < -1) | (values > bound)
+
+
 _SAMPLE_DTYPES = {"rank": np.dtype(np.int32), **schema.SAMPLE_COLUMNS}
 _MAX_SAMPLES = 4_000_000
 
@@ -90,6 +121,9 @@ class RunState:
         self.groups: dict[int, dict[str, Any]] = {}
         self.phase_names: list[str] = []
         self.stats: dict[int, dict[str, Any]] = {}
+        self.bad_host_values = 0
+        """Host or MoE values read as unknown (`host_value_bounds`), counted as they are
+        written into the ring."""
         self._info: tuple[RankInfo, dict[int, GroupInfo]] | None = None
         self.t0: int = 0
         self._t0_set = False
@@ -565,6 +599,10 @@ class RunState:
             t0 = np.concatenate([p["t0"] for _, _, p, _ in parts])
             t1 = np.concatenate([p["t1"] for _, _, p, _ in parts])
             cpu = np.concatenate([p["cpu_ns"] for _, _, p, _ in parts])
+            bad = host_value_bounds(cpu, t0, t1)
+            if bad.any():
+                self.bad_host_values += int(bad.sum())
+                cpu = np.where(bad, -1, cpu)
             cell, ok = self.cells(rank, step, inc)
             ok &= (t0 != schema.NO_TIME) & (t1 != schema.NO_TIME)
             dur = (t1 - t0).astype(np.float64)
@@ -583,8 +621,9 @@ class RunState:
         self, rank: np.ndarray, slot: np.ndarray, col: Callable[[str], np.ndarray]
     ) -> None:
         """Write the step values ``col(name)`` of cells ``(rank, slot)`` into the ring."""
-        self.t_start[rank, slot] = col("t_start")
-        self.t_end[rank, slot] = col("t_end")
+        t_start, t_end = col("t_start"), col("t_end")
+        self.t_start[rank, slot] = t_start
+        self.t_end[rank, slot] = t_end
         for grids, names in (
             (self.work, WORK_COLUMNS),
             (self.memory, MEMORY_COLUMNS),
@@ -593,6 +632,11 @@ class RunState:
             for name in names:
                 c = col(name)
                 counted = c.dtype.kind != "f"  # a count: negative is unknown
+                if name in _CHECKED:
+                    bad = host_value_bounds(c, t_start, t_end) if name in _WALL_BOUNDED else c < -1
+                    if bad.any():
+                        self.bad_host_values += int(bad.sum())
+                        c = np.where(bad, -1, c)
                 a = grids.get(name)
                 if a is None:
                     if (c.max() < 0) if counted else np.isnan(c).all():

@@ -523,6 +523,10 @@ class Store:
                     errors[k] = errors.get(k, 0) + v
                 if h["clock_error_ns"]:
                     clocks[rid] = h["clock_error_ns"]
+            bad = sum(run.bad_host_values for run in self._runs.values())
+            if bad:  # counted where the ring is written (`runstate.host_value_bounds`)
+                rejects = out["rejects"]
+                rejects["bad_host_value"] = rejects.get("bad_host_value", 0) + bad
             out["drops"] = drops
             out["collector_errors"] = errors
             out["clock_error_ns"] = clocks

@@ -15,12 +15,9 @@ repeated. Each failure is a `Reject` with a stable ``reason`` tag the hub counts
 ``bad_stats``           a stats message whose ``stats`` is not a map
 ``duplicate_step``      (counted per step, the message is kept without them) a step this
                         rank already reported, or one repeated inside the message
-``bad_host_value``      (counted per value, the message is kept) a host or MoE column
-                        value that cannot be: ``gc_ns``/``cpu_ns`` below -1 or above the
-                        wall time of their step or span (plus ``HOST_SLACK_NS``), a
-                        negative ``gc_count`` or ``expert_tokens`` other than -1. The value
-                        is read as unknown (-1) rather than the message refused: one bad
-                        counter must not cost the step's times.
+``bad_host_value``      (counted per value by the store when it writes the step, the
+                        message is kept) a host or MoE column value that cannot be: see
+                        ``hub.runstate.host_value_bounds``.
 
 Out-of-order steps are fine: the store places each step in its slot.
 """
@@ -53,74 +50,12 @@ class Verdict:
     """For steps messages: mask of step rows to keep."""
     duplicate_steps: int = 0
     """Step rows dropped as duplicates."""
-    bad_host_values: int = 0
-    """Host or MoE column values read as unknown (`host_values`)."""
     empty: bool = False
     """Nothing is left to ingest (every step was a duplicate)."""
 
 
 _ACCEPT = Verdict()
 """The verdict of a message kept whole (shared: it is frozen)."""
-
-HOST_SLACK_NS = 1_000_000
-"""CPU or GC time may exceed the wall time it fell in by this much plus 5 % (clock reads
-are not simultaneous) before it is refused as impossible."""
-MAX_HOST_NS = 7 * 86_400 * 10**9
-"""Bound on ``gc_ns``/``cpu_ns`` where the wall time is unknown (a week)."""
-
-
-def _over_wall(v: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> np.ndarray | None:
-    """Mask of the values of a time column that cannot be (below -1, or above the wall time
-    ``t1 - t0`` they fell in, with slack), or None when all are possible."""
-    if v.shape[0] <= 16:  # one step, a few spans: Python scalars beat numpy reductions
-        bad = []
-        for x, a, b in zip(v.tolist(), t0.tolist(), t1.tolist(), strict=True):
-            known = a != schema.NO_TIME and b != schema.NO_TIME and b >= a
-            bound = (b - a) * 1.05 + HOST_SLACK_NS if known else MAX_HOST_NS
-            bad.append(x < -1 or x > bound)
-        return np.array(bad) if any(bad) else None
-    if v.min() >= -1 and v.max() <= 0:
-        return None
-    known = (t0 != schema.NO_TIME) & (t1 != schema.NO_TIME) & (t1 >= t0)
-    wall = (t1 - t0).astype(np.float64)
-    mask = (v < -1) | (v > np.where(known, wall * 1.05 + HOST_SLACK_NS, float(MAX_HOST_NS)))
-    return mask if mask.any() else None
-
-
-def _refuse(table: dict[str, np.ndarray], name: str, bad: np.ndarray | None) -> int:
-    """Replace the ``bad`` values of a column by -1 (a copy: decoded columns are read-only
-    views of the message). Returns the number replaced."""
-    if bad is None:
-        return 0
-    col = table[name].copy()
-    col[bad] = -1
-    table[name] = col
-    return int(np.count_nonzero(bad))
-
-
-def host_values(msg: schema.Message) -> int:
-    """Read the impossible values of the host and MoE columns of a steps message as unknown
-    (``bad_host_value`` in the module docstring), in place.
-
-    Args:
-        msg: a decoded ``steps`` message.
-
-    Returns:
-        The number of values replaced.
-    """
-    n = 0
-    st = msg.tables["steps"]
-    if st["step"].shape[0]:
-        for name in ("gc_ns", "cpu_ns"):
-            n += _refuse(st, name, _over_wall(st[name], st["t_start"], st["t_end"]))
-        for name in ("gc_count", "expert_tokens"):
-            v = st[name]
-            if (int(v[0]) if v.shape[0] == 1 else int(v.min())) < -1:
-                n += _refuse(st, name, v < -1)
-    ph = msg.tables.get("phases")
-    if ph is not None and ph["step"].shape[0]:
-        n += _refuse(ph, "cpu_ns", _over_wall(ph["cpu_ns"], ph["t0"], ph["t1"]))
-    return n
 
 
 def check(msg: schema.Message, store: Store) -> Verdict:
@@ -233,10 +168,9 @@ def _check_steps(msg: schema.Message, run: RunState) -> Verdict:
         t_end = int(st["t_end"][0])
         if t_end < int(st["t_start"][0]) and t_end != schema.NO_TIME:
             raise Reject("bad_time", "a step ends before it starts")
-        if run.has_step(h["rank"], h["inc"], int(steps[0])):
-            return Verdict(keep_steps=np.zeros(1, bool), duplicate_steps=1, empty=True)
-        bad = host_values(msg)
-        return Verdict(bad_host_values=bad) if bad else _ACCEPT
+        if not run.has_step(h["rank"], h["inc"], int(steps[0])):
+            return _ACCEPT
+        return Verdict(keep_steps=np.zeros(1, bool), duplicate_steps=1, empty=True)
     # Hub-clock times are positive: NO_TIME (-1) can only fail the test as the end.
     if ((st["t_end"] < st["t_start"]) & (st["t_end"] != schema.NO_TIME)).any():
         raise Reject("bad_time", "a step ends before it starts")
@@ -253,5 +187,4 @@ def _check_steps(msg: schema.Message, run: RunState) -> Verdict:
         keep_steps=keep if dup else None,
         duplicate_steps=dup,
         empty=dup > 0 and not keep.any(),
-        bad_host_values=host_values(msg),
     )
