@@ -673,11 +673,20 @@ class Monitor:
             was lost).
         """
         sender = self.pump.sender
+        if self._gc and not GC_CLOCK.registered:
+            # The program emptied gc.callbacks: its pauses go unseen from now on, and the
+            # steps say so (unknown) rather than report none.
+            self._gc = False
+            GC_CLOCK.release()
+            self._error("gc_callback_removed", RuntimeError("gc.callbacks lost rankscope's clock"))
+        errors = dict(self._errors)
+        if GC_CLOCK.errors:
+            errors["gc_callback"] = GC_CLOCK.errors
         return {
             "dropped_batches": sender.dropped if sender else 0,
             "dropped_events": self._colls.dropped + self._phases.dropped + self._steps.dropped,
             "incomplete_colls": self.pump.incomplete,
-            "errors": dict(self._errors),
+            "errors": errors,
             "clock_offset_ns": int(self.pump.clock.offset_ns),
             "clock_error_ns": int(self.pump.clock.error_ns),
             "clock_synced": bool(self.pump.clock.synced),

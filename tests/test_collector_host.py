@@ -185,3 +185,16 @@ def test_an_only_expert_count_still_makes_a_setup_step_a_step(mon: Monitor) -> N
     mon._auto_touch()
     mon.work(expert_tokens=5)
     assert mon._activity_since_begin()
+
+
+def test_a_program_that_empties_gc_callbacks_gets_unknown_gc_not_zero(mon: Monitor) -> None:
+    with mon.step(0):
+        pass
+    while CLOCK.registered:
+        gc.callbacks.remove(CLOCK)
+    assert mon.stats()["errors"]["gc_callback_removed"] == 1  # seen on the pump's next stats
+    with mon.step(1):
+        gc.collect()
+    rows = mon._steps.unread()
+    assert rows["gc_count"].tolist()[0] >= 0 and rows["gc_count"].tolist()[1] == -1
+    assert rows["cpu_ns"][1] >= 0  # the CPU clock is unaffected
