@@ -120,6 +120,8 @@ def _permute(w: Window, perm: np.ndarray) -> Window:
         memory={k: rows(v) for k, v in w.memory.items()},
         device={k: rows(v) for k, v in w.device.items()},
         coll={k: rows(v) for k, v in w.coll.items()},
+        host={k: rows(v) for k, v in w.host.items()},
+        phase_cpu_ns={k: rows(v) for k, v in w.phase_cpu_ns.items()},
         clock_error_ns=rows(w.clock_error_ns),
     )
     return Window(**fields)
