@@ -198,3 +198,37 @@ def test_a_program_that_empties_gc_callbacks_gets_unknown_gc_not_zero(mon: Monit
     rows = mon._steps.unread()
     assert rows["gc_count"].tolist()[0] >= 0 and rows["gc_count"].tolist()[1] == -1
     assert rows["cpu_ns"][1] >= 0  # the CPU clock is unaffected
+
+
+def test_end_to_end_through_the_sender_into_the_store_window(no_auto_gc) -> None:
+    from test_collector_monitor import Pull, _monitor
+
+    from rankscope.hub.intake import Intake
+    from rankscope.hub.store import Store
+
+    pull = Pull()
+    try:
+        mon = _monitor(pull.endpoint, identity=Identity(0, 1, 0, "h0", 0, 1))
+        with mon.step(0):
+            with mon.phase("forward"):
+                _busy(5_000_000)
+            gc.collect()
+        with mon.step(1), mon.phase("input"):
+            time.sleep(0.01)
+        mon.close()
+        store = Store()
+        intake = Intake(store)
+        raw = []
+        while pull.sock.poll(300):
+            raw.append(pull.sock.recv())
+        for m in raw:
+            intake.feed(m)
+    finally:
+        pull.close()
+    w = store.window("r1")
+    assert w.steps.tolist() == [0, 1]
+    assert w.host["gc_count"][0].tolist() == [1.0, 0.0]
+    assert w.host["gc_ns"][0, 0] > 0 and w.host["gc_ns"][0, 1] == 0
+    assert w.host["cpu_ns"][0, 0] >= w.phase_cpu_ns["forward"][0, 0] >= 5_000_000
+    assert w.phase_cpu_ns["input"][0, 1] < 0.2 * w.phase_ns["input"][0, 1]
+    assert store.health["rejects"] == {}
