@@ -5,7 +5,8 @@
 ``ranks.csv``
     One row per rank: identity and placement, to join on ``rank``.
 ``rank_steps.csv``
-    One row per rank and step the rank reported: step time, phase totals, work, memory,
+    One row per rank and step the rank reported: step time, phase totals (and their
+    training-thread CPU time where reported), work, memory, GC pauses and thread CPU time,
     device samples and collective aggregates.
 ``collectives.csv``
     One row per collective instance ``(group, seq)``: arrivals, skew, the last-arriving rank,
