@@ -60,14 +60,18 @@ class RunSpec:
     parent_run: str | None = None
     explicit: bool = True
     """Instrument through the explicit API (``--rankscope``); False runs the script as is."""
+    script: Path = WORKLOAD
+    """The training script (any that takes ``--rankscope``, ``--job``, ``--steps`` and
+    ``--log-every``, as ``faultjobs.py`` does)."""
+    job: str = JOB
 
 
 def workload_argv(spec: RunSpec) -> list[str]:
     """The training script and its arguments."""
     return [
-        str(WORKLOAD),
+        str(spec.script),
         *(["--rankscope"] if spec.explicit else []),
-        f"--job={JOB}",
+        f"--job={spec.job}",
         f"--steps={spec.steps}",
         "--log-every=0",
         *spec.flags,
@@ -118,7 +122,7 @@ def rankscope_env(hub: str, spec: RunSpec) -> dict[str, str]:
     env = {
         "RANKSCOPE_HUB": hub,
         "RANKSCOPE_RUN": spec.run,
-        "RANKSCOPE_JOB": JOB,
+        "RANKSCOPE_JOB": spec.job,
         "RANKSCOPE_SCOPE": spec.scope,
     }
     if spec.parent_run:
@@ -157,21 +161,48 @@ def run_local(
     full_env.update(rankscope_env(hub, spec))
     full_env.update(env or {})
     t0 = time.monotonic()
+    # In a session of its own, so that a run stopped early (timeout, a test's own timeout,
+    # ^C) takes its ranks with it: killing torchrun alone would leave them waiting in gloo.
+    proc = subprocess.Popen(
+        [*prefix, *torchrun_argv(spec)],
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
-        out = subprocess.run(
-            [*prefix, *torchrun_argv(spec)],
-            env=full_env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired as exc:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _stop_group(proc)
+        _, err = proc.communicate()
         raise WorkloadError(
-            f"run {spec.run} did not finish in {timeout:.0f} s:\n{_tail(str(exc.stderr))}"
+            f"run {spec.run} did not finish in {timeout:.0f} s:\n{_tail(err)}"
         ) from None
-    if out.returncode != 0:
-        raise WorkloadError(f"run {spec.run} exited {out.returncode}:\n{_tail(out.stderr)}")
+    except BaseException:
+        _stop_group(proc)
+        proc.communicate()
+        raise
+    if proc.returncode != 0:
+        raise WorkloadError(f"run {spec.run} exited {proc.returncode}:\n{_tail(err)}")
     return time.monotonic() - t0
+
+
+def _stop_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """SIGTERM the run's process group (torchrun forwards it to the ranks), then SIGKILL."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=grace_s)
+            # torchrun gone; its ranks may not be: they share its group id.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def settled_window(store: Any, spec: RunSpec, *, warmup: int = WARMUP, timeout: float = 20.0):
