@@ -1,0 +1,358 @@
+"""Real faults in real torch jobs (``examples/faultcases.py``), diagnosed end to end.
+
+Each case is ``examples/faultjobs.py`` under ``torchrun`` (gloo, CPU, one thread per rank)
+reporting to a real hub through the collector. Two kinds of test per case:
+
+- the *data* carries the fault: checked from the window alone (phase and collective
+  times), so a failing verdict test points at the diagnosis, not at the job;
+- the *verdict* names it: `diagnose`'s top mechanism and rank (or stage), and the
+  localisation's what-if suspect. Those the current diagnosis does not yet pass are
+  marked ``xfail(strict=False)`` (open-world diagnosis in progress).
+
+Every case is one session fixture, so each run happens once; the DDP cases share one
+healthy baseline run (the hub's store holds it by run id).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+sys.path.insert(0, str(EXAMPLES))
+
+pytest.importorskip("torch")
+if shutil.which("torchrun") is None:
+    pytest.skip("torchrun is not installed", allow_module_level=True)
+
+import faultcases  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+MEASURED_S = {
+    "gap": 20.0,
+    "throttle": 21.0,
+    "gc": 24.0,
+    "pipeline": 23.0,
+    "warmup": 18.0,
+    "healthy": 14.0,
+}
+"""Wall seconds of each case's run (torchrun start to the window settled in the store),
+measured on this project's 2-core machine with both cores busy with other work (load
+5-11); at load 3 they take 5-9 s."""
+BASELINE_S = 20.0
+"""The shared healthy baseline run, measured the same way: whichever DDP case comes first
+pays for it."""
+
+
+def _timeout(name: str) -> int:
+    # Six times the loaded measurement plus a minute: start-up of torch and gloo, most of
+    # each run, is what a busier machine stretches most.
+    extra = BASELINE_S if faultcases.CASES[name].baseline is not None else 0.0
+    return int(60 + 6 * (MEASURED_S[name] + extra))
+
+
+TIMEOUT_S = {name: _timeout(name) for name in faultcases.CASES}
+OPEN = pytest.mark.xfail(strict=False, reason="open-world diagnosis in progress")
+
+
+@pytest.fixture(scope="session")
+def fault_hub(tmp_path_factory):
+    with faultcases.local_hub(tmp_path_factory.mktemp("real-faults") / "record") as h:
+        yield h
+
+
+def _measure(hub, name):
+    # Each torchrun may take most of the test's budget; two runs (baseline and fault) fit.
+    return faultcases.measure(name, hub, timeout=TIMEOUT_S[name] / 2.5)
+
+
+@pytest.fixture(scope="session")
+def gap_case(fault_hub):
+    return _measure(fault_hub, "gap")
+
+
+@pytest.fixture(scope="session")
+def throttle_case(fault_hub):
+    return _measure(fault_hub, "throttle")
+
+
+@pytest.fixture(scope="session")
+def gc_case(fault_hub):
+    return _measure(fault_hub, "gc")
+
+
+@pytest.fixture(scope="session")
+def pipeline_case(fault_hub):
+    return _measure(fault_hub, "pipeline")
+
+
+@pytest.fixture(scope="session")
+def warmup_case(fault_hub):
+    return _measure(fault_hub, "warmup")
+
+
+@pytest.fixture(scope="session")
+def healthy_case(fault_hub):
+    return _measure(fault_hub, "healthy")
+
+
+# -- what the windows hold ---------------------------------------------------------------
+def _rank_step(w, values):
+    return np.where(w.present, values, np.nan)
+
+
+def _phase(w, *names):
+    return _rank_step(w, sum(np.nan_to_num(w.phase_ns[n]) for n in names if n in w.phase_ns))
+
+
+def _unaccounted(w):
+    """(R, S) ns of each rank-step in no phase and no collective: host time nobody named."""
+    phases = sum(np.nan_to_num(v) for v in w.phase_ns.values())
+    return _rank_step(w, w.step_ns - phases - np.nan_to_num(w.coll["coll_ns"]))
+
+
+def _med(a, axis=1):
+    return np.nanmedian(a, axis=axis)
+
+
+def _complete(w):
+    inst = w.instances
+    return (inst.n_arrived >= inst.n_members) & (inst.n_members >= 2)
+
+
+MS = 1e6
+
+
+def _others(w, rank):
+    return [r for r in range(w.world_size) if r != rank]
+
+
+def _diagnose(got):
+    from rankscope.diagnosis.engine import diagnose
+
+    return diagnose(got.window, got.baseline)
+
+
+def _top3(d):
+    return [(h.mechanism, round(h.score, 2), tuple(h.ranks)) for h in d.verdict.hypotheses[:3]]
+
+
+def _assert_verdict(got):
+    d = _diagnose(got)
+    truth = got.truth
+    top = d.verdict.top
+    right = (truth["mechanism"], *truth.get("alternatives", ()))
+    assert top.mechanism in right, _top3(d)
+    if truth["ranks"]:
+        assert top.mechanism != "healthy", _top3(d)
+        assert tuple(top.ranks[:1]) == tuple(truth["ranks"][:1]), _top3(d)
+    return d
+
+
+def _assert_localised(got, kind="rank"):
+    """The localisation's suspect is the faulty rank (or stage), with a material gain."""
+    from rankscope.diagnosis import localise
+
+    loc = _diagnose(got).localisation
+    top = loc.top
+    truth = got.truth
+    assert top is not None, loc
+    assert set(truth["ranks"]) <= set(top.ranks), top
+    if kind == "stage":
+        assert top.kind in ("stage", "rank"), top
+    assert top.net_gain >= localise.MATERIAL, top
+    return top
+
+
+# -- (a) host time outside every phase ------------------------------------------------------
+@pytest.mark.timeout(TIMEOUT_S["gap"])
+def test_gap_rank_spends_its_extra_time_outside_every_phase(gap_case):
+    w, base = gap_case.window, gap_case.baseline
+    r = gap_case.case.ranks[0]
+    un = _med(_unaccounted(w))
+    # 25 ms asleep each step, in no phase and no collective, on rank r only ...
+    assert un[r] > 15 * MS, un / MS
+    assert all(un[o] < un[r] - 15 * MS for o in _others(w, r)), un / MS
+    assert un[r] > _med(_unaccounted(base))[r] + 15 * MS
+    # ... while the others wait for it in the gradient all-reduce, where it comes last.
+    wait = _med(_rank_step(w, w.coll["wait_ns"]))
+    assert all(wait[o] > 15 * MS for o in _others(w, r)), wait / MS
+    last = w.instances.last_rank[_complete(w)]
+    assert np.mean(last == r) > 0.8
+
+
+@OPEN
+@pytest.mark.timeout(TIMEOUT_S["gap"])
+def test_gap_verdict_names_the_rank_never_healthy(gap_case):
+    _assert_verdict(gap_case)
+
+
+@OPEN
+@pytest.mark.timeout(TIMEOUT_S["gap"])
+def test_gap_localised_to_the_rank(gap_case):
+    top = _assert_localised(gap_case)
+    # What-if: fixing it gives back most of the 25 ms.
+    assert top.gain_ns > 10 * MS, top
+
+
+# -- (b) a CPU-throttled rank -------------------------------------------------------------
+@pytest.mark.timeout(TIMEOUT_S["throttle"])
+def test_throttled_rank_phases_take_longer(throttle_case):
+    w, base = throttle_case.window, throttle_case.baseline
+    r = throttle_case.case.ranks[0]
+    fault = throttle_case.fault
+    assert fault["method"] in ("cgroup-v2", "cgroup-v1", "shared-core"), fault
+    if fault["method"].startswith("cgroup"):
+        # The quota acted: most periods of the run were throttled.
+        assert fault["nr_throttled"] > 0.3 * fault["nr_periods"] > 0, fault
+    fwd = _med(_phase(w, "forward"))
+    # The same forward pass, several times longer in wall time on the throttled rank
+    # (backward is not compared: the others' includes waiting for it in DDP's buckets).
+    assert all(fwd[r] > 1.8 * fwd[o] for o in _others(w, r)), fwd / MS
+    assert fwd[r] > 1.8 * _med(_phase(base, "forward"))[r]
+    last = w.instances.last_rank[_complete(w)]
+    assert np.mean(last == r) > 0.6
+
+
+@OPEN
+@pytest.mark.timeout(TIMEOUT_S["throttle"])
+def test_throttle_verdict_is_cpu_contention_on_the_rank(throttle_case):
+    _assert_verdict(throttle_case)
+
+
+@OPEN
+@pytest.mark.timeout(TIMEOUT_S["throttle"])
+def test_throttle_localised_to_the_rank(throttle_case):
+    _assert_localised(throttle_case)
+
+
+# -- (c) garbage-collection pauses --------------------------------------------------------
+def _gc_steps(got):
+    every = int(next(f for f in got.case.flags if f.startswith("--gc-every=")).split("=")[1])
+    return got.window.steps % every == every - 1
+
+
+@pytest.mark.timeout(TIMEOUT_S["gc"])
+def test_gc_rank_pauses_every_few_steps(gc_case):
+    w = gc_case.window
+    r = gc_case.case.ranks[0]
+    on = _gc_steps(gc_case)
+    assert on.sum() >= 4
+    un = _unaccounted(w)[r]
+    # Each collection walks 800k live lists: tens of ms outside every phase, in the
+    # collecting steps only.
+    excess = np.nanmedian(un[on]) - np.nanmedian(un[~on])
+    assert excess > 15 * MS, (un[on] / MS, un[~on] / MS)
+    worst = np.argsort(np.nan_to_num(un, nan=-np.inf))[-int(on.sum()) :]
+    assert on[worst].sum() >= on.sum() - 1, (w.steps[worst], w.steps[on])
+    # The other rank waits for it in those steps.
+    for o in _others(w, r):
+        wait = _rank_step(w, w.coll["wait_ns"])[o]
+        assert np.nanmedian(wait[on]) - np.nanmedian(wait[~on]) > 15 * MS
+
+
+@OPEN
+@pytest.mark.timeout(TIMEOUT_S["gc"])
+def test_gc_verdict_is_host_pause_on_the_rank(gc_case):
+    _assert_verdict(gc_case)
+
+
+@OPEN
+@pytest.mark.timeout(TIMEOUT_S["gc"])
+def test_gc_localised_to_the_rank(gc_case):
+    _assert_localised(gc_case)
+
+
+# -- (d) an unbalanced two-stage pipeline --------------------------------------------------
+@pytest.mark.timeout(TIMEOUT_S["pipeline"])
+def test_pipeline_heavy_stage_computes_and_the_other_waits(pipeline_case):
+    w = pipeline_case.window
+    heavy = pipeline_case.case.ranks[0]
+    light = 1 - heavy
+    assert w.ranks.mesh["pp"].tolist() == [0, 1]
+    compute = _med(_phase(w, "forward", "backward"))
+    assert compute[heavy] > 3 * compute[light], compute / MS
+    pp_wait = _med(_phase(w, "pp_wait"))
+    step = _med(_rank_step(w, w.step_ns))
+    assert pp_wait[light] > 2 * pp_wait[heavy], pp_wait / MS
+    assert pp_wait[light] > 0.3 * step[light], (pp_wait / MS, step / MS)
+    # The activations and gradients went through send/recv, which the collector saw.
+    assert np.all(_med(_rank_step(w, w.coll["n"])) >= _microbatches(w))
+
+
+def _microbatches(w):
+    cfg = w.manifest.get("job_config") or {}
+    return int(cfg.get("microbatches", 1))
+
+
+@OPEN
+@pytest.mark.timeout(TIMEOUT_S["pipeline"])
+def test_pipeline_verdict_names_the_heavy_stage(pipeline_case):
+    from rankscope.commands.eval_scoring import localise
+
+    d = _assert_verdict(pipeline_case)
+    assert localise(d, pipeline_case.truth)["stage"] is True, _top3(d)
+
+
+@OPEN
+@pytest.mark.timeout(TIMEOUT_S["pipeline"])
+def test_pipeline_localised_to_the_heavy_stage(pipeline_case):
+    _assert_localised(pipeline_case, kind="stage")
+
+
+# -- (e) a healthy job with a slow warm-up --------------------------------------------------
+@pytest.mark.timeout(TIMEOUT_S["warmup"])
+def test_warmup_steps_are_slower_on_every_rank(warmup_case):
+    w = warmup_case.window
+    k = warmup_case.truth["warmup_steps"]
+    assert w.steps[0] == 0 and w.steps.shape[0] == warmup_case.case.steps
+    fwd = _phase(w, "forward")
+    for r in range(w.world_size):
+        assert np.nanmedian(fwd[r, :k]) > 10 * np.nanmedian(fwd[r, k:]), fwd[r] / MS
+    step = np.nanmax(_rank_step(w, w.step_ns), axis=0)
+    assert np.median(step[:k]) > 3 * np.median(step[k:]), step / MS
+
+
+@OPEN
+@pytest.mark.timeout(TIMEOUT_S["warmup"])
+def test_warmup_verdict_is_healthy(warmup_case):
+    d = _assert_verdict(warmup_case)
+    found = getattr(d, "warmup_steps", None)
+    if found is not None:
+        assert abs(int(found) - warmup_case.truth["warmup_steps"]) <= 1, found
+
+
+# -- the healthy job against another run of itself -----------------------------------------
+@pytest.mark.timeout(TIMEOUT_S["healthy"])
+def test_healthy_runs_have_no_rank_apart(healthy_case):
+    for w in (healthy_case.window, healthy_case.baseline):
+        assert w.present.all()
+        un = _med(_unaccounted(w))
+        assert np.all(un < 10 * MS), un / MS
+        fwd = _med(_phase(w, "forward"))
+        assert fwd.max() < 2 * fwd.min(), fwd / MS
+
+
+@OPEN
+@pytest.mark.timeout(TIMEOUT_S["healthy"])
+def test_healthy_verdict_is_healthy(healthy_case):
+    _assert_verdict(healthy_case)
+
+
+# -- the interface rankscope eval --real uses ---------------------------------------------
+@pytest.mark.timeout(TIMEOUT_S["gap"])
+def test_run_case_reads_back_what_the_hub_holds(fault_hub, gap_case):
+    window, baseline, truth = faultcases.run_case("gap", fault_hub)
+    assert truth == {
+        "mechanism": "unexplained_straggler",
+        "ranks": (1,),
+        "alternatives": ("host_pause", "slow_host_input"),
+    }
+    # Read back from the store, not rerun: the same steps of the same runs.
+    assert window.run == gap_case.window.run and baseline.run == gap_case.baseline.run
+    assert np.array_equal(window.t_end, gap_case.window.t_end, equal_nan=True)
