@@ -16,7 +16,13 @@ Each ``t_end - t_start`` splits into ``CATEGORIES``, which sum to the step time 
   other phases and exposed collective time together overrun the step (at most the exposed
   collective time). This is exact whenever phases and collectives tile the step; otherwise
   compute may include up to the unlabelled gap;
-- ``other``: what is left (user phases, unlabelled gaps).
+- ``host_gap``: with compute phases recorded, the time inside the step that no phase and no
+  exposed collective covers: the host between its recorded work (a synchronous log call,
+  a Python pause, a launch-bound CPU, code the collector does not see). It is never
+  folded into compute: a rank that spends 30 ms a step there is a straggler whose time
+  goes nowhere the catalogue names, and localisation must show it. Without compute phases
+  the residual is compute and the gap is not measured (0);
+- ``other``: user-defined phases (up to what is left after the measured categories).
 
 Pipeline send/recv: a ``pp_wait`` phase spans the blocking send/recv it waits in, which
 the collective columns count as well. When the raw rows tell the two apart
@@ -34,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rankscope.collector.schema import PHASES
 from rankscope.diagnosis.robust import nanmax, nanmean
 from rankscope.diagnosis.window import Window
 
@@ -46,6 +53,7 @@ CATEGORIES = (
     "memory",
     "checkpoint",
     "recovery",
+    "host_gap",
     "other",
 )
 COMPUTE_PHASES = ("forward", "backward", "optimizer", "eval")
@@ -57,11 +65,12 @@ PHASE_CATEGORIES = {
     "recovery": "recovery",
 }
 """Category -> the phase that measures it."""
+_BUILTIN_PHASES = frozenset(PHASES)
 
 COMPUTE_RULE = (
     "compute = forward+backward+optimizer+eval phases minus the exposed collective time "
     "they also cover (the overrun of phases + collectives past the step); without compute "
-    "phases, the residual of the step"
+    "phases, the residual of the step; host_gap = what no phase or exposed collective covers"
 )
 
 
@@ -155,7 +164,12 @@ def decompose(window: Window, exposed: dict[str, np.ndarray] | None = None) -> D
     room = np.maximum(step - compute - measured_sum * scale, 0.0)
     # Without compute phases, everything not measured is compute.
     compute = np.where(has_phases, compute, room)
-    other = np.where(has_phases, room, 0.0)
+    user = np.zeros(shape)
+    for name, arr in window.phase_ns.items():
+        if name not in _BUILTIN_PHASES:
+            user = user + np.nan_to_num(np.maximum(arr, 0.0), nan=0.0)
+    other = np.where(has_phases, np.minimum(room, user), 0.0)
+    gap = np.where(has_phases, room - other, 0.0)
 
     out = np.empty((len(CATEGORIES), *shape))
     for i, cat in enumerate(CATEGORIES):
@@ -163,6 +177,8 @@ def decompose(window: Window, exposed: dict[str, np.ndarray] | None = None) -> D
             out[i] = compute
         elif cat == "other":
             out[i] = other
+        elif cat == "host_gap":
+            out[i] = gap
         else:
             out[i] = measured[cat]
     out[:, ~present] = np.nan

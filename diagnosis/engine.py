@@ -1,12 +1,22 @@
 """One entry point: ``diagnose(window, baseline=None) -> Diagnosis``.
 
-It runs the seed's ordered reduction on one window — numerator, decomposition, critical
-path, structure, message-size curves, distributions, behaviour over time, stall — and
-ranks the hypotheses. The CLI, the TUI and snapshots all call it, so they agree.
+It runs the seed's ordered reduction on one window, in three stages a reader can follow:
+
+1. **when**: warm-up steps are set aside (`warmup`), and where the step time shifted
+   inside the window the steps since the shift are read (`regime`);
+2. **localise** (no catalogue): numerator, wall-time decomposition, critical path, who
+   sets each step and what fixing them would gain (`localise`), structure, links,
+   message-size curves, distributions, behaviour over time (`gather_evidence`);
+3. **explain**: every catalogued judge (`judges.JUDGES`), reconciled so one fault gets one
+   name, then **verdict**: scores, the open-world remainder (`openworld`) and ``healthy``
+   (`verdict.judge`).
+
+The CLI, the TUI and snapshots all call it, so they agree.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from rankscope.diagnosis.baseline import BaselineComparison, compare_runs
@@ -22,11 +32,13 @@ from rankscope.diagnosis.decomposition import (
 from rankscope.diagnosis.exposure import exposed_union, rows_cover_window
 from rankscope.diagnosis.fabric import FabricView, fabric_view
 from rankscope.diagnosis.grouprows import GroupSkew
+from rankscope.diagnosis.localise import Finding, Localisation, Suspect, link_suspects, localise
 from rankscope.diagnosis.numerator import NumeratorCheck, check_numerator
 from rankscope.diagnosis.regime import Regime, current_regime, since
 from rankscope.diagnosis.stall import Stall, detect_stall
 from rankscope.diagnosis.trends import Trends, trends
 from rankscope.diagnosis.verdict import Evidence, Verdict, judge
+from rankscope.diagnosis.warmup import Warmup, warmup_of
 from rankscope.diagnosis.window import Window
 
 
@@ -54,6 +66,18 @@ class Diagnosis:
     regime: Regime | None = None
     """Set when the step time shifted inside the window: every analysis above then reads
     the steps since (``window`` is that part), and the stall check the whole window."""
+    localisation: Localisation | None = None
+    """Who sets the steps and the what-if gain of each suspect, net of chance and of the
+    baseline's same entity."""
+    finding: Finding | None = None
+    """The material straggler localisation found (or that it found none)."""
+    warmup: Warmup | None = None
+    """The warm-up steps set aside at the start of the window, when there were any."""
+
+    @property
+    def warmup_steps(self) -> int:
+        """Steps set aside as warm-up (0: none)."""
+        return self.warmup.steps if self.warmup is not None else 0
 
 
 def _decompose(window: Window) -> Decomposition:
@@ -86,17 +110,34 @@ def gather_evidence(
     delta = None
     if baseline is not None:
         delta = compare(decomp, baseline_decomp or _decompose(baseline))
+    fabric = fabric_view(window, crit.groups, baseline, baseline_rows)
+    loc = localise(window, decomp)
     return Evidence(
         window=window,
         decomp=decomp,
         crit=crit,
         corr=correlate(window, decomp, crit),
         trends=trends(window, decomp),
-        fabric=fabric_view(window, crit.groups, baseline, baseline_rows),
+        fabric=fabric,
         numerator=check_numerator(window, baseline),
         comparison=compare_runs(window, baseline),
+        loc=with_links(loc, link_suspects(fabric, loc.step_ns)),
         delta=delta,
     )
+
+
+def with_links(loc: Localisation, links: tuple[Suspect, ...]) -> Localisation:
+    """The localisation with the link suspects among its suspects, best first."""
+    if not links:
+        return loc
+    suspects = sorted((*loc.suspects, *links), key=lambda s: -s.net_gain)
+    return dataclasses.replace(loc, suspects=tuple(suspects))
+
+
+def set_warmup_aside(window: Window) -> tuple[Window, Warmup | None]:
+    """The window without its warm-up steps (`warmup`), and the warm-up."""
+    warm = warmup_of(window)
+    return (since(window, warm.steps), warm) if warm is not None else (window, None)
 
 
 def diagnose(
@@ -117,9 +158,12 @@ def diagnose(
         before it.
     """
     whole = window
+    window, warm = set_warmup_aside(window)
     regime = current_regime(window)
     if regime is not None:
         window = since(window, regime.start_index)
+    if baseline is not None:
+        baseline, _ = set_warmup_aside(baseline)
     base_ev = gather_evidence(baseline) if baseline is not None else None
     ev = gather_evidence(
         window,
@@ -150,4 +194,7 @@ def diagnose(
         stall=detect_stall(whole, now_ns),
         verdict=verdict,
         regime=regime,
+        localisation=verdict.localisation,
+        finding=verdict.finding,
+        warmup=warm,
     )

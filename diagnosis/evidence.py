@@ -10,6 +10,7 @@ from rankscope.diagnosis.correlate import Correlations
 from rankscope.diagnosis.critical import CriticalPath
 from rankscope.diagnosis.decomposition import Decomposition, DecompositionDelta
 from rankscope.diagnosis.fabric import FabricView
+from rankscope.diagnosis.localise import Localisation
 from rankscope.diagnosis.numerator import NumeratorCheck
 from rankscope.diagnosis.robust import nanmedian
 from rankscope.diagnosis.trends import Trends
@@ -28,6 +29,8 @@ class Evidence:
     fabric: FabricView
     numerator: NumeratorCheck
     comparison: BaselineComparison
+    loc: Localisation
+    """Who sets the steps and what fixing them gains (no catalogue needed)."""
     delta: DecompositionDelta | None = None
 
     @cached_property

@@ -1,5 +1,6 @@
-"""One judge per mechanism: how much of the step it costs, and how specifically the data
-shows its signature (see `verdict` for how the two make a score).
+"""The judges of devices, inputs, links and behaviour over time: how much of the step a
+mechanism costs, and how specifically the data shows its signature (see `verdict` for how
+the two make a score; `judges` holds the table of every judge).
 
 Every judge reads relative, scale-free evidence: robust z-scores against the ranks' own
 spread with a threshold that grows with the rank count, effect sizes, ratios to peers or
@@ -13,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rankscope.diagnosis.decomposition import Decomposition
+from rankscope.diagnosis.candidate import NONE, Candidate, hosts_of, ms, pct
+from rankscope.diagnosis.decomposition import COMPUTE_PHASES, Decomposition
 from rankscope.diagnosis.evidence import Evidence
 from rankscope.diagnosis.fabric import LinkFinding
 from rankscope.diagnosis.robust import (
@@ -36,48 +38,14 @@ fabric; a tighter measured spread is not trusted for the burst test."""
 MAD_SIGMA = 1.4826
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """One mechanism's judgement before scoring."""
-
-    impact: float
-    strength: float
-    ranks: tuple[int, ...] = ()
-    hosts: tuple[str, ...] = ()
-    rails: tuple[int, ...] = ()
-    groups: tuple[str, ...] = ()
-    evidence: tuple[str, ...] = ()
-    caveats: tuple[str, ...] = ()
-    unjudged: tuple[str, ...] = ()
-    """What the judge could not test on this window, and why (a healthy verdict says so
-    rather than implying the mechanism was ruled out)."""
-
-
-_NONE = Candidate(0.0, 0.0)
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%" if np.isfinite(x) else "n/a"
-
-
-def _ms(ns: float) -> str:
-    return f"{ns / 1e6:.1f} ms" if np.isfinite(ns) else "n/a"
-
-
-def _hosts_of(ev: Evidence, ranks) -> tuple[str, ...]:
-    names = ev.window.ranks.hosts
-    codes = sorted({int(ev.window.ranks.host[r]) for r in ranks})
-    return tuple(names[c] if 0 <= c < len(names) else f"host{c}" for c in codes)
-
-
-def _slow_device(ev: Evidence) -> Candidate:
+def judge_slow_device(ev: Evidence) -> Candidate:
     sr = ev.corr.slow_rank
     n = ev.window.world_size
     thr = expected_max_z(n) + Z_MARGIN
     z = np.nan_to_num(sr.residual_z, nan=-np.inf)
     cands = np.flatnonzero((z > thr) & (sr.residual > 0))
     if cands.size == 0 or cands.size > max(2, n // 4):
-        return _NONE
+        return NONE
     cands = cands[np.argsort(-sr.residual[cands])][:16]
     top = int(cands[0])
     compute = nanmedian(ev.decomp.category("compute"))
@@ -88,10 +56,22 @@ def _slow_device(ev: Evidence) -> Candidate:
     stable = bool(counts.max() > 0 and counts[cands].max() >= counts.max())
     strength = logistic(float(z[top]), thr, 1.0) * (1.0 if stable else 0.8)
     evidence = [
-        f"rank {top} computes {_pct(sr.residual[top])} longer than its work predicts "
+        f"rank {top} computes {pct(sr.residual[top])} longer than its work predicts "
         f"(robust z {z[top]:.0f} across {n} ranks)",
-        f"the slowest rank was rank {sr.modal_rank} in {_pct(sr.modal_share)} of steps",
+        f"the slowest rank was rank {sr.modal_rank} in {pct(sr.modal_share)} of steps",
     ]
+    caveats = []
+    raw = _raw_compute_lead(ev, top)
+    if np.isfinite(raw) and raw < 0.25 * sr.residual[top]:
+        # A slow device is slower inside its own compute phases, wall time and all. When
+        # they are not longer than the median rank's, its larger compute is the peers'
+        # collective time the decomposition took out of their phases, not its own work.
+        strength *= 0.3
+        caveats.append(
+            f"rank {top}'s compute phases are {pct(raw)} longer than the median rank's in wall "
+            "time, far less than its compute lead: the lead is its peers' waiting inside "
+            "their phases, not a slower device"
+        )
     dev = ev.window.device
     clock = nanmedian(dev["sm_clock_mhz"], axis=1)
     if np.isfinite(clock).sum() >= 3:
@@ -122,17 +102,37 @@ def _slow_device(ev: Evidence) -> Candidate:
         sorted({int(ev.window.ranks.rail[r]) for r in ranks if ev.window.ranks.rail[r] >= 0})
     )
     return Candidate(
-        impact, strength, ranks, _hosts_of(ev, ranks), rails=rails, evidence=tuple(evidence)
+        impact,
+        strength,
+        ranks,
+        hosts_of(ev, ranks),
+        rails=rails,
+        evidence=tuple(evidence),
+        caveats=tuple(caveats),
     )
 
 
-def _data_imbalance(ev: Evidence) -> Candidate:
+def _raw_compute_lead(ev: Evidence, rank: int) -> float:
+    """How much longer one rank's compute phases are than the median rank's, in wall time
+    as recorded (collectives inside them included), median over steps (NaN without
+    compute phases)."""
+    spans = [ev.window.phase_ns[p] for p in COMPUTE_PHASES if p in ev.window.phase_ns]
+    if not spans:
+        return float("nan")
+    raw = np.where(ev.window.present, sum(spans), np.nan)
+    med = nanmedian(raw, axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        lead = np.where(med > 0, raw[rank] / med - 1.0, np.nan)
+    return float(nanmedian(lead)) if np.isfinite(lead).any() else float("nan")
+
+
+def judge_data_imbalance(ev: Evidence) -> Candidate:
     wc = ev.corr.work
     sr = ev.corr.slow_rank
     if not (np.isfinite(wc.work_excess) and np.isfinite(wc.compute_excess)):
-        return _NONE
+        return NONE
     if wc.compute_excess <= 0:
-        return _NONE
+        return NONE
     explained = float(np.clip(wc.work_excess / wc.compute_excess, 0.0, 1.0))
     impact = float(max(0.0, min(wc.work_excess, wc.compute_excess)))
     moving = sr.modal_share < 0.5
@@ -140,31 +140,31 @@ def _data_imbalance(ev: Evidence) -> Candidate:
     # runs, whose lead is noise, sit near zero.
     strength = logistic(explained, 0.25, 0.05) * (1.0 if moving else 0.7)
     evidence = [
-        f"the slowest rank's compute leads the median rank by {_pct(wc.compute_excess)} of "
-        f"the step; its work alone predicts {_pct(wc.work_excess)}",
+        f"the slowest rank's compute leads the median rank by {pct(wc.compute_excess)} of "
+        f"the step; its work alone predicts {pct(wc.work_excess)}",
         f"largest Σseq² is {wc.attn_max_ratio:.2f}x the median rank's, tokens "
         f"{wc.tokens_max_ratio:.2f}x",
         f"compute vs Σseq² ρ = {wc.attn_rho:.2f}, vs tokens ρ = {wc.tokens_rho:.2f}",
         f"the slowest rank moved: {sr.distinct} distinct ranks over "
-        f"{int((sr.slowest >= 0).sum())} steps (most frequent {_pct(sr.modal_share)})",
+        f"{int((sr.slowest >= 0).sum())} steps (most frequent {pct(sr.modal_share)})",
     ]
     if np.isfinite(wc.slowest_is_heaviest):
         evidence.append(
-            f"the slowest rank also had the most work in {_pct(wc.slowest_is_heaviest)} of steps"
+            f"the slowest rank also had the most work in {pct(wc.slowest_is_heaviest)} of steps"
         )
     caveats = []
     if ev.crit.skew_resolvable < 0.5:
         caveats.append(
-            f"arrival skews are mostly below twice the clock error ({_ms(ev.crit.clock_error_ns)}); "
+            f"arrival skews are mostly below twice the clock error ({ms(ev.crit.clock_error_ns)}); "
             "compute durations are local and unaffected"
         )
     return Candidate(impact, strength, evidence=tuple(evidence), caveats=tuple(caveats))
 
 
-def _slow_host_input(ev: Evidence) -> Candidate:
+def judge_slow_host_input(ev: Evidence) -> Candidate:
     inp = ev.corr.relative.get("input")
     if inp is None or not np.isfinite(inp).any():
-        return _NONE
+        return NONE
     n = ev.window.world_size
     thr = expected_max_z(n) + Z_MARGIN
     # Against the quiet ranks: with one slow host of two, half the ranks are affected.
@@ -173,7 +173,7 @@ def _slow_host_input(ev: Evidence) -> Candidate:
     med = float(nanmedian(inp))
     cands = np.flatnonzero((z > thr) & (inp > ref))
     if cands.size == 0 or cands.size > (3 * n) // 4:
-        return _NONE
+        return NONE
     top = int(cands[np.argmax(inp[cands])])
     impact = float(inp[top] - ref)
     # Implicate the ranks that carry the loss: at least half the worst rank's excess. With
@@ -187,10 +187,10 @@ def _slow_host_input(ev: Evidence) -> Candidate:
     size = np.array([np.count_nonzero(host == c) for c in codes])
     whole = bool(np.all(per_host * 2 >= size))
     strength = logistic(float(z[top]), thr, 1.0) * (1.0 if whole else 0.6)
-    hosts = _hosts_of(ev, cands)
+    hosts = hosts_of(ev, cands)
     evidence = [
-        f"input wait on {', '.join(hosts[:3])}: {_pct(inp[top])} of the step vs "
-        f"{_pct(ref)} on the quiet ranks (median rank {_pct(med)})",
+        f"input wait on {', '.join(hosts[:3])}: {pct(inp[top])} of the step vs "
+        f"{pct(ref)} on the quiet ranks (median rank {pct(med)})",
         f"{cands.size} rank(s) affected, z up to {z[top]:.0f} against the quiet ranks",
     ]
     host_eff = [e for e in ev.corr.for_metric("input") if e.dimension == "host"]
@@ -304,14 +304,14 @@ def nanmax_ranks(decomp: Decomposition, cats: tuple[str, ...]) -> np.ndarray:
     return np.where(np.isfinite(total).any(axis=0), top, np.nan)
 
 
-def _local_fabric(ev: Evidence) -> Candidate:
+def judge_local_fabric(ev: Evidence) -> Candidate:
     j = _link_candidate(ev, ev.fabric.hosts, ev.fabric.hosts_vs_baseline)
     if j is None:
-        return _NONE
+        return NONE
     w = j.worst
     evidence = [
         *_link_evidence(j, "intra-host", "host", ev.fabric.hosts_vs_baseline),
-        f"{_ms(w.extra_ns_per_step)} extra transfer per step in {len(w.groups)} group(s)",
+        f"{ms(w.extra_ns_per_step)} extra transfer per step in {len(w.groups)} group(s)",
     ]
     return Candidate(
         j.impact,
@@ -325,14 +325,14 @@ def _local_fabric(ev: Evidence) -> Candidate:
     )
 
 
-def _network_rail(ev: Evidence) -> Candidate:
+def judge_network_rail(ev: Evidence) -> Candidate:
     j = _link_candidate(ev, ev.fabric.rails, ev.fabric.rails_vs_baseline)
     if j is None:
-        return _NONE
+        return NONE
     w = j.worst
     evidence = [
         *_link_evidence(j, "cross-host", "rail", ev.fabric.rails_vs_baseline),
-        f"{_ms(w.extra_ns_per_step)} extra transfer per step in {_groups(w.groups)}",
+        f"{ms(w.extra_ns_per_step)} extra transfer per step in {_groups(w.groups)}",
     ]
     return Candidate(
         j.impact,
@@ -351,9 +351,9 @@ def _groups(names: tuple[str, ...]) -> str:
     return ", ".join(names[:4]) + (f" (+{len(names) - 4})" if len(names) > 4 else "")
 
 
-def _placement(ev: Evidence) -> Candidate:
+def judge_placement(ev: Evidence) -> Candidate:
     if not ev.fabric.placement:
-        return _NONE
+        return NONE
     worst = max(ev.fabric.placement, key=lambda f: f.extra_ns_per_step)
     comm = nanmean(nanmax_ranks(ev.decomp, ("exposed_comm", "arrival_wait")))
     impact = float(max(0.0, min(worst.extra_ns_per_step, comm) / ev.step_ns))
@@ -364,28 +364,34 @@ def _placement(ev: Evidence) -> Candidate:
         f"{worst.label}: {_groups(worst.groups)} span {', '.join(worst.hosts[:4])} while the "
         "other groups of that kind stay inside one host",
         f"their transfer is {worst.slowdown:.2f}x that of intra-host peers, "
-        f"{_ms(worst.extra_ns_per_step)} extra per step",
+        f"{ms(worst.extra_ns_per_step)} extra per step",
     )
     return Candidate(
         impact, strength, worst.ranks, worst.hosts, groups=worst.groups, evidence=evidence
     )
 
 
-def _checkpoint(ev: Evidence) -> Candidate:
+def judge_checkpoint(ev: Evidence) -> Candidate:
     sp = ev.trends.spikes
     ck = float(nanmean(ev.decomp.category("checkpoint"))) / ev.step_ns
     cat = sp.dominant_category()
     if sp.steps.size == 0 and ck <= 0:
-        return _NONE
+        return NONE
     spike_share = sp.share_of_time if (sp.periodic or cat == "checkpoint") else 0.0
     impact = max(spike_share, ck if np.isfinite(ck) else 0.0)
-    strength = (1.0 if sp.periodic else 0.5) * (1.0 if cat in ("checkpoint", None) else 0.6)
+    # Where the spikes' time went: a checkpoint that is not instrumented as a phase lands
+    # between the recorded phases; spikes of compute or communication are something else.
+    fits = 1.0 if cat in ("checkpoint", None) else 0.6 if cat in ("host_gap", "other") else 0.3
+    strength = (1.0 if sp.periodic else 0.5) * fits
     if sp.steps.size == 0:
         strength = 0.8  # checkpoint time on every step, no spike pattern
-    evidence = [f"checkpoint phase: {_pct(ck)} of the step time on average"]
+    evidence = [f"checkpoint phase: {pct(ck)} of the step time on average"]
+    caveats = []
+    if not ck > 0 and sp.steps.size:
+        caveats.append(f"no checkpoint phase was recorded; the spikes' extra time went to '{cat}'")
     if sp.steps.size:
         evidence.append(
-            f"{sp.steps.size} step spikes (robust z > {SPIKE_Z:.0f}) adding {_pct(sp.share_of_time)} "
+            f"{sp.steps.size} step spikes (robust z > {SPIKE_Z:.0f}) adding {pct(sp.share_of_time)} "
             f"of the window's time, most in '{cat}'"
         )
         if np.isfinite(sp.period):
@@ -393,10 +399,12 @@ def _checkpoint(ev: Evidence) -> Candidate:
                 f"spikes every {sp.period:.0f} steps (interval CV {sp.interval_cv:.2f}; periodic "
                 f"below {PERIODIC_CV})"
             )
-    return Candidate(float(impact), float(strength), evidence=tuple(evidence))
+    return Candidate(
+        float(impact), float(strength), evidence=tuple(evidence), caveats=tuple(caveats)
+    )
 
 
-def _allocator_growth(ev: Evidence) -> Candidate:
+def judge_allocator_growth(ev: Evidence) -> Candidate:
     mem = {t.name: t for t in ev.trends.memory}
     n_steps = int(ev.window.steps.shape[0])
     phase = mem["memory_phase"]
@@ -414,35 +422,35 @@ def _allocator_growth(ev: Evidence) -> Candidate:
         growth = max(st.relative_change, 0.0)
         strength = 0.7 * logistic(min(t.rho for t in rising), 0.8, 0.05)
         evidence = [
-            f"step time grows {_pct(st.relative_change)} over {n_steps} steps (ρ {st.rho:.2f}) "
+            f"step time grows {pct(st.relative_change)} over {n_steps} steps (ρ {st.rho:.2f}) "
             "while " + ", ".join(f"{t.name} rises (ρ {t.rho:.2f})" for t in rising),
             "no memory-management phase was recorded to confirm allocator retries",
         ]
         return Candidate(float(growth), float(strength), evidence=tuple(evidence))
     if not np.isfinite(growth) or growth <= 0:
-        return _NONE
+        return NONE
     rho = phase.rho if np.isfinite(phase.rho) else 0.0
     strength = logistic(rho, 0.6, 0.08) * (1.0 if rising else 0.7)
     evidence = [
-        f"memory-management time grows by {_pct(growth)} of the step over {n_steps} steps "
+        f"memory-management time grows by {pct(growth)} of the step over {n_steps} steps "
         f"(Spearman ρ with time {rho:.2f})",
     ]
     for t in rising:
         evidence.append(
-            f"{t.name} rises with time since start (ρ {t.rho:.2f}, {_pct(t.relative_change)})"
+            f"{t.name} rises with time since start (ρ {t.rho:.2f}, {pct(t.relative_change)})"
         )
     if np.isfinite(st.rho):
         evidence.append(
-            f"step time trend ρ {st.rho:.2f}, {_pct(st.relative_change)} over the window"
+            f"step time trend ρ {st.rho:.2f}, {pct(st.relative_change)} over the window"
         )
     return Candidate(float(growth), float(strength), evidence=tuple(evidence))
 
 
-def _intermittent_congestion(ev: Evidence) -> Candidate:
+def judge_intermittent_congestion(ev: Evidence) -> Candidate:
     infl = ev.fabric.inflation_cross
     ok = np.isfinite(infl) & (infl > 0)
     if ok.sum() < 8:
-        return _NONE
+        return NONE
     logi = np.log(np.where(ok, infl, 1.0))
     # The quiet level and its spread come from the quietest steps: bursts may hit more
     # than half of them, and then a median would call the quiet steps the outliers.
@@ -453,7 +461,7 @@ def _intermittent_congestion(ev: Evidence) -> Candidate:
     burst = ok & (z > SPIKE_Z)
     idx = np.flatnonzero(burst)
     if idx.size == 0:
-        return _NONE
+        return NONE
     comm = nanmean(ev.decomp.category("exposed_comm") + ev.decomp.category("arrival_wait"), axis=0)
     step = nanmedian(ev.decomp.step_ns, axis=0)
     calm = ~burst & ok
@@ -462,17 +470,28 @@ def _intermittent_congestion(ev: Evidence) -> Candidate:
     periodic = False
     if idx.size >= 3:
         gaps = np.diff(ev.window.steps[idx]).astype(float)
-        periodic = bool(gaps.std() / gaps.mean() <= PERIODIC_CV)
+        # Bursts in consecutive steps are a stretch of congestion, not a schedule.
+        periodic = bool(gaps.mean() >= 2 and gaps.std() / gaps.mean() <= PERIODIC_CV)
     strength = (0.3 if periodic else 1.0) * (1.0 if idx.size >= 2 else 0.5)
     specific, intra_burst = _network_specific(infl, ev.fabric.inflation_intra, idx, calm)
     strength *= specific
+    caveats = []
+    if _one_trailing_run(idx, infl.shape[0]):
+        # Bursts that are one run reaching the end of the window, with none before, are a
+        # level that shifted (a link that degraded mid-run), not congestion that comes and
+        # goes.
+        strength *= 0.3
+        caveats.append(
+            "the bursts are one run up to the end of the window with none before: a level "
+            "shift, not congestion that comes and goes"
+        )
     evidence = [
         f"{idx.size} of {int(ok.sum())} steps had cross-host transfers "
         f"{nanmedian(infl[idx]) / np.exp(ref):.2f}x their quiet time (median burst), at "
         "irregular intervals"
         if not periodic
         else f"{idx.size} transfer bursts, but at a regular interval",
-        f"bursts added {_pct(impact)} of the window's time in exposed communication and wait",
+        f"bursts added {pct(impact)} of the window's time in exposed communication and wait",
         f"intra-host transfers in the same steps: {intra_burst:.2f}x their calm steps'",
     ]
     if specific < 0.5:
@@ -480,7 +499,15 @@ def _intermittent_congestion(ev: Evidence) -> Candidate:
             "intra-host transfers burst as much in those steps: the stalls are on the hosts "
             "(scheduling, CPU contention), not in the network"
         )
-    return Candidate(impact, strength, evidence=tuple(evidence))
+    return Candidate(impact, strength, evidence=tuple(evidence), caveats=tuple(caveats))
+
+
+def _one_trailing_run(idx: np.ndarray, n_steps: int) -> bool:
+    """The burst steps ``idx`` (sorted columns) are one consecutive run of three or more
+    that reaches the last step, with no burst before it."""
+    if idx.size < 3 or idx[-1] < n_steps - 1:
+        return False
+    return bool(np.all(np.diff(idx) == 1))
 
 
 def _network_specific(
@@ -502,10 +529,10 @@ def _network_specific(
     return float(np.clip((lc - li) / lc, 0.0, 1.0)), float(ib / ic)
 
 
-def _numerator_change(ev: Evidence) -> Candidate:
+def judge_numerator_change(ev: Evidence) -> Candidate:
     num = ev.numerator
     if not num.has_baseline or not num.numerator_changed:
-        return _NONE
+        return NONE
     impact = float(abs(num.executed_ratio - 1.0))
     evidence = [
         f"{f.name}: {f.baseline:.4g} -> {f.current:.4g} per step ({f.ratio:.2f}x)"
@@ -519,33 +546,5 @@ def _numerator_change(ev: Evidence) -> Candidate:
         )
     if ev.delta is not None:
         comp = next(r for r in ev.delta.rows if r.category == "compute")
-        evidence.append(f"compute per rank-step {_ms(comp.baseline_ns)} -> {_ms(comp.current_ns)}")
+        evidence.append(f"compute per rank-step {ms(comp.baseline_ns)} -> {ms(comp.current_ns)}")
     return Candidate(impact, 1.0, evidence=tuple(evidence))
-
-
-JUDGES = {
-    "data_imbalance": _data_imbalance,
-    "slow_device": _slow_device,
-    "slow_host_input": _slow_host_input,
-    "local_fabric": _local_fabric,
-    "network_rail": _network_rail,
-    "placement": _placement,
-    "checkpoint": _checkpoint,
-    "allocator_growth": _allocator_growth,
-    "intermittent_congestion": _intermittent_congestion,
-    "numerator_change": _numerator_change,
-}
-
-
-def candidates(ev: Evidence) -> dict[str, Candidate]:
-    """Impact and strength of every mechanism on one window (no baseline netting).
-
-    Args:
-        ev: the window's evidence.
-
-    Returns:
-        Mechanism -> candidate (``healthy`` is not judged here; `verdict` derives it).
-    """
-    if not np.isfinite(ev.step_ns) or ev.step_ns <= 0:
-        return {m: _NONE for m in JUDGES}
-    return {m: judge(ev) for m, judge in JUDGES.items()}

@@ -41,6 +41,7 @@ def next_experiment(
     hosts: tuple[str, ...] = (),
     rails: tuple[int, ...] = (),
     groups: tuple[str, ...] = (),
+    category: str | None = None,
 ) -> NextExperiment:
     """The next smallest experiment for a mechanism and what it implicates.
 
@@ -50,6 +51,7 @@ def next_experiment(
         hosts: implicated hosts.
         rails: implicated rails.
         groups: implicated process groups.
+        category: where the implicated ranks' extra time goes (``unexplained_straggler``).
 
     Returns:
         The experiment.
@@ -156,6 +158,57 @@ def next_experiment(
             "application)",
             rejects="the primitive is stable over the same interval",
         )
+    if mechanism == "pipeline_imbalance":
+        return NextExperiment(
+            scope="one-node",
+            change=f"move one layer from the heavy stage ({r}) to its lightest neighbour, same "
+            "micro-batch schedule and shapes",
+            metric="pipeline_idle",
+            direction="down",
+            supports="the other stages' pipeline bubbles shrink and the step with them; the "
+            "heavy stage's local time falls by about one layer's share",
+            rejects="the bubbles stay with the same stage, or the heavy stage stays slow on "
+            "a healthy GPU with the lighter split (then its device, not its work)",
+        )
+    if mechanism == "expert_imbalance":
+        return NextExperiment(
+            scope="one-node",
+            change="replay the same tokens with the router's capacity factor lowered (or an "
+            f"auxiliary balancing loss) so the experts of ranks {r} get the median share",
+            metric="arrival_wait",
+            direction="down",
+            supports="all-to-all arrival skew and the wait of the other ranks fall with the "
+            "token spread, transfer unchanged",
+            rejects="the same ranks stay late with balanced tokens (then their devices or "
+            "hosts), or the skew does not follow the tokens",
+        )
+    if mechanism == "host_pause":
+        return NextExperiment(
+            scope="one-rank",
+            change="run one rank with garbage collection moved out of the step "
+            "(gc.freeze() after start-up, gc.disable() with gc.collect() between steps), "
+            "same batches",
+            metric="host_gap",
+            direction="down",
+            supports="the pauses leave the steps and the step time drops by their share; "
+            "the step no longer waits for the pausing rank",
+            rejects="the stalls stay with collection off: another stop-the-world pause "
+            "(a synchronous log, a page fault storm), profile the host thread",
+        )
+    if mechanism == "cpu_contention":
+        return NextExperiment(
+            scope="one-rank",
+            change=f"run the rank of {h} alone with its own cores (taskset/cgroup isolation, "
+            "nothing else on them), same batches; then list what else ran on that host",
+            metric="compute",
+            direction="down",
+            supports="its phases' wall time falls back to their CPU time and the step to "
+            "the peers' pace",
+            rejects="the phases stay slow with the cores to itself (then the device or the "
+            "work, not the host)",
+        )
+    if mechanism == "unexplained_straggler":
+        return _unexplained(r, h, category)
     if mechanism == "numerator_change":
         return NextExperiment(
             scope="one-rank",
@@ -174,4 +227,52 @@ def next_experiment(
         direction="down",
         supports="later windows stay within this one's distribution",
         rejects="a later window's p50 or tail leaves this distribution",
+    )
+
+
+_WHERE = {
+    "host_gap": (
+        "profile the host thread of rank(s) {r} between its phases (py-spy record on its "
+        "PID) for a few steps, then run it alone with the same batches",
+        "host_gap",
+        "the gap reproduces on one rank and the profile shows the code that fills it",
+        "no gap on one rank with the same batches: it needs its peers or its host (rerun "
+        "it at one-node scope, or swap its host)",
+    ),
+    "compute": (
+        "run the same micro batch alone on the device of rank(s) {r} ({h}) and on a "
+        "healthy one; then swap its data shard with a neighbour",
+        "compute",
+        "the suspect is slower on identical inputs, and stays slower with a swapped shard",
+        "identical speed at one-rank scope, or the slowness follows the shard",
+    ),
+    "input": (
+        "run rank(s) {r} alone with the same data pipeline and then with synthetic input",
+        "input",
+        "the input wait reproduces on one rank and disappears with synthetic input",
+        "no input wait on one rank: the loader is fine, look at the host's other work",
+    ),
+}
+
+
+def _unexplained(r: str, h: str, category: str | None) -> NextExperiment:
+    """The next experiment for a straggler no catalogued mechanism explains: make the
+    category its time goes to visible on the smallest scope that still has it."""
+    change, metric, supports, rejects = _WHERE.get(
+        category or "",
+        (
+            "run rank(s) {r} ({h}) alone with the same batches and a host profiler, and "
+            "record every phase of its step",
+            category or "step_time",
+            "the extra time reproduces on one rank and its phases show where",
+            "no extra time on one rank: it needs its peers (rerun at one-node scope)",
+        ),
+    )
+    return NextExperiment(
+        scope="one-rank",
+        change=change.format(r=r, h=h),
+        metric=metric,
+        direction="down",
+        supports=supports,
+        rejects=rejects,
     )

@@ -16,9 +16,14 @@ The rule, on the job's step time (the median rank's, per step):
   level shift seen in every step, not a few outliers;
 - at least ``MIN_BEFORE`` steps precede it and at least ``MIN_AFTER`` follow it (one odd
   step is a hiccup, not a regime);
-- at most ``MAX_EARLIER`` of the earlier steps were that far out on the same side (two
-  bursts in a row of a bursty run are not a new level), and the earlier steps do not
-  already trend that way (ρ ≤ ``MAX_DRIFT_RHO``: a drift is not a new level).
+- the new steps are not one more burst of a recurring pattern: if a share ``p`` of the
+  earlier steps were that far out on the same side (Laplace-smoothed), a run of ``k``
+  such steps in a row arises by chance with odds ``p^k``, which must stay below
+  ``RUN_CHANCE``. A clean history lets two steps make a regime; a heavy-tailed one needs
+  a run its own bursts cannot explain (three or four steps), so a fault that starts in a
+  noisy run is still found within a few steps, and two bursts in a row are not a level;
+- the earlier steps do not already trend that way (ρ ≤ ``MAX_DRIFT_RHO``: a drift is not
+  a new level).
 
 A periodic spike (checkpoints) or a burst never qualifies: the steps between spikes return
 to the earlier level. A slow drift (allocator growth) does not either: its earlier steps
@@ -54,9 +59,9 @@ MIN_STEP_SHIFT = 0.015
 MAX_DRIFT_RHO = 0.5
 """Earlier steps trending toward the new level this strongly (Spearman ρ with time) make it
 a drift, which the trend analysis reads, not a regime."""
-MAX_EARLIER = 0.05
-"""Largest share of the earlier steps that may lie as far out on the same side: more, and
-the new steps are one more burst of a recurring pattern."""
+RUN_CHANCE = 0.01
+"""Largest chance that the new steps are a run of the earlier steps' own excursions (see
+the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -127,7 +132,9 @@ def _shift(before: np.ndarray, after: np.ndarray) -> tuple[bool, bool]:
             # Excursions that already happened before are a recurring pattern (bursts,
             # periodic spikes), and earlier steps already rising toward the new level are
             # a drift (allocator growth, heat): neither is a new level.
-            recurring = np.mean(side * (before - med) > level) > MAX_EARLIER
+            n_out = int(np.count_nonzero(side * (before - med) > level))
+            p_out = (n_out + 1) / (before.size + 2)
+            recurring = p_out**after.size > RUN_CHANCE
             return True, not recurring and side * _rank_trend(before) <= MAX_DRIFT_RHO
     return False, False
 

@@ -6,16 +6,30 @@ Schema ``rankscope.diagnosis/1`` — top-level keys:
     Schema id; the run (``job``, ``run``, ``scope``, ``parent_run``, ``world_size``,
     ``steps`` [first, last], ``n_steps``, ``baseline_run``). With a ``regime``, these
     are the steps since the shift.
+``warmup``
+    null, or the warm-up steps set aside at the start of the window: ``steps``,
+    ``first_step`` (the first steady step), ``warm_ns``, ``steady_ns`` (median job step
+    times).
 ``regime``
     null, or when the step time shifted inside the window: ``start_step``,
     ``start_index``, ``steps``, ``before_ns``, ``after_ns`` (every analysis below reads the
     steps since ``start_step``).
+``localisation``
+    Who sets the steps, no catalogue needed: ``step_ns`` (median job step),
+    ``stability`` (share of steps set by the most frequent setter), ``stays``,
+    ``setters`` [{``rank``, ``steps``}], ``moving_gain``, ``outlier_share``, ``imbalance``,
+    ``suspects`` [{``kind`` (rank, host, stage, rail, link), ``key``, ``label``, ``ranks``,
+    ``gain_ns``, ``gain`` (what-if share of the step), ``net_gain`` (beyond chance and the
+    baseline), ``sets``, ``category``, ``excess_ns`` {category: ns}, ``what_if``}] best
+    first, ``top`` (the suspect, smallest entity that accounts for the loss) and
+    ``finding`` {``material``, ``moving``, ``gain``, ``suspect``}.
 ``verdict``
     ``top`` (mechanism) and ``hypotheses``: each ``mechanism`` (the vocabulary of
     `verdict.MECHANISMS`), ``score`` (0..1), ``impact`` (share of step time), ``strength``,
     ``ranks``, ``hosts``, ``rails``, ``groups``, ``evidence`` (strings with numbers),
-    ``caveats`` and ``next_experiment`` {``scope``, ``change``, ``metric``, ``direction``,
-    ``supports``, ``rejects``}.
+    ``caveats``, ``next_experiment`` {``scope``, ``change``, ``metric``, ``direction``,
+    ``supports``, ``rejects``} and ``category`` (where the implicated ranks' time goes,
+    for ``unexplained_straggler``; else null).
 ``numerator``
     Work per step against the baseline: ``fields`` [{``name``, ``current``, ``baseline``,
     ``ratio``, ``z``, ``changed``}], ``numerator_changed``, ``executed_ratio``.
@@ -53,6 +67,7 @@ from rankscope.collector.schema import OPS
 from rankscope.diagnosis.curves import bucket_label
 from rankscope.diagnosis.decomposition import CATEGORIES, COMPUTE_RULE
 from rankscope.diagnosis.engine import Diagnosis
+from rankscope.diagnosis.localise import Suspect
 
 SCHEMA = "rankscope.diagnosis/1"
 
@@ -116,7 +131,9 @@ def to_dict(diag: Diagnosis) -> dict[str, Any]:
             "n_steps": int(steps.size),
             "baseline_run": diag.baseline_run,
         },
+        "warmup": plain(diag.warmup),
         "regime": plain(diag.regime),
+        "localisation": _localisation(diag),
         "verdict": {
             "top": diag.verdict.top.mechanism,
             "hypotheses": [plain(h) for h in diag.verdict.hypotheses],
@@ -158,6 +175,45 @@ def to_dict(diag: Diagnosis) -> dict[str, Any]:
         },
     }
     return out
+
+
+def _suspect(s: Suspect | None) -> dict[str, Any] | None:
+    if s is None:
+        return None
+    return {
+        **plain(s),
+        "label": s.label,
+        "category": s.category,
+        "what_if": s.what_if(),
+    }
+
+
+def _localisation(diag: Diagnosis) -> dict[str, Any] | None:
+    loc, found = diag.localisation, diag.finding
+    if loc is None:
+        return None
+    setters = loc.setter[loc.setter >= 0]
+    counts = np.bincount(setters) if setters.size else np.zeros(0, dtype=np.int64)
+    order = np.argsort(-counts, kind="stable")[:5]
+    return {
+        "step_ns": plain(loc.step_ns),
+        "stability": plain(loc.stability),
+        "stays": loc.stays,
+        "setters": [{"rank": int(r), "steps": int(counts[r])} for r in order if counts[r]],
+        "moving_gain": plain(loc.moving_gain),
+        "outlier_share": plain(loc.outlier_share),
+        "imbalance": plain(loc.imbalance),
+        "suspects": [_suspect(s) for s in loc.suspects[:MAX_ROWS]],
+        "top": _suspect(loc.top),
+        "finding": None
+        if found is None
+        else {
+            "material": found.material,
+            "moving": found.moving,
+            "gain": plain(found.gain),
+            "suspect": _suspect(found.suspect),
+        },
+    }
 
 
 def _decomposition(diag: Diagnosis) -> dict[str, Any]:

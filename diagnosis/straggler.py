@@ -108,7 +108,8 @@ def relative_to_step(x: np.ndarray) -> np.ndarray:
 def work_model(window: Window, decomp: Decomposition) -> tuple[np.ndarray, float]:
     """Compute predicted from the work each rank was given, within each step.
 
-    Least squares of compute on tokens and Σseq² after removing each step's median rank
+    Least squares of compute on tokens, Σseq² and expert tokens (where recorded) after
+    removing each step's median rank
     (a slow step for everyone is not a rank effect). Where work was not recorded the
     prediction is the step's median compute, so the residual is the plain deviation.
 
@@ -124,7 +125,11 @@ def work_model(window: Window, decomp: Decomposition) -> tuple[np.ndarray, float
     base = nanmedian(compute, axis=0)
     pred = np.broadcast_to(base, compute.shape).copy()
     regs = []
-    for name in ("tokens", "attn_cost"):
+    # Tokens routed to a rank's experts are work too (mixture of experts): a rank whose
+    # experts got more tokens is not a slow device.
+    for name in ("tokens", "attn_cost", "expert_tokens"):
+        if name not in window.work:
+            continue
         x = np.where(window.present & (window.work[name] >= 0), window.work[name], np.nan)
         if np.isfinite(x).sum() > 2:
             regs.append(x - nanmedian(x, axis=0))

@@ -16,6 +16,7 @@ from rankscope.collector.schema import MESH_DIMS
 from rankscope.diagnosis.window import (
     COLL_AGGREGATES,
     DEVICE_COLUMNS,
+    HOST_COLUMNS,
     MEMORY_COLUMNS,
     WORK_COLUMNS,
     GroupInfo,
@@ -153,6 +154,8 @@ def make_window(
     run: str = "run",
     scope: str = "full",
     present: np.ndarray | None = None,
+    host: dict[str, np.ndarray] | None = None,
+    phase_cpu_ns: dict[str, np.ndarray] | None = None,
 ) -> Window:
     """Assemble a `Window` from dense ``(R, S)`` arrays.
 
@@ -173,6 +176,8 @@ def make_window(
         run: run id.
         scope: run scope.
         present: bool (R, S) (default: where both times are finite).
+        host: ``HOST_COLUMNS`` subset -> (R, S) (GC pauses, thread CPU time).
+        phase_cpu_ns: phase name -> (R, S) training-thread CPU ns in that phase.
 
     Returns:
         The window.
@@ -226,4 +231,6 @@ def make_window(
         coll=dense(coll, COLL_AGGREGATES, 0.0),
         instances=instances if instances is not None else instance_table(0),
         clock_error_ns=None if clock_error_ns is None else np.asarray(clock_error_ns, float),
+        host=dense(host, HOST_COLUMNS, np.nan),
+        phase_cpu_ns={k: np.asarray(v, dtype=np.float64) for k, v in (phase_cpu_ns or {}).items()},
     )

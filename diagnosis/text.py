@@ -13,6 +13,7 @@ from rankscope.collector.schema import OPS
 from rankscope.diagnosis.curves import bucket_label
 from rankscope.diagnosis.decomposition import CATEGORIES, COMPUTE_RULE
 from rankscope.diagnosis.engine import Diagnosis
+from rankscope.diagnosis.localise import MATERIAL
 from rankscope.diagnosis.trends import describe_trend
 
 _TREND_UNITS = {"mem_reserved": "bytes", "mem_allocated": "bytes", "alloc_retries": "count"}
@@ -41,8 +42,11 @@ def render_text(diag: Diagnosis, hypotheses: int = 4) -> str:
     steps = f"steps {int(w.steps[0])}-{int(w.steps[-1])}" if w.steps.size else "no steps"
     base = f" vs baseline {diag.baseline_run}" if diag.has_baseline else " (no baseline)"
     out.append(f"run {w.run} ({w.job}, {w.scope}, {w.world_size} ranks, {steps}){base}")
+    if diag.warmup is not None:
+        out.append(diag.warmup.describe())
     if diag.regime is not None:
         out.append(diag.regime.describe())
+    out.append(headline(diag))
     out.append("")
     top = diag.verdict.top
     out.append(f"VERDICT: {top.mechanism}  (score {top.score:.2f}, ~{_pct(top.impact)} of step)")
@@ -73,6 +77,7 @@ def render_text(diag: Diagnosis, hypotheses: int = 4) -> str:
         f"  rejects:  {nx.rejects}",
         "",
     ]
+    out += _localisation(diag)
     out += _numerator(diag)
     out += _decomposition(diag)
     out += _critical(diag)
@@ -82,6 +87,50 @@ def render_text(diag: Diagnosis, hypotheses: int = 4) -> str:
     if diag.stall.stalled or diag.stall.pending:
         out += _stall(diag)
     return "\n".join(out).rstrip() + "\n"
+
+
+def headline(diag: Diagnosis) -> str:
+    """The what-if line: what fixing the suspect would save, or that nothing would."""
+    found = diag.finding
+    if found is None:
+        return "WHAT-IF: not computed"
+    s = found.suspect
+    if s is not None:
+        where = f"; its extra time goes to {s.category}" if s.category else ""
+        return f"WHAT-IF: {s.what_if()}{where}"
+    if found.moving:
+        return (
+            f"WHAT-IF: step −{_pct(found.gain)} if each step's slowest rank behaved like the "
+            "median rank (the slow rank moves)"
+        )
+    return (
+        f"WHAT-IF: no rank, host or stage would save more than {_pct(MATERIAL)} of the step "
+        f"beyond chance (best {_pct(found.gain)})"
+    )
+
+
+def _localisation(diag: Diagnosis) -> list[str]:
+    loc = diag.localisation
+    if loc is None:
+        return []
+    out = ["LOCALISATION (who sets the step; what-if: that entity behaving like the median rank)"]
+    moves = "stays" if loc.stays else "moves"
+    out.append(f"  the setting rank {moves}: {_pct(loc.stability)} of steps set by one rank")
+    out.append(
+        f"  every rank like the median would save {_pct(loc.imbalance)} of the step"
+        + (
+            f"; each step's outlier setter {_pct(loc.moving_gain)}"
+            if np.isfinite(loc.moving_gain)
+            else ""
+        )
+    )
+    for s in loc.suspects[:5]:
+        cat = f"  -> {s.category}" if s.category else ""
+        out.append(
+            f"  {s.label:18s} gain {_pct(s.gain):>6s} (net {_pct(max(s.net_gain, 0.0)):>6s})"
+            f"  sets {_pct(s.sets):>6s}{cat}"
+        )
+    return [*out, ""]
 
 
 def _numerator(diag: Diagnosis) -> list[str]:

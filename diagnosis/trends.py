@@ -61,8 +61,13 @@ class Spikes:
 
     @property
     def periodic(self) -> bool:
-        """Three or more spikes at a regular interval."""
-        return self.steps.size >= 3 and bool(self.interval_cv <= PERIODIC_CV)
+        """Three or more spikes at a regular interval of two steps or more (consecutive
+        slow steps are a slow stretch, not periodic work)."""
+        return (
+            self.steps.size >= 3
+            and bool(self.interval_cv <= PERIODIC_CV)
+            and bool(self.period >= 2)
+        )
 
     def dominant_category(self) -> str | None:
         """The category most spikes put their extra time in."""

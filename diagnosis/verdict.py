@@ -26,9 +26,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from rankscope.collector.schema import MECHANISMS
+from rankscope.diagnosis.candidate import hosts_of, ms, pct
 from rankscope.diagnosis.evidence import Evidence
-from rankscope.diagnosis.mechanisms import candidates
+from rankscope.diagnosis.judges import candidates
+from rankscope.diagnosis.localise import (
+    MATERIAL,
+    Finding,
+    Localisation,
+    against_baseline,
+    finding,
+)
 from rankscope.diagnosis.nextstep import NextExperiment, next_experiment
+from rankscope.diagnosis.openworld import MECHANISM, Claim, unexplained
 from rankscope.diagnosis.robust import logistic
 
 __all__ = [
@@ -95,14 +104,6 @@ def rank(hyps: list[Hypothesis]) -> tuple[Hypothesis, ...]:
     return (*lead, *(h for h in by_score if not leads(h)))
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%" if np.isfinite(x) else "n/a"
-
-
-def _ms(ns: float) -> str:
-    return f"{ns / 1e6:.1f} ms" if np.isfinite(ns) else "n/a"
-
-
 @dataclass(frozen=True)
 class Hypothesis:
     """One ranked explanation."""
@@ -122,6 +123,8 @@ class Hypothesis:
     """Observations with their numbers."""
     caveats: tuple[str, ...]
     next_experiment: NextExperiment
+    category: str | None = None
+    """Where the implicated ranks' extra time goes (``unexplained_straggler``), if known."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,10 @@ class Verdict:
     """Hypotheses ranked by score, near-equal ones by impact (``healthy`` included)."""
 
     hypotheses: tuple[Hypothesis, ...]
+    localisation: Localisation | None = None
+    """The localisation the verdict read, net of chance and of the baseline."""
+    finding: Finding | None = None
+    """The material straggler it found, explained or not."""
 
     @property
     def top(self) -> Hypothesis:
@@ -175,7 +182,7 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
         if mech in base and mech != "numerator_change" and base[mech].impact > 0:
             impact = max(0.0, c.impact - base[mech].impact)
             if base[mech].impact >= 0.5 * c.impact and c.impact > 0:
-                caveats.append(f"the baseline shows {_pct(base[mech].impact)} of the same")
+                caveats.append(f"the baseline shows {pct(base[mech].impact)} of the same")
         score = (
             c.strength
             * logistic(impact, MIN_IMPACT, MIN_IMPACT / 5)
@@ -198,10 +205,41 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
                 ),
             )
         )
+    loc = against_baseline(ev.loc, baseline.loc if baseline is not None else None)
+    found = finding(loc, baseline.loc if baseline is not None else None)
+    claims = [Claim(h.mechanism, h.score, h.impact, h.ranks) for h in hyps]
+    open_world, residual = unexplained(loc, found, claims)
+    category = found.suspect.category if found.suspect is not None else None
+    hyps.append(
+        Hypothesis(
+            mechanism=MECHANISM,
+            score=float(
+                open_world.strength
+                * logistic(open_world.impact, MIN_IMPACT, MIN_IMPACT / 5)
+                * covers(open_world.impact, slower, share)
+            ),
+            impact=float(open_world.impact),
+            strength=float(open_world.strength),
+            ranks=open_world.ranks,
+            hosts=hosts_of(ev, open_world.ranks),
+            rails=(),
+            groups=(),
+            evidence=open_world.evidence,
+            caveats=tuple(shared),
+            next_experiment=next_experiment(
+                MECHANISM,
+                ranks=open_world.ranks,
+                hosts=hosts_of(ev, open_world.ranks),
+                category=category,
+            ),
+            category=category,
+        )
+    )
     best = max(hyps, key=lambda h: h.score, default=None)
     unjudged = tuple(u for c in cur.values() for u in c.unjudged)
-    hyps.append(_healthy(ev, best, slower, (*shared, *unjudged)))
-    return Verdict(hypotheses=rank(hyps))
+    straggler = logistic(found.gain, MATERIAL, MATERIAL / 5) * residual
+    hyps.append(_healthy(ev, best, slower, (*shared, *unjudged), loc, straggler))
+    return Verdict(hypotheses=rank(hyps), localisation=loc, finding=found)
 
 
 def _per_work_ratio(ev: Evidence) -> float:
@@ -243,22 +281,36 @@ def regressed(ev: Evidence) -> float:
 
 
 def _healthy(
-    ev: Evidence, best: Hypothesis | None, slower: float, unjudged: tuple[str, ...] = ()
+    ev: Evidence,
+    best: Hypothesis | None,
+    slower: float,
+    unjudged: tuple[str, ...] = (),
+    loc: Localisation | None = None,
+    straggler: float = 0.0,
 ) -> Hypothesis:
     """``healthy`` scores ``1 − best score``, times the odds that the step did not regress
-    against the baseline: a run twice as slow per unit of work is not healthy even when no
-    mechanism is well supported (``slower``: `regressed`)."""
+    against the baseline (a run twice as slow per unit of work is not healthy even when no
+    mechanism is well supported; ``slower``: `regressed`), times the odds that no rank,
+    host or stage carries a material what-if gain that no mechanism explains
+    (``straggler``): a straggler outside the catalogue is never healthy."""
     cmp = ev.comparison
-    evidence = [f"median step {_ms(cmp.current.p50)}, p99 {_ms(cmp.current.p99)}"]
+    evidence = [f"median step {ms(cmp.current.p50)}, p99 {ms(cmp.current.p99)}"]
+    top = loc.top if loc is not None else None
+    if top is not None:
+        evidence.append(
+            f"the best what-if, {top.label}, would save {pct(top.gain)} of the step "
+            f"({pct(max(top.net_gain, 0.0))} beyond chance and the baseline; material from "
+            f"{pct(MATERIAL)})"
+        )
     if cmp.baseline is not None:
         evidence.append(f"p50 {cmp.p50_ratio:.2f}x and p99 {cmp.p99_ratio:.2f}x the baseline's")
     if best is not None and best.impact >= MIN_IMPACT:
         evidence.append(
             f"the best supported mechanism, {best.mechanism}, would cost "
-            f"{_pct(best.impact)} of the step time but scores only {best.score:.2f}"
+            f"{pct(best.impact)} of the step time but scores only {best.score:.2f}"
         )
     else:
-        evidence.append(f"no mechanism explains more than {_pct(MIN_IMPACT)} of the step time")
+        evidence.append(f"no mechanism explains more than {pct(MIN_IMPACT)} of the step time")
     caveats = unjudged
     if slower > 0.5:
         caveats = (
@@ -266,7 +318,7 @@ def _healthy(
             "though no mechanism explains it with confidence",
             *unjudged,
         )
-    score = (1.0 - (best.score if best is not None else 0.0)) * (1.0 - slower)
+    score = (1.0 - (best.score if best is not None else 0.0)) * (1.0 - slower) * (1.0 - straggler)
     return Hypothesis(
         mechanism="healthy",
         score=float(max(score, 0.0)),

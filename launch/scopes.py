@@ -88,6 +88,30 @@ MECHANISMS: dict[str, Mechanism] = {
             "traffic across the suspect rail between two hosts",
         ),
         Mechanism(
+            "host_pause",
+            "one-rank",
+            "stop-the-world pauses (garbage collection) stall the rank that takes them",
+            "the training script, its Python heap and its allocation pattern",
+        ),
+        Mechanism(
+            "cpu_contention",
+            "one-rank",
+            "the training thread waits for a core: phases stretch while their CPU time does not",
+            "the suspect host and what else runs on it (same cores, same quota)",
+        ),
+        Mechanism(
+            "pipeline_imbalance",
+            "one-node",
+            "one pipeline stage works longer; the others idle in pipeline bubbles",
+            "the stage split (layers per stage) and the micro-batch schedule",
+        ),
+        Mechanism(
+            "expert_imbalance",
+            "one-node",
+            "the experts that receive more tokens compute longer; the others wait at the all-to-all",
+            "the router, the expert placement and the token distribution",
+        ),
+        Mechanism(
             "intermittent_congestion",
             "full",
             "transfer stalls come and go with shared fabric load",

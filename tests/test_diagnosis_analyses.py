@@ -448,4 +448,4 @@ def test_pipeline_recv_time_stays_in_pipeline_idle() -> None:
     assert d.category("arrival_wait")[0, 0] == 0.0
     assert d.category("exposed_comm")[0, 0] == 0.0
     assert d.category("compute")[0, 0] == 600.0
-    assert d.category("other")[0, 0] == 50.0
+    assert d.category("host_gap")[0, 0] == 50.0

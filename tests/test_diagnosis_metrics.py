@@ -119,14 +119,28 @@ def test_decomposition_collectives_inside_or_between_phases() -> None:
 
 
 def test_decomposition_unlabelled_gap() -> None:
-    # Collectives between spans and a 10 ns unlabelled gap: it lands in "other".
+    # Collectives between spans and a 10 ns unlabelled gap: it lands in "host_gap", and a
+    # user phase in "other".
     w = _two_rank_window(
         phase_ns={"forward": grid([[60, 60], [60, 60]]), "input": grid([[10, 10], [10, 10]])},
         coll={"exposed_wait_ns": grid([[20, 20], [20, 20]])},
     )
     d = decompose(w)
     assert d.category("compute")[0, 0] == 60
-    assert d.category("other")[0, 0] == 10
+    assert d.category("host_gap")[0, 0] == 10
+    assert d.category("other")[0, 0] == 0
+    wu = _two_rank_window(
+        phase_ns={
+            "forward": grid([[60, 60], [60, 60]]),
+            "input": grid([[10, 10], [10, 10]]),
+            "logging": grid([[4, 4], [4, 4]]),
+        },
+        coll={"exposed_wait_ns": grid([[20, 20], [20, 20]])},
+    )
+    du = decompose(wu)
+    assert du.category("other")[0, 0] == 4
+    assert du.category("host_gap")[0, 0] == 6
+    assert np.allclose(du.ns.sum(axis=0), 100.0)
     # Collectives inside the spans plus a gap: compute absorbs at most the gap (documented).
     w2 = _two_rank_window(
         phase_ns={"forward": grid([[80, 80], [80, 80]]), "input": grid([[10, 10], [10, 10]])},

@@ -208,11 +208,14 @@ class HeaderBar(Static):
         if b is not None and s is not None:
             change = (s.p50 / b.p50 - 1) * 100 if b.p50 > 0 else math.nan
             worse = math.isfinite(change) and change > 2
-            base = Text(f"base {header.baseline_run} p50 {fmt_ms(b.p50)}")
+            base = Text(f"base p50 {fmt_ms(b.p50)}")
             if math.isfinite(change):
                 base.append(" ")
                 base.append(f"{change:+.0f}%", style="bold red" if worse else "green")
             fields.append(Field(base, priority=1))
+            # The change matters more than the name (long for a simulated or dated run).
+            name = Text(f"({header.baseline_run})", style="dim")
+            fields.append(Field(name, priority=3, sep=" "))
         elif s is not None:
             hint = "no baseline (b)" if other_runs else "no other run to compare"
             fields.append(Field(Text(hint, style="dim"), priority=1))
@@ -353,10 +356,12 @@ class LastArrivalsPanel(Vertical):
             if text:
                 text.append("\n")
             # Who and by how much first: the group and op are context.
-            text.append(f"r{a.last_rank}", style="bold yellow")
-            text.append(f" +{fmt_ms(a.margin_ms)} ms", style="bold")
-            text.append(f" of {fmt_ms(a.skew_ms)} skew", style="dim")
-            text.append(f"  {a.group} {a.op} #{a.seq}")
+            line = Text()
+            line.append(f"r{a.last_rank}", style="bold yellow")
+            line.append(f" +{fmt_ms(a.margin_ms)} ms", style="bold")
+            line.append(f" of {fmt_ms(a.skew_ms)} skew", style="dim")
+            line.append(f"  {a.group} {a.op} #{a.seq}")
+            text.append_text(fit_words(line, self.query_one("#instances").content_size.width))
         self.query_one("#instances", Static).update(text)
         sync_table(
             self.query_one("#ranking", DataTable),

@@ -1,0 +1,188 @@
+"""Judges of the host side: stop-the-world pauses and a host that cannot run its work.
+
+- **host_pause**: the interpreter stops every thread for a garbage collection (or another
+  stop-the-world pause) and the rank falls behind while its peers wait. The collector
+  records the pauses that fall in each step (``gc_ns``, ``gc_count``, from
+  ``gc.callbacks``). The what-if is exact on the step level: re-time each step with every
+  rank paused only as long as the step's median rank, and see how much the step loses.
+  Pauses on varying ranks cost as much as on one: whichever rank pauses sets the step.
+- **cpu_contention**: the training thread is runnable but not running (another process
+  takes the cores, a CPU quota throttles it, the launch thread of a GPU job is starved), so
+  its phases take longer in wall time while its CPU time does not grow. The collector
+  records the thread's CPU time per phase (``phase_cpu_ns``); a rank whose phases get a
+  markedly smaller share of CPU than its peers' lost the difference to the host. Host CPU
+  saturation and, on GPUs, low utilisation at normal clocks support it.
+
+Both also say what contradicts the alternatives: a rank that is slow because its thread
+did not run is not a slow device (`contention_of`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rankscope.diagnosis.candidate import NONE, Candidate, hosts_of, ms, pct
+from rankscope.diagnosis.decomposition import COMPUTE_PHASES
+from rankscope.diagnosis.evidence import Evidence
+from rankscope.diagnosis.localise import TRIM, local_ns
+from rankscope.diagnosis.robust import logistic, nanmedian
+
+MIN_CPU_LOSS = 0.15
+"""A rank whose compute phases get this much less CPU per wall second than the median
+rank's lost that share of its time to the host (a busy peer thread, a quota). Healthy
+ranks of one job run their phases at nearly the same CPU share."""
+SATURATED_PCT = 90.0
+"""Host CPU busy above this (all cores, from the host samples) is saturated."""
+
+
+def _trimmed(gain: np.ndarray) -> float:
+    ok = gain[np.isfinite(gain)]
+    if ok.size == 0:
+        return 0.0
+    drop = int(TRIM * ok.size)
+    kept = np.sort(ok)[: ok.size - drop] if drop else ok
+    return float(kept.mean())
+
+
+def _retimed_gain(local: np.ndarray, less: np.ndarray) -> np.ndarray:
+    """Per step, what the step loses when every rank's local time shrinks by ``less``:
+    the largest local time now minus the largest after (ns, NaN where no rank reported)."""
+    now = np.where(np.isfinite(local), local, -np.inf)
+    after = np.where(np.isfinite(local), local - np.nan_to_num(less, nan=0.0), -np.inf)
+    top_now, top_after = now.max(axis=0), after.max(axis=0)
+    ok = np.isfinite(top_now)
+    return np.where(ok, np.maximum(top_now - top_after, 0.0), np.nan)
+
+
+def judge_host_pause(ev: Evidence) -> Candidate:
+    gc = ev.window.host.get("gc_ns")
+    if gc is None or not np.isfinite(gc).any():
+        return NONE
+    gc = np.where(ev.window.present, np.maximum(gc, 0.0), np.nan)
+    local = local_ns(ev.decomp, ev.window)
+    med = nanmedian(gc, axis=0)
+    excess = np.maximum(gc - med, 0.0)
+    # Pauses beyond the step's median rank's delay that rank; pauses every rank takes in
+    # the same step lengthen the step for all of them.
+    uneven = _trimmed(_retimed_gain(local, excess)) / ev.step_ns
+    shared = float(nanmedian(med)) / ev.step_ns if np.isfinite(med).any() else 0.0
+    impact = max(uneven, shared)
+    if not impact > 0:
+        return NONE
+    # The pausing ranks that set steps: those whose excess pause is most of their lead.
+    setter = ev.loc.setter
+    cols = np.flatnonzero(setter >= 0)
+    rows = setter[cols]
+    lead = local[rows, cols] - nanmedian(local, axis=0)[cols]
+    paused = excess[rows, cols]
+    explained = float(np.nansum(np.minimum(paused, np.maximum(lead, 0.0))))
+    total_lead = float(np.nansum(np.maximum(lead, 0.0)))
+    share = explained / total_lead if total_lead > 0 else 0.0
+    by_rank = np.bincount(rows, weights=np.nan_to_num(np.minimum(paused, lead), nan=0.0))
+    ranks = tuple(int(r) for r in np.argsort(-by_rank)[:8] if by_rank[r] > 0)
+    count = ev.window.host.get("gc_count")
+    n_pause = (
+        float(np.nansum(np.where(ev.window.present, count, np.nan))) if count is not None else 0
+    )
+    distinct = len({int(r) for r, p in zip(rows, paused) if p > 0})
+    # A straggler whose lead the pauses explain is a host pause; pauses the step absorbs
+    # (taken while the rank would have waited anyway) are not.
+    strength = max(logistic(share, 0.3, 0.08), logistic(shared / max(impact, 1e-12), 0.5, 0.1))
+    evidence = [
+        f"garbage-collection pauses: {n_pause:.0f} in the window, "
+        f"{ms(float(np.nanmax(gc)))} the longest",
+        f"re-timed with every rank paused like the median rank, the step is {pct(uneven)} shorter",
+        f"pauses account for {pct(share)} of the lead of the ranks that set the steps "
+        f"({distinct} distinct rank(s) paused while setting a step)",
+    ]
+    if shared > 0.005:
+        evidence.append(f"every rank pauses {pct(shared)} of the step in the same steps")
+    return Candidate(
+        float(impact), float(strength), ranks, hosts_of(ev, ranks), evidence=tuple(evidence)
+    )
+
+
+@dataclass(frozen=True)
+class Contention:
+    """How much CPU each rank's compute phases got per wall second, against the median."""
+
+    share: np.ndarray
+    """float64 (R,) median over steps of Σ CPU / Σ wall of the compute phases (NaN: unknown)."""
+    loss: np.ndarray
+    """float64 (R,) ``1 − share / median share``: the share of wall time the host took."""
+    lost_ns: np.ndarray
+    """float64 (R, S) wall ns of compute phases the thread did not run (beyond the median
+    rank's share), plus its host gap where the host CPU was saturated."""
+    saturated: np.ndarray
+    """bool (R,) the rank's host reported CPU busy above `SATURATED_PCT`."""
+
+
+def contention_of(ev: Evidence) -> Contention | None:
+    """The CPU share of every rank's compute phases (None without CPU times)."""
+    cpu_by_phase = ev.window.phase_cpu_ns
+    phases = [p for p in COMPUTE_PHASES if p in cpu_by_phase and p in ev.window.phase_ns]
+    if not phases:
+        return None
+    cpu = sum(np.asarray(cpu_by_phase[p]) for p in phases)
+    wall = sum(np.nan_to_num(ev.window.phase_ns[p], nan=0.0) for p in phases)
+    assert isinstance(cpu, np.ndarray) and isinstance(wall, np.ndarray)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.where((wall > 0) & ev.window.present, cpu / wall, np.nan)
+    ratio = np.clip(ratio, 0.0, 1.5)  # CPU time of one thread cannot much exceed wall
+    share = nanmedian(ratio, axis=1)
+    if np.count_nonzero(np.isfinite(share)) < 2:
+        return None
+    ref = float(nanmedian(share))
+    if not ref > 0:
+        return None
+    loss = np.clip(1.0 - share / ref, 0.0, 1.0)
+    lost = np.maximum(wall - np.nan_to_num(cpu, nan=0.0) / ref, 0.0)
+    lost = np.where(np.isfinite(ratio), lost, 0.0)
+    busy_pct = nanmedian(ev.window.device.get("cpu_pct", np.full(wall.shape, np.nan)), axis=1)
+    saturated = np.isfinite(busy_pct) & (busy_pct >= SATURATED_PCT)
+    gap = np.nan_to_num(ev.decomp.category("host_gap"), nan=0.0)
+    gap_excess = np.maximum(gap - nanmedian(gap, axis=0), 0.0)
+    lost = lost + np.where(saturated[:, None], gap_excess, 0.0)
+    return Contention(share=share, loss=loss, lost_ns=lost, saturated=saturated)
+
+
+def judge_cpu_contention(ev: Evidence) -> Candidate:
+    c = contention_of(ev)
+    if c is None:
+        return NONE
+    starved = np.flatnonzero(np.nan_to_num(c.loss, nan=0.0) >= MIN_CPU_LOSS)
+    if starved.size == 0 or starved.size > max(1, (3 * ev.window.world_size) // 4):
+        return NONE
+    less = np.zeros_like(c.lost_ns)
+    less[starved] = c.lost_ns[starved]
+    impact = _trimmed(_retimed_gain(local_ns(ev.decomp, ev.window), less)) / ev.step_ns
+    if not impact > 0:
+        return NONE
+    starved = starved[np.argsort(-c.loss[starved])]
+    top = int(starved[0])
+    ref = float(nanmedian(c.share))
+    strength = logistic(float(c.loss[top]), MIN_CPU_LOSS + 0.05, 0.03)
+    evidence = [
+        f"rank {top}'s compute phases ran on the CPU {pct(c.share[top])} of their wall time "
+        f"vs {pct(ref)} for the median rank: the thread waited for a core",
+        f"re-timed with that lost time given back, the step is {pct(impact)} shorter",
+    ]
+    if c.saturated[starved].any():
+        evidence.append(
+            f"host CPU busy above {SATURATED_PCT:.0f} % on {', '.join(hosts_of(ev, starved[c.saturated[starved]])[:3])}"
+        )
+    dev = ev.window.device
+    util = nanmedian(
+        dev.get("gpu_util", np.full(1, np.nan)).reshape(ev.window.world_size, -1), axis=1
+    )
+    if np.isfinite(util[top]) and np.isfinite(util).sum() >= 2:
+        evidence.append(
+            f"GPU utilisation of rank {top} {util[top]:.0f} % vs median {nanmedian(util):.0f} %: "
+            "the device waits for the host"
+        )
+    ranks = tuple(int(r) for r in starved[:16])
+    return Candidate(
+        float(impact), float(strength), ranks, hosts_of(ev, ranks), evidence=tuple(evidence)
+    )

@@ -1,0 +1,191 @@
+"""The catalogue: every judge in one table, and how related judges share their evidence.
+
+A judge reads the evidence of one window and says how much of the step its mechanism
+costs (impact) and how specifically the data shows its signature (strength); `verdict`
+turns the two into a score. Each entry also names the wall-time categories where the
+mechanism's loss lands, so the open-world stage (`openworld`) can tell whether a
+catalogued mechanism accounts for what localisation found.
+
+One fault gets one name: where two judges read the same observation, `reconcile` lets
+the more specific one keep it and shows the other what contradicts it, instead of scoring
+the fault twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from rankscope.diagnosis.candidate import NONE, Candidate, pct
+from rankscope.diagnosis.evidence import Evidence
+from rankscope.diagnosis.hostside import (
+    MIN_CPU_LOSS,
+    contention_of,
+    judge_cpu_contention,
+    judge_host_pause,
+)
+from rankscope.diagnosis.mechanisms import (
+    judge_allocator_growth,
+    judge_checkpoint,
+    judge_data_imbalance,
+    judge_intermittent_congestion,
+    judge_local_fabric,
+    judge_network_rail,
+    judge_numerator_change,
+    judge_placement,
+    judge_slow_device,
+    judge_slow_host_input,
+)
+from rankscope.diagnosis.parallelism import judge_expert_imbalance, judge_pipeline_imbalance
+from rankscope.diagnosis.robust import nanmedian, robust_z
+
+
+@dataclass(frozen=True)
+class Judge:
+    """One catalogued mechanism."""
+
+    judge: Callable[[Evidence], Candidate]
+    categories: frozenset[str]
+    """Wall-time categories its loss lands in."""
+    moving: bool = False
+    """It may move from rank to rank between steps (it explains a moving straggler)."""
+
+
+_COMM = frozenset({"exposed_comm", "arrival_wait"})
+JUDGES: dict[str, Judge] = {
+    "data_imbalance": Judge(judge_data_imbalance, frozenset({"compute"}), moving=True),
+    "slow_device": Judge(judge_slow_device, frozenset({"compute"})),
+    "slow_host_input": Judge(judge_slow_host_input, frozenset({"input"})),
+    "local_fabric": Judge(judge_local_fabric, _COMM),
+    "network_rail": Judge(judge_network_rail, _COMM),
+    "placement": Judge(judge_placement, _COMM),
+    "checkpoint": Judge(judge_checkpoint, frozenset({"checkpoint", "host_gap", "other"}), True),
+    "allocator_growth": Judge(judge_allocator_growth, frozenset({"memory"}), moving=True),
+    "intermittent_congestion": Judge(judge_intermittent_congestion, _COMM, moving=True),
+    "numerator_change": Judge(judge_numerator_change, frozenset({"compute"}), moving=True),
+    "pipeline_imbalance": Judge(judge_pipeline_imbalance, frozenset({"compute", "pipeline_idle"})),
+    "host_pause": Judge(judge_host_pause, frozenset({"host_gap", "compute", "other"}), True),
+    "cpu_contention": Judge(judge_cpu_contention, frozenset({"compute", "host_gap", "input"})),
+    "expert_imbalance": Judge(judge_expert_imbalance, frozenset({"compute"}), moving=True),
+}
+"""Every catalogued mechanism (``healthy`` and ``unexplained_straggler`` are not judged
+here: `verdict` and `openworld` derive them)."""
+
+
+def candidates(ev: Evidence) -> dict[str, Candidate]:
+    """Impact and strength of every catalogued mechanism on one window, reconciled.
+
+    Args:
+        ev: the window's evidence.
+
+    Returns:
+        Mechanism -> candidate (no baseline netting).
+    """
+    if not np.isfinite(ev.step_ns) or ev.step_ns <= 0:
+        return {m: NONE for m in JUDGES}
+    return reconcile(ev, {m: j.judge(ev) for m, j in JUDGES.items()})
+
+
+def reconcile(ev: Evidence, cands: dict[str, Candidate]) -> dict[str, Candidate]:
+    """Let related judges share their evidence (see the module docstring).
+
+    - A slow rank whose thread did not run (its compute phases got far less CPU per wall
+      second than its peers') is not a slow device: ``slow_device`` fades by
+      ``cpu_contention``'s strength and says why.
+    - A device whose clocks are normal and whose utilisation is below its peers' is idle,
+      not slow: ``slow_device`` halves and says so.
+    - A whole pipeline stage that works longer is the stage's work, not one device, unless
+      its clocks or throttle flags say otherwise.
+    - Tokens routed to experts are data too: ``data_imbalance`` keeps only the compute
+      lead that ``expert_imbalance`` does not account for.
+    - Persistent extra transfer on one rail also raises every step's cross-host transfer
+      above the quietest steps: bursts that a slow rail accounts for are not
+      intermittent congestion, which keeps only what the rail does not cost.
+    """
+    out = dict(cands)
+    sd = out.get("slow_device", NONE)
+    if sd.strength > 0 and sd.ranks:
+        notes, factor = [], 1.0
+        cc = out.get("cpu_contention", NONE)
+        c = contention_of(ev)
+        if c is not None:
+            starved = [r for r in sd.ranks if np.isfinite(c.loss[r]) and c.loss[r] >= MIN_CPU_LOSS]
+            if starved:
+                r = starved[0]
+                factor *= 1.0 - max(cc.strength, 0.5)
+                notes.append(
+                    f"rank {r}'s compute phases ran on the CPU only {pct(c.share[r])} of their "
+                    f"wall time (median rank {pct(float(nanmedian(c.share)))}): the thread "
+                    "waited for the host, which a slow device does not explain"
+                )
+        idle = _idle_device(ev, sd.ranks)
+        if idle:
+            factor *= 0.5
+            notes.append(idle)
+        stage = out.get("pipeline_imbalance", NONE)
+        if stage.strength > 0 and set(stage.ranks) <= set(sd.ranks) and not _device_flags(sd):
+            factor *= 0.5
+            notes.append(
+                "the slow ranks are a whole pipeline stage: its work, not one device, is "
+                "the first suspect"
+            )
+        if notes:
+            out["slow_device"] = replace(
+                sd, strength=sd.strength * factor, caveats=(*sd.caveats, *notes)
+            )
+    ei, di = out.get("expert_imbalance", NONE), out.get("data_imbalance", NONE)
+    if ei.strength >= 0.5 and di.impact > 0:
+        # Routed tokens are the data's imbalance too; what the experts' tokens account for
+        # is expert_imbalance's, the rest (sequence lengths, Σseq²) stays data_imbalance's.
+        out["data_imbalance"] = replace(
+            di,
+            impact=max(0.0, di.impact - ei.impact),
+            caveats=(
+                *di.caveats,
+                f"tokens routed to the experts account for {pct(ei.impact)} of the step "
+                "(expert_imbalance)",
+            ),
+        )
+    nr, ic = out.get("network_rail", NONE), out.get("intermittent_congestion", NONE)
+    if nr.strength >= 0.5 and ic.impact > 0:
+        left = max(0.0, ic.impact - nr.impact)
+        if left < ic.impact:
+            out["intermittent_congestion"] = replace(
+                ic,
+                impact=left,
+                caveats=(
+                    *ic.caveats,
+                    f"the slow rail ({', '.join(map(str, nr.rails))}) costs {pct(nr.impact)} of "
+                    "the step on its own; the bursts beyond it are what is left",
+                ),
+            )
+    return out
+
+
+def _device_flags(c: Candidate) -> bool:
+    """The candidate's evidence cites low clocks or throttle reasons."""
+    return any(("SM clock" in e) or ("throttle" in e) for e in c.evidence)
+
+
+def _idle_device(ev: Evidence, ranks: tuple[int, ...]) -> str | None:
+    """Why the suspect devices look idle rather than slow (normal clocks, lower
+    utilisation than their peers'), or None when the samples do not say."""
+    dev = ev.window.device
+    clock = nanmedian(dev["sm_clock_mhz"], axis=1)
+    util = nanmedian(dev["gpu_util"], axis=1)
+    if np.isfinite(clock).sum() < 3 or np.isfinite(util).sum() < 3:
+        return None
+    r = ranks[0]
+    cz, uz = robust_z(clock), robust_z(util)
+    throttled = np.nanmax(np.nan_to_num(dev["throttle"][r], nan=0.0)) > 0
+    if not (np.isfinite(cz[r]) and np.isfinite(uz[r])) or throttled:
+        return None
+    if abs(cz[r]) < 2 and uz[r] < -3:
+        return (
+            f"rank {r}'s GPU runs at a normal SM clock ({clock[r]:.0f} MHz) but is busy only "
+            f"{util[r]:.0f} % of the time (median {nanmedian(util):.0f} %): the device waits "
+            "for its host"
+        )
+    return None

@@ -1,0 +1,503 @@
+"""Localisation: who sets each step, where their extra time goes, and what fixing them gains.
+
+This is the first stage of the verdict and needs no catalogue of causes (the seed:
+"localize the missing wall time", "identify which ranks and operations determine the
+changed critical path"). A mechanism the catalogue has never heard of still leaves a rank,
+a host or a pipeline stage that the others wait for, and a wall-time category where that
+entity's extra time goes.
+
+**Who sets the step.** In a synchronous step every rank ends together; the ranks that
+finish their own work early wait in the collectives for the one that finishes last. A
+rank's *local* time is its step less exposed communication, arrival wait and pipeline
+idle (compute, input, memory management, checkpoint, recovery, host gap and user phases),
+plus the time it spent between its previous step and this one (`local_ns`). Per step, the rank with the most local time sets it (the *setter*).
+Communication is shared by the members of a collective (a slow rail delays all of them
+alike), so it is localised by the links instead: a rail's or a host's extra transfer
+over its peers' (`fabric`), which `link_suspects` turns into suspects of the same form.
+
+**What-if** (the method of "Understanding Stragglers in Large Model Training Using What-if
+Analysis", OSDI'25, on the step level): re-time each step with one entity's local time
+replaced by the step's median rank's. The step is paced by the largest local time; the
+ranks that waited contribute nothing, so the re-timed step is ``max(largest local time
+outside the entity, median local time)`` and the gain is what the step loses from its
+current maximum. It is exact when a step has one synchronisation point that every rank
+joins (a data-parallel gradient all-reduce) and a lower bound when the step has several:
+an entity that is late at an early collective and catches up later gains at least this.
+Entities: each rank, each host (when hosts hold several ranks) and each pipeline stage
+(the ``pp`` mesh coordinate). Gains are trimmed means over steps (the largest `TRIM` of
+the steps left out), so one isolated spike does not make a straggler while a pause that
+recurs every few steps still does.
+
+**Beyond chance.** Noise makes some rank the slowest in every step, so an entity's gain
+is judged against its peers': the gain *beyond* the median gain of the other entities of
+its kind (with a baseline run, also beyond the same entity's gain there). A healthy run's
+best rank gains about as much as the others; a straggler gains far more.
+
+**Moving stragglers.** When the slow rank changes from step to step (data imbalance,
+garbage-collection pauses on varying ranks), no fixed entity gains much; the *moving* gain
+replaces each step's setter by the median rank, counting only the steps whose setter is an
+outlier among the ranks of that step (its local time beyond what that many healthy ranks
+reach by chance, `robust.expected_max_z`), which needs eight ranks or more to measure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rankscope.diagnosis.decomposition import CATEGORIES, Decomposition
+from rankscope.diagnosis.fabric import FabricView, LinkFinding
+from rankscope.diagnosis.robust import expected_max_z, nanmedian
+from rankscope.diagnosis.window import Window
+
+TRIM = 0.1
+"""Share of the steps with the largest gain left out of an entity's mean gain."""
+MATERIAL = 0.02
+"""A what-if gain of about this share of the step, beyond what chance and the baseline
+give, is material: a straggler worth naming (healthy runs stay well below it)."""
+OUTLIER_MARGIN = 3.0
+"""A step's setter is an outlier when its robust z among the step's ranks exceeds the
+largest z that many healthy ranks reach by chance by this margin."""
+MIN_RANKS_MOVING = 8
+"""Ranks needed to tell, within one step, an outlier from the slowest of a few."""
+KINDS = ("rank", "host", "stage", "rail", "link")
+SMALLER_SUFFICES = 1.5
+"""A host or stage is named instead of its slowest rank only when it gains this many times
+as much (several of its ranks are slow together); otherwise the rank is the suspect."""
+
+_EXCESS_CATEGORIES = tuple(c for c in CATEGORIES if c not in ("arrival_wait", "pipeline_idle"))
+
+
+@dataclass(frozen=True)
+class Suspect:
+    """One entity (rank, host or pipeline stage) and what it costs the job."""
+
+    kind: str
+    """One of `KINDS`."""
+    key: str
+    """The rank number, host name, ``pp=K``, rail number, or the host of an intra-host link."""
+    ranks: tuple[int, ...]
+    gain_ns: float
+    """What-if: mean step time saved if it behaved like the median rank (trimmed)."""
+    gain: float
+    """``gain_ns`` over the job's median step."""
+    net_gain: float
+    """``gain`` beyond chance (its peers' median gain) and beyond the baseline's same entity."""
+    sets: float
+    """Share of steps whose pace it set."""
+    excess_ns: dict[str, float] = field(default_factory=dict)
+    """Category -> mean ns its setting rank spent beyond the step's median rank, over the
+    steps it set (arrival wait and pipeline idle left out: a setter does not wait)."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} {self.key}"
+
+    @property
+    def category(self) -> str | None:
+        """The category most of its extra time goes to (None when nothing is extra)."""
+        pos = {c: v for c, v in self.excess_ns.items() if np.isfinite(v) and v > 0}
+        return max(pos, key=lambda c: pos[c]) if pos else None
+
+    def what_if(self) -> str:
+        """The headline: "step −12.3 ms (−18.0 %) if rank 7 behaved like the median rank"."""
+        return (
+            f"step −{self.gain_ns / 1e6:,.1f} ms (−{100 * self.gain:.1f} %) if {self.label} "
+            "behaved like the median rank"
+        )
+
+
+@dataclass(frozen=True)
+class Localisation:
+    """Who sets the steps of one window and what fixing them would gain."""
+
+    step_ns: float
+    """The job's median step time."""
+    setter: np.ndarray
+    """int64 (S,) per step, the rank with the most local time (-1: no rank reported)."""
+    stability: float
+    """Share of steps set by the most frequent setter (near 1: it stays; low: it moves)."""
+    suspects: tuple[Suspect, ...]
+    """The best entities of each kind, highest net gain first."""
+    moving_gain: float
+    """Share of the step saved if each step's setter behaved like the median rank, over
+    the steps whose setter is an outlier among that step's ranks (NaN below
+    `MIN_RANKS_MOVING` ranks)."""
+    outlier_share: float
+    """Share of steps whose setter is such an outlier (NaN below `MIN_RANKS_MOVING`)."""
+    imbalance: float
+    """Share of the step saved if every rank behaved like the median rank (trimmed mean of
+    largest minus median local time): the upper bound of what balancing can gain."""
+
+    @property
+    def top(self) -> Suspect | None:
+        """The suspect: the smallest entity that accounts for the loss (`SMALLER_SUFFICES`)."""
+        if not self.suspects:
+            return None
+        ranks = [s for s in self.suspects if s.kind == "rank"]
+        best = max(self.suspects, key=lambda s: s.net_gain)
+        if best.kind != "rank" and ranks:
+            inside = [s for s in ranks if set(s.ranks) <= set(best.ranks)]
+            if inside and best.gain < SMALLER_SUFFICES * max(s.gain for s in inside):
+                return max(inside, key=lambda s: s.net_gain)
+        return best
+
+    @property
+    def stays(self) -> bool:
+        """The slow rank is the same in most steps (hardware-like)."""
+        return bool(self.stability >= 0.5)
+
+    def of(self, kind: str, key: str) -> Suspect | None:
+        """The suspect of one kind and key, when it is among the best."""
+        return next((s for s in self.suspects if s.kind == kind and s.key == key), None)
+
+
+def _trimmed_sum(values: np.ndarray, n_steps: int) -> float:
+    """Mean over ``n_steps`` of ``values`` (one entity's nonzero gains) after leaving out
+    its largest `TRIM` share of the steps."""
+    if n_steps <= 0:
+        return float("nan")
+    drop = int(TRIM * n_steps)
+    kept = np.sort(values)[: max(values.size - drop, 0)] if drop else values
+    return float(kept.sum() / max(n_steps - drop, 1))
+
+
+def _entity_max(busy: np.ndarray, codes: np.ndarray, n_codes: int) -> np.ndarray:
+    """float64 (E, S) per entity and step, the largest local time of its ranks (-inf where
+    none reported)."""
+    filled = np.where(np.isfinite(busy), busy, -np.inf)
+    member = np.flatnonzero(codes >= 0)
+    order = member[np.argsort(codes[member], kind="stable")]
+    sc = codes[order]
+    starts = np.flatnonzero(np.r_[True, sc[1:] != sc[:-1]])
+    out = np.full((n_codes, busy.shape[1]), -np.inf)
+    if order.size:
+        out[sc[starts]] = np.maximum.reduceat(filled[order], starts, axis=0)
+    return out
+
+
+def _step_gains(ent_max: np.ndarray, med: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per step the entity that sets it, the gain of replacing it by the median rank, and
+    the largest local time."""
+    n_ent, n_steps = ent_max.shape
+    if n_ent == 1:
+        top1 = ent_max[0]
+        owner = np.zeros(n_steps, dtype=np.int64)
+        gain = np.maximum(top1 - med, 0.0)
+    else:
+        part = np.partition(ent_max, n_ent - 2, axis=0)
+        top1, top2 = part[n_ent - 1], part[n_ent - 2]
+        owner = np.argmax(ent_max, axis=0)
+        gain = top1 - np.maximum(top2, med)
+    ok = np.isfinite(top1) & np.isfinite(med)
+    gain = np.where(ok, np.maximum(gain, 0.0), 0.0)
+    owner = np.where(ok, owner, -1)
+    return owner, gain, np.where(ok, top1, np.nan)
+
+
+@dataclass(frozen=True)
+class _Kind:
+    kind: str
+    codes: np.ndarray
+    """int64 (R,) entity code of every rank (-1: unknown)."""
+    keys: tuple[str, ...]
+
+
+def _kinds(window: Window) -> list[_Kind]:
+    n = window.world_size
+    out = [_Kind("rank", np.arange(n, dtype=np.int64), tuple(str(r) for r in range(n)))]
+    host = window.ranks.host.astype(np.int64)
+    if n and (host >= 0).all():
+        counts = np.bincount(host)
+        if np.count_nonzero(counts) >= 2 and counts.max() >= 2:
+            names = window.ranks.hosts
+            keys = tuple(names[c] if c < len(names) else f"host{c}" for c in range(counts.size))
+            out.append(_Kind("host", host, keys))
+    pp = window.ranks.mesh.get("pp")
+    if pp is not None and n and (pp >= 0).all() and np.unique(pp).size >= 2:
+        codes = pp.astype(np.int64)
+        out.append(_Kind("stage", codes, tuple(f"pp={k}" for k in range(int(codes.max()) + 1))))
+    return out
+
+
+def between_steps_ns(window: Window) -> np.ndarray:
+    """Per rank and step the time the rank spent after its previous step ended and before
+    this one began (0 for the first step of the window and where unknown).
+
+    A rank whose host is busy between its steps (a synchronous log, a blocking call after
+    the optimizer) starts late, and every peer waits for it inside the step: that time is
+    the rank's host gap as much as a gap between its phases is.
+
+    Args:
+        window: the window.
+
+    Returns:
+        float64 (R, S) ns, never negative.
+    """
+    out = np.zeros(window.t_start.shape)
+    if window.t_start.shape[1] > 1:
+        gap = window.t_start[:, 1:] - window.t_end[:, :-1]
+        both = window.present[:, 1:] & window.present[:, :-1]
+        out[:, 1:] = np.where(both & np.isfinite(gap), np.maximum(gap, 0.0), 0.0)
+    return out
+
+
+def local_ns(decomp: Decomposition, window: Window | None = None) -> np.ndarray:
+    """Per rank and step the time of the rank's own work: the step less its exposed
+    communication, arrival wait and pipeline idle (compute, input, memory, checkpoint,
+    recovery, host gap, other), plus the time it spent between its previous step and this
+    one (`between_steps_ns`, with ``window``). The step is paced by the largest;
+    communication is shared by the ranks of a collective and is localised by the links
+    instead (`link_suspects`).
+
+    Args:
+        decomp: the decomposition.
+        window: its window, to count the time between steps.
+
+    Returns:
+        float64 (R, S); NaN where absent.
+    """
+    local = (
+        decomp.step_ns
+        - decomp.category("exposed_comm")
+        - decomp.category("arrival_wait")
+        - decomp.category("pipeline_idle")
+    )
+    return local + between_steps_ns(window) if window is not None else local
+
+
+def localise(window: Window, decomp: Decomposition, top: int = 3) -> Localisation:
+    """Setters, suspects and what-if gains of one window (see the module docstring).
+
+    Args:
+        window: the window.
+        decomp: its decomposition.
+        top: suspects kept per kind.
+
+    Returns:
+        The localisation (no baseline netting: see `against_baseline`).
+    """
+    busy = local_ns(decomp, window)
+    before = between_steps_ns(window)
+    n_ranks = busy.shape[0]
+    job = nanmedian(decomp.step_ns, axis=0)
+    step_ns = float(nanmedian(job)) if np.isfinite(job).any() else float("nan")
+    med = nanmedian(busy, axis=0)
+    seen = int(np.count_nonzero(np.isfinite(med)))
+    cat_med = nanmedian(decomp.ns, axis=1)  # (C, S)
+
+    rank_owner, rank_gain, top1 = _step_gains(np.where(np.isfinite(busy), busy, -np.inf), med)
+    setter = rank_owner.astype(np.int64)
+    counts = np.bincount(setter[setter >= 0], minlength=n_ranks)
+    stability = float(counts.max() / seen) if seen and counts.size else float("nan")
+
+    suspects: list[Suspect] = []
+    if seen and np.isfinite(step_ns) and step_ns > 0:
+        for kind in _kinds(window):
+            suspects.extend(
+                _suspects(kind, busy, med, setter, decomp, cat_med, before, seen, step_ns, top)
+            )
+    suspects.sort(key=lambda s: -s.net_gain)
+
+    moving, outliers = float("nan"), float("nan")
+    if n_ranks >= MIN_RANKS_MOVING and seen and step_ns > 0:
+        spread = _spread(busy)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            z = (top1 - med) / spread
+        out = np.isfinite(z) & (z > expected_max_z(n_ranks) + OUTLIER_MARGIN)
+        outliers = float(np.count_nonzero(out) / seen)
+        moving = _trimmed_sum(rank_gain[out], seen) / step_ns
+    with np.errstate(invalid="ignore"):
+        gap = np.where(np.isfinite(top1) & np.isfinite(med), top1 - med, 0.0)
+    imbalance = _trimmed_sum(gap[gap > 0], seen) / step_ns if seen and step_ns > 0 else 0.0
+    return Localisation(
+        step_ns=step_ns,
+        setter=setter,
+        stability=stability,
+        suspects=tuple(suspects),
+        moving_gain=moving,
+        outlier_share=outliers,
+        imbalance=float(imbalance),
+    )
+
+
+def _spread(busy: np.ndarray) -> np.ndarray:
+    """Per step, the robust spread of the ranks' local times (1.4826 × MAD, floored at
+    0.5 % of the median so a noise-free simulation does not make every rank an outlier)."""
+    med = nanmedian(busy, axis=0)
+    mad = nanmedian(np.abs(busy - med), axis=0) * 1.4826
+    return np.maximum(mad, 0.005 * np.abs(med))
+
+
+def _suspects(
+    kind: _Kind,
+    busy: np.ndarray,
+    med: np.ndarray,
+    setter: np.ndarray,
+    decomp: Decomposition,
+    cat_med: np.ndarray,
+    before: np.ndarray,
+    seen: int,
+    step_ns: float,
+    top: int,
+) -> list[Suspect]:
+    n_codes = len(kind.keys)
+    ent_max = _entity_max(busy, kind.codes, n_codes)
+    owner, gain, _ = _step_gains(ent_max, med)
+    gains = np.zeros(n_codes)
+    sets = np.bincount(owner[owner >= 0], minlength=n_codes)[:n_codes]
+    has = np.flatnonzero(sets)
+    for e in has:
+        gains[e] = _trimmed_sum(gain[owner == e], seen)
+    present = np.bincount(kind.codes[kind.codes >= 0], minlength=n_codes)[:n_codes] > 0
+    before_med = np.median(before, axis=0)
+    order = has[np.argsort(-gains[has], kind="stable")][:top]
+    out = []
+    for e in order:
+        others = gains[present & (np.arange(n_codes) != e)]
+        chance = float(np.median(others)) if others.size else 0.0
+        steps = np.flatnonzero(owner == e)
+        r = setter[steps]
+        ok = r >= 0
+        excess = {}
+        for c in _EXCESS_CATEGORIES:
+            i = CATEGORIES.index(c)
+            vals = decomp.ns[i, r[ok], steps[ok]] - cat_med[i, steps[ok]]
+            if c == "host_gap":
+                vals = vals + before[r[ok], steps[ok]] - before_med[steps[ok]]
+            excess[c] = float(np.nanmean(vals)) if vals.size else float("nan")
+        out.append(
+            Suspect(
+                kind=kind.kind,
+                key=kind.keys[e],
+                ranks=tuple(int(x) for x in np.flatnonzero(kind.codes == e)),
+                gain_ns=float(gains[e]),
+                gain=float(gains[e] / step_ns),
+                net_gain=float((gains[e] - chance) / step_ns),
+                sets=float(sets[e] / seen),
+                excess_ns=excess,
+            )
+        )
+    return out
+
+
+LINK_MARGIN = 3.0
+"""A link is a suspect when its robust z among its peers (or its shift against the
+baseline run) exceeds what that many healthy links reach by chance by this margin."""
+
+
+def link_suspects(fabric: FabricView, step_ns: float) -> tuple[Suspect, ...]:
+    """The worst rail (cross-host) and the worst host (intra-host) as suspects: their
+    extra transfer over their peers' per step is what the step would save if they moved
+    data like their peers (`fabric.LinkFinding.extra_ns_per_step`).
+
+    Args:
+        fabric: the link findings of the window.
+        step_ns: the job's median step.
+
+    Returns:
+        Up to two suspects; a link within chance of its peers has no net gain.
+    """
+    out = []
+    for kind, peers, vs_base in (
+        ("rail", fabric.rails, fabric.rails_vs_baseline),
+        ("link", fabric.hosts, fabric.hosts_vs_baseline),
+    ):
+        found = peers if len(peers) >= 3 else vs_base
+        if not found or not step_ns > 0:
+            continue
+        worst: LinkFinding = max(found, key=lambda f: f.z if np.isfinite(f.z) else -np.inf)
+        if not np.isfinite(worst.z):
+            continue
+        gain = max(float(worst.extra_ns_per_step), 0.0) / step_ns
+        beyond = worst.z > expected_max_z(len(found)) + LINK_MARGIN
+        key = str(worst.code) if kind == "rail" or not worst.hosts else worst.hosts[0]
+        out.append(
+            Suspect(
+                kind=kind,
+                key=key,
+                ranks=tuple(worst.ranks),
+                gain_ns=gain * step_ns,
+                gain=gain,
+                net_gain=gain if beyond else 0.0,
+                sets=float("nan"),
+                excess_ns={"exposed_comm": float(worst.extra_ns_per_step)},
+            )
+        )
+    return tuple(out)
+
+
+def against_baseline(loc: Localisation, base: Localisation | None) -> Localisation:
+    """The localisation with each suspect's net gain also beyond the baseline's same entity
+    (its gain there, or, for an entity the baseline's best do not include, nothing more).
+
+    Args:
+        loc: localisation of the run under study.
+        base: localisation of the healthy run, or None.
+
+    Returns:
+        ``loc`` with netted suspects, highest net gain first.
+    """
+    if base is None:
+        return loc
+    out = []
+    for s in loc.suspects:
+        b = base.of(s.kind, s.key)
+        net = s.net_gain if b is None else min(s.net_gain, s.gain - b.gain)
+        out.append(
+            Suspect(s.kind, s.key, s.ranks, s.gain_ns, s.gain, float(net), s.sets, s.excess_ns)
+        )
+    out.sort(key=lambda s: -s.net_gain)
+    moving = loc.moving_gain
+    if np.isfinite(moving) and np.isfinite(base.moving_gain):
+        moving = max(0.0, moving - base.moving_gain)
+    return Localisation(
+        step_ns=loc.step_ns,
+        setter=loc.setter,
+        stability=loc.stability,
+        suspects=tuple(out),
+        moving_gain=float(moving),
+        outlier_share=loc.outlier_share,
+        imbalance=loc.imbalance,
+    )
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What localisation concludes, before any mechanism is asked."""
+
+    suspect: Suspect | None
+    """The fixed entity that sets the steps, when its net gain is material."""
+    moving: bool
+    """The straggler moves from step to step (no fixed suspect, a material moving gain)."""
+    gain: float
+    """Net gain of the finding, share of the step (0: nothing material)."""
+
+    @property
+    def material(self) -> bool:
+        return self.gain >= MATERIAL
+
+
+def finding(loc: Localisation, base: Localisation | None = None) -> Finding:
+    """The material straggler of a (netted) localisation, if any.
+
+    Args:
+        loc: `against_baseline` of the run's localisation.
+        base: the baseline's localisation (for the imbalance of small jobs).
+
+    Returns:
+        The finding: a fixed suspect, a moving straggler, or nothing material.
+    """
+    top = loc.top
+    if top is not None and top.net_gain >= MATERIAL:
+        return Finding(top, False, float(top.net_gain))
+    moving = loc.moving_gain if np.isfinite(loc.moving_gain) else 0.0
+    if base is not None and not np.isfinite(loc.moving_gain):
+        # Too few ranks to see outliers within a step: the imbalance against the healthy
+        # run's is the only measure.
+        moving = max(0.0, loc.imbalance - base.imbalance)
+    if moving >= MATERIAL and (top is None or moving > top.net_gain):
+        return Finding(None, True, float(moving))
+    best = max(top.net_gain if top is not None else 0.0, moving)
+    return Finding(None, False, float(max(best, 0.0)))

@@ -1,0 +1,134 @@
+"""The open world: a material straggler that no catalogued mechanism explains.
+
+The catalogue is never the whole world. Localisation (`localise`) finds who sets the steps
+and what fixing them would gain without asking why; the judges (`judges`) then try to
+explain it. When the gain is material and the mechanisms that fit it — those naming the
+same ranks, or, naming none, whose loss lands in the category the straggler's time goes
+to — account for only part of it, the remainder is ``unexplained_straggler``: named by
+rank (host, stage), the category, whether it stays or moves, and the smallest experiment
+that makes the category visible. Never ``healthy``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from rankscope.diagnosis.candidate import Candidate, ms, pct
+from rankscope.diagnosis.judges import JUDGES
+from rankscope.diagnosis.localise import MATERIAL, Finding, Localisation
+from rankscope.diagnosis.robust import logistic
+
+MECHANISM = "unexplained_straggler"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a scored catalogued hypothesis says, as the open-world stage reads it."""
+
+    mechanism: str
+    score: float
+    impact: float
+    ranks: tuple[int, ...]
+
+
+def fits(claim: Claim, found: Finding) -> bool:
+    """Whether a mechanism's claim is about the straggler localisation found.
+
+    A claim naming ranks fits a fixed suspect it shares a rank with; a claim naming no
+    ranks fits when its mechanism's loss lands in the suspect's category, or when the
+    straggler moves and the mechanism is one that moves (`judges.Judge.moving`).
+    """
+    judge = JUDGES.get(claim.mechanism)
+    if judge is None:
+        return False
+    s = found.suspect
+    if s is not None:
+        if claim.ranks:
+            return bool(set(claim.ranks) & set(s.ranks))
+        return s.category in judge.categories
+    return judge.moving
+
+
+def explained_share(claims: Iterable[Claim], found: Finding) -> tuple[float, Claim | None]:
+    """The largest share of the finding's gain that one fitting claim accounts for
+    (its score × its impact over the gain, at most 1), and that claim."""
+    best, which = 0.0, None
+    if found.gain <= 0:
+        return 1.0, None
+    for c in claims:
+        if fits(c, found):
+            share = c.score * min(1.0, c.impact / found.gain)
+            if share > best:
+                best, which = share, c
+    return float(best), which
+
+
+def unexplained(loc: Localisation, found: Finding, claims: list[Claim]) -> tuple[Candidate, float]:
+    """The ``unexplained_straggler`` candidate, and the share of the finding no claim
+    explains (0 when nothing material was found).
+
+    Args:
+        loc: the (netted) localisation.
+        found: its finding (`localise.finding`).
+        claims: the scored catalogued hypotheses.
+
+    Returns:
+        The candidate (zero strength when nothing is left to explain) and the residual.
+    """
+    if not found.material:
+        return Candidate(0.0, 0.0), 0.0
+    share, by = explained_share(claims, found)
+    residual = max(0.0, 1.0 - share)
+    strength = logistic(found.gain, 1.5 * MATERIAL, MATERIAL / 4) * residual
+    evidence = []
+    s = found.suspect
+    if s is not None:
+        cat = s.category or "no category"
+        parts = sorted(
+            ((c, v) for c, v in s.excess_ns.items() if v > 0.02 * s.gain_ns or v > 1e5),
+            key=lambda cv: -cv[1],
+        )[:3]
+        where = ", ".join(f"{c} +{ms(v)}" for c, v in parts) or "nothing stands out"
+        evidence += [
+            s.what_if(),
+            f"{s.label} set {pct(s.sets)} of the steps" if np.isfinite(s.sets) else s.label,
+            f"its extra time over the median rank goes to {cat}: {where} a step",
+        ]
+        stays = "stays the same rank" if loc.stays else "moves between ranks"
+        evidence.append(f"the rank that sets the step {stays} ({pct(loc.stability)} one rank)")
+        ranks = s.ranks
+    else:
+        evidence += [
+            f"each step's slowest rank is an outlier among that step's ranks in "
+            f"{pct(loc.outlier_share)} of steps; re-timed with it behaving like the median "
+            f"rank, the step is {pct(found.gain)} shorter",
+            f"the slowest rank moves between steps ({pct(loc.stability)} one rank)",
+        ]
+        ranks = tuple(int(r) for r in _frequent(loc))
+    if by is not None:
+        evidence.append(
+            f"the best fitting mechanism, {by.mechanism} (score {by.score:.2f}), accounts for "
+            f"{pct(share)} of it"
+        )
+    else:
+        evidence.append("no catalogued mechanism fits it")
+    return (
+        Candidate(
+            impact=float(found.gain * residual),
+            strength=float(strength),
+            ranks=tuple(ranks),
+            evidence=tuple(evidence),
+        ),
+        residual,
+    )
+
+
+def _frequent(loc: Localisation, k: int = 8) -> list[int]:
+    setter = loc.setter[loc.setter >= 0]
+    if setter.size == 0:
+        return []
+    counts = np.bincount(setter)
+    return [int(r) for r in np.argsort(-counts, kind="stable")[:k] if counts[r] > 0]

@@ -1,0 +1,246 @@
+"""Localisation, what-if, the open-world verdict, warm-up and the new mechanisms, on
+hand-built synchronous jobs whose ground truth is known exactly.
+
+Every window here is a data-parallel job with one synchronisation point a step: each rank
+does its own work (``local``), waits at the gradient all-reduce for the slowest rank, and
+then shares a fixed transfer. Faults are put into the rank's own time in a given place
+(a phase, or between phases), so the right answer is known without any simulator.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rankscope.diagnosis.engine import diagnose
+from rankscope.diagnosis.localise import MATERIAL, localise
+from rankscope.diagnosis.regime import regime_start
+from rankscope.diagnosis.synthetic import make_window, rank_layout
+from rankscope.diagnosis.warmup import warmup_length
+
+MS = 1e6
+TRANSFER = 10 * MS
+
+
+def sync_job(
+    n_ranks: int = 16,
+    n_steps: int = 30,
+    *,
+    seed: int = 0,
+    noise: float = 0.02,
+    compute_ms: float = 100.0,
+    extra_compute: np.ndarray | None = None,
+    extra_gap: np.ndarray | None = None,
+    job_factor: np.ndarray | None = None,
+    pp: int = 1,
+    gc: np.ndarray | None = None,
+    cpu_share: np.ndarray | None = None,
+    ranks_per_host: int = 4,
+):
+    """A synchronous job: ``compute`` in a forward phase, ``gap`` between phases, then the
+    all-reduce: wait for the slowest rank, then ``TRANSFER``."""
+    rng = np.random.default_rng(seed)
+    shape = (n_ranks, n_steps)
+    compute = compute_ms * MS * (1 + noise * rng.standard_normal(shape))
+    if job_factor is not None:
+        compute = compute * job_factor[None, :]
+    if extra_compute is not None:
+        compute = compute + extra_compute
+    gap = np.zeros(shape) if extra_gap is None else np.asarray(extra_gap, dtype=float)
+    if gc is not None:
+        gap = gap + gc  # a stop-the-world pause between phases
+    local = compute + gap
+    pace = local.max(axis=0)
+    wait = pace[None, :] - local
+    step = pace + TRANSFER
+    t_start = np.cumsum(np.r_[0.0, step[:-1]])[None, :].repeat(n_ranks, axis=0)
+    t_end = t_start + step[None, :]
+    ranks = rank_layout(n_ranks, ranks_per_host=ranks_per_host, pp=pp)
+    phase_cpu = None
+    if cpu_share is not None:
+        phase_cpu = {"forward": compute * cpu_share[:, None]}
+    host = {"gc_ns": gc} if gc is not None else None
+    return make_window(
+        t_start,
+        t_end,
+        ranks=ranks,
+        phase_ns={"forward": compute},
+        coll={
+            "n": np.ones(shape),
+            "exposed_wait_ns": wait,
+            "exposed_transfer_ns": np.full(shape, TRANSFER),
+        },
+        host=host,
+        phase_cpu_ns=phase_cpu,
+    )
+
+
+def _per_rank(n_ranks, n_steps, rank, value):
+    x = np.zeros((n_ranks, n_steps))
+    x[rank] = value
+    return x
+
+
+def test_time_between_phases_is_host_gap_and_localised_to_its_rank():
+    w = sync_job(extra_gap=_per_rank(16, 30, 5, 20 * MS))
+    d = diagnose(w)
+    top = d.localisation.top
+    assert top is not None and top.kind == "rank" and top.key == "5"
+    assert top.category == "host_gap"
+    # The what-if gain is the gap, less what the next-slowest rank would still take.
+    assert 0.1 < top.gain < 20 * MS / (100 * MS + TRANSFER)
+    assert d.finding.material and d.finding.suspect.key == "5"
+    assert d.verdict.top.mechanism == "unexplained_straggler"
+    assert d.verdict.top.ranks == (5,)
+    assert d.verdict.top.category == "host_gap"
+    assert d.verdict.get("healthy").score < 0.1
+
+
+def test_a_healthy_noisy_job_has_no_material_suspect_and_is_healthy():
+    for seed in range(4):
+        w = sync_job(seed=seed, noise=0.04)
+        d = diagnose(w)
+        assert not d.finding.material, (seed, d.finding)
+        assert d.verdict.top.mechanism == "healthy", [
+            (h.mechanism, round(h.score, 2)) for h in d.verdict.hypotheses[:3]
+        ]
+
+
+def test_two_rank_job_with_noise_is_not_a_straggler():
+    # With two ranks one of them is always the slowest: chance, judged against the peer.
+    for seed in range(6):
+        d = diagnose(sync_job(n_ranks=2, ranks_per_host=1, seed=seed, noise=0.12))
+        assert not d.finding.material, (seed, d.finding)
+
+
+def test_one_isolated_spike_is_not_a_straggler_but_a_recurring_pause_is():
+    spike = np.zeros((16, 30))
+    spike[3, 17] = 300 * MS
+    assert not localise(*_with_decomp(sync_job(extra_gap=spike))).top.net_gain >= MATERIAL
+    every_fifth = np.zeros((16, 30))
+    every_fifth[3, ::5] = 150 * MS
+    d = diagnose(sync_job(extra_gap=every_fifth))
+    assert d.finding.material and d.finding.suspect.key == "3"
+
+
+def _with_decomp(w):
+    from rankscope.diagnosis.engine import _decompose
+
+    return w, _decompose(w)
+
+
+def test_a_moving_straggler_is_found_without_a_fixed_suspect():
+    rng = np.random.default_rng(3)
+    gap = np.zeros((32, 30))
+    gap[rng.integers(0, 32, 30), np.arange(30)] = 25 * MS
+    d = diagnose(sync_job(n_ranks=32, extra_gap=gap))
+    assert d.finding.material and d.finding.moving
+    assert d.verdict.top.mechanism == "unexplained_straggler"
+    assert not d.localisation.stays
+
+
+def test_a_baseline_with_the_same_straggler_is_not_a_regression():
+    gap = _per_rank(16, 30, 5, 20 * MS)
+    base = sync_job(extra_gap=gap, seed=1)
+    d = diagnose(sync_job(extra_gap=gap, seed=2), base)
+    assert not d.finding.material, d.finding
+
+
+def test_gc_pauses_on_varying_ranks_are_host_pause():
+    rng = np.random.default_rng(4)
+    gc = np.zeros((32, 30))
+    for s in range(30):
+        if s % 3 == 0:
+            gc[rng.integers(0, 32), s] = 60 * MS
+    d = diagnose(sync_job(n_ranks=32, gc=gc))
+    assert d.verdict.top.mechanism == "host_pause", [
+        (h.mechanism, round(h.score, 2)) for h in d.verdict.hypotheses[:3]
+    ]
+    assert d.verdict.top.ranks
+
+
+def test_a_starved_thread_is_cpu_contention_not_a_slow_device():
+    share = np.full(16, 0.97)
+    share[6] = 0.6  # its forward phase ran on the CPU only 60 % of its wall time
+    extra = _per_rank(16, 30, 6, 40 * MS)
+    d = diagnose(sync_job(extra_compute=extra, cpu_share=share))
+    assert d.verdict.top.mechanism == "cpu_contention", [
+        (h.mechanism, round(h.score, 2)) for h in d.verdict.hypotheses[:3]
+    ]
+    assert 6 in d.verdict.top.ranks
+    sd = d.verdict.get("slow_device")
+    assert any("waited for the host" in c for c in sd.caveats)
+    # Without the CPU times the same data is a slow device.
+    assert diagnose(sync_job(extra_compute=extra)).verdict.top.mechanism == "slow_device"
+
+
+def test_a_heavier_pipeline_stage_is_pipeline_imbalance():
+    n = 16
+    ranks = rank_layout(n, ranks_per_host=4, pp=2)
+    heavy = ranks.mesh["pp"] == 1
+    extra = np.where(heavy[:, None], 50 * MS, 0.0) * np.ones((n, 30))
+    w = sync_job(n_ranks=n, pp=2, extra_compute=extra)
+    # The light stage idles in pipeline bubbles, not at the all-reduce.
+    w.phase_ns["pp_wait"] = np.where(heavy[:, None], 0.0, 45 * MS) * np.ones((n, 30))
+    w.coll["exposed_wait_ns"] = np.maximum(w.coll["exposed_wait_ns"] - w.phase_ns["pp_wait"], 0)
+    d = diagnose(w)
+    assert d.verdict.top.mechanism == "pipeline_imbalance", [
+        (h.mechanism, round(h.score, 2)) for h in d.verdict.hypotheses[:3]
+    ]
+    assert set(d.verdict.top.ranks) == set(np.flatnonzero(heavy).tolist())
+
+
+def test_warm_up_is_set_aside_and_a_healthy_run_with_one_stays_healthy():
+    factor = np.ones(30)
+    factor[:4] = [5.0, 3.0, 2.0, 1.5]
+    d = diagnose(sync_job(job_factor=factor, noise=0.01))
+    assert d.warmup_steps == 4
+    assert d.verdict.top.mechanism == "healthy"
+    assert d.verdict.get("checkpoint").score < 0.1
+
+
+def test_warm_up_does_not_hide_a_periodic_checkpoint():
+    factor = np.ones(30)
+    factor[:3] = [4.0, 2.5, 1.8]
+    w = sync_job(job_factor=factor, noise=0.01)
+    ck = np.zeros((16, 30))
+    ck[:, 5::5] = 400 * MS  # every rank writes its shard every fifth step
+    w.phase_ns["checkpoint"] = ck
+    w.t_end[:] = w.t_end + np.cumsum(ck[0])[None, :]
+    w.t_start[:, 1:] = w.t_end[:, :-1]
+    d = diagnose(w)
+    assert d.warmup_steps == 3
+    assert d.verdict.top.mechanism == "checkpoint", [
+        (h.mechanism, round(h.score, 2)) for h in d.verdict.hypotheses[:3]
+    ]
+
+
+@pytest.mark.parametrize(
+    ("series", "expected"),
+    [
+        ([5, 3, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], 3),
+        ([5, 1, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], 3),  # a second compile
+        ([1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], 0),
+        # One slow first step like the spikes that follow is a recurring pattern.
+        ([4, 1, 1, 1, 1, 4, 1, 1, 1, 1, 4, 1, 1, 1, 1, 4, 1, 1], 0),
+    ],
+)
+def test_warmup_length(series, expected):
+    y = np.asarray(series, dtype=float) * 100.0 + np.linspace(0, 0.5, len(series))
+    assert warmup_length(y) == expected
+
+
+def test_a_level_shift_in_a_heavy_tailed_run_is_found_within_four_steps():
+    rng = np.random.default_rng(11)
+    y = 100.0 * (1 + 0.01 * rng.standard_normal(40))
+    y[[3, 9, 14]] *= 1.6  # bursts of a heavy-tailed healthy history
+    onset = 24
+    y[onset:] *= 1.3
+    found = []
+    for end in range(onset + 1, 40):
+        k = regime_start(y[:end])
+        found.append(k)
+        if k is not None:
+            break
+    assert found[-1] == onset
+    assert len(found) <= 4
