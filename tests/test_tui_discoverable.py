@@ -163,7 +163,7 @@ async def test_header_and_verdict_are_shortened_at_word_boundaries(slow13, healt
                 # A word is whole, or whole before the ellipsis that ends a shortened line.
                 assert word in full or word.rstrip("…") in full or word == "…", (word, lines)
         header = widget_lines(narrow, narrow.screen.query_one(HeaderBar))
-        assert "run-b" in header[0] and "base run-a" in header[1]
+        assert "run-b" in header[0] and "base p50" in header[1]
         verdict = widget_lines(narrow, narrow.screen.query_one(VerdictLine))
         assert verdict[0].startswith("▶ ") and verdict[1].startswith("→ next: ")
 

@@ -292,7 +292,9 @@ class VerdictLine(Static):
                 f"since step {regime.start_step} ({regime.change:+.0%} step time): ",
                 style="bold",
             )
-        text.append(top.evidence)
+        # The what-if is the headline when it is about this hypothesis: what fixing the
+        # suspect would save says more than the judge's first observation.
+        text.append(analysis.headline or top.evidence)
         width = self.content_size.width
         if not top.next_experiment:
             self.update(fit_words(text, width, lines=2))
