@@ -14,8 +14,10 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
+from rankscope.tui.abbrev import Field, fit_fields
 from rankscope.tui.charts import sparkline
 from rankscope.tui.detailmodel import Compare, RankDetail
+from rankscope.tui.dialogs import HELP_BINDING
 from rankscope.tui.panels import fmt_ms, sync_table
 
 
@@ -99,12 +101,14 @@ class RankDetailScreen(Screen):
     samples, work per step."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
+        HELP_BINDING,
         Binding("escape", "app.pop_screen", "Back", tooltip="Back to the main screen"),
         Binding("space", "pin", "Pin", tooltip="Pin or unpin this rank"),
     ]
     """
     | Key(s) | Description |
     | :- | :- |
+    | ? | Every key of every screen. |
     | escape | Back to the main screen. |
     | space | Pin or unpin this rank. |
     """
@@ -115,7 +119,11 @@ class RankDetailScreen(Screen):
     RankDetailScreen DataTable { height: auto; margin: 0 1 1 0; }
     RankDetailScreen Horizontal { height: auto; }
     RankDetailScreen Horizontal > DataTable { width: 1fr; }
+    RankDetailScreen.-narrow Horizontal { layout: vertical; }
     """
+
+    # Under 120 columns the paired tables stack, so no column is cut off at the right.
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]  # noqa: RUF012
 
     def __init__(self, rank: int) -> None:
         super().__init__()
@@ -159,13 +167,14 @@ class RankDetailScreen(Screen):
         """Draw a new detail of this screen's rank."""
         if detail.rank != self.rank:
             return
-        title = Text()
-        title.append(f"rank {detail.rank}", style="bold")
-        title.append(" · " + " · ".join(f"{k} {v}" for k, v in detail.identity.items() if v))
-        pins = getattr(self.app, "pins", ())
-        if self.rank in pins:
-            title.append("  ● pinned", style="bold yellow")
-        self.query_one("#title", Static).update(title)
+        fields = [Field(Text(f"rank {detail.rank}", style="bold"), sep="")]
+        if self.rank in getattr(self.app, "pins", ()):
+            fields.append(Field(Text("● pinned", style="bold yellow"), sep="  "))
+        # On a narrow terminal the identity is cut from its end, one whole field at a time.
+        items = [f"{k} {v}" for k, v in detail.identity.items() if v]
+        fields += [Field(Text(item), priority=i + 1, sep=" · ") for i, item in enumerate(items)]
+        title = self.query_one("#title", Static)
+        title.update(fit_fields(fields, title.content_size.width or self.size.width - 2))
         self.query_one("#series", Static).update(series_text(detail, self.size.width or 80))
         # Phases the run never records (0 on this rank and on the median) are left out.
         phases = [c for c in detail.phases if c.rank or c.median]

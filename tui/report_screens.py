@@ -13,6 +13,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
 from rankscope.tui.analysis import AnalysisView
+from rankscope.tui.dialogs import HELP_BINDING
 from rankscope.tui.panels import fmt_ms, sync_table
 
 REPORT_CSS = """
@@ -39,11 +40,13 @@ class ReportScreen(Screen):
     """A title, one keyed table and a note, redrawn on every diagnosis pass."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
+        HELP_BINDING,
         Binding("escape", "app.pop_screen", "Back", tooltip="Back to the main screen"),
     ]
     """
     | Key(s) | Description |
     | :- | :- |
+    | ? | Every key of every screen. |
     | escape | Back to the main screen. |
     """
 
