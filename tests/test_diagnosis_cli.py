@@ -83,3 +83,19 @@ def test_diagnose_unknown_run(recordings, capsys) -> None:
     assert main(["diagnose", str(recordings["fault"]), "--run", "nope"]) == 2
     err = capsys.readouterr().err
     assert "nope" in err and "runs:" in err
+
+
+def test_baseline_path_and_run_mean_the_same_as_everywhere(recordings, capsys) -> None:
+    # --baseline is a recording; --baseline-run a run id: in --baseline when given, else in
+    # PATH (where the healthy run of this fixture is not).
+    assert main(["inspect", str(recordings["base"]), "--json"]) == 0
+    base_run = json.loads(capsys.readouterr().out)["runs"][0]["run"]
+    argv = ["diagnose", str(recordings["fault"]), "--json"]
+    assert main([*argv, "--baseline", str(recordings["base"]), "--baseline-run", base_run]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["run"]["baseline_run"] == base_run
+    assert main([*argv, "--baseline-run", base_run]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rankscope: error: ") and f"unknown run {base_run!r}" in err
+    assert main([*argv, "--baseline", base_run]) == 2  # a run id is not a recording here
+    assert "a run id goes in --baseline-run" in capsys.readouterr().err
