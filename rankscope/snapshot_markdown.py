@@ -69,6 +69,46 @@ def _verdict_md(diag: dict[str, Any]) -> list[str]:
     return [*out, ""]
 
 
+def _what_if_md(diag: dict[str, Any]) -> list[str]:
+    """The localisation headline and its suspects: who sets the step and what fixing them
+    would save, before any mechanism is named."""
+    loc = diag.get("localisation") or {}
+    found = loc.get("finding") or {}
+    suspect = found.get("suspect")
+    if suspect:
+        cat = f"; its extra time goes to {suspect['category']}" if suspect.get("category") else ""
+        out = [f"**What-if:** {suspect['what_if']}{cat}.", ""]
+    elif found.get("moving"):
+        out = [
+            f"**What-if:** step −{found['gain']:.1%} if each step's slowest rank behaved like "
+            "the median rank (the slow rank moves).",
+            "",
+        ]
+    elif found:
+        out = [
+            f"**What-if:** no rank, host or stage would save more than 2% of the step beyond "
+            f"chance (best {found.get('gain') or 0:.1%}).",
+            "",
+        ]
+    else:
+        return []
+    rows = [
+        [
+            s["label"],
+            f"{s['gain']:.1%}",
+            f"{max(s['net_gain'], 0.0):.1%}",
+            "–" if s.get("sets") is None else f"{s['sets']:.0%}",
+            s.get("category") or "–",
+        ]
+        for s in (loc.get("suspects") or [])[:5]
+    ]
+    if rows:
+        out += _table(
+            ["suspect", "what-if gain", "beyond chance", "sets the step", "goes to"], rows
+        )
+    return out
+
+
 def render_markdown(content: dict[str, Any]) -> str:
     """``snapshot.md``: the snapshot as a ticket comment.
 
@@ -93,7 +133,7 @@ def render_markdown(content: dict[str, Any]) -> str:
         f"- **Baseline:** {base['run'] + ' (' + base['scope'] + ')' if base else 'none'}",
         "",
     ]
-    lines += ["## Verdict", "", *_verdict_md(diag)]
+    lines += ["## Verdict", "", *_what_if_md(diag), *_verdict_md(diag)]
     dist = diag.get("distributions", {})
     cur, ref = dist.get("current") or {}, dist.get("baseline") or {}
     lines += ["## Step time (job step: median over ranks, per step; ms)", ""]

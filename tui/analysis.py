@@ -122,6 +122,10 @@ class AnalysisView:
     """The full ``rankscope.diagnosis.engine.Diagnosis`` (for snapshots and reports)."""
     note: str = ""
     """What could not be computed, and why."""
+    headline: str = ""
+    """The what-if of the straggler the verdict is about (``step −12 ms (−9 %) if rank 7
+    behaved like the median rank``), empty when localisation found nothing material or the
+    top hypothesis is about something else."""
 
 
 def _fmt_value(value: Any) -> str:
@@ -250,4 +254,26 @@ def analyse(
         ),
         stall=d.stall,
         diagnosis=d,
+        headline=what_if_headline(d),
     )
+
+
+def what_if_headline(d: Any) -> str:
+    """The localisation's what-if when it is about the top hypothesis: the suspect shares
+    a rank with it, or it is the open-world straggler itself.
+
+    Args:
+        d: ``rankscope.diagnosis.engine.Diagnosis``.
+
+    Returns:
+        The headline, or "".
+    """
+    found = d.finding
+    if found is None or not found.material or found.suspect is None:
+        return ""
+    top = d.verdict.top
+    s = found.suspect
+    if top.mechanism == "unexplained_straggler" or set(top.ranks) & set(s.ranks):
+        cat = f", extra time in {s.category}" if s.category else ""
+        return s.what_if() + cat
+    return ""
