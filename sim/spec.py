@@ -47,9 +47,13 @@ class TopologySpec:
     """Machines and links of the full cluster."""
 
     hosts: int = 8
-    """Servers in the full cluster."""
+    """Servers in the full cluster (derived from ``ranks`` when that is set)."""
     gpus_per_host: int = 8
     """GPUs per server; each GPU has its own NIC, and rail = that NIC's index."""
+    ranks: int = 0
+    """World size of the full cluster; 0 = ``hosts * gpus_per_host``. When set, the host
+    count follows it, so a drawn host size keeps the world size (a world smaller than one
+    host is one host of that many GPUs)."""
     hosts_per_rack: int = 4
     intra_gbps: float = 360.0
     """NVLink-class bus bandwidth inside a host, GB/s (= bytes/ns)."""
@@ -246,6 +250,20 @@ def _section(name: str, cls: type, table: Any, seed: int) -> Any:
     return cls(**values)
 
 
+def _sized(topo: TopologySpec) -> TopologySpec:
+    """Derive the host count from a world size (``topology.ranks``)."""
+    n, gph = topo.ranks, topo.gpus_per_host
+    if n == 0:
+        return topo
+    if n < 0 or gph < 1:
+        raise ScenarioError(f"topology.ranks must be >= 0, got {n}")
+    if n < gph:
+        return dataclasses.replace(topo, gpus_per_host=n, hosts=1)
+    if n % gph:
+        raise ScenarioError(f"ranks={n} is not a multiple of gpus_per_host={gph}")
+    return dataclasses.replace(topo, hosts=n // gph)
+
+
 def _host_sized(value: Any, topo: TopologySpec) -> Any:
     """``"host"`` in a tensor-parallel degree (alone or among choices) is the host's size."""
     if value == "host":
@@ -281,7 +299,6 @@ def _read(path: Path, seen: tuple[str, ...] = ()) -> dict[str, Any]:
 
 def _apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
-    # The world size last: it needs the host size, which another override or the seed sets.
     ranks = overrides.get("ranks")
     for key, value in overrides.items():
         if value is None or key == "ranks":
@@ -304,21 +321,7 @@ def _apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str
     if ranks is not None:
         if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
             raise ScenarioError(f"ranks must be a positive int, got {ranks!r}")
-        topo = raw.setdefault("topology", {})
-        seed = raw.get("seed", 0)
-        # a drawn host size is drawn here exactly as the scenario would draw it, then fixed
-        gph = draw(
-            "topology.gpus_per_host",
-            topo.get("gpus_per_host", TopologySpec.gpus_per_host),
-            TopologySpec.gpus_per_host,
-            seed if isinstance(seed, int) else 0,
-        )
-        if ranks < gph:
-            topo["gpus_per_host"], topo["hosts"] = ranks, 1
-        elif ranks % gph:
-            raise ScenarioError(f"ranks={ranks} is not a multiple of gpus_per_host={gph}")
-        else:
-            topo["gpus_per_host"], topo["hosts"] = gph, ranks // gph
+        raw.setdefault("topology", {})["ranks"] = ranks
     return raw
 
 
@@ -350,6 +353,8 @@ def build_scenario(raw: dict[str, Any], name: str = "custom", source: str = "") 
             if k == "layout" and isinstance(table, dict) and "tp" in table:
                 table = {**table, "tp": _host_sized(table["tp"], parts["topology"])}
             parts[k] = _section(k, cls, table, seed)
+            if k == "topology":
+                parts[k] = _sized(parts[k])
         fault = resolve_fault(raw.get("fault"), parts["topology"], seed, parts["layout"])
     except ScenarioError as exc:
         raise ScenarioError(f"{where}: {exc}") from None
@@ -405,7 +410,8 @@ def load_scenario(name_or_path: str | Path, **overrides: Any) -> Scenario:
     Args:
         name_or_path: a name from `list_scenarios`, a path to a ``.toml`` file, or a
             ``.json`` spec written by `write_spec` (a parent run's exact scenario).
-        **overrides: ``seed=``, ``ranks=`` (sets the host count), ``job=``,
+        **overrides: ``seed=``, ``ranks=`` (the world size: sets ``topology.ranks``, so
+            the host count follows the drawn host size), ``job=``,
             ``fault="healthy"`` (the same scenario and draws with another mechanism and its
             default parameters: the healthy twin), or ``section__key=value`` (e.g.
             ``workload__packer="token_balanced"``, ``fault__host=2``); ``None`` values are

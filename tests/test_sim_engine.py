@@ -165,7 +165,7 @@ def test_scopes_keep_local_shapes(scope: ScopeSpec, world: int) -> None:
 )
 def test_bad_scope_is_named(scope: ScopeSpec, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        Cluster(load_scenario("healthy"), scope)
+        Cluster(load_scenario("healthy", topology__gpus_per_host=8), scope)
 
 
 def test_steps_run_in_order() -> None:
