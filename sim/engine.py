@@ -18,8 +18,9 @@ applies each operation to all ranks of a pipeline stage as numpy arrays over ``(
   the first collective of each group, compilation and the allocator warm up), and rare
   heavy-tailed spikes slow single compute spans.
 
-Faults only change inputs (speeds, bandwidths, input delays, the packer, the workload), so
-their signatures appear exactly where their mechanisms reach.
+Faults only change inputs (speeds, bandwidths, input delays, the packer, the workload, the
+layer split, the routing, the host's gaps and CPU share), so their signatures appear
+exactly where their mechanisms reach.
 """
 
 from __future__ import annotations
