@@ -60,3 +60,29 @@ def test_help(snap_compare, windows) -> None:
     assert snap_compare(
         _app(windows, None), press=["question_mark"], terminal_size=(100, 46), run_before=wait_ready
     )
+
+
+def test_help_80x24_scrolled_to_the_end(snap_compare, windows) -> None:
+    assert snap_compare(
+        _app(windows, None),
+        press=["question_mark", "end"],
+        terminal_size=(80, 24),
+        run_before=wait_ready,
+    )
+
+
+def test_saved_view_note_80x24(snap_compare, windows, tmp_path) -> None:
+    from rankscope.tui.viewstate import SavedView, save_view
+
+    job = windows[1].job
+    save_view(tmp_path, job, SavedView("step", "rail", (5, 9), None, "run-0419"))
+    source = StaticSource(windows, HEALTH, label="snapshot")
+    app = make_app(deterministic_settings(tmp_path), source, baseline="run-0412")
+
+    async def settled_without_toast(pilot) -> None:
+        # The toast that also says so times out on the wall clock: leave it out.
+        await wait_ready(pilot)
+        pilot.app.clear_notifications()
+        await pilot.pause(0.1)
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=settled_without_toast)
