@@ -55,6 +55,31 @@ def simulated_store(runs: Sequence[tuple[str, str, int, int]], seed: int | None 
     return store
 
 
+LADDER_PARENT = "seed-example-s7-full-3f9a2c"
+"""The ladder picture's full run, named as ``rankscope demo`` names runs; its reruns add
+the scope, as the rerun menu names them."""
+
+
+def ladder_source() -> Any:
+    """A full run of the seeded example and its one-rank, one-node and two-node reruns.
+
+    Returns:
+        A ``StaticSource`` holding the four runs (reruns carry ``parent_run``).
+    """
+    from rankscope.tui.sources import StaticSource
+
+    rungs = [("full", 64), ("one-rank", 1), ("one-node", 8), ("two-node", 16)]
+    names = [LADDER_PARENT if s == "full" else f"{LADDER_PARENT}-{s}" for s, _ in rungs]
+    store = simulated_store([("seed-example", n, ranks, 40) for n, (_, ranks) in zip(names, rungs)])
+    windows = []
+    for name, (scope, _) in zip(names, rungs):
+        w = store.window(name, 120)
+        parent = None if scope == "full" else LADDER_PARENT
+        windows.append(replace(w, scope=scope, parent_run=parent))
+    health = {"events_per_s": 0.0, "drops": {"batches": 0, "events": 0}, "rejects": {}}
+    return StaticSource(windows, health, label="simulated")
+
+
 async def wait_ready(pilot: Any, timeout: float = 120.0) -> None:
     """Let the app run until its model and diagnosis are drawn and no worker is busy.
 
@@ -135,6 +160,8 @@ SHOTS = (
     Shot("manifest", "example", (120, 30), keys=("d",), baseline="run-0412"),
     Shot("baseline-picker", "example", (120, 30), keys=("b",)),
     Shot("help", "example", (120, 46), keys=("question_mark",)),
+    Shot("help-80x24", "example", (80, 24), keys=("question_mark", "end")),
+    Shot("ladder", "ladder", (80, 40), keys=("L",)),
     Shot("stall", "hang", (120, 30), before=stall_for_a_minute),
 )
 
@@ -253,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         stores["large"] = simulated_store(
             [("seed-example-baseline", "run-0412", 512, 30), ("seed-example", "run-0419", 512, 30)]
         )
+    if "ladder" in needed:
+        stores["ladder"] = ladder_source()
     settings = deterministic_settings()
     settings = replace(settings, display=DisplaySettings(**{**vars(settings.display)}))
     for shot in shots:
