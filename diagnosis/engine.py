@@ -123,6 +123,7 @@ def gather_evidence(
         comparison=compare_runs(window, baseline),
         loc=with_links(loc, link_suspects(fabric, loc.step_ns)),
         delta=delta,
+        baseline=baseline,
     )
 
 

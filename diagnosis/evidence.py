@@ -32,6 +32,8 @@ class Evidence:
     loc: Localisation
     """Who sets the steps and what fixing them gains (no catalogue needed)."""
     delta: DecompositionDelta | None = None
+    baseline: Window | None = None
+    """The healthy run's window, when there is one (for rank-by-rank comparisons)."""
 
     @cached_property
     def step_ns(self) -> float:

@@ -26,7 +26,8 @@ from rankscope.diagnosis.robust import (
     quiet_z,
     robust_z,
 )
-from rankscope.diagnosis.trends import PERIODIC_CV, SPIKE_Z
+from rankscope.diagnosis.trends import PERIODIC_CV, SPIKE_Z, describe_trend
+from rankscope.diagnosis.window import Window
 
 Z_MARGIN = 3.0
 """A rank (host, rail) stands out when its robust z exceeds the largest z that the same
@@ -36,6 +37,10 @@ BURST_FLOOR = 0.01
 """Cross-host transfer varies from step to step by at least ~1 % (log units) in any real
 fabric; a tighter measured spread is not trusted for the burst test."""
 MAD_SIGMA = 1.4826
+
+
+def _times(x: float) -> str:
+    return f"{x:.2f}x" if np.isfinite(x) else "n/a (not recorded)"
 
 
 def judge_slow_device(ev: Evidence) -> Candidate:
@@ -61,11 +66,20 @@ def judge_slow_device(ev: Evidence) -> Candidate:
         f"the slowest rank was rank {sr.modal_rank} in {pct(sr.modal_share)} of steps",
     ]
     caveats = []
-    raw = _raw_compute_lead(ev, top)
-    if np.isfinite(raw) and raw < 0.25 * sr.residual[top]:
+    raw, adjusted = _raw_compute_lead(ev, top)
+    own = _raw_vs_baseline(ev, top)
+    if np.isfinite(own):
+        # Its own compute phases in the healthy run are the cleanest reference.
+        contradicted = own < 0.25 * sr.residual[top]
+    else:
+        contradicted = (
+            np.isfinite(raw) and raw < 0.25 * sr.residual[top] and adjusted < 0.5 * sr.residual[top]
+        )
+    if contradicted:
         # A slow device is slower inside its own compute phases, wall time and all. When
-        # they are not longer than the median rank's, its larger compute is the peers'
-        # collective time the decomposition took out of their phases, not its own work.
+        # they are not longer than the median rank's, even once that rank's waiting
+        # inside its phases is left out, its larger compute is the peers' collective time
+        # the decomposition took out of their phases, not its own work.
         strength *= 0.3
         caveats.append(
             f"rank {top}'s compute phases are {pct(raw)} longer than the median rank's in wall "
@@ -112,18 +126,46 @@ def judge_slow_device(ev: Evidence) -> Candidate:
     )
 
 
-def _raw_compute_lead(ev: Evidence, rank: int) -> float:
-    """How much longer one rank's compute phases are than the median rank's, in wall time
-    as recorded (collectives inside them included), median over steps (NaN without
-    compute phases)."""
-    spans = [ev.window.phase_ns[p] for p in COMPUTE_PHASES if p in ev.window.phase_ns]
-    if not spans:
+def _compute_spans(window: Window) -> np.ndarray | None:
+    spans = [window.phase_ns[p] for p in COMPUTE_PHASES if p in window.phase_ns]
+    return np.where(window.present, sum(spans), np.nan) if spans else None
+
+
+def _raw_vs_baseline(ev: Evidence, rank: int) -> float:
+    """How much longer one rank's compute phases are than its own in the baseline run,
+    median over steps (NaN without a baseline of the same ranks and equal work)."""
+    base = ev.baseline
+    if base is None or base.world_size != ev.window.world_size or not ev.numerator.comparable:
         return float("nan")
-    raw = np.where(ev.window.present, sum(spans), np.nan)
-    med = nanmedian(raw, axis=0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        lead = np.where(med > 0, raw[rank] / med - 1.0, np.nan)
-    return float(nanmedian(lead)) if np.isfinite(lead).any() else float("nan")
+    now, then = _compute_spans(ev.window), _compute_spans(base)
+    if now is None or then is None:
+        return float("nan")
+    ref = float(nanmedian(then[rank]))
+    return float(nanmedian(now[rank])) / ref - 1.0 if ref > 0 else float("nan")
+
+
+def _raw_compute_lead(ev: Evidence, rank: int) -> tuple[float, float]:
+    """How much longer one rank's compute phases are than the median rank's in wall time
+    as recorded, median over steps: against the median rank's phases as they are, and
+    against them less the arrival wait the decomposition found inside them (NaN, NaN
+    without compute phases).
+
+    The median rank's phases may hold time it spent waiting in collectives for the slow
+    rank (a tensor-parallel all-reduce inside forward), which the slow rank does not have:
+    a slow device leads the second reference by about its compute lead even when its
+    peers' phases are as long as its own."""
+    raw = _compute_spans(ev.window)
+    if raw is None:
+        return float("nan"), float("nan")
+    inside = np.maximum(raw - ev.decomp.category("compute"), 0.0)
+    waited = np.minimum(inside, ev.decomp.category("arrival_wait"))
+
+    def lead(ref: np.ndarray) -> float:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            x = np.where(ref > 0, raw[rank] / ref - 1.0, np.nan)
+        return float(nanmedian(x)) if np.isfinite(x).any() else float("nan")
+
+    return lead(nanmedian(raw, axis=0)), lead(nanmedian(raw - waited, axis=0))
 
 
 def judge_data_imbalance(ev: Evidence) -> Candidate:
@@ -142,9 +184,9 @@ def judge_data_imbalance(ev: Evidence) -> Candidate:
     evidence = [
         f"the slowest rank's compute leads the median rank by {pct(wc.compute_excess)} of "
         f"the step; its work alone predicts {pct(wc.work_excess)}",
-        f"largest Σseq² is {wc.attn_max_ratio:.2f}x the median rank's, tokens "
-        f"{wc.tokens_max_ratio:.2f}x",
-        f"compute vs Σseq² ρ = {wc.attn_rho:.2f}, vs tokens ρ = {wc.tokens_rho:.2f}",
+        f"largest Σseq² is {_times(wc.attn_max_ratio)} the median rank's, tokens "
+        f"{_times(wc.tokens_max_ratio)}",
+        f"compute vs Σseq² {wc.rho_text('attn_cost')}, vs tokens {wc.rho_text('tokens')}",
         f"the slowest rank moved: {sr.distinct} distinct ranks over "
         f"{int((sr.slowest >= 0).sum())} steps (most frequent {pct(sr.modal_share)})",
     ]
@@ -422,8 +464,8 @@ def judge_allocator_growth(ev: Evidence) -> Candidate:
         growth = max(st.relative_change, 0.0)
         strength = 0.7 * logistic(min(t.rho for t in rising), 0.8, 0.05)
         evidence = [
-            f"step time grows {pct(st.relative_change)} over {n_steps} steps (ρ {st.rho:.2f}) "
-            "while " + ", ".join(f"{t.name} rises (ρ {t.rho:.2f})" for t in rising),
+            f"step time {describe_trend(st, n_steps)} while "
+            + ", ".join(f"{t.name} rises (ρ {t.rho:.2f})" for t in rising),
             "no memory-management phase was recorded to confirm allocator retries",
         ]
         return Candidate(float(growth), float(strength), evidence=tuple(evidence))
@@ -436,13 +478,10 @@ def judge_allocator_growth(ev: Evidence) -> Candidate:
         f"(Spearman ρ with time {rho:.2f})",
     ]
     for t in rising:
-        evidence.append(
-            f"{t.name} rises with time since start (ρ {t.rho:.2f}, {pct(t.relative_change)})"
-        )
+        unit = "count" if t.name == "alloc_retries" else "bytes"
+        evidence.append(f"{t.name} rises with time since start: {describe_trend(t, n_steps, unit)}")
     if np.isfinite(st.rho):
-        evidence.append(
-            f"step time trend ρ {st.rho:.2f}, {pct(st.relative_change)} over the window"
-        )
+        evidence.append(f"step time {describe_trend(st, n_steps)}")
     return Candidate(float(growth), float(strength), evidence=tuple(evidence))
 
 

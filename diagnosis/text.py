@@ -27,6 +27,10 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%" if np.isfinite(x) else "n/a"
 
 
+def _ratio(x: float) -> str:
+    return f"{x:.2f}" if np.isfinite(x) else "n/a (not recorded)"
+
+
 def render_text(diag: Diagnosis, hypotheses: int = 4) -> str:
     """Render a diagnosis as text.
 
@@ -213,7 +217,7 @@ def _structure(diag: Diagnosis) -> list[str]:
     wc = corr.work
     out.append(
         f"  compute vs tokens {wc.rho_text('tokens')}, vs Σseq² {wc.rho_text('attn_cost')}; "
-        f"max/median Σseq² {wc.attn_max_ratio:.2f}, tokens {wc.tokens_max_ratio:.2f}"
+        f"max/median Σseq² {_ratio(wc.attn_max_ratio)}, tokens {_ratio(wc.tokens_max_ratio)}"
     )
     if diag.curve_shifts:
         s = diag.curve_shifts[0]
