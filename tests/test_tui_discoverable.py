@@ -143,14 +143,22 @@ def _words(lines: list[str]) -> list[str]:
     return [w for line in lines for w in line.split()]
 
 
+LONG_RUN = "seed-example-s12-full-7a55b4"
+"""Named as ``rankscope demo`` names runs: too long for the header at 80 columns."""
+
+
 @run_async
-async def test_header_and_verdict_are_shortened_at_word_boundaries(slow13, healthy) -> None:
-    wide = _app([healthy, slow13], baseline="run-a")
+async def test_header_and_verdict_are_shortened_at_word_boundaries() -> None:
+    runs = [
+        synthetic_run(64, 40, run=f"{LONG_RUN}-healthy", seed=1),
+        synthetic_run(64, 40, fault=Fault("slow_device", rank=13), run=LONG_RUN),
+    ]
+    wide = _app(runs, baseline=f"{LONG_RUN}-healthy")
     async with wide.run_test(size=(400, 30)) as pilot:
         await settle(pilot, wide)
         full_header = _words(widget_lines(wide, wide.screen.query_one(HeaderBar)))
         full_verdict = _words(widget_lines(wide, wide.screen.query_one(VerdictLine)))
-    narrow = _app([healthy, slow13], baseline="run-a")
+    narrow = _app(runs, baseline=f"{LONG_RUN}-healthy")
     async with narrow.run_test(size=SMALL) as pilot:
         await settle(pilot, narrow)
         for widget, full in (
@@ -163,7 +171,7 @@ async def test_header_and_verdict_are_shortened_at_word_boundaries(slow13, healt
                 # A word is whole, or whole before the ellipsis that ends a shortened line.
                 assert word in full or word.rstrip("…") in full or word == "…", (word, lines)
         header = widget_lines(narrow, narrow.screen.query_one(HeaderBar))
-        assert "run-b" in header[0] and "base p50" in header[1]
+        assert f"{LONG_RUN} · full" in header[0] and "base p50" in header[1]
         verdict = widget_lines(narrow, narrow.screen.query_one(VerdictLine))
         assert verdict[0].startswith("▶ ") and verdict[1].startswith("→ next: ")
 
@@ -297,3 +305,35 @@ async def test_pins_saved_on_another_run_are_not_applied_and_the_note_says_so(
         assert "not applied" not in _note(app)
     data = json.loads(next((tmp_path / "views").glob("*.json")).read_text())
     assert data["pins"] == list(app.pins) and data["pins_run"] == "run-b"
+
+
+# ----------------------------------------------------------------- abbreviation (no app)
+
+
+def test_fields_go_by_priority_and_what_stays_is_cut_at_a_word() -> None:
+    from rich.text import Text
+
+    from rankscope.tui.abbrev import Field, fit_fields, fit_words
+
+    fields = [
+        Field(Text("● LIVE"), sep=""),
+        Field(Text("step 99")),
+        Field(Text("llm-1b3-longctx"), priority=2),
+        Field(Text("run-0419 · full")),
+        Field(Text("64 ranks on 8 hosts"), priority=1),
+        Field(Text("simulated"), priority=3),
+    ]
+    full = fit_fields(fields, 0).plain
+    assert full.endswith("│ 64 ranks on 8 hosts │ simulated")
+    # The largest priority goes first, then the next; the order of what stays is kept.
+    assert fit_fields(fields, 78).plain == full.removesuffix(" │ simulated")
+    assert fit_fields(fields, 50).plain == "● LIVE │ step 99 │ run-0419 · full"
+    # Only must-stay fields left: the last is shortened at a word, with an ellipsis.
+    assert fit_fields(fields, 28).plain == "● LIVE │ step 99 │ run-0419…"
+    text = Text("the slowest rank's compute leads the median rank by 10.4% of the step")
+    assert fit_words(text, 40).plain == "the slowest rank's compute leads the…"
+    assert fit_words(text, 200) is text
+    # Two lines of room: as much as wraps into them, at a word.
+    two = fit_words(text, 30, lines=2).plain
+    assert two.endswith("…") and text.plain.startswith(two[:-1])
+    assert len(two) <= 60 and two[:-1].split()[-1] in text.plain.split()
