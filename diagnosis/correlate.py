@@ -25,6 +25,7 @@ from rankscope.diagnosis.decomposition import Decomposition
 from rankscope.diagnosis.grouprows import GroupSkew
 from rankscope.diagnosis.robust import EffectSize, effect_size, nanmedian
 from rankscope.diagnosis.straggler import (
+    DATA_WORK,
     SlowRankPattern,
     WorkCorrelation,
     relative_to_step,
@@ -333,10 +334,18 @@ def correlate(
     t = time_effect(window, decomp)
     if t is not None:
         effects.append(t)
-    pred, r2 = work_model(window, decomp)
+    # What the rank's own work predicts (routed tokens included) decides whether a rank
+    # is slower than its work; what the data alone predicts is the data's imbalance
+    # (routing is judged as expert imbalance).
+    data_pred, r2 = work_model(window, decomp, DATA_WORK)
+    routed = window.work.get("expert_tokens")
+    if routed is not None and bool((routed >= 0).any()):
+        pred, _ = work_model(window, decomp)
+    else:
+        pred = data_pred
     return Correlations(
         effects=tuple(effects),
         slow_rank=slow_rank_pattern(window, decomp, pred, rel_compute),
-        work=work_correlation(window, decomp, pred, r2),
+        work=work_correlation(window, decomp, data_pred, r2),
         relative=metrics,
     )

@@ -30,7 +30,9 @@ from rankscope.diagnosis.baseline import Distribution, distribution, job_step_ns
 from rankscope.diagnosis.curves import transfer_time
 from rankscope.diagnosis.decomposition import CATEGORIES, Decomposition, decompose
 from rankscope.diagnosis.exposure import exposed_union, rows_cover_window
+from rankscope.diagnosis.regime import since
 from rankscope.diagnosis.robust import nanmean, nanmedian, nanpercentile, robust_scale
+from rankscope.diagnosis.warmup import warmup_of
 from rankscope.diagnosis.window import Window
 
 VERDICTS = ("supported", "rejected", "improved_other")
@@ -53,6 +55,11 @@ ACCOUNTING_CATEGORY: dict[str, str] = {
     "intermittent_congestion": "exposed_comm",
     "checkpoint": "checkpoint",
     "allocator_growth": "memory",
+    "pipeline_imbalance": "pipeline_idle",
+    "host_pause": "host_gap",
+    "cpu_contention": "compute",
+    "expert_imbalance": "compute",
+    "unexplained_straggler": "host_gap",
 }
 """Per hypothesis, the category its fix should shrink on the critical path."""
 
@@ -191,6 +198,11 @@ def _median_se(x: np.ndarray) -> tuple[float, float]:
     return float(np.median(x)), float(1.253 * robust_scale(x) / np.sqrt(x.size))
 
 
+def _steady(window: Window) -> Window:
+    warm = warmup_of(window)
+    return since(window, warm.steps) if warm is not None else window
+
+
 def evaluate(before: Window, after: Window, record: Any) -> ExperimentResult:
     """Judge one experiment from its before and after windows.
 
@@ -206,6 +218,8 @@ def evaluate(before: Window, after: Window, record: Any) -> ExperimentResult:
         ValueError: the record names an unknown metric or direction.
     """
     spec = record if isinstance(record, ExperimentSpec) else ExperimentSpec.from_record(record)
+    # Warm-up steps say nothing about either run's steady state.
+    before, after = _steady(before), _steady(after)
     d_b, d_a = _decomp(before), _decomp(after)
     m_b, se_b = _median_se(METRICS[spec.metric](before, d_b))
     m_a, se_a = _median_se(METRICS[spec.metric](after, d_a))

@@ -105,17 +105,26 @@ def relative_to_step(x: np.ndarray) -> np.ndarray:
         return np.where(med > 0, x / np.where(med > 0, med, 1.0), np.nan)
 
 
-def work_model(window: Window, decomp: Decomposition) -> tuple[np.ndarray, float]:
+DATA_WORK = ("tokens", "attn_cost")
+"""Work columns the data gives each rank (what a packer balances)."""
+ALL_WORK = (*DATA_WORK, "expert_tokens")
+"""...and the tokens a mixture-of-experts router sends to each rank's experts."""
+
+
+def work_model(
+    window: Window, decomp: Decomposition, columns: tuple[str, ...] = ALL_WORK
+) -> tuple[np.ndarray, float]:
     """Compute predicted from the work each rank was given, within each step.
 
-    Least squares of compute on tokens, Σseq² and expert tokens (where recorded) after
-    removing each step's median rank
+    Least squares of compute on the ``columns`` that were recorded (tokens, Σseq², expert
+    tokens) after removing each step's median rank
     (a slow step for everyone is not a rank effect). Where work was not recorded the
     prediction is the step's median compute, so the residual is the plain deviation.
 
     Args:
         window: the window.
         decomp: its decomposition.
+        columns: the work columns to fit on.
 
     Returns:
         ``(pred, r2)``: float64 (R, S) predicted compute (ns) and the fit's R² (NaN when
@@ -127,7 +136,7 @@ def work_model(window: Window, decomp: Decomposition) -> tuple[np.ndarray, float
     regs = []
     # Tokens routed to a rank's experts are work too (mixture of experts): a rank whose
     # experts got more tokens is not a slow device.
-    for name in ("tokens", "attn_cost", "expert_tokens"):
+    for name in columns:
         if name not in window.work:
             continue
         x = np.where(window.present & (window.work[name] >= 0), window.work[name], np.nan)
