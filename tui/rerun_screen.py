@@ -20,6 +20,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from rankscope.launch.runner import Launch
+from rankscope.tui.abbrev import Field, fit_fields
 from rankscope.tui.rerun_context import (
     RerunContext,
     load_windows,
@@ -111,8 +112,17 @@ class RerunScreen(ModalScreen[str | None]):
         ctx = self.context
         hub = ctx.hub or "no hub: plans only"
         launcher = ctx.launcher or "default for the run"
-        title = f"Rerun {parent_of(self.app) or '?'} · launcher {launcher} · hub {hub}"
-        self.query_one("#title", Static).update(Text(title))
+        widget = self.query_one("#title", Static)
+        # At 80 columns the hub, then the launcher, give way to the run's name.
+        fields = [
+            Field(Text(f"Rerun {parent_of(self.app) or '?'}"), sep=""),
+            Field(Text(f"launcher {launcher}"), priority=1, sep=" · "),
+            Field(Text(f"hub {hub}"), priority=2, sep=" · "),
+        ]
+        widget.update(fit_fields(fields, widget.content_size.width))
+
+    def on_resize(self) -> None:
+        self._title()
 
     def _status(self, text: str, style: str = "") -> None:
         self.query_one("#status", Static).update(Text(text, style=style))
