@@ -18,12 +18,14 @@ from rankscope.diagnosis.candidate import NONE, Candidate, hosts_of, ms, pct
 from rankscope.diagnosis.decomposition import COMPUTE_PHASES, Decomposition
 from rankscope.diagnosis.evidence import Evidence
 from rankscope.diagnosis.fabric import LinkFinding
+from rankscope.diagnosis.regime import job_step_ns
 from rankscope.diagnosis.robust import (
     expected_max_z,
     logistic,
     nanmean,
     nanmedian,
     quiet_z,
+    robust_scale,
     robust_z,
 )
 from rankscope.diagnosis.trends import PERIODIC_CV, SPIKE_Z, describe_trend
@@ -458,7 +460,7 @@ def judge_allocator_growth(ev: Evidence) -> Candidate:
     ]
     st = ev.trends.step_time
     recorded = bool(np.nan_to_num(ev.decomp.category("memory"), nan=0.0).any())
-    if not recorded and rising and np.isfinite(st.rho) and st.rho > 0.6:
+    if not recorded and rising and np.isfinite(st.rho) and st.rho > 0.6 and _beyond_wobble(ev):
         # No memory phase recorded: the step-time growth that rises with the allocator's
         # footprint is the best available estimate, with less confidence.
         growth = max(st.relative_change, 0.0)
@@ -483,6 +485,20 @@ def judge_allocator_growth(ev: Evidence) -> Candidate:
     if np.isfinite(st.rho):
         evidence.append(f"step time {describe_trend(st, n_steps)}")
     return Candidate(float(growth), float(strength), evidence=tuple(evidence))
+
+
+def _beyond_wobble(ev: Evidence) -> bool:
+    """The job's step time grew over the window by more than twice the steps' own wobble
+    around the trend line: a drift that the noise of a healthy run (whose reserved memory
+    also rises while the allocator's pools fill) cannot make."""
+    y = job_step_ns(ev.window)
+    ok = np.isfinite(y)
+    st = ev.trends.step_time
+    if ok.sum() < 3 or not np.isfinite(st.slope_per_step):
+        return False
+    x = np.arange(y.size, dtype=np.float64)
+    wobble = float(robust_scale(y[ok] - st.slope_per_step * x[ok]))
+    return bool(st.slope_per_step * (y.size - 1) > 2.0 * wobble)
 
 
 def judge_intermittent_congestion(ev: Evidence) -> Candidate:
