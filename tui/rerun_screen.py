@@ -7,6 +7,7 @@ the plan on screen and an explicit ``y``.
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -78,7 +79,7 @@ class RerunScreen(ModalScreen[str | None]):
         border: thick $primary; background: $surface; padding: 0 1;
     }
     RerunScreen #title { text-style: bold; height: 1; }
-    RerunScreen #plan { height: 1fr; }
+    RerunScreen #plan { height: 1fr; scrollbar-gutter: stable; }
     RerunScreen #status { height: auto; color: $text-muted; }
     """
 
@@ -123,6 +124,25 @@ class RerunScreen(ModalScreen[str | None]):
 
     def on_resize(self) -> None:
         self._title()
+        self._show_body()
+
+    def _show_body(self) -> None:
+        if self.result is None:
+            return
+        body = self.query_one("#body", Static)
+        width = body.content_size.width
+        lines: list[str] = []
+        for line in self.result.lines:
+            if width <= 0 or len(line) <= width:
+                lines.append(line)
+                continue
+            # Continuations hang under their own line's text, so the plan's structure
+            # (hosts, keeps, changes, each command) still reads at 80 columns.
+            indent = " " * (len(line) - len(line.lstrip()) + 4)
+            lines += textwrap.wrap(
+                line, width, subsequent_indent=indent, break_on_hyphens=False
+            ) or [line]
+        body.update(Text("\n".join(lines)))
 
     def _status(self, text: str, style: str = "") -> None:
         self.query_one("#status", Static).update(Text(text, style=style))
@@ -148,8 +168,7 @@ class RerunScreen(ModalScreen[str | None]):
                 c.hub, c.record, message.result.launcher, c.launcher_dirs, c.last
             )
             self._title()
-        body = "\n".join(message.result.lines)
-        self.query_one("#body", Static).update(Text(body))
+        self._show_body()
         if message.result.error:
             self._status(message.result.error, "bold red")
         else:
