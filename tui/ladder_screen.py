@@ -35,7 +35,9 @@ class LadderScreen(Screen):
     """
     | Key(s) | Description |
     | :- | :- |
+    | ? | Every key of every screen. |
     | r | Recompute the ladder (after a rerun has finished). |
+    | up, down, pageup, pagedown | Scroll a ladder taller than the screen. |
     | escape | Back to the main screen. |
     """
 
