@@ -138,7 +138,7 @@ CASES: dict[str, Case] = {
             baseline=HEALTHY,
             mechanism="unexplained_straggler",
             ranks=(1,),
-            alternatives=("host_pause", "slow_host_input"),
+            alternatives=("host_pause",),
         ),
         Case(
             name="throttle",
