@@ -80,6 +80,10 @@ class Diagnosis:
         return self.warmup.steps if self.warmup is not None else 0
 
 
+MIN_LOCALISE_STEPS = 3
+"""Steps of a new regime needed before localisation reads the regime alone."""
+
+
 def _decompose(window: Window) -> Decomposition:
     # The raw rows, when they cover the window, count overlapping async collectives once.
     exposed = exposed_union(window) if rows_cover_window(window) else None
@@ -160,6 +164,7 @@ def diagnose(
     """
     whole = window
     window, warm = set_warmup_aside(window)
+    steady = window
     regime = current_regime(window)
     if regime is not None:
         window = since(window, regime.start_index)
@@ -172,6 +177,11 @@ def diagnose(
         base_ev.decomp if base_ev is not None else None,
         base_ev.crit.groups if base_ev is not None else None,
     )
+    if regime is not None and regime.steps < MIN_LOCALISE_STEPS:
+        # Two steps are enough to see that the step time moved, not to tell a straggler
+        # from a spike: localisation reads the steady steps until the regime has more.
+        loc = localise(steady, _decompose(steady))
+        ev = dataclasses.replace(ev, loc=with_links(loc, link_suspects(ev.fabric, loc.step_ns)))
     verdict = judge(ev, base_ev)
     curves = curves_from_rows(ev.crit.groups)
     shifts: tuple[CurveShift, ...] = ()

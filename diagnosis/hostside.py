@@ -26,7 +26,7 @@ import numpy as np
 from rankscope.diagnosis.candidate import NONE, Candidate, hosts_of, ms, pct
 from rankscope.diagnosis.decomposition import COMPUTE_PHASES
 from rankscope.diagnosis.evidence import Evidence
-from rankscope.diagnosis.localise import TRIM, local_ns
+from rankscope.diagnosis.localise import trimmed_mean
 from rankscope.diagnosis.robust import logistic, nanmedian
 
 MIN_CPU_LOSS = 0.15
@@ -39,11 +39,7 @@ SATURATED_PCT = 90.0
 
 def _trimmed(gain: np.ndarray) -> float:
     ok = gain[np.isfinite(gain)]
-    if ok.size == 0:
-        return 0.0
-    drop = int(TRIM * ok.size)
-    kept = np.sort(ok)[: ok.size - drop] if drop else ok
-    return float(kept.mean())
+    return trimmed_mean(ok, ok.size) if ok.size else 0.0
 
 
 def _retimed_gain(local: np.ndarray, less: np.ndarray) -> np.ndarray:
@@ -61,7 +57,7 @@ def judge_host_pause(ev: Evidence) -> Candidate:
     if gc is None or not np.isfinite(gc).any():
         return NONE
     gc = np.where(ev.window.present, np.maximum(gc, 0.0), np.nan)
-    local = local_ns(ev.decomp, ev.window)
+    local = ev.local
     med = nanmedian(gc, axis=0)
     excess = np.maximum(gc - med, 0.0)
     # Pauses beyond the step's median rank's delay that rank; pauses every rank takes in
@@ -72,7 +68,8 @@ def judge_host_pause(ev: Evidence) -> Candidate:
     if not impact > 0:
         return NONE
     # The pausing ranks that set steps: those whose excess pause is most of their lead.
-    setter = ev.loc.setter
+    seen = np.isfinite(local).any(axis=0)
+    setter = np.where(seen, np.argmax(np.where(np.isfinite(local), local, -np.inf), axis=0), -1)
     cols = np.flatnonzero(setter >= 0)
     rows = setter[cols]
     lead = local[rows, cols] - nanmedian(local, axis=0)[cols]
@@ -157,7 +154,7 @@ def judge_cpu_contention(ev: Evidence) -> Candidate:
         return NONE
     less = np.zeros_like(c.lost_ns)
     less[starved] = c.lost_ns[starved]
-    impact = _trimmed(_retimed_gain(local_ns(ev.decomp, ev.window), less)) / ev.step_ns
+    impact = _trimmed(_retimed_gain(ev.local, less)) / ev.step_ns
     if not impact > 0:
         return NONE
     starved = starved[np.argsort(-c.loss[starved])]

@@ -51,13 +51,15 @@ class Judge:
     """Wall-time categories its loss lands in."""
     moving: bool = False
     """It may move from rank to rank between steps (it explains a moving straggler)."""
+    local: bool = False
+    """Its loss is the named ranks' own time: its impact is at most their what-if."""
 
 
 _COMM = frozenset({"exposed_comm", "arrival_wait"})
 JUDGES: dict[str, Judge] = {
     "data_imbalance": Judge(judge_data_imbalance, frozenset({"compute"}), moving=True),
-    "slow_device": Judge(judge_slow_device, frozenset({"compute"})),
-    "slow_host_input": Judge(judge_slow_host_input, frozenset({"input"})),
+    "slow_device": Judge(judge_slow_device, frozenset({"compute"}), local=True),
+    "slow_host_input": Judge(judge_slow_host_input, frozenset({"input"}), local=True),
     "local_fabric": Judge(judge_local_fabric, _COMM),
     "network_rail": Judge(judge_network_rail, _COMM),
     "placement": Judge(judge_placement, _COMM),
@@ -65,9 +67,13 @@ JUDGES: dict[str, Judge] = {
     "allocator_growth": Judge(judge_allocator_growth, frozenset({"memory"}), moving=True),
     "intermittent_congestion": Judge(judge_intermittent_congestion, _COMM, moving=True),
     "numerator_change": Judge(judge_numerator_change, frozenset({"compute"}), moving=True),
-    "pipeline_imbalance": Judge(judge_pipeline_imbalance, frozenset({"compute", "pipeline_idle"})),
+    "pipeline_imbalance": Judge(
+        judge_pipeline_imbalance, frozenset({"compute", "pipeline_idle"}), local=True
+    ),
     "host_pause": Judge(judge_host_pause, frozenset({"host_gap", "compute", "other"}), True),
-    "cpu_contention": Judge(judge_cpu_contention, frozenset({"compute", "host_gap", "input"})),
+    "cpu_contention": Judge(
+        judge_cpu_contention, frozenset({"compute", "host_gap", "input"}), local=True
+    ),
     "expert_imbalance": Judge(judge_expert_imbalance, frozenset({"compute"}), moving=True),
 }
 """Every catalogued mechanism (``healthy`` and ``unexplained_straggler`` are not judged
@@ -88,6 +94,28 @@ def candidates(ev: Evidence) -> dict[str, Candidate]:
     return reconcile(ev, {m: j.judge(ev) for m, j in JUDGES.items()})
 
 
+def _at_most_what_if(ev: Evidence, out: dict[str, Candidate]) -> None:
+    """A mechanism whose loss is its ranks' own time costs at most what those ranks would
+    save by behaving like the median rank: the what-if is every such hypothesis's impact
+    bound (a rank that computes 4 % longer than its work predicts but sets no step costs
+    nothing)."""
+    for mech, c in out.items():
+        judge = JUDGES.get(mech)
+        if judge is None or not judge.local or not c.ranks or c.impact <= 0:
+            continue
+        gain = ev.what_if(c.ranks)
+        if np.isfinite(gain) and gain < c.impact:
+            out[mech] = replace(
+                c,
+                impact=float(gain),
+                evidence=(
+                    *c.evidence,
+                    f"what-if: the step would be {pct(gain)} shorter if rank(s) "
+                    f"{', '.join(map(str, c.ranks[:4]))} behaved like the median rank",
+                ),
+            )
+
+
 def reconcile(ev: Evidence, cands: dict[str, Candidate]) -> dict[str, Candidate]:
     """Let related judges share their evidence (see the module docstring).
 
@@ -105,6 +133,7 @@ def reconcile(ev: Evidence, cands: dict[str, Candidate]) -> dict[str, Candidate]
       intermittent congestion, which keeps only what the rail does not cost.
     """
     out = dict(cands)
+    _at_most_what_if(ev, out)
     sd = out.get("slow_device", NONE)
     if sd.strength > 0 and sd.ranks:
         notes, factor = [], 1.0

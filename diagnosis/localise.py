@@ -25,7 +25,7 @@ joins (a data-parallel gradient all-reduce) and a lower bound when the step has 
 an entity that is late at an early collective and catches up later gains at least this.
 Entities: each rank, each host (when hosts hold several ranks) and each pipeline stage
 (the ``pp`` mesh coordinate). Gains are trimmed means over steps (the largest `TRIM` of
-the steps left out), so one isolated spike does not make a straggler while a pause that
+the steps left out, and at least two), so isolated spikes do not make a straggler while a pause that
 recurs every few steps still does.
 
 **Beyond chance.** Noise makes some rank the slowest in every step, so an entity's gain
@@ -37,7 +37,10 @@ best rank gains about as much as the others; a straggler gains far more.
 garbage-collection pauses on varying ranks), no fixed entity gains much; the *moving* gain
 replaces each step's setter by the median rank, counting only the steps whose setter is an
 outlier among the ranks of that step (its local time beyond what that many healthy ranks
-reach by chance, `robust.expected_max_z`), which needs eight ranks or more to measure.
+reach by chance, `robust.expected_max_z`), which needs eight ranks or more to measure. A
+moving straggler looks like the heavy-tailed per-rank noise every large job has, so on its
+own it is judged only against a baseline run; without one it is reported, not called (a
+catalogued mechanism with its own evidence, GC pauses or the data's work, still names it).
 """
 
 from __future__ import annotations
@@ -168,12 +171,15 @@ def sample(x: np.ndarray) -> np.ndarray:
     return x[:: _every(x.shape[0])]
 
 
-def _trimmed_sum(values: np.ndarray, n_steps: int) -> float:
-    """Mean over ``n_steps`` of ``values`` (one entity's nonzero gains) after leaving out
-    its largest `TRIM` share of the steps."""
+def trimmed_mean(values: np.ndarray, n_steps: int) -> float:
+    """Mean over ``n_steps`` of ``values`` (one entity's gains in the steps it has any;
+    the other steps count as zero) after leaving out its largest `TRIM` share of the steps,
+    and at least two (one of two)."""
     if n_steps <= 0:
         return float("nan")
-    drop = int(TRIM * n_steps)
+    # At least two steps are left out (one of two): a straggler recurs, and two isolated
+    # spikes of a heavy-tailed run that happened to fall on one host are not one.
+    drop = max(int(TRIM * n_steps), min(2, n_steps - 1)) if n_steps >= 2 else 0
     kept = np.sort(values)[: max(values.size - drop, 0)] if drop else values
     return float(kept.sum() / max(n_steps - drop, 1))
 
@@ -322,10 +328,10 @@ def localise(window: Window, decomp: Decomposition, top: int = 3) -> Localisatio
             z = (top1 - med) / spread
         out = np.isfinite(z) & (z > expected_max_z(n_ranks) + OUTLIER_MARGIN)
         outliers = float(np.count_nonzero(out) / seen)
-        moving = _trimmed_sum(rank_gain[out], seen) / step_ns
+        moving = trimmed_mean(rank_gain[out], seen) / step_ns
     with np.errstate(invalid="ignore"):
         gap = np.where(np.isfinite(top1) & np.isfinite(med), top1 - med, 0.0)
-    imbalance = _trimmed_sum(gap[gap > 0], seen) / step_ns if seen and step_ns > 0 else 0.0
+    imbalance = trimmed_mean(gap[gap > 0], seen) / step_ns if seen and step_ns > 0 else 0.0
     return Localisation(
         step_ns=step_ns,
         setter=setter,
@@ -365,7 +371,7 @@ def _suspects(
     sets = np.bincount(owner[owner >= 0], minlength=n_codes)[:n_codes]
     has = np.flatnonzero(sets)
     for e in has:
-        gains[e] = _trimmed_sum(gain[owner == e], seen)
+        gains[e] = trimmed_mean(gain[owner == e], seen)
     present = np.bincount(kind.codes[kind.codes >= 0], minlength=n_codes)[:n_codes] > 0
     before_med = np.median(sample(before), axis=0)
     order = has[np.argsort(-gains[has], kind="stable")][:top]
@@ -396,6 +402,32 @@ def _suspects(
             )
         )
     return out
+
+
+def what_if_gain(local: np.ndarray, ranks: tuple[int, ...] | list[int], step_ns: float) -> float:
+    """The what-if of any set of ranks: the share of the step saved if every one of them
+    behaved like the median rank (trimmed mean over steps, as for the suspects).
+
+    Args:
+        local: `local_ns` of the window.
+        ranks: the ranks replaced.
+        step_ns: the job's median step.
+
+    Returns:
+        The gain (0 when none, NaN without a step time).
+    """
+    if not step_ns > 0:
+        return float("nan")
+    n = local.shape[0]
+    inside = np.zeros(n, dtype=bool)
+    inside[[r for r in ranks if 0 <= r < n]] = True
+    filled = np.where(np.isfinite(local), local, -np.inf)
+    med = nanmedian(sample(local), axis=0)
+    top = filled.max(axis=0)
+    outside = filled[~inside].max(axis=0) if (~inside).any() else np.full(top.shape, -np.inf)
+    ok = np.isfinite(top) & np.isfinite(med)
+    gain = np.where(ok, np.maximum(top - np.maximum(outside, med), 0.0), 0.0)
+    return trimmed_mean(gain[gain > 0], int(ok.sum())) / step_ns
 
 
 LINK_MARGIN = 3.0
@@ -489,6 +521,10 @@ class Finding:
     """The straggler moves from step to step (no fixed suspect, a material moving gain)."""
     gain: float
     """Net gain of the finding, share of the step (0: nothing material)."""
+    unjudged_moving: float = 0.0
+    """Without a baseline: what each step's outlier setter costs (share of the step). A
+    straggler that moves between ranks looks the same as heavy-tailed per-rank noise, which
+    every large job has; only a healthy run of the same job can tell them apart."""
 
     @property
     def material(self) -> bool:
@@ -508,12 +544,17 @@ def finding(loc: Localisation, base: Localisation | None = None) -> Finding:
     top = loc.top
     if top is not None and top.net_gain >= MATERIAL:
         return Finding(top, False, float(top.net_gain))
-    moving = loc.moving_gain if np.isfinite(loc.moving_gain) else 0.0
-    if base is not None and not np.isfinite(loc.moving_gain):
+    moving, unjudged = 0.0, 0.0
+    if base is None:
+        # A moving straggler needs a healthy run to be told from heavy-tailed noise.
+        unjudged = float(loc.moving_gain) if np.isfinite(loc.moving_gain) else 0.0
+    elif np.isfinite(loc.moving_gain):
+        moving = float(loc.moving_gain)  # already net of the baseline's
+    else:
         # Too few ranks to see outliers within a step: the imbalance against the healthy
         # run's is the only measure.
         moving = max(0.0, loc.imbalance - base.imbalance)
     if moving >= MATERIAL and (top is None or moving > top.net_gain):
         return Finding(None, True, float(moving))
     best = max(top.net_gain if top is not None else 0.0, moving)
-    return Finding(None, False, float(max(best, 0.0)))
+    return Finding(None, False, float(max(best, 0.0)), unjudged_moving=unjudged)

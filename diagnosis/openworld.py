@@ -82,7 +82,7 @@ def unexplained(loc: Localisation, found: Finding, claims: list[Claim]) -> tuple
         return Candidate(0.0, 0.0), 0.0
     share, by = explained_share(claims, found)
     residual = max(0.0, 1.0 - share)
-    strength = logistic(found.gain, 1.5 * MATERIAL, MATERIAL / 4) * residual
+    strength = logistic(found.gain, MATERIAL, MATERIAL / 4) * residual
     evidence = []
     s = found.suspect
     if s is not None:

@@ -18,7 +18,6 @@ import numpy as np
 from rankscope.collector.schema import OP_INDEX
 from rankscope.diagnosis.candidate import NONE, Candidate, hosts_of, ms, pct
 from rankscope.diagnosis.evidence import Evidence
-from rankscope.diagnosis.localise import local_ns
 from rankscope.diagnosis.robust import logistic, nanmedian, spearman
 
 MIN_STAGE_RATIO = 1.1
@@ -32,7 +31,7 @@ def judge_pipeline_imbalance(ev: Evidence) -> Candidate:
     pp = ev.window.ranks.mesh.get("pp")
     if pp is None or not (pp >= 0).all() or np.unique(pp).size < 2:
         return NONE
-    local = local_ns(ev.decomp, ev.window)
+    local = ev.local
     idle = ev.decomp.category("pipeline_idle")
     stages = np.unique(pp)
     work = np.stack([nanmedian(local[pp == s], axis=0) for s in stages])  # (P, S)
@@ -87,7 +86,7 @@ def judge_expert_imbalance(ev: Evidence) -> Candidate:
         ratio = float(nanmedian(np.where(med > 0, top / med, np.nan)))
     if not np.isfinite(ratio) or ratio < 1.0:
         return NONE
-    local = local_ns(ev.decomp, ev.window)
+    local = ev.local
     lc = local - nanmedian(local, axis=0)
     ec = et - med
     rho = spearman(lc.ravel(), ec.ravel())

@@ -12,8 +12,9 @@ The rule, on the job's step time (the median rank's, per step):
 - the *current regime* starts at the earliest step ``s`` such that the steps from ``s`` on
   have moved, as a level, farther than ``max(SHIFT_SIGMAS × σ, MIN_SHIFT × median)`` from
   the earlier steps' median (σ: robust spread of the earlier steps), and every one of them
-  lies on that side farther than ``max(STEP_SIGMAS × σ, MIN_STEP_SHIFT × median)``: a
-  level shift seen in every step, not a few outliers;
+  lies on that side farther than ``max(STEP_SIGMAS × σ, MIN_STEP_SHIFT × median)`` and
+  than half the shift of their median: a level shift seen in every step, not a few
+  outliers (one large spike after a modest step is two excursions, not a level);
 - at least ``MIN_BEFORE`` steps precede it and at least ``MIN_AFTER`` follow it (one odd
   step is a hiccup, not a regime);
 - the new steps are not one more burst of a recurring pattern: if a share ``p`` of the
@@ -128,7 +129,10 @@ def _shift(before: np.ndarray, after: np.ndarray) -> tuple[bool, bool]:
     each = max(STEP_SIGMAS * sigma, MIN_STEP_SHIFT * med)
     moved = float(np.median(after)) - med
     for side in (1.0, -1.0):
-        if side * moved > level and np.all(side * (after - med) > each):
+        # A new level: every new step beyond the floor, and none below half the median
+        # shift (one large spike after a modest step is two excursions, not a level).
+        beyond = np.maximum(each, 0.5 * side * moved)
+        if side * moved > level and np.all(side * (after - med) > beyond):
             # Excursions that already happened before are a recurring pattern (bursts,
             # periodic spikes), and earlier steps already rising toward the new level are
             # a drift (allocator growth, heat): neither is a new level.

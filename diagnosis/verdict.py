@@ -240,6 +240,14 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
     best = max(hyps, key=lambda h: h.score, default=None)
     unjudged = tuple(u for c in cur.values() for u in c.unjudged)
     straggler = logistic(found.gain, MATERIAL, MATERIAL / 5) * residual
+    if found.unjudged_moving >= MATERIAL:
+        unjudged = (
+            *unjudged,
+            f"each step's slowest rank is an outlier among its peers in "
+            f"{pct(loc.outlier_share)} of steps, costing {pct(found.unjudged_moving)} of the "
+            "step: heavy-tailed per-rank noise or a straggler that moves between ranks; "
+            "without a baseline run it is not judged",
+        )
     hyps.append(_healthy(ev, best, slower, (*shared, *unjudged), loc, straggler))
     return Verdict(hypotheses=rank(hyps), localisation=loc, finding=found)
 

@@ -129,14 +129,19 @@ def _with_decomp(w):
     return w, _decompose(w)
 
 
-def test_a_moving_straggler_is_found_without_a_fixed_suspect():
+def test_a_moving_straggler_is_found_against_a_baseline_and_reported_without_one():
     rng = np.random.default_rng(3)
     gap = np.zeros((32, 30))
     gap[rng.integers(0, 32, 30), np.arange(30)] = 25 * MS
-    d = diagnose(sync_job(n_ranks=32, extra_gap=gap))
+    w = sync_job(n_ranks=32, extra_gap=gap)
+    d = diagnose(w, sync_job(n_ranks=32, seed=7))
     assert d.finding.material and d.finding.moving
     assert d.verdict.top.mechanism == "unexplained_straggler"
     assert not d.localisation.stays
+    # Alone, it cannot be told from heavy-tailed noise: said, not called.
+    alone = diagnose(w)
+    assert not alone.finding.material and alone.finding.unjudged_moving >= MATERIAL
+    assert any("not judged" in c for c in alone.verdict.get("healthy").caveats)
 
 
 def test_a_baseline_with_the_same_straggler_is_not_a_regression():
@@ -244,3 +249,53 @@ def test_a_level_shift_in_a_heavy_tailed_run_is_found_within_four_steps():
             break
     assert found[-1] == onset
     assert len(found) <= 4
+
+
+def _random_job(rng: np.random.Generator, straggler: bool):
+    """A synchronous job drawn at random: rank count, hosts, noise, heavy tails, warm-up;
+    with ``straggler``, one rank loses 8-25 % of a step between its phases or in them."""
+    n = int(rng.choice([2, 4, 8, 16, 64]))
+    steps = int(rng.integers(20, 40))
+    per_host = int(rng.choice([1, 2, 4, 8])) if n >= 8 else 1
+    noise = float(rng.uniform(0.005, 0.05))
+    shape = (n, steps)
+    # Heavy tails: rare per-rank spikes of up to several steps' length.
+    spikes = np.where(rng.random(shape) < 0.01, rng.pareto(1.5, shape) * 30 * MS, 0.0)
+    factor = np.ones(steps)
+    warm = int(rng.integers(0, 6))
+    factor[:warm] = np.linspace(rng.uniform(2, 5), 1.3, warm) if warm else factor[:0]
+    gap, extra = np.zeros(shape), spikes
+    rank = int(rng.integers(n))
+    if straggler:
+        # Large against the noise, so that fixing it is material (a straggler hidden in
+        # the spread of 64 noisy ranks saves little, and healthy is then right).
+        size = max(rng.uniform(0.08, 0.25), 6 * noise) * 110 * MS
+        if rng.random() < 0.5:
+            gap = _per_rank(n, steps, rank, size)
+        else:
+            extra = extra + _per_rank(n, steps, rank, size)
+    w = sync_job(
+        n_ranks=n,
+        n_steps=steps,
+        seed=int(rng.integers(1 << 30)),
+        noise=noise,
+        extra_compute=extra,
+        extra_gap=gap,
+        job_factor=factor,
+        ranks_per_host=per_host,
+    )
+    return w, rank
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_healthy_jobs_are_healthy_and_random_stragglers_never_are(seed):
+    rng = np.random.default_rng(1000 + seed)
+    healthy, _ = _random_job(rng, straggler=False)
+    d = diagnose(healthy)
+    assert d.verdict.top.mechanism == "healthy", [
+        (h.mechanism, round(h.score, 2)) for h in d.verdict.hypotheses[:3]
+    ]
+    faulty, rank = _random_job(rng, straggler=True)
+    d = diagnose(faulty)
+    assert d.verdict.top.mechanism != "healthy"
+    assert rank in d.verdict.top.ranks, (rank, d.verdict.top.mechanism, d.verdict.top.ranks)
