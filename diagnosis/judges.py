@@ -22,6 +22,7 @@ from rankscope.diagnosis.candidate import NONE, Candidate, pct
 from rankscope.diagnosis.evidence import Evidence
 from rankscope.diagnosis.hostside import (
     MIN_CPU_LOSS,
+    SATURATED_PCT,
     contention_of,
     judge_cpu_contention,
     judge_host_pause,
@@ -153,6 +154,10 @@ def reconcile(ev: Evidence, cands: dict[str, Candidate]) -> dict[str, Candidate]
         if idle:
             factor *= 0.5
             notes.append(idle)
+        busy = _saturated_host(ev, sd.ranks)
+        if busy:
+            factor *= 0.7
+            notes.append(busy)
         stage = out.get("pipeline_imbalance", NONE)
         if stage.strength > 0 and set(stage.ranks) <= set(sd.ranks) and not _device_flags(sd):
             factor *= 0.5
@@ -218,3 +223,20 @@ def _idle_device(ev: Evidence, ranks: tuple[int, ...]) -> str | None:
             "for its host"
         )
     return None
+
+
+def _saturated_host(ev: Evidence, ranks: tuple[int, ...]) -> str | None:
+    """Why the suspect's host may be the cause (its CPU saturated while most hosts' are
+    not), or None when the samples do not say."""
+    pct_by_rank = nanmedian(ev.window.device["cpu_pct"], axis=1)
+    if np.isfinite(pct_by_rank).sum() < 2:
+        return None
+    r = ranks[0]
+    if not (np.isfinite(pct_by_rank[r]) and pct_by_rank[r] >= SATURATED_PCT):
+        return None
+    if float(nanmedian(pct_by_rank)) >= SATURATED_PCT:
+        return None
+    return (
+        f"the host of rank {r} runs its CPU {pct_by_rank[r]:.0f} % busy (median host "
+        f"{nanmedian(pct_by_rank):.0f} %): a starved host slows its ranks as a slow device would"
+    )

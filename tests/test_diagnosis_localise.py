@@ -299,3 +299,14 @@ def test_random_healthy_jobs_are_healthy_and_random_stragglers_never_are(seed):
     d = diagnose(faulty)
     assert d.verdict.top.mechanism != "healthy"
     assert rank in d.verdict.top.ranks, (rank, d.verdict.top.mechanism, d.verdict.top.ranks)
+
+
+def test_a_saturated_host_weakens_a_slow_device_and_says_so():
+    extra = _per_rank(16, 30, 6, 40 * MS)
+    w = sync_job(extra_compute=extra)
+    busy = np.full((16, 30), 40.0)
+    busy[4:8] = 99.0  # the host of rank 6
+    w.device["cpu_pct"] = busy
+    sd = diagnose(w).verdict.get("slow_device")
+    assert any("99 % busy" in c for c in sd.caveats)
+    assert sd.strength < diagnose(sync_job(extra_compute=extra)).verdict.get("slow_device").strength
