@@ -2,7 +2,8 @@
 
 Every run is ``examples/gpt_packing.py`` under ``torchrun`` (gloo, CPU, one thread per
 rank) reporting to a real hub through the collector; nothing is simulated. The runs are
-shared through module fixtures, so the packing baseline also serves the numerator check.
+shared through fixtures: the packing baseline (``conftest.packing_baseline``, one per
+session) also serves the numerator check and the instrumentation tests.
 """
 
 from __future__ import annotations
@@ -26,18 +27,27 @@ if shutil.which("torchrun") is None:
 
 import incidents  # noqa: E402
 
-pytestmark = pytest.mark.torch
+# The first test of each incident pays for its runs: the packing incident's three runs
+# of 156 steps took ~90 s on two cores with a load of ~3, ~290 s with a load of ~7 (the
+# default limit of 300 s stopped it on a slower machine). Two runs now; the limit only
+# catches a hang.
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    with incidents.local_hub(tmp_path_factory.mktemp("real") / "record") as h:
-        yield h
+def hub(real_hub):
+    return real_hub
 
 
 @pytest.fixture(scope="module")
-def packing(hub):
-    return incidents.reproduce(incidents.PACKING, hub, roles=("baseline", "fault", "after"))
+def packing(hub, packing_baseline):
+    return incidents.reproduce(
+        incidents.PACKING,
+        hub,
+        roles=("baseline", "fault", "after"),
+        # The after-run (back to the attention packer) is the healthy baseline's flags.
+        windows={"baseline": packing_baseline, "after": packing_baseline},
+    )
 
 
 def _per_step(w, name):
@@ -195,12 +205,10 @@ def test_slow_rank_is_named_and_stable(slow_rank):
 
 
 @pytest.fixture(scope="module")
-def numerator(hub, packing):
+def numerator(hub, packing_baseline):
     # The packing baseline is this incident's baseline too: the same flags.
     assert incidents.NUMERATOR.spec("baseline").flags == incidents.PACKING.spec("baseline").flags
-    return incidents.reproduce(
-        incidents.NUMERATOR, hub, windows={"baseline": packing.windows["baseline"]}
-    )
+    return incidents.reproduce(incidents.NUMERATOR, hub, windows={"baseline": packing_baseline})
 
 
 def test_padding_is_a_numerator_change_not_a_systems_loss(numerator):

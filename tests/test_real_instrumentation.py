@@ -1,5 +1,8 @@
 """The GPT example instrumented both ways: zero-code (``rankscope run -- torchrun ...``)
-and with the explicit API (``--rankscope``), each reporting to a real hub."""
+and with the explicit API (``--rankscope``), each reporting to a real hub.
+
+The explicit-API run is the packing incident's healthy baseline (``conftest.py``), shared
+with ``test_real_incidents.py`` rather than launched again."""
 
 from __future__ import annotations
 
@@ -25,21 +28,18 @@ FLAGS = ("--tokens-per-rank=512", "--len-max=256")
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(real_hub, packing_baseline):
     zero = incidents.RunSpec("zero-code", FLAGS, nproc=2, steps=10, explicit=False)
-    explicit = incidents.RunSpec("explicit", FLAGS, nproc=2, steps=10)
-    with incidents.local_hub(tmp_path_factory.mktemp("inst") / "record") as hub:
-        incidents.run_local(
-            hub.endpoint, zero, prefix=[sys.executable, "-m", "rankscope", "run", "--"]
-        )
-        incidents.run_local(hub.endpoint, explicit)
-        incidents.settled_window(hub.store, zero, warmup=0)
-        yield {
-            # Under auto-instrumentation the teardown barrier after the loop opens one more
-            # (partial) step; keep the training steps.
-            "zero": hub.store.window(zero.run),
-            "explicit": incidents.settled_window(hub.store, explicit, warmup=0),
-        }
+    incidents.run_local(
+        real_hub.endpoint, zero, prefix=[sys.executable, "-m", "rankscope", "run", "--"]
+    )
+    incidents.settled_window(real_hub.store, zero, warmup=0)
+    return {
+        # Under auto-instrumentation the teardown barrier after the loop opens one more
+        # (partial) step; keep the training steps.
+        "zero": real_hub.store.window(zero.run),
+        "explicit": packing_baseline,
+    }
 
 
 def test_zero_code_run_reports_steps_phases_and_ddp_buckets(runs):
@@ -64,7 +64,8 @@ def test_explicit_api_adds_backward_work_and_job_config(runs):
     # Work per rank and step: tokens, valid tokens, sequences and Σseq².
     assert (w.work["valid_tokens"] > 0).all() and (w.work["samples"] > 0).all()
     assert (w.work["attn_cost"] >= w.work["tokens"]).all()  # Σ L² >= Σ L
-    np.testing.assert_array_equal(w.work["valid_tokens"].sum(axis=0), 1024)
+    # The example's defaults: 2048 tokens per rank, attention packer.
+    np.testing.assert_array_equal(w.work["valid_tokens"].sum(axis=0), 4096)
     cfg = w.manifest["job_config"]
     assert cfg["model"] == "tinygpt-64x2" and cfg["packer"] == "attn"
-    assert cfg["global_batch"] == 1024 and cfg["micro_batch"] == 512
+    assert cfg["global_batch"] == 4096 and cfg["micro_batch"] == 2048

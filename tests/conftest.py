@@ -1,0 +1,49 @@
+"""Fixtures shared by several test modules.
+
+The real torch jobs are most of the suite's time. A run that more than one module reads
+is made once per session here, against one hub, instead of once per module.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def _incidents() -> Any:
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))
+    import incidents
+
+    return incidents
+
+
+@pytest.fixture(scope="session")
+def real_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A hub on a loopback port it chose itself (port 0, read back), recording, for the
+    real ``gpt_packing.py`` runs of the session; each run has its own run id."""
+    with _incidents().local_hub(tmp_path_factory.mktemp("real") / "record") as hub:
+        yield hub
+
+
+@pytest.fixture(scope="session")
+def packing_baseline(real_hub: Any) -> Any:
+    """The healthy run of the packing incident (attention packer, explicit API, two
+    ranks, the incident's own step count), warm-up left out of the window.
+
+    The packing incident's baseline and its experiment's after-run have the same flags
+    (the change the experiment tests is going back to the attention packer), so this one
+    run serves as both; it is also the numerator incident's baseline and the explicit-API
+    run the instrumentation tests read.
+    """
+    incidents = _incidents()
+    spec = incidents.PACKING.spec("baseline")
+    assert spec.flags == incidents.PACKING.spec("after").flags
+    incidents.run_local(real_hub.endpoint, spec)
+    return incidents.settled_window(real_hub.store, spec)
