@@ -26,7 +26,10 @@ from netns import rail_ip, two_nodes  # noqa: E402
 
 __all__ = ["two_nodes"]  # the fixture, imported for pytest
 
-pytestmark = [pytest.mark.netns, pytest.mark.torch]
+# The degraded fixture (two runs across the namespaces and a one-node rerun) took ~30 s
+# on two cores with a load of ~3 and ~70 s with a load of ~7; the limit only catches a
+# hang.
+pytestmark = [pytest.mark.netns, pytest.mark.torch, pytest.mark.timeout(900)]
 
 
 def test_two_nodes_harness_connects_and_shapes(two_nodes) -> None:

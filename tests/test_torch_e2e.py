@@ -8,11 +8,10 @@ nothing it had recorded while the job carries on.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +24,8 @@ import zmq
 
 pytest.importorskip("torch", reason="torch is not installed")
 
+from ports import free_port_pair
+
 from rankscope.collector import schema
 from rankscope.collector.clock import FALLBACK_ERROR_NS
 from rankscope.hub import replay
@@ -36,28 +37,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "examples" / "tiny_ddp.py")
 DELAY_MS = 50.0
 STEPS = 12
-
-
-def free_port_pair() -> int:
-    """A port P with P and P + 1 free (hub data and clock), outside the ephemeral range:
-    a collector reconnecting to a port in that range may be handed the same port as its
-    own local end (a TCP self-connection), and a hub restarted there could not bind it."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            lo, hi = (int(v) for v in f.read().split())
-    except (OSError, ValueError):
-        lo, hi = 32768, 60999
-    rng = random.Random()
-    for _ in range(500):
-        port = rng.randrange(20000, lo - 2) if lo > 20002 else rng.randrange(hi + 1, 65533)
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", port))
-                b.bind(("127.0.0.1", port + 1))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free port pair")
 
 
 def start_hub_on(port: int, record: str | None) -> Hub:
@@ -85,12 +64,36 @@ def zero_code(hub: str, *cmd: str, job: str = "tiny") -> list[str]:
     return [sys.executable, "-m", "rankscope", "run", "--hub", hub, "--job", job, "--", *cmd]
 
 
-def run_job(cmd: list[str], env: dict[str, str], timeout: float = 120) -> None:
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert out.returncode == 0, f"job failed ({out.returncode}):\n{out.stderr[-4000:]}"
+def stop_group(proc: subprocess.Popen) -> None:
+    """Kill a job started with ``start_new_session``: torchrun and every rank it started
+    (killing torchrun alone leaves its ranks running, and loading the machine, until they
+    give up on their peers)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
-def wait_for(pred, timeout: float = 20.0) -> bool:
+def run_job(cmd: list[str], env: dict[str, str], timeout: float = 180) -> None:
+    """Run a job to the end; the timeout only catches a hang (these take ~10-20 s)."""
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            stop_group(proc)
+    assert proc.returncode == 0, f"job failed ({proc.returncode}):\n{err[-4000:]}"
+
+
+def wait_for(pred, timeout: float = 60.0) -> bool:
+    """Poll until ``pred()``; returns as soon as it holds, so a generous timeout costs a
+    passing test nothing and leaves room for a loaded machine."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if pred():
@@ -117,9 +120,9 @@ def check_straggler(window, delayed: int = 2, delay_ms: float = DELAY_MS) -> Non
 
 @pytest.mark.parametrize("mode", ["zero-code", "explicit"])
 def test_straggler_named_by_the_hub(tmp_path: Path, mode: str) -> None:
-    port = free_port_pair()
     record = tmp_path / "rec"
-    hub = Hub(bind=f"tcp://127.0.0.1:{port}", record_dir=str(record)).start()
+    # Port 0: the hub binds a free pair itself and reports it; nothing to race for.
+    hub = Hub(bind="tcp://127.0.0.1:0", record_dir=str(record)).start()
     try:
         job = [
             "--standalone",
@@ -162,9 +165,10 @@ def test_straggler_named_by_the_hub(tmp_path: Path, mode: str) -> None:
 
 
 def test_two_nodes_on_loopback(tmp_path: Path) -> None:
-    port = free_port_pair()
+    # Both agents must be told the rendezvous port before either binds it: a probed port,
+    # outside the ephemeral range. The hub binds its own.
     rdzv = free_port_pair()
-    hub = Hub(bind=f"tcp://127.0.0.1:{port}").start()
+    hub = Hub(bind="tcp://127.0.0.1:0").start()
     procs = []
     try:
         for node, host in enumerate(("nodeA", "nodeB")):
@@ -188,10 +192,11 @@ def test_two_nodes_on_loopback(tmp_path: Path) -> None:
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,
                     text=True,
+                    start_new_session=True,
                 )
             )
         for p in procs:
-            _, err = p.communicate(timeout=120)
+            _, err = p.communicate(timeout=180)
             assert p.returncode == 0, err[-4000:]
         assert wait_for(lambda: any(r.steps_complete >= 6 for r in hub.store.runs()))
         runs = hub.store.runs()
@@ -200,6 +205,9 @@ def test_two_nodes_on_loopback(tmp_path: Path) -> None:
         assert len(runs) == 1, runs
         window = hub.store.window(runs[0].run)
     finally:
+        for p in procs:
+            if p.poll() is None:
+                stop_group(p)
         hub.stop()
     info = window.ranks
     hosts = [info.hosts[c] for c in info.host]
@@ -214,7 +222,10 @@ def test_two_nodes_on_loopback(tmp_path: Path) -> None:
     assert window.present.all()
 
 
+# Measured ~20 s; the limit is above the sum of the waits inside, which catch a hang first.
+@pytest.mark.timeout(600)
 def test_hub_killed_and_restarted_mid_run(tmp_path: Path) -> None:
+    # The hub restarts on the same port: it must be known before the first hub binds it.
     port = free_port_pair()
     record = tmp_path / "rec"
     hub = Hub(bind=f"tcp://127.0.0.1:{port}", record_dir=str(record)).start()
@@ -233,6 +244,7 @@ def test_hub_killed_and_restarted_mid_run(tmp_path: Path) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,
     )
     try:
 
@@ -250,12 +262,12 @@ def test_hub_killed_and_restarted_mid_run(tmp_path: Path) -> None:
         assert proc.poll() is None, "the job should still be running"
         time.sleep(1.0)
         hub = start_hub_on(port, str(record))
-        _, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=180)
         assert proc.returncode == 0, err[-4000:]
         assert wait_for(lambda: last_step(hub) >= steps - 1)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            stop_group(proc)
         hub.stop()
     after = replay.load(record)
     w = after.window(run_id)
@@ -265,6 +277,7 @@ def test_hub_killed_and_restarted_mid_run(tmp_path: Path) -> None:
     assert len(complete) > len(steps_before)
 
 
+@pytest.mark.timeout(600)  # as test_hub_killed_and_restarted_mid_run
 def test_fresh_hub_without_recording_learns_the_ranks_again(tmp_path: Path) -> None:
     """A hub process killed, and a new one on the same port that knows nothing (no
     recording): the running job's collectors say hello again as soon as they reconnect,
@@ -303,6 +316,7 @@ def test_fresh_hub_without_recording_learns_the_ranks_again(tmp_path: Path) -> N
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,
     )
     hub: Hub | None = None
     try:
@@ -316,11 +330,11 @@ def test_fresh_hub_without_recording_learns_the_ranks_again(tmp_path: Path) -> N
             runs = hub.store.runs()
             return runs[0].n_ranks_seen if runs else 0
 
-        assert wait_for(lambda: ranks_known() == 4, timeout=20), (
+        assert wait_for(lambda: ranks_known() == 4), (
             f"the new hub did not hear every rank's hello: {hub.health['rejects']}"
         )
         unknown_at_hello = hub.health["rejects"].get("unknown_rank", 0)
-        _, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=180)
         assert proc.returncode == 0, err[-4000:]
         run_id = hub.store.runs()[0].run
         assert wait_for(lambda: (hub.store.runs()[0].last_step or -1) >= steps - 1)
@@ -335,7 +349,7 @@ def test_fresh_hub_without_recording_learns_the_ranks_again(tmp_path: Path) -> N
         assert 0 in w.groups and len(w.groups[0].ranks) == 4
     finally:
         if proc.poll() is None:
-            proc.kill()
+            stop_group(proc)
         if first.poll() is None:
             first.kill()
         if hub is not None:
@@ -371,7 +385,7 @@ dist.destroy_process_group()
 def test_point_to_point_keeps_collectives_matched(tmp_path: Path) -> None:
     script = tmp_path / "p2p.py"
     script.write_text(P2P_SCRIPT)
-    hub = Hub(bind=f"tcp://127.0.0.1:{free_port_pair()}").start()
+    hub = Hub(bind="tcp://127.0.0.1:0").start()
     try:
         run_job(
             torchrun("--standalone", "--nproc_per_node=4", str(script)),
@@ -401,8 +415,7 @@ def test_ddp_bucket_settings_across_ranks(mode: str) -> None:
     of the sampled steps still match across ranks (the sequence counts every bucket).
     ``tail``: one all-reduce row per step, matched across ranks, no comm hook.
     ``off``: steps and phases without a single collective, and the diagnosis still runs."""
-    port = free_port_pair()
-    hub = Hub(bind=f"tcp://127.0.0.1:{port}").start()
+    hub = Hub(bind="tcp://127.0.0.1:0").start()
     steps = 12
     try:
         job = [
