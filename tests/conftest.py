@@ -6,6 +6,7 @@ is made once per session here, against one hub, instead of once per module.
 
 from __future__ import annotations
 
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,3 +48,15 @@ def packing_baseline(real_hub: Any) -> Any:
     assert spec.flags == incidents.PACKING.spec("after").flags
     incidents.run_local(real_hub.endpoint, spec)
     return incidents.settled_window(real_hub.store, spec)
+
+
+@pytest.fixture
+def no_hub() -> Iterator[str]:
+    """A loopback address where nothing listens and nothing can start to: the port stays
+    bound (not listening) by this process until the test ends, so a connection attempt
+    is refused. A port probed free, released and used later could meanwhile be taken by
+    any other process, whose listener would then take the messages a test expects to be
+    dropped."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield f"tcp://127.0.0.1:{held.getsockname()[1]}"

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -69,15 +67,6 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-@pytest.fixture
-def unreachable() -> Iterator[str]:
-    """An address where nothing listens, and nothing can start listening: the port is
-    held bound (not listening) by this process until the test ends."""
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        yield f"tcp://127.0.0.1:{held.getsockname()[1]}"
-
-
 def _finish(proc: subprocess.Popen[str], what: str) -> str:
     try:
         out, err = proc.communicate(timeout=HANG_S)
@@ -89,10 +78,10 @@ def _finish(proc: subprocess.Popen[str], what: str) -> str:
     return out
 
 
-def test_training_process_exits_when_the_hub_never_answers(unreachable: str) -> None:
+def test_training_process_exits_when_the_hub_never_answers(no_hub: str) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-c", TRAINING],
-        env=_env(RANKSCOPE_HUB=unreachable),
+        env=_env(RANKSCOPE_HUB=no_hub),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -146,9 +135,9 @@ print("sent", info.messages, "dropped", info.dropped, flush=True)
 """
 
 
-def test_simulator_exits_when_the_hub_never_answers(unreachable: str) -> None:
+def test_simulator_exits_when_the_hub_never_answers(no_hub: str) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-c", SIMULATOR, unreachable],
+        [sys.executable, "-c", SIMULATOR, no_hub],
         env=_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -179,11 +168,11 @@ except OSError as exc:
 """
 
 
-def test_simulator_exits_when_a_sender_cannot_be_built(unreachable: str) -> None:
+def test_simulator_exits_when_a_sender_cannot_be_built(no_hub: str) -> None:
     """The first sender is built, the second fails: the run must close the first and end
     its context instead of waiting for that socket for ever."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", SIMULATOR_FAILING_SENDER, unreachable],
+        [sys.executable, "-c", SIMULATOR_FAILING_SENDER, no_hub],
         env=_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

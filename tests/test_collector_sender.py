@@ -39,9 +39,8 @@ def _recv_all(sock: zmq.Socket, n: int, timeout_ms: int = 5000) -> list[bytes]:
     return out
 
 
-def test_no_hub_drops_beyond_hwm_and_never_blocks() -> None:
-    port = _free_port()
-    with Sender(f"tcp://127.0.0.1:{port}", hwm=10, linger_ms=0) as s:
+def test_no_hub_drops_beyond_hwm_and_never_blocks(no_hub: str) -> None:
+    with Sender(no_hub, hwm=10, linger_ms=0) as s:
         results = [s.send(b"x" * 100) for _ in range(1000)]
     assert s.sent + s.dropped == 1000
     assert s.dropped >= 1000 - 20  # at most the HWM (plus ZMQ's pipe slack) is queued
@@ -161,8 +160,8 @@ def test_timeout_waits_for_a_late_hub_instead_of_dropping() -> None:
     assert [int.from_bytes(b, "little") for b in got] == list(range(n))
 
 
-def test_timeout_that_runs_out_counts_one_drop() -> None:
-    with Sender(f"tcp://127.0.0.1:{_free_port()}", hwm=2, linger_ms=0) as s:
+def test_timeout_that_runs_out_counts_one_drop(no_hub: str) -> None:
+    with Sender(no_hub, hwm=2, linger_ms=0) as s:
         while s.send(b"fill"):  # no hub: fills the queue, then drops once
             pass
         before = s.dropped
@@ -172,9 +171,9 @@ def test_timeout_that_runs_out_counts_one_drop() -> None:
         assert s.waited == 0
 
 
-def test_cancel_ends_a_wait_and_counts_the_drop() -> None:
+def test_cancel_ends_a_wait_and_counts_the_drop(no_hub: str) -> None:
     cancel = threading.Event()
-    with Sender(f"tcp://127.0.0.1:{_free_port()}", hwm=1, linger_ms=0) as s:
+    with Sender(no_hub, hwm=1, linger_ms=0) as s:
         while s.send(b"fill"):
             pass
         before = s.dropped
@@ -193,9 +192,9 @@ def test_cancel_ends_a_wait_and_counts_the_drop() -> None:
         assert s.dropped == before + 2
 
 
-def test_default_send_never_waits_even_when_full() -> None:
+def test_default_send_never_waits_even_when_full(no_hub: str) -> None:
     # The collector's path: a full queue drops at once, the poller is never created.
-    with Sender(f"tcp://127.0.0.1:{_free_port()}", hwm=1, linger_ms=0) as s:
+    with Sender(no_hub, hwm=1, linger_ms=0) as s:
         results = [s.send(b"z") for _ in range(50)]
         assert results.count(False) == s.dropped >= 40
         assert s._poller is None and s.waited == 0

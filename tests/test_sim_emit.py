@@ -4,26 +4,12 @@ found room counts as a retry."""
 
 from __future__ import annotations
 
-import socket
 import threading
-from collections.abc import Iterator
 
-import pytest
 import zmq
 
 from rankscope.collector.sender import Sender
 from rankscope.sim.emit import Emitter
-
-
-@pytest.fixture
-def no_hub() -> Iterator[str]:
-    """An address where nothing listens and nothing can start to: the port stays bound
-    (not listening) by this test until it ends. A port bound, released and then used
-    could be taken meanwhile by any other process on the machine, and its listener would
-    take the messages this test expects to see dropped."""
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        yield f"tcp://127.0.0.1:{held.getsockname()[1]}"
 
 
 def test_a_full_queue_with_no_hub_drops_after_the_wait(no_hub: str) -> None:
