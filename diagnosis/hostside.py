@@ -111,7 +111,7 @@ class Contention:
     """float64 (R,) ``1 − share / median share``: the share of wall time the host took."""
     lost_ns: np.ndarray
     """float64 (R, S) wall ns of compute phases the thread did not run (beyond the median
-    rank's share), plus its host gap where the host CPU was saturated."""
+    rank's share)."""
     saturated: np.ndarray
     """bool (R,) the rank's host reported CPU busy above `SATURATED_PCT`."""
 
@@ -139,9 +139,8 @@ def contention_of(ev: Evidence) -> Contention | None:
     lost = np.where(np.isfinite(ratio), lost, 0.0)
     busy_pct = nanmedian(ev.window.device.get("cpu_pct", np.full(wall.shape, np.nan)), axis=1)
     saturated = np.isfinite(busy_pct) & (busy_pct >= SATURATED_PCT)
-    gap = np.nan_to_num(ev.decomp.category("host_gap"), nan=0.0)
-    gap_excess = np.maximum(gap - nanmedian(gap, axis=0), 0.0)
-    lost = lost + np.where(saturated[:, None], gap_excess, 0.0)
+    # Host gaps are left out: a thread asleep between its phases (a synchronous wait, a
+    # sleep) uses no CPU either, and the samples cannot tell it from one kept off a core.
     return Contention(share=share, loss=loss, lost_ns=lost, saturated=saturated)
 
 

@@ -6,8 +6,9 @@ reporting to a real hub through the collector. Two kinds of test per case:
 - the *data* carries the fault: checked from the window alone (phase and collective
   times), so a failing verdict test points at the diagnosis, not at the job;
 - the *verdict* names it: `diagnose`'s top mechanism and rank (or stage), and the
-  localisation's what-if suspect. Those the current diagnosis does not yet pass are
-  marked ``xfail(strict=False)`` (open-world diagnosis in progress).
+  localisation's what-if suspect. A healthy job must be called healthy, unless the shared
+  machine slowed one rank for the whole run, so that the others waited for it in the
+  collectives: then a straggler on that rank is the answer.
 
 Every case is one session fixture, so each run happens once; the DDP cases share one
 healthy baseline run (the hub's store holds it by run id).
@@ -57,7 +58,6 @@ def _timeout(name: str) -> int:
 
 
 TIMEOUT_S = {name: _timeout(name) for name in faultcases.CASES}
-OPEN = pytest.mark.xfail(strict=False, reason="open-world diagnosis in progress")
 
 
 @pytest.fixture(scope="session")
@@ -125,17 +125,44 @@ def _cpu_share(w, name):
     return np.nanmedian(_rank_step(w, np.where(cpu >= 0, cpu, np.nan)) / w.phase_ns[name], axis=1)
 
 
-def _skip_if_contended_from_outside(*windows):
-    """A healthy verdict is only owed to runs the machine left alone: on a shared machine
-    other work may take one rank's CPU for a whole run, which is real CPU contention (seen
-    here in about one run in four: one rank's forward at 0.4-0.5 CPU per wall second, the
-    other's at 0.95)."""
-    for w in windows:
-        if w is None:
-            continue
-        share = _cpu_share(w, "forward")
-        if np.all(np.isfinite(share)) and share.min() < 0.7 * share.max():
-            pytest.skip(f"other work took one rank's CPU in {w.run}: forward CPU/wall {share}")
+def _straggler_in_data(w):
+    """The rank the others waited for, from the collectives alone: ``(rank, wait)`` with
+    the median over steps of the other ranks' arrival wait as a share of the step, for the
+    rank that arrived last most often."""
+    last = w.instances.last_rank[_complete(w)]
+    if last.size == 0:
+        return -1, 0.0
+    rank = int(np.bincount(last).argmax())
+    others = [r for r in range(w.world_size) if r != rank]
+    wait = _rank_step(w, w.coll["exposed_wait_ns"])[others] / _rank_step(w, w.step_ns)[others]
+    return rank, float(np.nanmedian(wait))
+
+
+def _assert_healthy_unless_a_rank_straggled(got):
+    """A healthy job on a shared machine: other work may slow one rank for a whole run
+    (seen here in about one run in four: one rank's forward at 0.4-0.5 CPU per wall
+    second, the other's at 0.95), and that rank then truly sets the step. What the
+    collectives show decides what is owed: when the others waited under 1 % of the step
+    for anyone, the answer is healthy; when they waited over 6 % of it for one rank, it is
+    a straggler — ``cpu_contention`` or ``unexplained_straggler`` — on that rank. In
+    between (two ranks whose lead changes hands) healthy or a straggler. Any other answer
+    (checkpoint for a warm-up, a catalogued fault that is not there) fails."""
+    d = _diagnose(got)
+    top = d.verdict.top
+    # Over the steps the diagnosis read (warm-up set aside).
+    rank, wait = _straggler_in_data(d.window)
+    if wait < 0.01:
+        assert top.mechanism == "healthy", (rank, wait, _top3(d))
+    elif wait > 0.06:
+        assert top.mechanism in ("cpu_contention", "unexplained_straggler"), (rank, wait, _top3(d))
+        assert rank in top.ranks, (rank, wait, _top3(d))
+    else:
+        assert top.mechanism in ("healthy", "cpu_contention", "unexplained_straggler"), (
+            rank,
+            wait,
+            _top3(d),
+        )
+    return d
 
 
 def _med(a, axis=1):
@@ -208,13 +235,11 @@ def test_gap_rank_spends_its_extra_time_outside_every_phase(gap_case):
     assert np.mean(last == r) > 0.8
 
 
-@OPEN
 @pytest.mark.timeout(TIMEOUT_S["gap"])
 def test_gap_verdict_names_the_rank_never_healthy(gap_case):
     _assert_verdict(gap_case)
 
 
-@OPEN
 @pytest.mark.timeout(TIMEOUT_S["gap"])
 def test_gap_localised_to_the_rank(gap_case):
     top = _assert_localised(gap_case)
@@ -244,13 +269,11 @@ def test_throttled_rank_phases_take_longer(throttle_case):
     assert np.mean(last == r) > 0.6
 
 
-@OPEN
 @pytest.mark.timeout(TIMEOUT_S["throttle"])
 def test_throttle_verdict_is_cpu_contention_on_the_rank(throttle_case):
     _assert_verdict(throttle_case)
 
 
-@OPEN
 @pytest.mark.timeout(TIMEOUT_S["throttle"])
 def test_throttle_localised_to_the_rank(throttle_case):
     _assert_localised(throttle_case)
@@ -286,13 +309,11 @@ def test_gc_rank_pauses_every_few_steps(gc_case):
         assert np.nanmedian(wait[on]) - np.nanmedian(wait[~on]) > 15 * MS
 
 
-@OPEN
 @pytest.mark.timeout(TIMEOUT_S["gc"])
 def test_gc_verdict_is_host_pause_on_the_rank(gc_case):
     _assert_verdict(gc_case)
 
 
-@OPEN
 @pytest.mark.timeout(TIMEOUT_S["gc"])
 def test_gc_localised_to_the_rank(gc_case):
     _assert_localised(gc_case)
@@ -322,7 +343,6 @@ def _microbatches(w):
     return int(cfg.get("microbatches", 1))
 
 
-@OPEN
 @pytest.mark.timeout(TIMEOUT_S["pipeline"])
 def test_pipeline_verdict_names_the_heavy_stage(pipeline_case):
     from rankscope.commands.eval_scoring import localise
@@ -331,7 +351,6 @@ def test_pipeline_verdict_names_the_heavy_stage(pipeline_case):
     assert localise(d, pipeline_case.truth)["stage"] is True, _top3(d)
 
 
-@OPEN
 @pytest.mark.timeout(TIMEOUT_S["pipeline"])
 def test_pipeline_localised_to_the_heavy_stage(pipeline_case):
     _assert_localised(pipeline_case, kind="stage")
@@ -350,14 +369,11 @@ def test_warmup_steps_are_slower_on_every_rank(warmup_case):
     assert np.median(step[:k]) > 3 * np.median(step[k:]), step / MS
 
 
-@OPEN
 @pytest.mark.timeout(TIMEOUT_S["warmup"])
-def test_warmup_verdict_is_healthy(warmup_case):
-    _skip_if_contended_from_outside(warmup_case.window)
-    d = _assert_verdict(warmup_case)
-    found = getattr(d, "warmup_steps", None)
-    if found is not None:
-        assert abs(int(found) - warmup_case.truth["warmup_steps"]) <= 1, found
+def test_warmup_is_set_aside_and_the_verdict_is_healthy(warmup_case):
+    d = _assert_healthy_unless_a_rank_straggled(warmup_case)
+    assert abs(d.warmup_steps - warmup_case.truth["warmup_steps"]) <= 1, d.warmup
+    assert d.verdict.top.mechanism != "checkpoint"
 
 
 # -- the healthy job against another run of itself -----------------------------------------
@@ -365,18 +381,16 @@ def test_warmup_verdict_is_healthy(warmup_case):
 def test_healthy_runs_have_no_rank_apart(healthy_case):
     for w in (healthy_case.window, healthy_case.baseline):
         assert w.present.all()
-        _skip_if_contended_from_outside(w)
+        # No rank spends time outside its phases (how fast each computes is up to the
+        # machine: other work can slow one rank's forward threefold, even at its full
+        # share of CPU time, and then it truly straggles; the verdict test reads that).
         un = _med(_unaccounted(w))
         assert np.all(un < 10 * MS), un / MS
-        fwd = _med(_phase(w, "forward"))
-        assert fwd.max() < 2 * fwd.min(), fwd / MS
 
 
-@OPEN
 @pytest.mark.timeout(TIMEOUT_S["healthy"])
 def test_healthy_verdict_is_healthy(healthy_case):
-    _skip_if_contended_from_outside(healthy_case.window, healthy_case.baseline)
-    _assert_verdict(healthy_case)
+    _assert_healthy_unless_a_rank_straggled(healthy_case)
 
 
 # -- the interface rankscope eval --real uses ---------------------------------------------
