@@ -232,8 +232,9 @@ def test_plain_tui_demo_snapshots_plans_records_and_quits_cleanly(
             seen["error"] = exc
         await pilot.press("q")
 
+    real = demo.run_app
     monkeypatch.setattr(
-        demo, "run_app", lambda app: app.run(headless=True, size=(120, 40), auto_pilot=script)
+        demo, "run_app", lambda app: real(app, headless=True, size=(120, 40), auto_pilot=script)
     )
     argv = ["demo", "--view", "tui", "--scenario", "network-rail", "--ranks", "16"]
     rc = main([*argv, "--baseline-steps", "4", "--json"])

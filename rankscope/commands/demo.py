@@ -387,9 +387,13 @@ def make_demo_app(handles: DemoHandles, config: str | None = None, settings: Any
     return make_app(settings, LiveSource(handles.hub, label), run=handles.run_id, baseline=base)
 
 
-def run_app(app: Any) -> None:
-    """Run the TUI until the user quits (tests replace it to drive the app headless)."""
-    app.run()
+def run_app(app: Any, **kwargs: Any) -> None:
+    """Run the TUI until the user quits; quitting does not wait for a diagnosis or ladder
+    still being computed (`rankscope.tui.runner`). ``kwargs`` go to ``App.run`` (tests
+    drive the app headless with an ``auto_pilot``)."""
+    from rankscope.tui.runner import run_app as run_leaving_workers
+
+    run_leaving_workers(app, **kwargs)
 
 
 def _scenario_from_args(args: argparse.Namespace) -> Scenario:
@@ -495,7 +499,12 @@ def _summary_text(r: dict[str, Any]) -> str:
     if r["sent"] is not None:
         counts.append(f"{r['sent']} sent")
     if r["reached_hub"] is not None:
-        counts.append(f"{r['reached_hub']} reached the hub")
+        extra = r["reached_hub"] - (r["sent"] or 0)
+        # More than was sent: reruns launched from the view report to the same hub.
+        counts.append(
+            f"{r['reached_hub']} reached the hub"
+            + (f" ({extra} of them from reruns)" if extra > 0 else "")
+        )
         if r["lost"] is not None:
             counts.append(f"{r['lost']} lost")
         rejected = sum(r["hub_rejects"].values())
