@@ -25,6 +25,7 @@ import rankscope.commands.demo as demo
 from rankscope.cli import main
 from rankscope.hub.inspection import inspect_recording
 from rankscope.hub.replay import load
+from rankscope.hub.server import Hub
 from rankscope.sim import load_scenario
 from rankscope.sim import run as sim_run
 
@@ -335,3 +336,37 @@ def test_readme_walkthrough_runs_as_written(tmp_path) -> None:
         except subprocess.TimeoutExpired:
             hub.kill()
             raise
+
+
+def test_ctrl_c_stops_a_demo_sending_to_a_hub_and_still_counts_what_it_sent(
+    monkeypatch, capsys
+) -> None:
+    # Ctrl-C arrives while the main thread waits for the job (a join with no timeout); no
+    # own hub to stop gives the job no extra time to finish before the summary is read.
+    real = demo.start_demo
+
+    def start_then_interrupt(*args, **kwargs):
+        handles = real(*args, **kwargs)
+
+        def interrupt() -> None:
+            deadline = time.monotonic() + HANG_S
+            while handles.last_step is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        threading.Thread(target=interrupt, daemon=True).start()
+        return handles
+
+    monkeypatch.setattr(demo, "start_demo", start_then_interrupt)
+    hub = Hub(bind="tcp://127.0.0.1:0").start()
+    try:
+        argv = ["demo", "--hub", hub.endpoint, "--scenario", "slow-device", "--ranks", "16"]
+        assert main([*argv, "--baseline-steps", "0", "--json"]) == 0  # the way to stop it
+        out = _json_out(capsys)
+        assert out["stopped"] is True and out["steps"] is not None and out["dropped"] == 0
+        deadline = time.monotonic() + HANG_S
+        while hub.health["messages"] < out["sent"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert hub.health["messages"] == out["sent"]
+    finally:
+        hub.stop()

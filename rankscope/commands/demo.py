@@ -152,10 +152,13 @@ class DemoHandles:
     """The healthy twin recorded first, when one was asked for."""
     last_step: int | None = None
     """The last step handed to the senders."""
+    done: threading.Event = field(default_factory=threading.Event)
+    """Set when the job's thread has finished. Waits go through it, not ``Thread.join``:
+    a join that Ctrl-C interrupts leaves the thread looking finished on Python 3.11."""
 
     @property
     def running(self) -> bool:
-        return self.thread.is_alive()
+        return not self.done.is_set()
 
     @property
     def info(self) -> RunInfo | None:
@@ -170,10 +173,14 @@ class DemoHandles:
 
     def wait(self, timeout: float | None = None) -> RunInfo | None:
         """Wait for the simulated job to finish; re-raise what it failed with."""
-        self.thread.join(timeout)
+        self.join(timeout)
         if self.errors:
             raise self.errors[0]
         return self.info
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the job's thread to finish (at most ``timeout``); True when it has."""
+        return self.done.wait(timeout)
 
     def sent(self) -> int | None:
         """Messages handed to ZeroMQ by the run and its baseline (None: still running)."""
@@ -208,7 +215,7 @@ class DemoHandles:
         """Stop the job after its current step (waiting at most ``timeout`` for it), then
         the own hub (which closes the recording)."""
         self.stop_event.set()
-        self.thread.join(timeout=timeout)
+        self.join(timeout)
         if self.hub is not None:
             self.hub.stop()
 
@@ -310,6 +317,8 @@ def start_demo(
             )
         except BaseException as exc:  # reported by wait(); the view must not hang on it
             handles.errors.append(exc)
+        finally:
+            handles.done.set()
 
     handles.thread = threading.Thread(target=job, name="rankscope-sim", daemon=True)
     handles.thread.start()
@@ -357,7 +366,7 @@ def summary_line(handles: DemoHandles, last: int = 20) -> str:
 def text_view(handles: DemoHandles, out: TextIO = sys.stdout, every_s: float = 1.0) -> None:
     """Print `summary_line` every ``every_s`` seconds until the job ends."""
     while handles.running:
-        handles.thread.join(every_s)
+        handles.join(every_s)
         print(summary_line(handles), file=out, flush=True)
 
 
@@ -445,7 +454,7 @@ def _quit(handles: DemoHandles, wait_s: float = QUIT_WAIT_S) -> None:
         flush=True,
     )
     # The job's queued messages may linger up to wait_s; a little more covers its last step.
-    handles.thread.join(wait_s + 0.5)
+    handles.join(wait_s + 0.5)
     if handles.hub is not None and handles.info is not None:
         handles.wait_ingested(wait_s)
 
