@@ -82,7 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help=(
             "first record N steps of the scenario's healthy twin (same seed, no fault) as "
-            f"the baseline to compare with (default {BASELINE_STEPS} with a view, 0 headless)"
+            f"the baseline to compare with (default {BASELINE_STEPS}; 0 with --headless)"
         ),
     )
     p.add_argument("--headless", action="store_true", help="no view: run the steps and exit")
@@ -124,7 +124,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="send the simulated cluster to this running hub (rankscope hub, rankscope "
         "watch) instead of starting one; it records and shows it",
     )
-    p.add_argument("--json", action="store_true", help="headless: print the result as JSON")
+    p.add_argument("--json", action="store_true", help="print the result on exit as JSON")
     p.add_argument(
         "--view",
         choices=("tui", "text"),
