@@ -536,7 +536,7 @@ def finding(loc: Localisation, base: Localisation | None = None) -> Finding:
 
     Args:
         loc: `against_baseline` of the run's localisation.
-        base: the baseline's localisation (for the imbalance of small jobs).
+        base: the baseline's localisation (None: a moving straggler is not judged).
 
     Returns:
         The finding: a fixed suspect, a moving straggler, or nothing material.
@@ -544,16 +544,15 @@ def finding(loc: Localisation, base: Localisation | None = None) -> Finding:
     top = loc.top
     if top is not None and top.net_gain >= MATERIAL:
         return Finding(top, False, float(top.net_gain))
+    # A moving straggler needs a healthy run to be told from heavy-tailed noise, and
+    # enough ranks to see an outlier within a step (with a few ranks, the slowest one
+    # changing hands is no structure at all).
     moving, unjudged = 0.0, 0.0
-    if base is None:
-        # A moving straggler needs a healthy run to be told from heavy-tailed noise.
-        unjudged = float(loc.moving_gain) if np.isfinite(loc.moving_gain) else 0.0
-    elif np.isfinite(loc.moving_gain):
-        moving = float(loc.moving_gain)  # already net of the baseline's
-    else:
-        # Too few ranks to see outliers within a step: the imbalance against the healthy
-        # run's is the only measure.
-        moving = max(0.0, loc.imbalance - base.imbalance)
+    if np.isfinite(loc.moving_gain):
+        if base is None:
+            unjudged = float(loc.moving_gain)
+        else:
+            moving = float(loc.moving_gain)  # already net of the baseline's
     if moving >= MATERIAL and (top is None or moving > top.net_gain):
         return Finding(None, True, float(moving))
     best = max(top.net_gain if top is not None else 0.0, moving)

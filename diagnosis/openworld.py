@@ -82,7 +82,8 @@ def unexplained(loc: Localisation, found: Finding, claims: list[Claim]) -> tuple
         return Candidate(0.0, 0.0), 0.0
     share, by = explained_share(claims, found)
     residual = max(0.0, 1.0 - share)
-    strength = logistic(found.gain, MATERIAL, MATERIAL / 4) * residual
+    # Judged on the part no mechanism explains: material on its own, it is a finding.
+    strength = logistic(found.gain * residual, MATERIAL, MATERIAL / 4)
     evidence = []
     s = found.suspect
     if s is not None:

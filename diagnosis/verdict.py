@@ -210,16 +210,13 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
     loc = against_baseline(ev.loc, baseline.loc if baseline is not None else None)
     found = finding(loc, baseline.loc if baseline is not None else None)
     claims = [Claim(h.mechanism, h.score, h.impact, h.ranks) for h in hyps]
-    open_world, residual = unexplained(loc, found, claims)
+    open_world, _ = unexplained(loc, found, claims)
     category = found.suspect.category if found.suspect is not None else None
     hyps.append(
         Hypothesis(
             mechanism=MECHANISM,
-            score=float(
-                open_world.strength
-                * logistic(open_world.impact, MIN_IMPACT, MIN_IMPACT / 5)
-                * covers(open_world.impact, slower, share)
-            ),
+            # Its strength already says whether the unexplained part is material.
+            score=float(open_world.strength * covers(open_world.impact, slower, share)),
             impact=float(open_world.impact),
             strength=float(open_world.strength),
             ranks=open_world.ranks,
@@ -239,7 +236,8 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
     )
     best = max(hyps, key=lambda h: h.score, default=None)
     unjudged = tuple(u for c in cur.values() for u in c.unjudged)
-    straggler = logistic(found.gain, MATERIAL, MATERIAL / 5) * residual
+    # A material straggler is not healthy, whichever mechanism explains it.
+    straggler = logistic(found.gain, MATERIAL, MATERIAL / 5)
     if found.unjudged_moving >= MATERIAL:
         unjudged = (
             *unjudged,

