@@ -1,5 +1,5 @@
 """``rankscope eval`` on the command line: what it prints, what it writes (only when
-asked), and the real-job suite hook (a fake ``examples/faultjobs.py``, no torch)."""
+asked), and the real-job suite hook (a fake ``examples/faultcases.py``, no torch)."""
 
 import json
 import sys
@@ -98,7 +98,7 @@ def test_real_without_examples_is_one_line(tmp_path, monkeypatch, capsys) -> Non
     captured = capsys.readouterr()
     err = captured.err.strip()
     assert len(err.splitlines()) == 1
-    assert "--real needs a source checkout" in err and "faultjobs.py" in err
+    assert "--real needs a source checkout" in err and "faultcases.py" in err
     assert captured.out == ""
 
 
@@ -140,11 +140,11 @@ def run_case(name, hub):
 
 def test_real_jobs_are_scored_in_their_own_section(tmp_path, monkeypatch, capsys) -> None:
     (tmp_path / "examples").mkdir()
-    (tmp_path / "examples" / "faultjobs.py").write_text(textwrap.dedent(FAKE_FAULTJOBS))
+    (tmp_path / "examples" / "faultcases.py").write_text(textwrap.dedent(FAKE_FAULTJOBS))
     monkeypatch.setattr(eval_, "REPO", tmp_path)
     # The loader puts examples/ on sys.path and the module in sys.modules: undo both.
     monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.setitem(sys.modules, "faultjobs", None)
+    monkeypatch.setitem(sys.modules, "faultcases", None)
     rc = main(["eval", "--real", "--no-sim"])
     captured = capsys.readouterr()
     assert rc == 1  # one job did not run
@@ -156,10 +156,10 @@ def test_real_jobs_are_scored_in_their_own_section(tmp_path, monkeypatch, capsys
     assert "Missed faults (injected, called healthy):\n\n- gc @ 16 ranks: truth host_pause" in real
     assert "Jobs that did not run:\n\n- broken: RuntimeError: torchrun exited 1" in real
     assert "real job broken did not run" in captured.err
-    import faultjobs  # the module eval loaded
+    import faultcases  # the module eval loaded
 
-    assert len(faultjobs.SEEN_HUBS) == 3 and len(set(faultjobs.SEEN_HUBS)) == 1
-    assert faultjobs.SEEN_HUBS[0].startswith("tcp://127.0.0.1:")
+    assert len(faultcases.SEEN_HUBS) == 3 and len(set(faultcases.SEEN_HUBS)) == 1
+    assert faultcases.SEEN_HUBS[0].startswith("tcp://127.0.0.1:")
 
     assert main(["eval", "--real", "--no-sim", "--real-cases", "slow,gc", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)

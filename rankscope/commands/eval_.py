@@ -8,7 +8,7 @@ is compared with ``sim.truth`` (`rankscope.commands.eval_scoring`: the full conf
 matrix, top-1 accuracy, missed faults, false alarms, wrong names, localised-but-unexplained
 stragglers, localisation and warm-up).
 
-With ``--real`` the real torchrun fault jobs of a source checkout (``examples/faultjobs.py``:
+With ``--real`` the real torchrun fault jobs of a source checkout (``examples/faultcases.py``:
 ``CASES`` and ``run_case(name, hub) -> (window, baseline_window | None, truth)``) run into
 a local hub and are scored the same way, in a section of their own.
 
@@ -43,7 +43,7 @@ __all__ = [
     "baseline_of",
     "cases",
     "catalog",
-    "load_faultjobs",
+    "load_faultcases",
     "real_cases",
     "score_case",
     "simulate_window",
@@ -57,7 +57,7 @@ REPO = Path(__file__).resolve().parents[2]
 """The source checkout this package runs from (in an installed wheel: site-packages, where
 neither file below exists)."""
 RESULTS = REPO / "benchmarks" / "RESULTS.md"
-FAULTJOBS = Path("examples") / "faultjobs.py"
+FAULTJOBS = Path("examples") / "faultcases.py"
 BEGIN, END = "<!-- eval:begin -->", "<!-- eval:end -->"
 BASELINE_SEED_OFFSET = 7919
 """The baseline run's noise streams use seed + this (its configuration is the scenario's)."""
@@ -91,7 +91,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--real",
         action="store_true",
-        help="also run the real torchrun fault jobs of examples/faultjobs.py (source checkout)",
+        help="also run the real torchrun fault jobs of examples/faultcases.py (source checkout)",
     )
     p.add_argument(
         "--real-cases", default=None, help="comma-separated subset of the real jobs (--real)"
@@ -215,8 +215,8 @@ def cases(
                 )
 
 
-def load_faultjobs(root: Path | None = None) -> ModuleType:
-    """Import ``examples/faultjobs.py`` of the source checkout (the real fault jobs).
+def load_faultcases(root: Path | None = None) -> ModuleType:
+    """Import ``examples/faultcases.py`` of the source checkout (the real fault jobs).
 
     Args:
         root: the checkout (default `REPO`, the one this package runs from).
@@ -225,7 +225,7 @@ def load_faultjobs(root: Path | None = None) -> ModuleType:
         The module, with ``CASES`` and ``run_case``.
 
     Raises:
-        EvalError: no ``examples/faultjobs.py`` there (an installed package, or a
+        EvalError: no ``examples/faultcases.py`` there (an installed package, or a
             checkout without the real jobs), or it lacks ``CASES`` / ``run_case``.
     """
     root = REPO if root is None else root
@@ -236,14 +236,14 @@ def load_faultjobs(root: Path | None = None) -> ModuleType:
     folder = str(path.parent)
     if folder not in sys.path:
         sys.path.insert(0, folder)
-    spec = importlib.util.spec_from_file_location("faultjobs", path)
+    spec = importlib.util.spec_from_file_location("faultcases", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["faultjobs"] = module  # dataclasses look their module up while it loads
+    sys.modules["faultcases"] = module  # dataclasses look their module up while it loads
     try:
         spec.loader.exec_module(module)
     except ImportError as exc:
-        del sys.modules["faultjobs"]
+        del sys.modules["faultcases"]
         raise EvalError(f"--real cannot import {path}: {exc}") from None
     if not isinstance(getattr(module, "CASES", None), dict) or not callable(
         getattr(module, "run_case", None)
@@ -258,7 +258,7 @@ def real_cases(
     """Run and score the real fault jobs, one hub for all of them.
 
     Args:
-        module: `load_faultjobs`'s module.
+        module: `load_faultcases`'s module.
         names: the cases to run, keys of ``module.CASES``.
         with_baseline: diagnose against the baseline window the case brings.
 
@@ -302,7 +302,7 @@ SIM_INTRO = (
     "tensor-parallel degree and fault targets."
 )
 REAL_INTRO = (
-    "Real torchrun (gloo) jobs from `examples/faultjobs.py`, each reporting to a local hub, "
+    "Real torchrun (gloo) jobs from `examples/faultcases.py`, each reporting to a local hub, "
     "diagnosed against the healthy run its case brings."
 )
 
@@ -430,7 +430,7 @@ def _run(args: argparse.Namespace) -> int:
     jobs: ModuleType | None = None
     real_names: list[str] = []
     if args.real:
-        jobs = load_faultjobs()
+        jobs = load_faultcases()
         real_names = _names(args.real_cases, list(jobs.CASES), "real case(s)")
 
     seeds = [list(range(args.first_seed, args.first_seed + k)) for k in n_seeds]
