@@ -352,7 +352,10 @@ def test_ctrl_c_stops_a_demo_sending_to_a_hub_and_still_counts_what_it_sent(
             deadline = time.monotonic() + HANG_S
             while handles.last_step is None and time.monotonic() < deadline:
                 time.sleep(0.02)
-            os.kill(os.getpid(), signal.SIGINT)
+            # Delivered to this thread, not the main one, as the kernel may deliver a
+            # terminal's Ctrl-C: only Python's flag is set, and the main thread must still
+            # wake up to it.
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
 
         threading.Thread(target=interrupt, daemon=True).start()
         return handles

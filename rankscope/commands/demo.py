@@ -43,6 +43,8 @@ DEFAULT_BIND = "tcp://127.0.0.1:0"
 HEADLESS_STEPS = 20
 BASELINE_STEPS = 30
 """Healthy-twin steps recorded before an interactive demo: enough for stable medians."""
+JOIN_SLICE_S = 0.2
+"""Longest a wait for the simulated job blocks before it looks for a pending Ctrl-C."""
 INGEST_WAIT_S = 30.0
 """Longest wait, after the simulated job has run all its steps, for the hub to take in
 what was sent (it returns as soon as everything is in)."""
@@ -179,8 +181,20 @@ class DemoHandles:
         return self.info
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait for the job's thread to finish (at most ``timeout``); True when it has."""
-        return self.done.wait(timeout)
+        """Wait for the job's thread to finish (at most ``timeout``); True when it has.
+
+        The wait wakes every few tenths of a second: a Ctrl-C that the kernel delivers to
+        another thread of the process only sets Python's flag, and the main thread runs
+        the handler (raising KeyboardInterrupt) only once it wakes."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = (
+                JOIN_SLICE_S if deadline is None else min(JOIN_SLICE_S, deadline - time.monotonic())
+            )
+            if self.done.wait(max(left, 0.0)):
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
 
     def sent(self) -> int | None:
         """Messages handed to ZeroMQ by the run and its baseline (None: still running)."""
