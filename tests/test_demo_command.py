@@ -361,6 +361,8 @@ def test_ctrl_c_stops_a_demo_sending_to_a_hub_and_still_counts_what_it_sent(
         return handles
 
     monkeypatch.setattr(demo, "start_demo", start_then_interrupt)
+    # Python's own Ctrl-C, whatever an earlier test in this process left installed.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     hub = Hub(bind="tcp://127.0.0.1:0").start()
     try:
         argv = ["demo", "--hub", hub.endpoint, "--scenario", "slow-device", "--ranks", "16"]
@@ -372,4 +374,5 @@ def test_ctrl_c_stops_a_demo_sending_to_a_hub_and_still_counts_what_it_sent(
             time.sleep(0.05)
         assert hub.health["messages"] == out["sent"]
     finally:
+        signal.signal(signal.SIGINT, previous)
         hub.stop()

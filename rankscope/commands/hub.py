@@ -144,8 +144,11 @@ def run(args: argparse.Namespace) -> int:
             hub.stop()
             raise CommandError(f"--prometheus {args.prometheus}: {exc}") from None
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    # Restored on the way out: a caller that runs the command in its own process (a test,
+    # a script) keeps its Ctrl-C.
+    previous = {
+        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
     where = f", recording to {args.record}" if args.record else ""
     resumed = f" (resumed {hub.resumed_frames} messages)" if hub.resumed_frames else ""
     print(
@@ -157,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
             if args.status_every > 0:
                 print(status_line(hub.health, hub.store), flush=True)
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if endpoint is not None:
             endpoint.close()
         hub.stop()
