@@ -56,7 +56,8 @@ def judge_host_pause(ev: Evidence) -> Candidate:
     gc = ev.window.host.get("gc_ns")
     if gc is None or not np.isfinite(gc).any():
         return NONE
-    gc = np.where(ev.window.present, np.maximum(gc, 0.0), np.nan)
+    # An impossible pause (negative, infinite) reads as unknown, as the hub reads it.
+    gc = np.where(ev.window.present & np.isfinite(gc), np.maximum(gc, 0.0), np.nan)
     local = ev.local
     med = nanmedian(gc, axis=0)
     excess = np.maximum(gc - med, 0.0)

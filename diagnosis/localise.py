@@ -51,6 +51,7 @@ import numpy as np
 
 from rankscope.diagnosis.decomposition import CATEGORIES, Decomposition
 from rankscope.diagnosis.fabric import FabricView, LinkFinding
+from rankscope.diagnosis.regime import MEDIAN_RANKS
 from rankscope.diagnosis.robust import expected_max_z, nanmedian
 from rankscope.diagnosis.window import Window
 
@@ -156,18 +157,14 @@ class Localisation:
         return next((s for s in self.suspects if s.kind == kind and s.key == key), None)
 
 
-MEDIAN_RANKS = 256
-"""Per-step medians over ranks are taken over at most this many evenly spaced ranks: the
-median rank of a few hundred is the median rank of thousands to well within the spread,
-and the pass stays flat in cost at 16k ranks."""
-
-
 def _every(n_ranks: int) -> int:
     return max(1, n_ranks // MEDIAN_RANKS)
 
 
 def sample(x: np.ndarray) -> np.ndarray:
-    """Evenly spaced rows (ranks) of an (R, S) array, at most about `MEDIAN_RANKS`."""
+    """Evenly spaced rows (ranks) of an (R, S) array, at most about `regime.MEDIAN_RANKS`
+    (the median rank of a few hundred is that of thousands to well within the spread, and
+    the pass stays flat in cost at 16k ranks; the job's step time is read the same way)."""
     return x[:: _every(x.shape[0])]
 
 

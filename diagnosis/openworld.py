@@ -66,9 +66,9 @@ def explained_share(claims: Iterable[Claim], found: Finding) -> tuple[float, Cla
     return float(best), which
 
 
-def unexplained(loc: Localisation, found: Finding, claims: list[Claim]) -> tuple[Candidate, float]:
-    """The ``unexplained_straggler`` candidate, and the share of the finding no claim
-    explains (0 when nothing material was found).
+def unexplained(loc: Localisation, found: Finding, claims: list[Claim]) -> Candidate:
+    """The ``unexplained_straggler`` candidate: the part of the finding no fitting claim
+    explains.
 
     Args:
         loc: the (netted) localisation.
@@ -76,10 +76,10 @@ def unexplained(loc: Localisation, found: Finding, claims: list[Claim]) -> tuple
         claims: the scored catalogued hypotheses.
 
     Returns:
-        The candidate (zero strength when nothing is left to explain) and the residual.
+        The candidate (zero strength when nothing material is left to explain).
     """
     if not found.material:
-        return Candidate(0.0, 0.0), 0.0
+        return Candidate(0.0, 0.0)
     share, by = explained_share(claims, found)
     residual = max(0.0, 1.0 - share)
     # Judged on the part no mechanism explains: material on its own, it is a finding.
@@ -116,14 +116,11 @@ def unexplained(loc: Localisation, found: Finding, claims: list[Claim]) -> tuple
         )
     else:
         evidence.append("no catalogued mechanism fits it")
-    return (
-        Candidate(
-            impact=float(found.gain * residual),
-            strength=float(strength),
-            ranks=tuple(ranks),
-            evidence=tuple(evidence),
-        ),
-        residual,
+    return Candidate(
+        impact=float(found.gain * residual),
+        strength=float(strength),
+        ranks=tuple(ranks),
+        evidence=tuple(evidence),
     )
 
 

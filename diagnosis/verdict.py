@@ -210,7 +210,7 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
     loc = against_baseline(ev.loc, baseline.loc if baseline is not None else None)
     found = finding(loc, baseline.loc if baseline is not None else None)
     claims = [Claim(h.mechanism, h.score, h.impact, h.ranks) for h in hyps]
-    open_world, _ = unexplained(loc, found, claims)
+    open_world = unexplained(loc, found, claims)
     category = found.suspect.category if found.suspect is not None else None
     hyps.append(
         Hypothesis(
