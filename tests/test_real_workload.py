@@ -159,7 +159,11 @@ def test_model_is_causal() -> None:
 @needs_torch
 def test_extra_compute_scales_with_requested_time() -> None:
     assert tinygpt.ExtraCompute(0).iters == 0
-    small, large = tinygpt.ExtraCompute(2.0), tinygpt.ExtraCompute(20.0)
+    tinygpt.ExtraCompute(1.0)  # calibrates once per process
+    # Requests of several iterations each: an iteration's cost is the machine's (a busy
+    # core makes it several ms), and below one iteration the count is clamped to 1.
+    per_iter = tinygpt.ExtraCompute._calibrated_ms
+    small, large = tinygpt.ExtraCompute(4 * per_iter), tinygpt.ExtraCompute(40 * per_iter)
     # One calibration per process: iterations are proportional to the requested time.
     assert small.iters >= 1
     # (each count is rounded, so they agree with 10x to within 10 x 0.5 + 0.5)
