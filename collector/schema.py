@@ -211,6 +211,24 @@ HELLO_REQUIRED = {
 }
 """Identity fields every hello must carry, with their types."""
 
+INT32_MAX = 2**31 - 1
+"""Largest rank, world size, GPU index, rail, node rank, mesh coordinate, incarnation...:
+readers hold them in int32 columns."""
+
+MAX_NAME_CHARS = 256
+"""Longest job, run, host, rack, NIC, GPU UUID, PCI bus, group or phase name."""
+
+MAX_MESH_DIMS = 16
+"""Most entries of a hello's ``mesh`` map."""
+
+MAX_PHASE_NAMES = 256
+"""Most user phase names one message may carry."""
+
+MAX_TIME_NS = 2**62
+"""Latest time any column may hold (year 2116): every difference of two times fits int64.
+A time is ``NO_TIME`` or in ``0..MAX_TIME_NS`` (the hub narrows this to a window around
+its own clock, ``hub.validate.Limits``)."""
+
 HELLO_OPTIONAL = {
     "local_world_size": int,
     "gpu_index": int,
@@ -228,7 +246,9 @@ HELLO_OPTIONAL = {
 
 class SchemaError(ValueError):
     """A message does not follow the wire schema. ``reason`` is a short stable tag that the
-    hub counts (``bad_msgpack``, ``bad_version``, ``bad_kind``, ``bad_table``...)."""
+    hub counts (``bad_msgpack``, ``bad_version``, ``bad_kind``, ``bad_header``, ``bad_type``,
+    ``bad_table``, ``bad_size``, ``bad_hello``, ``bad_identity``, ``bad_groups``,
+    ``bad_phase``, ``bad_time``, ``too_large``); ``detail`` names the field and its value."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
@@ -399,6 +419,77 @@ def _check_type(where: str, value: Any, typ: type) -> None:
         raise SchemaError("bad_type", f"{where} must be {typ.__name__}, got {type(value).__name__}")
 
 
+def _check_int(where: str, value: Any, lo: int, hi: int = INT32_MAX, *, reason: str) -> None:
+    _check_type(where, value, int)
+    if not lo <= value <= hi:
+        raise SchemaError(reason, f"{where} = {value} outside {lo}..{hi}")
+
+
+def _check_name(where: str, value: Any, *, reason: str, empty: bool = True) -> None:
+    _check_type(where, value, str)
+    if len(value) > MAX_NAME_CHARS or (not empty and not value):
+        raise SchemaError(
+            reason,
+            f"{where} must be {int(not empty)}..{MAX_NAME_CHARS} characters, got {len(value)}",
+        )
+
+
+def _check_optional_name(where: str, value: Any, *, reason: str) -> None:
+    if value is not None:
+        _check_name(where, value, reason=reason)
+
+
+_IDENTITY_LOW = {"rank": 0, "world_size": 1, "local_rank": 0, "pid": 0, "local_world_size": 1}
+"""Lowest value of each int identity field; the others may be -1 (unknown)."""
+
+
+def _check_identity(ident: dict[str, Any], header_rank: int) -> None:
+    """Types and ranges of a hello's identity map (every value a reader will cast)."""
+    for key, typ in HELLO_REQUIRED.items():
+        if key not in ident:
+            raise SchemaError("bad_hello", f"identity misses {key!r}")
+        _check_type(f"identity.{key}", ident[key], typ)
+    for key, typ in HELLO_OPTIONAL.items():
+        if ident.get(key) is not None:
+            _check_type(f"identity.{key}", ident[key], typ)
+    for key, typ in (*HELLO_REQUIRED.items(), *HELLO_OPTIONAL.items()):
+        value = ident.get(key)
+        if value is None:
+            continue
+        if typ is int:
+            _check_int(f"identity.{key}", value, _IDENTITY_LOW.get(key, -1), reason="bad_identity")
+        elif typ is str:
+            _check_name(f"identity.{key}", value, reason="bad_identity")
+    mesh = ident.get("mesh")
+    if mesh is not None:
+        if len(mesh) > MAX_MESH_DIMS:
+            raise SchemaError(
+                "bad_identity", f"identity.mesh has {len(mesh)} entries (max {MAX_MESH_DIMS})"
+            )
+        for dim, coord in mesh.items():
+            _check_name("identity.mesh key", dim, empty=False, reason="bad_identity")
+            _check_int(f"identity.mesh.{dim}", coord, -1, reason="bad_identity")
+    extra = [k for k in ident if k not in HELLO_REQUIRED and k not in HELLO_OPTIONAL]
+    if extra:
+        # Readers copy the identity map whole: a field this schema does not name could
+        # hold anything. A newer collector's extra fields are dropped, not refused.
+        for k in extra:
+            del ident[k]
+    if ident["rank"] != header_rank:
+        raise SchemaError(
+            "bad_hello", f"identity rank {ident['rank']} != header rank {header_rank}"
+        )
+    if not 0 <= ident["rank"] < ident["world_size"]:
+        raise SchemaError(
+            "bad_hello", f"rank {ident['rank']} outside world size {ident['world_size']}"
+        )
+    lws = ident.get("local_world_size")
+    if lws is not None and not 0 <= ident["local_rank"] < lws:
+        raise SchemaError(
+            "bad_hello", f"local rank {ident['local_rank']} outside local world size {lws}"
+        )
+
+
 def _decode_table(name: str, raw: Any) -> dict[str, np.ndarray]:
     spec = TABLES.get(name)
     if spec is None:
@@ -432,11 +523,17 @@ def _decode_table(name: str, raw: Any) -> dict[str, np.ndarray]:
 def decode(data: bytes) -> Message:
     """Decode and validate one message.
 
-    Checks: size bound, msgpack, schema version, kind, header types, table shapes and, for
-    ``hello``, the identity fields. A column of ``OPTIONAL_COLUMNS`` that is absent reads
-    as unknown; unknown columns are ignored. Semantic checks that need hub state (known
-    rank, world size) and the range of the host columns are the hub's job
-    (``hub.validate``).
+    Checks: size bound, msgpack, schema version, kind, header types and ranges (rank and
+    incarnation in ``0..INT32_MAX``, job and run names of 1..``MAX_NAME_CHARS``), table
+    shapes and, for ``hello``, every identity field: its type, and its range as a reader
+    holds it (ints in int32, -1 for unknown where a field may be unknown; names of at most
+    ``MAX_NAME_CHARS``; ``mesh`` a map of at most ``MAX_MESH_DIMS`` int coordinates), the
+    manifest a map with string keys and ``t_start_ns`` within ``0..MAX_TIME_NS``. Identity
+    fields this schema does not name are dropped (readers copy the identity map whole).
+    Group ids and names, and user phase names, are checked the same way. A column of
+    ``OPTIONAL_COLUMNS`` that is absent reads as unknown; unknown columns are ignored.
+    Semantic checks that need hub state or its limits (known rank, world size, incarnation
+    steps, manifest size, the values in the columns) are the hub's job (``hub.validate``).
 
     Args:
         data: raw message bytes.
@@ -469,6 +566,10 @@ def decode(data: bytes) -> Message:
         _check_type(key, obj[key], typ)
     if obj["rank"] < 0:
         raise SchemaError("bad_header", f"rank {obj['rank']} < 0")
+    _check_int("rank", obj["rank"], 0, reason="bad_header")
+    _check_int("inc", obj["inc"], 0, reason="bad_header")
+    _check_name("job", obj["job"], empty=False, reason="bad_header")
+    _check_name("run", obj["run"], empty=False, reason="bad_header")
     tables: dict[str, dict[str, np.ndarray]] = {}
     raw_tables = obj.pop("tables", None)
     if kind in ("steps", "samples"):
@@ -484,24 +585,19 @@ def decode(data: bytes) -> Message:
         ident = obj.get("identity")
         if not isinstance(ident, dict):
             raise SchemaError("bad_hello", "hello without an identity map")
-        for key, typ in HELLO_REQUIRED.items():
-            if key not in ident:
-                raise SchemaError("bad_hello", f"identity misses {key!r}")
-            _check_type(f"identity.{key}", ident[key], typ)
-        for key, typ in HELLO_OPTIONAL.items():
-            if ident.get(key) is not None:
-                _check_type(f"identity.{key}", ident[key], typ)
-        if ident["rank"] != obj["rank"]:
-            raise SchemaError(
-                "bad_hello", f"identity rank {ident['rank']} != header rank {obj['rank']}"
-            )
-        if not 0 <= ident["rank"] < ident["world_size"]:
-            raise SchemaError(
-                "bad_hello", f"rank {ident['rank']} outside world size {ident['world_size']}"
-            )
+        _check_identity(ident, obj["rank"])
         scope = obj.get("scope", "full")
         if scope not in SCOPES:
             raise SchemaError("bad_hello", f"unknown scope {scope!r}")
+        _check_optional_name("parent_run", obj.get("parent_run"), reason="bad_hello")
+        started = obj.get("t_start_ns")
+        if started is not None:
+            _check_int("t_start_ns", started, 0, MAX_TIME_NS, reason="bad_time")
+        manifest = obj.get("manifest")
+        if manifest is not None and (
+            not isinstance(manifest, dict) or not all(isinstance(k, str) for k in manifest)
+        ):
+            raise SchemaError("bad_hello", "manifest must be a map with string keys")
     if kind == "groups":
         groups = obj.get("groups")
         if not isinstance(groups, list):
@@ -513,4 +609,18 @@ def decode(data: bytes) -> Message:
                 or not isinstance(g.get("ranks"), list)
             ):
                 raise SchemaError("bad_groups", "each group needs int 'id' and list 'ranks'")
+            _check_int("group id", g["id"], 0, reason="bad_groups")
+            for key in ("name", "backend", "desc"):
+                _check_optional_name(f"group {g['id']} {key}", g.get(key), reason="bad_groups")
+    if kind == "steps":
+        names = obj.get("phase_names")
+        if names is not None:
+            if not isinstance(names, list) or len(names) > MAX_PHASE_NAMES:
+                raise SchemaError(
+                    "bad_phase", f"phase_names must be a list of at most {MAX_PHASE_NAMES} names"
+                )
+            for name in names:
+                _check_name("phase name", name, empty=False, reason="bad_phase")
+    if "batch" in obj and obj["batch"] is not None:
+        _check_type("batch", obj["batch"], int)
     return Message(kind=kind, header=obj, tables=tables, nbytes=len(data))
