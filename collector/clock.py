@@ -19,6 +19,7 @@ from collections.abc import Callable
 import msgpack
 import zmq
 
+from rankscope.collector.security import ClientCurve
 from rankscope.collector.sender import check_endpoint
 
 CLOCK_VERSION = 1
@@ -84,6 +85,7 @@ class ClockSync:
         resync_s: float = RESYNC_S,
         timeout_s: float = PING_TIMEOUT_S,
         window_s: float = WINDOW_S,
+        curve: ClientCurve | None = None,
     ) -> None:
         """Connect to the hub's clock address (connecting never waits for the hub).
 
@@ -95,6 +97,8 @@ class ClockSync:
             resync_s: seconds between periodic re-syncs.
             timeout_s: seconds before an unanswered ping is abandoned.
             window_s: how old a sample may be and still be used.
+            curve: the client's CURVE keys and the hub's public key, or None for plain
+                ZeroMQ (a hub that refuses the handshake leaves the fallback in use).
         """
         self._now = now
         self.offset_ns = time.time_ns() - now()
@@ -121,6 +125,8 @@ class ClockSync:
             sock.setsockopt(zmq.IMMEDIATE, 1)
             sock.setsockopt(zmq.RECONNECT_IVL, 100)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+            if curve is not None:
+                curve.apply(sock)
             sock.connect(check_endpoint(endpoint))
             self.socket = sock
 

@@ -30,6 +30,7 @@ from rankscope.collector.identity import Identity
 from rankscope.collector.pump import FLAG_PENDING, Pump
 from rankscope.collector.ring import Ring
 from rankscope.collector.sampling import Sampler
+from rankscope.collector.security import ClientCurve
 from rankscope.collector.spans import CollectiveSpan, PhaseSpan, StepSpan
 
 log = logging.getLogger("rankscope")
@@ -108,6 +109,7 @@ class Monitor:
         enabled: bool = True,
         ddp_buckets: str = "auto",
         ddp_sample_every: int = DDP_SAMPLE_EVERY,
+        curve: ClientCurve | None = None,
     ) -> None:
         """Build a monitor; ``start()`` launches its threads (``rankscope.start`` does both).
 
@@ -127,6 +129,7 @@ class Monitor:
             ddp_buckets: how DDP gradient buckets are timed, one of ``DDP_BUCKET_MODES``.
             ddp_sample_every: with ``ddp_buckets="sampled"``, record the buckets of the
                 steps whose number is a multiple of this.
+            curve: CURVE keys for the connection to the hub, or None for plain ZeroMQ.
 
         Raises:
             ValueError: on a ``ddp_buckets`` or ``ddp_sample_every`` it cannot use.
@@ -188,7 +191,12 @@ class Monitor:
         self._sampler: Sampler | None = None
         self._sample_interval_s = sample_interval_s
         self.pump = Pump(
-            self, hub, hwm=hwm, flush_interval_s=flush_interval_s, clock_sync=clock_sync
+            self,
+            hub,
+            hwm=hwm,
+            flush_interval_s=flush_interval_s,
+            clock_sync=clock_sync,
+            curve=curve,
         )
         if enabled:
             self.register_group(

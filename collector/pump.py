@@ -28,6 +28,7 @@ import zmq
 from rankscope.collector import nvml, schema
 from rankscope.collector.clock import ClockSync, clock_endpoint
 from rankscope.collector.manifest import build_manifest
+from rankscope.collector.security import ClientCurve
 from rankscope.collector.sender import Sender
 
 if TYPE_CHECKING:
@@ -115,9 +116,11 @@ class Pump:
         flush_interval_s: float,
         clock_sync: bool,
         now: Callable[[], int] = time.monotonic_ns,
+        curve: ClientCurve | None = None,
     ) -> None:
         self.mon = monitor
         self.endpoint = endpoint
+        self.curve = curve
         self.hwm = hwm
         self.flush_ns = max(1, int(flush_interval_s * 1e9))
         self.idle_ns = IDLE_FLUSHES * self.flush_ns
@@ -237,9 +240,13 @@ class Pump:
         try:
             # A private context: a job that forks or terminates the shared one cannot stall us.
             self._ctx = zmq.Context()
-            self.sender = Sender(self.endpoint, self.hwm, context=self._ctx, linger_ms=1000)
+            self.sender = Sender(
+                self.endpoint, self.hwm, context=self._ctx, linger_ms=1000, curve=self.curve
+            )
             if self._clock_ep is not None:
-                self.clock = ClockSync(self._clock_ep, context=self._ctx, now=self._now)
+                self.clock = ClockSync(
+                    self._clock_ep, context=self._ctx, now=self._now, curve=self.curve
+                )
         except Exception as exc:
             mon._error("sockets", exc)
             self._closed.set()

@@ -4,6 +4,11 @@ Explicit arguments are checked strictly (a typo in code is a bug to show at once
 values read from the environment are untrusted and fall back with a warning. A rank whose
 identity cannot be determined gets an inert monitor and a warning: it trains unobserved
 rather than reporting under a wrong rank.
+
+The connection to the hub uses CURVE when this process finds keys (``RANKSCOPE_KEYS``,
+``RANKSCOPE_CLIENT_KEY``, else ``~/.config/rankscope/keys``; `rankscope.collector.security`)
+and plain ZeroMQ otherwise. Keys never stop a rank from training: unusable ones are reported
+once, and a hub that refuses this rank's handshake simply receives nothing from it.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from rankscope.collector.clock import clock_endpoint
 from rankscope.collector.identity import Identity, IdentityError, resolve_identity
 from rankscope.collector.identity import parse_label as _parse_label
 from rankscope.collector.monitor import DDP_BUCKET_MODES, DDP_SAMPLE_EVERY, Monitor
+from rankscope.collector.security import client_curve_from_env
 from rankscope.collector.sender import DEFAULT_HWM, check_endpoint
 
 log = logging.getLogger("rankscope")
@@ -156,7 +162,8 @@ def start(
             torch process group's store, else fresh).
         scope: one of ``full``, ``two-node``, ``one-node``, ``one-rank``, ``custom``
             (``RANKSCOPE_SCOPE``, else ``full``).
-        hub: hub data address (``RANKSCOPE_HUB``, else ``tcp://127.0.0.1:5555``).
+        hub: hub data address (``RANKSCOPE_HUB``, else ``tcp://127.0.0.1:5555``); the
+            connection uses the CURVE keys the environment names (module docstring).
         job_config: model, global batch, micro batch, sequence length, precision,
             checkpoint policy, quality target... (sent in the manifest).
         parent_run: the run this one is a reduced rerun of (``RANKSCOPE_PARENT_RUN``).
@@ -305,6 +312,7 @@ def start(
             enabled=enabled,
             ddp_buckets=ddp_buckets,
             ddp_sample_every=ddp_sample_every,
+            curve=client_curve_from_env(env) if enabled else None,
         )
         if warned:
             mon._errors["bad_env"] = len(warned)

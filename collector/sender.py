@@ -8,15 +8,27 @@ starts late or restarts on the same address receives data again without any acti
 Producers that may wait (the simulator replaying a cluster faster than real time) pass
 ``timeout_ms`` to ``send``: it waits for room up to that long and counts a drop only when
 the wait runs out. The collector inside a training job never does.
+
+Given a `ClientCurve`, the socket is a CURVE client of the hub. A hub that refuses the
+handshake (it requires CURVE and this sender has no keys, or it does not authorise this
+sender's key) receives nothing: messages queue up to the high-water mark and are then
+dropped and counted, exactly as when the hub is unreachable, and ``read_events`` logs one
+warning that says why. ZeroMQ soon stops retrying a hub that refused the handshake: the
+sender stays disconnected until its process starts again with the right keys.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
+
+from rankscope.collector.security import ClientCurve
+
+log = logging.getLogger("rankscope")
 
 DEFAULT_HWM = 1000
 """Messages queued per connection before new ones are dropped (a few MB of step batches)."""
@@ -30,6 +42,42 @@ RECONNECT_IVL_MAX_MS = 1000
 
 CANCEL_CHECK_MS = 50
 """While waiting for room, how often a ``cancel`` event is looked at."""
+
+HANDSHAKE_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+"""Monitor events of a connection the hub refused at the security handshake."""
+
+
+def handshake_advice(endpoint: str, event: int, curve: ClientCurve | None) -> str:
+    """Why a hub refused this client's handshake, and what to do, in one line.
+
+    Args:
+        endpoint: the hub's address.
+        event: the ZeroMQ monitor event (one of ``HANDSHAKE_FAILED``).
+        curve: the client's keys, or None when it speaks plain ZeroMQ.
+
+    Returns:
+        The warning text.
+    """
+    head = f"the hub at {endpoint} refused the connection handshake; nothing reaches it"
+    if curve is None:
+        return (
+            f"{head}: it requires CURVE keys and this process has none (give it hub.key and "
+            "client.key_secret from `rankscope keys` in $RANKSCOPE_KEYS or "
+            "~/.config/rankscope/keys)"
+        )
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return (
+            f"{head}: it does not authorise this client's key from {curve.source} (put its "
+            ".key file in the hub's authorized_clients/ and restart the hub)"
+        )
+    return (
+        f"{head}: it speaks plain ZeroMQ or holds another hub key than {curve.source}/hub.key "
+        "(RANKSCOPE_KEYS=none speaks plain ZeroMQ)"
+    )
 
 
 def check_endpoint(endpoint: str) -> str:
@@ -75,6 +123,9 @@ class Sender:
         connected: after ``watch``: True while connected to the hub, False after the
             connection was lost, None before the first connection.
         reconnects: connections made after a lost one (the hub restarted or came back).
+        handshake_failures: connection attempts the hub refused at the security handshake
+            (seen after ``watch``).
+        curve: the CURVE keys in use, or None for plain ZeroMQ.
     """
 
     def __init__(
@@ -84,6 +135,7 @@ class Sender:
         *,
         context: zmq.Context | None = None,
         linger_ms: int = LINGER_MS,
+        curve: ClientCurve | None = None,
     ) -> None:
         """Connect a PUSH socket; connecting succeeds even when nothing listens yet.
 
@@ -93,6 +145,8 @@ class Sender:
             context: ZeroMQ context; the process-wide shared one by default, so that many
                 senders (a simulated cluster) share one I/O thread.
             linger_ms: how long ``close`` waits to flush pending messages.
+            curve: the client's CURVE keys and the hub's public key, or None for plain
+                ZeroMQ.
 
         Raises:
             ValueError: on a malformed endpoint or a non-positive ``hwm``.
@@ -107,6 +161,8 @@ class Sender:
         self.waited = 0
         self.connected: bool | None = None
         self.reconnects = 0
+        self.handshake_failures = 0
+        self.curve = curve
         self._poller: zmq.Poller | None = None
         self._monitor: zmq.Socket | None = None
         self._ctx = context or zmq.Context.instance()
@@ -118,6 +174,8 @@ class Sender:
         # Keep IMMEDIATE off: messages queue (up to the HWM) while the hub is not there yet,
         # so a hub started seconds after the job still gets each rank's hello.
         sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+        if curve is not None:
+            curve.apply(sock)
         try:
             sock.connect(self.endpoint)
         except zmq.ZMQError as exc:
@@ -199,7 +257,7 @@ class Sender:
         if self._monitor is None and self._sock is not None:
             try:
                 self._monitor = self._sock.get_monitor_socket(
-                    zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+                    zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED
                 )
             except zmq.ZMQError:
                 self._monitor = None
@@ -229,6 +287,10 @@ class Sender:
                 self.connected = True
             elif event == zmq.EVENT_DISCONNECTED:
                 self.connected = False
+            elif event & HANDSHAKE_FAILED:
+                self.handshake_failures += 1
+                if self.handshake_failures == 1:
+                    log.warning("rankscope: %s", handshake_advice(self.endpoint, event, self.curve))
         return back
 
     @property

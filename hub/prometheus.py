@@ -280,8 +280,9 @@ def store_source(store: Any, last: int = 100) -> WindowSource:
 def parse_listen(spec: str | int) -> tuple[str, int]:
     """Parse ``PORT`` or ``ADDR:PORT`` for the endpoint.
 
-    A bare port listens on every interface, as Prometheus exporters do, so a scraper on
-    another host can reach it.
+    A bare port listens on loopback only, so metrics of a job are not published to the
+    network by accident; ``0.0.0.0:PORT`` (or an interface's address) serves a scraper on
+    another host.
 
     Args:
         spec: ``9100``, ``"9100"``, ``"127.0.0.1:9100"`` or ``"[::1]:9100"``.
@@ -294,7 +295,7 @@ def parse_listen(spec: str | int) -> tuple[str, int]:
     """
     text = str(spec).strip()
     addr, _, port_text = text.rpartition(":")
-    addr = addr.strip("[]") or "0.0.0.0"
+    addr = addr.strip("[]") or "127.0.0.1"
     try:
         port = int(port_text)
     except ValueError:
@@ -313,7 +314,7 @@ class PrometheusEndpoint:
         addr: interface to bind.
     """
 
-    def __init__(self, source: WindowSource, port: int, addr: str = "0.0.0.0") -> None:
+    def __init__(self, source: WindowSource, port: int, addr: str = "127.0.0.1") -> None:
         self.registry, self.collector = make_registry(source)
         self.addr = addr
         self.port = port

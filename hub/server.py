@@ -11,6 +11,12 @@ Sockets (ARCHITECTURE §2, §5):
   replies never queue behind data.
 
 Binding port 0 picks a free port for data whose successor is also free for the clock.
+
+With a `HubSecurity` (``security=``), both sockets are CURVE servers and a ZAP handler in
+the hub's context accepts only the authorised clients' keys (`rankscope.hub.security`); a
+client that fails the handshake delivers nothing and the hub goes on. Without one (the
+default) they speak plain ZeroMQ: whether that is allowed on an address is the commands'
+decision (`hub_security`), not this class's.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from rankscope.hub import allocator
 from rankscope.hub.intake import Intake
 from rankscope.hub.recording import ReadReport, RecordingWriter, segments
 from rankscope.hub.replay import load
+from rankscope.hub.security import HubSecurity
 from rankscope.hub.store import Store
 
 log = logging.getLogger("rankscope.hub")
@@ -88,6 +95,7 @@ class Hub:
         rcvhwm: int = 10_000,
         resume: bool = True,
         keep_freed_memory: bool = True,
+        security: HubSecurity | None = None,
     ) -> None:
         """Configure (nothing is bound until `start`).
 
@@ -107,8 +115,12 @@ class Hub:
             keep_freed_memory: on `start`, let the process keep freed heap memory for
                 reuse (`hub.allocator`; a process-wide glibc setting): the matching pass
                 then stops faulting its temporaries in from the kernel on every pass.
+            security: CURVE keys for the data and clock sockets (`hub_security` chooses
+                them), or None for plain ZeroMQ.
         """
         self.bind = bind
+        self.security = security
+        self._auth: Any = None
         self.transport, self.host, self.port = parse_bind(bind)
         self.record_dir = record_dir
         self.store = store if store is not None else Store()
@@ -150,6 +162,8 @@ class Hub:
                 self.resumed_frames = report.frames
             self._ctx = zmq.Context()
             try:
+                if self.security is not None:
+                    self._auth = self.security.start_authenticator(self._ctx)
                 self._bind()
                 if self.record_dir is not None:
                     self.recorder = RecordingWriter(
@@ -174,7 +188,12 @@ class Hub:
                 )
             for t in self._threads:
                 t.start()
-            log.info("hub listening on %s (clock %s)", self.endpoint, self.clock_endpoint)
+            log.info(
+                "hub listening on %s (clock %s, %s)",
+                self.endpoint,
+                self.clock_endpoint,
+                "CURVE" if self.security is not None else "plain",
+            )
             return self
 
     def _new_data_socket(self) -> zmq.Socket:
@@ -183,6 +202,8 @@ class Hub:
         s.setsockopt(zmq.MAXMSGSIZE, schema.MAX_MESSAGE_BYTES)
         s.setsockopt(zmq.RCVHWM, self.rcvhwm)
         s.setsockopt(zmq.LINGER, 0)
+        if self.security is not None:
+            self.security.apply(s)
         return s
 
     def _bind(self) -> None:
@@ -208,6 +229,8 @@ class Hub:
                 ) from None
             clock = self._ctx.socket(zmq.ROUTER)
             clock.setsockopt(zmq.LINGER, 0)
+            if self.security is not None:
+                self.security.apply(clock)
             try:
                 clock.bind(f"tcp://{self.host}:{port + 1}")
             except zmq.ZMQError as exc:
@@ -259,6 +282,9 @@ class Hub:
             if s is not None:
                 s.close(0)
         self._data = self._clock = None
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None

@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "watch": "watch",
     "open": "open_",
     "hub": "hub",
+    "keys": "keys",
     "run": "run",
     "inspect": "inspect",
     "diagnose": "diagnose",

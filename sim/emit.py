@@ -23,6 +23,7 @@ from typing import Any
 import zmq
 
 from rankscope.collector import schema
+from rankscope.collector.security import ClientCurve
 from rankscope.collector.sender import Sender
 from rankscope.sim.engine import Cluster
 from rankscope.sim.spec import Scenario
@@ -230,6 +231,7 @@ def run(
     on_step: Callable[[StepTables], None] | None = None,
     argv: list[str] | None = None,
     stop_linger_s: float = 0.0,
+    curve: ClientCurve | None = None,
 ) -> RunInfo:
     """Simulate a job and stream it to a hub through the real collector path.
 
@@ -255,6 +257,9 @@ def run(
         stop_linger_s: once ``stop`` is set, how long what is still queued may take to
             leave (0: given up at once; the demo's quit key waits a little so what the
             run counts as sent reaches its hub).
+        curve: CURVE keys for a hub that requires them
+            (`rankscope.collector.security.client_curve_from_env`), or None for plain
+            ZeroMQ.
 
     Returns:
         What was sent.
@@ -280,7 +285,7 @@ def run(
     try:
         for _ in range(senders):
             # One at a time: a sender built before a later one fails is still closed below.
-            socks.append(Sender(endpoint, hwm, context=ctx))
+            socks.append(Sender(endpoint, hwm, context=ctx, curve=curve))
         emit = Emitter(socks, send_timeout_s, stop)
         streams = RankStreams(
             cluster,

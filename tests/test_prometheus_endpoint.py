@@ -110,7 +110,12 @@ def test_store_source_reads_the_latest_window_of_every_run() -> None:
 
 @pytest.mark.parametrize(
     ("spec", "want"),
-    [("9100", ("0.0.0.0", 9100)), (9100, ("0.0.0.0", 9100)), ("127.0.0.1:0", ("127.0.0.1", 0))],
+    [
+        ("9100", ("127.0.0.1", 9100)),
+        (9100, ("127.0.0.1", 9100)),
+        ("0.0.0.0:9100", ("0.0.0.0", 9100)),
+        ("127.0.0.1:0", ("127.0.0.1", 0)),
+    ],
 )
 def test_parse_listen(spec, want) -> None:
     assert parse_listen(spec) == want

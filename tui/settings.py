@@ -123,8 +123,9 @@ class StateSettings:
 class HubSettings:
     """The hub that ``rankscope watch`` starts in-process."""
 
-    bind: str = "tcp://*:5555"
-    """ZeroMQ address the collectors push to."""
+    bind: str = "tcp://127.0.0.1:5555"
+    """ZeroMQ address the collectors push to (loopback; ``tcp://*:5555`` for every
+    interface needs keys, ``rankscope keys``, or ``rankscope watch --insecure``)."""
     record_dir: str = ""
     """Folder to record into; empty records nothing."""
 

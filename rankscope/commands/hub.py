@@ -1,5 +1,9 @@
 """``rankscope hub``: run the hub alone, next to the job; viewers attach with
-``rankscope open DIR`` to the recording it writes."""
+``rankscope open DIR`` to the recording it writes.
+
+It listens on loopback unless ``--bind`` says otherwise. Beyond loopback it needs keys
+(``rankscope keys``; then CURVE authenticates and encrypts every connection) or
+``--insecure``: `rankscope.hub.security` has the rules."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from typing import Any
 
 import zmq
 
+from rankscope.commands.keys import add_transport_options, hub_security_of
 from rankscope.errors import CommandError
 from rankscope.hub.recording import RecordingError
 from rankscope.hub.server import Hub
@@ -22,10 +27,11 @@ HELP = "Receive, validate, store and record what the collectors send (until Ctrl
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--bind",
-        default="tcp://*:5555",
-        help="data address tcp://HOST:PORT (clock on PORT+1; port 0 picks one) "
-        "[default: %(default)s]",
+        default="tcp://127.0.0.1:5555",
+        help="data address tcp://HOST:PORT (clock on PORT+1; port 0 picks one; tcp://*:PORT "
+        "for every interface, which needs keys or --insecure) [default: %(default)s]",
     )
+    add_transport_options(p)
     p.add_argument("--record", metavar="DIR", default=None, help="write the recording here")
     p.add_argument(
         "--status-every",
@@ -76,7 +82,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--prometheus",
         metavar="[ADDR:]PORT",
         default=None,
-        help="also serve Prometheus metrics of the live store",
+        help="also serve Prometheus metrics of the live store (a bare PORT listens on "
+        "127.0.0.1; 0.0.0.0:PORT for a scraper on another host)",
     )
 
 
@@ -117,6 +124,7 @@ def status_line(health: dict[str, Any], store: Store) -> str:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    security = hub_security_of(args, args.bind)
     try:
         hub = Hub(
             args.bind,
@@ -128,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
                 idle_s=args.idle,
             ),
             resume=not args.no_resume,
+            security=security,
         )
         hub.start()
     except (ValueError, RecordingError, zmq.ZMQError) as exc:
@@ -151,8 +160,9 @@ def run(args: argparse.Namespace) -> int:
     }
     where = f", recording to {args.record}" if args.record else ""
     resumed = f" (resumed {hub.resumed_frames} messages)" if hub.resumed_frames else ""
+    mode = "CURVE" if security is not None else "plain"
     print(
-        f"rankscope hub on {hub.endpoint} (clock {hub.clock_endpoint}){where}{resumed}",
+        f"rankscope hub on {hub.endpoint} (clock {hub.clock_endpoint}, {mode}){where}{resumed}",
         flush=True,
     )
     try:

@@ -5,6 +5,10 @@
 Puts a generated ``sitecustomize.py`` first on ``PYTHONPATH`` (any existing one still
 runs), sets the ``RANKSCOPE_*`` environment and replaces itself with the command. Every
 rank starts its collector when it initialises its process group.
+
+The collectors use CURVE when they find keys (``--keys DIR``, which sets ``RANKSCOPE_KEYS``
+for every rank, else ``$RANKSCOPE_KEYS`` or ``~/.config/rankscope/keys``; see
+``rankscope keys``).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import re
 import shlex
 import shutil
 import sys
+from pathlib import Path
 
 from rankscope.collector import schema
 from rankscope.collector.monitor import DDP_BUCKET_MODES, DDP_SAMPLE_EVERY
@@ -31,6 +36,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--hub",
         default=None,
         help="hub address tcp://HOST:PORT (default: $RANKSCOPE_HUB or tcp://127.0.0.1:5555)",
+    )
+    parser.add_argument(
+        "--keys",
+        metavar="DIR",
+        default=None,
+        help="keys directory holding hub.key and client.key_secret (`rankscope keys`); sets "
+        "RANKSCOPE_KEYS (default: $RANKSCOPE_KEYS, else ~/.config/rankscope/keys when there)",
     )
     parser.add_argument("--job", default=None, help="job name (default: the script name)")
     parser.add_argument(
@@ -87,6 +99,18 @@ def _multi_node(command: list[str]) -> bool:
     return False
 
 
+def _keys_dir(arg: str) -> str:
+    """``--keys DIR`` as an absolute path, once the client's keys are known to be there."""
+    from rankscope.collector.security import KeyFileError, load_client_curve
+
+    path = os.path.abspath(os.path.expanduser(arg))
+    try:
+        load_client_curve(Path(path))
+    except KeyFileError as exc:
+        raise CommandError(f"--keys {arg}: {exc} (make keys with `rankscope keys`)") from None
+    return path
+
+
 def build_env(args: argparse.Namespace, base: dict[str, str], site_dir: str) -> dict[str, str]:
     """The environment the command runs in.
 
@@ -109,6 +133,8 @@ def build_env(args: argparse.Namespace, base: dict[str, str], site_dir: str) -> 
     except ValueError as exc:
         raise CommandError(f"--hub: {exc}") from None
     env["RANKSCOPE_HUB"] = hub
+    if args.keys:
+        env["RANKSCOPE_KEYS"] = _keys_dir(args.keys)
     job = _check(args.job, "--job")
     if job:
         env["RANKSCOPE_JOB"] = job

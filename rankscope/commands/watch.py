@@ -4,6 +4,9 @@ The simple case over SSH: start it on a machine the ranks can reach, point the c
 at the address it prints, and watch. Quitting the view stops the hub (the recording, when
 asked for, stays on disk). For a hub that outlives the view, run ``rankscope hub --record
 DIR`` and attach any number of ``rankscope open DIR`` viewers.
+
+The hub listens on loopback by default; beyond loopback it needs keys (``rankscope keys``,
+then CURVE) or ``--insecure``, as ``rankscope hub`` does (`rankscope.hub.security`).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import argparse
 import sys
 
 from rankscope.commands.grammar import add_run
+from rankscope.commands.keys import add_transport_options, hub_security_of
 from rankscope.errors import CommandError
 
 HELP = "Hub + live TUI in one process (collectors push to --bind)"
@@ -22,8 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--bind",
         default=None,
         help="data address the collectors push to (default: [hub] bind in the settings, "
-        "tcp://*:5555)",
+        "tcp://127.0.0.1:5555; tcp://*:PORT for every interface needs keys or --insecure)",
     )
+    add_transport_options(p)
     p.add_argument(
         "--record",
         metavar="DIR",
@@ -50,8 +55,9 @@ def run(args: argparse.Namespace) -> int:
         )
     bind = args.bind or settings.hub.bind
     record = args.record or settings.hub.record_dir or None
+    security = hub_security_of(args, bind)
     try:
-        hub = Hub(bind, record_dir=record)
+        hub = Hub(bind, record_dir=record, security=security)
         hub.start()
     except (ValueError, RecordingError, zmq.ZMQError) as exc:
         raise CommandError(f"cannot start the hub on {bind}: {exc}") from None
