@@ -12,7 +12,7 @@ import time
 from rankscope.collector import schema
 from rankscope.hub.recording import RecordingWriter
 from rankscope.hub.store import Store
-from rankscope.hub.validate import Reject, check
+from rankscope.hub.validate import REPLAY_LIMITS, Limits, Reject, check
 
 log = logging.getLogger("rankscope.hub")
 
@@ -39,17 +39,20 @@ class RejectLog:
 
 
 class Intake:
-    """Feeds raw messages into a `Store` (and a recording, when given)."""
+    """Feeds raw messages into a `Store` (and a recording, when given), within ``limits``
+    (`hub.validate.Limits`; a replay's by default: no window around the hub's clock)."""
 
     def __init__(
         self,
         store: Store,
         recorder: RecordingWriter | None = None,
         reject_log: RejectLog | None = None,
+        limits: Limits = REPLAY_LIMITS,
     ) -> None:
         self.store = store
         self.recorder = recorder
         self.reject_log = reject_log or RejectLog()
+        self.limits = limits
 
     def _reject(self, reason: str, detail: str, n: int = 1) -> None:
         self.store.count_reject(reason, n)
@@ -60,18 +63,26 @@ class Intake:
 
         Args:
             data: the raw message.
-            t_recv_ns: receive time for the recording (now when None).
+            t_recv_ns: receive time (now when None): for the recording, and the hub's
+                clock its times and the identity rule are checked against.
 
         Returns:
             True when (some of) the message was accepted.
         """
+        if len(data) > self.limits.max_message_bytes:
+            self._reject(
+                "too_large",
+                f"{len(data)} bytes > Limits.max_message_bytes {self.limits.max_message_bytes}",
+            )
+            return False
         try:
             msg = schema.decode(data)
         except schema.SchemaError as exc:
             self._reject(exc.reason, exc.detail)
             return False
+        now = time.time_ns() if t_recv_ns is None else t_recv_ns
         try:
-            verdict = check(msg, self.store)
+            verdict = check(msg, self.store, now, self.limits)
         except Reject as exc:
             self._reject(exc.reason, exc.detail)
             return False
@@ -88,11 +99,11 @@ class Intake:
             return False
         if self.recorder is not None:
             try:
-                self.recorder.append(data, time.time_ns() if t_recv_ns is None else t_recv_ns)
+                self.recorder.append(data, now)
             except Exception as exc:  # a full disk must not stop the live view
                 self._reject("record_error", repr(exc))
         try:
-            self.store.ingest(msg, verdict.keep_steps)
+            self.store.ingest(msg, verdict.keep_steps, now)
         except Exception as exc:
             self._reject("internal_error", f"ingesting {msg.kind}: {exc!r}")
             return False

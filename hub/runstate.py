@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from rankscope.collector import schema
@@ -115,9 +116,21 @@ class RunState:
         self.scope = "full"
         self.parent_run: str | None = None
         self.identities: dict[int, dict[str, Any]] = {}
-        self.manifests: dict[int, dict[str, Any]] = {}
+        self.manifests: dict[int, bytes] = {}
+        """Rank -> its manifest, msgpack-packed (the store's identity budget counts it)."""
         self.started_ns: dict[int, int | None] = {}
         self.incarnation = np.full(R, -1, np.int64)
+        self.heard_ns = np.full(R, -1, np.int64)
+        """Hub clock (receive time) of each rank's latest accepted message; -1 never."""
+        self.newest_step = np.full(R, -1, np.int64)
+        """Each rank's newest reported step; -1 none yet."""
+        self.stepped_ns = np.full(R, -1, np.int64)
+        """Hub clock of each rank's latest steps message (the store's lag hold)."""
+        self.identity_bytes = 0
+        """Packed bytes of the identities and distinct manifests held (`Store` budget)."""
+        self._manifest_pool: dict[bytes, list[Any]] = {}
+        """Packed manifest -> [the one copy ranks share, ranks holding it]."""
+        self._manifest_cache: tuple[int, dict[str, Any]] | None = None
         self.groups: dict[int, dict[str, Any]] = {}
         self.phase_names: list[str] = []
         self.stats: dict[int, dict[str, Any]] = {}
@@ -177,13 +190,35 @@ class RunState:
 
     # -- identity ---------------------------------------------------------------------
 
+    def identity_cost(self, rank: int, ident: Mapping[str, Any], packed: bytes) -> int:
+        """Bytes the identity budget would hold more after this rank's hello (may be < 0)."""
+        old = self.identities.get(rank)
+        cost = len(msgpack.packb(dict(ident), use_bin_type=True))
+        if old is not None:
+            cost -= len(msgpack.packb(old, use_bin_type=True))
+        if packed not in self._manifest_pool:
+            cost += len(packed)
+        return cost
+
     def hello(self, h: Mapping[str, Any]) -> None:
         self._info = None
         ident = h["identity"]
         rank, inc = int(ident["rank"]), int(h["inc"])
         self.incarnation[rank] = max(inc, int(self.incarnation[rank]))
+        packed = msgpack.packb(dict(h.get("manifest") or {}), use_bin_type=True)
+        self.identity_bytes += self.identity_cost(rank, ident, packed)
         self.identities[rank] = dict(ident)
-        self.manifests[rank] = dict(h.get("manifest") or {})
+        entry = self._manifest_pool.setdefault(packed, [packed, 0])
+        entry[1] += 1
+        old = self.manifests.get(rank)
+        self.manifests[rank] = entry[0]
+        if old is not None:
+            held = self._manifest_pool[old]
+            held[1] -= 1
+            if held[1] == 0:  # no rank holds it any more
+                del self._manifest_pool[old]
+                self.identity_bytes -= len(old)
+        self._manifest_cache = None
         self.started_ns[rank] = h.get("t_start_ns")
         if isinstance(h.get("t_start_ns"), int):  # running since its start, before any step
             self.last_ns = max(self.last_ns, int(h["t_start_ns"]))
@@ -206,7 +241,10 @@ class RunState:
         """Rank 0's manifest, or the lowest rank's when rank 0 has not said hello."""
         if not self.manifests:
             return {}
-        return self.manifests.get(0, self.manifests[min(self.manifests)])
+        rank = 0 if 0 in self.manifests else min(self.manifests)
+        if self._manifest_cache is None or self._manifest_cache[0] != rank:
+            self._manifest_cache = (rank, msgpack.unpackb(self.manifests[rank], raw=False))
+        return self._manifest_cache[1]
 
     def set_groups(self, groups: list[dict[str, Any]]) -> None:
         self._info = None
@@ -484,6 +522,8 @@ class RunState:
                 self._staged_one.append((r, slot, [st[name].item(0) for name in _STEP_VALUES]))
                 self.max_step = step if self.max_step is None else max(self.max_step, step)
                 self.first_step = step if self.first_step is None else min(self.first_step, step)
+                if step > self.newest_step[r]:
+                    self.newest_step[r] = step
         elif ids.shape[0]:
             slots = self._alloc(ids)
             ok = slots >= 0
@@ -504,6 +544,8 @@ class RunState:
                 )
                 self.max_step = top if self.max_step is None else max(self.max_step, top)
                 self.first_step = low if self.first_step is None else min(self.first_step, low)
+                if top > self.newest_step[r]:
+                    self.newest_step[r] = top
         ph = tables.get("phases")
         if ph is not None and ph["step"].shape[0]:
             sel = ~np.isin(ph["step"], dropped) if dropped is not None else None

@@ -46,6 +46,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from rankscope.collector import schema
@@ -66,9 +67,16 @@ from rankscope.hub.ringbudget import RingClaim, plan
 from rankscope.hub.runstate import RunState, RunSummary
 
 MIN_RING_STEPS = 16
+"""Fewest steps a ring holds, whatever the world size and the budget."""
 WATCH_S = 30.0
 """How long a `Store.watch` keeps a run planned as active after the viewer's last read."""
-"""Fewest steps a ring holds, whatever the world size and the budget."""
+LAG_HOLD_S = 60.0
+"""A rank whose steps lag the run's newest by more than ``stale_steps`` holds its
+instances open while it was heard from within this many seconds (on the hub's receive
+clock): a sender flushing a backlog then completes them, where closing them at
+``stale_steps`` would count complete steps as incomplete twice (the others' rows, then
+its own). A rank that sends no steps (silent, or hung and sending only stats) holds nothing: its
+instances close as before."""
 
 _INSTANCE_FIELDS = tuple(InstanceTable.__dataclass_fields__)
 
@@ -172,21 +180,98 @@ class Store:
         """The state of one run (for validation), or None."""
         return self._runs.get(run)
 
+    def floor_cells_of(self, world: int) -> int:
+        """Cells a run of ``world`` ranks keeps whatever the others need (its floor)."""
+        want = min(self.history_steps, max(MIN_RING_STEPS, self.max_cells // world))
+        return world * min(want, max(MIN_RING_STEPS, self.floor_cells // world))
+
+    def admit(
+        self, job: str, world: int, max_runs: int, max_runs_per_job: int
+    ) -> tuple[str, str] | None:
+        """Whether a new run may be created: None, or ``(reason, detail)`` of a reject.
+
+        The budget covers every run's floor: a run is admitted only while the floors of all
+        runs, its own included, fit ``max_cells``.
+        """
+        with self._lock:
+            floor = self.floor_cells_of(world)
+            if world * MIN_RING_STEPS > self.max_cells:
+                return (
+                    "world_too_large",
+                    f"identity.world_size = {world}: {MIN_RING_STEPS} steps need "
+                    f"{world * MIN_RING_STEPS} cells > the store's max_cells {self.max_cells}",
+                )
+            if len(self._runs) >= max_runs:
+                return ("too_many_runs", f"the store holds {len(self._runs)} runs (max {max_runs})")
+            of_job = sum(1 for r in self._runs.values() if r.job == job)
+            if of_job >= max_runs_per_job:
+                return (
+                    "too_many_runs",
+                    f"job {job!r} has {of_job} runs (max {max_runs_per_job} per job)",
+                )
+            held = sum(self.floor_cells_of(r.world_size) for r in self._runs.values())
+            if held + floor > self.max_cells:
+                return (
+                    "store_full",
+                    f"a run of {world} ranks needs {floor} floor cells; the other runs' "
+                    f"floors hold {held} of max_cells {self.max_cells}",
+                )
+            return None
+
+    def admit_identity(
+        self,
+        run: str,
+        rank: int,
+        identity: Mapping[str, Any],
+        manifest: Mapping[str, Any],
+        max_bytes: int,
+    ) -> tuple[str, str] | None:
+        """Whether a hello's identity and manifest fit the store's identity budget
+        (``max_bytes`` packed, over all runs): None, or ``(reason, detail)``."""
+        with self._lock:
+            packed = msgpack.packb(dict(manifest), use_bin_type=True)
+            r = self._runs.get(run)
+            if r is not None:
+                cost = r.identity_cost(rank, identity, packed)
+            else:
+                cost = len(msgpack.packb(dict(identity), use_bin_type=True)) + len(packed)
+            held = self.identity_bytes()
+            if cost > 0 and held + cost > max_bytes:
+                return (
+                    "store_full",
+                    f"identity and manifest of rank {rank} ({cost} bytes) beyond the "
+                    f"identity budget: {held} of {max_bytes} bytes held",
+                )
+            return None
+
+    def identity_bytes(self) -> int:
+        """Packed bytes of every run's identities and distinct manifests."""
+        with self._lock:
+            return sum(r.identity_bytes for r in self._runs.values())
+
     def count_reject(self, reason: str, n: int = 1) -> None:
         with self._lock:
             rejects = self._counters["rejects"]
             rejects[reason] = rejects.get(reason, 0) + n
 
-    def ingest(self, msg: schema.Message, keep_steps: np.ndarray | None = None) -> None:
+    def ingest(
+        self,
+        msg: schema.Message,
+        keep_steps: np.ndarray | None = None,
+        t_recv_ns: int | None = None,
+    ) -> None:
         """Apply one validated message.
 
         Args:
             msg: decoded message that passed `hub.validate.check`.
             keep_steps: for ``steps`` messages, the mask of step rows to keep (duplicates
                 removed); rows of the other steps in the phase and collective tables go too.
+            t_recv_ns: the hub's receive time (now when None): when the rank was last
+                heard from (the identity rule, the lag hold).
         """
         with self._lock:
             h = msg.header
+            heard = time.time_ns() if t_recv_ns is None else int(t_recv_ns)
             self._counters["messages"] += 1
             self._counters["bytes"] += msg.nbytes
             if msg.kind == "hello":
@@ -199,9 +284,12 @@ class Store:
                     run = RunState(h["job"], h["run"], world, history, self.raw_steps)
                     self._runs[h["run"]] = run
                 run.hello(h)
+                run.heard_ns[h["rank"]] = heard
                 return
             run = self._runs[h["run"]]
+            run.heard_ns[h["rank"]] = heard
             if msg.kind == "steps":  # nearly every message
+                run.stepped_ns[h["rank"]] = heard
                 late, events = run.add_steps(h, msg.tables, keep_steps)
                 self._counters["late_steps"] += late
                 self._counters["events"] += events
@@ -312,7 +400,22 @@ class Store:
             return {rid: r.ring_nbytes() for rid, r in self._runs.items()}
 
     def _settle_run(self, run: RunState) -> None:
-        settle(run, self.stale_steps)
+        settle(run, self._stale_steps(run))
+
+    def _stale_steps(self, run: RunState) -> int:
+        """``stale_steps``, widened while a rank that is still heard from lags behind (see
+        `LAG_HOLD_S`): instances stay open above the newest step of such a rank."""
+        if run.max_step is None:
+            return self.stale_steps
+        newest = run.newest_step
+        lagging = (newest >= 0) & (newest < run.max_step - self.stale_steps)
+        if not lagging.any():
+            return self.stale_steps
+        now = int(run.heard_ns.max())
+        alive = lagging & (run.stepped_ns >= now - int(LAG_HOLD_S * 1e9))
+        if not alive.any():
+            return self.stale_steps
+        return max(self.stale_steps, run.max_step - int(newest[alive].min()))
 
     # -- reading --------------------------------------------------------------------------
 

@@ -18,19 +18,132 @@ repeated. Each failure is a `Reject` with a stable ``reason`` tag the hub counts
 ``bad_host_value``      (counted per value by the store when it writes the step, the
                         message is kept) a host or MoE column value that cannot be: see
                         ``hub.runstate.host_value_bounds``.
+``bad_incarnation``     a hello whose incarnation exceeds the rank's latest (or, for a rank
+                        new to a run, the run's latest) by more than
+                        ``Limits.max_incarnation_step``
+``identity_conflict``   a hello that changes a live rank's identity (host or pid) or raises
+                        its incarnation while the rank was heard from within
+                        ``Limits.identity_quiet_s`` (see below)
+``world_too_large``     a hello claiming more ranks than ``Limits.max_world_size``, or than
+                        the store's cell budget can give its 16-step floor
+``too_many_runs``       a hello for a new run beyond ``Limits.max_runs`` runs in the store,
+                        or ``Limits.max_runs_per_job`` runs of its job
+``store_full``          a new run whose ring floor no longer fits the store's cell budget
+                        beside every other run's floor, or a hello whose identity and
+                        manifest no longer fit ``Limits.max_identity_bytes``
+``too_large``           a message over ``Limits.max_message_bytes`` (also decode's cap), or
+                        a manifest over ``Limits.max_manifest_bytes`` (packed)
+``bad_time``            also: a time outside ``0..schema.MAX_TIME_NS`` or outside the
+                        window of ``Limits.time_window_s`` around the hub's clock (the
+                        receive time), a collective leaving before it entered, a device end
+                        before its start, a step, span or collective longer than
+                        ``Limits.max_duration_s``
+``bad_op``              a collective ``op`` code outside ``schema.OPS`` (-1: unknown)
+``bad_nbytes``          a collective byte count below -1 (-1: unknown)
+``bad_step``            a negative step id, or a collective ``seq`` or ``step`` below -1
+``bad_group``           a collective row whose group id is negative
+
+``decode`` (``collector.schema``) counts its own reasons: ``bad_msgpack``, ``bad_version``,
+``bad_kind``, ``bad_header``, ``bad_type``, ``bad_table``, ``bad_size``, ``bad_hello``,
+``bad_identity``, ``bad_groups``, ``bad_phase``, ``bad_time``, ``too_large``. Every reject's
+detail names the field and the value.
+
+Identity rule (no per-rank credentials yet; CURVE authentication is separate): a hello for
+a rank the run knows may repeat its identity (collectors resend hello every 30 s and after
+a reconnect) or update its other fields (mesh, rail, manifest). It may change the rank's
+host or pid, or raise its incarnation, only once the rank has been silent (no message of
+any kind) for ``identity_quiet_s`` on the hub's receive clock: a restarted process is
+silent from its crash, a live one sends stats every 5 s. A restart faster than that is
+heard at its next hello (at most 30 s later). Replays use the recorded receive times, so
+they decide the same.
 
 Out-of-order steps are fine: the store places each step in its slot.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
+import msgpack
 import numpy as np
 
 from rankscope.collector import schema
 from rankscope.hub.runstate import RunState
 from rankscope.hub.store import Store
+
+DEFAULT_TIME_WINDOW_S = 86_400.0
+"""The live hub's window around its clock (one day either side): a collector aligns its
+clock to the hub's, so a time further off is a broken or hostile sender."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the hub accepts whatever a sender claims; every limit hit is a counted reject.
+
+    The defaults bound a hub's memory to its store's cell budget plus a fixed overhead
+    (``benchmarks/bench_hostile.py`` measures it under hostile senders).
+    """
+
+    max_message_bytes: int = schema.MAX_MESSAGE_BYTES
+    """Largest message (``too_large``). ZeroMQ resets a connection that sends more than
+    ``schema.MAX_MESSAGE_BYTES`` (a ``disconnects`` count); below that, this is counted."""
+    max_world_size: int = 131_072
+    """Most ranks a run may claim (``world_too_large``): twice the 65,536-rank target."""
+    max_runs: int = 256
+    """Most runs the store holds (``too_many_runs``)."""
+    max_runs_per_job: int = 64
+    """Most runs of one job (``too_many_runs``): a job's full run and its reruns."""
+    max_manifest_bytes: int = 256 * 1024
+    """Largest manifest, msgpack-packed (``too_large``)."""
+    max_identity_bytes: int = 64 * 1024 * 1024
+    """Bound on the identities and manifests the store holds over all runs, packed
+    (``store_full``); identical manifests of one run count once."""
+    max_incarnation_step: int = 8
+    """Most a hello may raise a rank's incarnation (``bad_incarnation``)."""
+    identity_quiet_s: float = 15.0
+    """Silence after which a hello may change a rank's identity (``identity_conflict``)."""
+    time_window_s: float | None = None
+    """Times must lie within this many seconds of the hub's clock (the receive time);
+    None: only ``0..schema.MAX_TIME_NS``. The live hub uses `DEFAULT_TIME_WINDOW_S`; a
+    replay checks nothing more than the clock-free bounds, since the hub that recorded
+    checked the window against its own clock (and imported or synthetic streams carry
+    times of their own)."""
+    max_duration_s: float = 7 * 86_400.0
+    """Longest step, phase span or collective (``bad_time``)."""
+    max_clock_frame_bytes: int = 256
+    """Largest clock ping frame (``clock_bad`` in the transport counters)."""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_message_bytes",
+            "max_world_size",
+            "max_runs",
+            "max_runs_per_job",
+            "max_manifest_bytes",
+            "max_identity_bytes",
+            "max_clock_frame_bytes",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Limits.{name} must be ≥ 1, got {getattr(self, name)}")
+        if self.max_incarnation_step < 0 or self.identity_quiet_s < 0:
+            raise ValueError("Limits.max_incarnation_step and identity_quiet_s must be ≥ 0")
+        if self.max_duration_s <= 0 or (self.time_window_s is not None and self.time_window_s <= 0):
+            raise ValueError("Limits.max_duration_s and time_window_s must be > 0")
+
+    def time_bounds(self, now_ns: int | None) -> tuple[int, int]:
+        """``(lo, hi)``: the times a message may hold when the hub's clock reads ``now_ns``."""
+        if self.time_window_s is None or now_ns is None:
+            return 0, schema.MAX_TIME_NS
+        w = int(self.time_window_s * 1e9)
+        return max(0, now_ns - w), min(schema.MAX_TIME_NS, now_ns + w)
+
+
+LIVE_LIMITS = Limits(time_window_s=DEFAULT_TIME_WINDOW_S)
+"""The live hub's limits by default."""
+REPLAY_LIMITS = Limits()
+"""The limits of a replay, and of an `Intake` made without any."""
 
 
 class Reject(Exception):
@@ -58,12 +171,20 @@ _ACCEPT = Verdict()
 """The verdict of a message kept whole (shared: it is frozen)."""
 
 
-def check(msg: schema.Message, store: Store) -> Verdict:
-    """Validate ``msg`` against the store's state.
+def check(
+    msg: schema.Message,
+    store: Store,
+    now_ns: int | None = None,
+    limits: Limits = REPLAY_LIMITS,
+) -> Verdict:
+    """Validate ``msg`` against the store's state and the hub's limits.
 
     Args:
         msg: a message decoded by ``schema.decode``.
         store: the live store (read only here).
+        now_ns: the hub's clock at receipt (the recorded receive time in a replay): the
+            reference of the time window and of the identity rule; None when unknown.
+        limits: what the hub accepts.
 
     Returns:
         The `Verdict`.
@@ -74,25 +195,11 @@ def check(msg: schema.Message, store: Store) -> Verdict:
     h = msg.header
     run = store.run_state(h["run"])
     rank, inc = h["rank"], h["inc"]
+    if msg.nbytes > limits.max_message_bytes:
+        raise Reject("too_large", f"{msg.kind} of {msg.nbytes} bytes > {limits.max_message_bytes}")
     if msg.kind == "hello":
-        world = h["identity"]["world_size"]
-        if run is not None:
-            if run.job != h["job"]:
-                raise Reject(
-                    "run_mismatch", f"run {h['run']!r} belongs to job {run.job!r}, not {h['job']!r}"
-                )
-            if run.world_size != world:
-                raise Reject(
-                    "world_size_mismatch",
-                    f"rank {rank} says world size {world}, run {h['run']!r} has {run.world_size}",
-                )
-            if inc < run.incarnation[rank]:
-                latest = int(run.incarnation[rank])
-                raise Reject(
-                    "stale_incarnation",
-                    f"hello of rank {rank} incarnation {inc} after incarnation {latest}",
-                )
-        return Verdict()
+        _check_hello(msg, store, run, now_ns, limits)
+        return _ACCEPT
     if run is None:
         raise Reject(
             "unknown_rank",
@@ -118,30 +225,138 @@ def check(msg: schema.Message, store: Store) -> Verdict:
         )
     kind = msg.kind
     if kind == "steps":  # nearly every message
-        return _check_steps(msg, run)
+        return _check_steps(msg, run, now_ns, limits)
     if kind == "groups":
         for g in h["groups"]:
-            bad = [r for r in g["ranks"] if not isinstance(r, int) or not 0 <= r < run.world_size]
+            ranks = g["ranks"]
+            bad = [r for r in ranks if not isinstance(r, int) or not 0 <= r < run.world_size]
             if bad:
                 raise Reject(
                     "rank_out_of_range",
                     f"group {g['id']} lists ranks {bad[:5]} outside world size {run.world_size}",
                 )
-        return Verdict()
+            if len(set(ranks)) != len(ranks) or not ranks:
+                raise Reject("bad_groups", f"group {g['id']} lists a rank twice, or none")
+        return _ACCEPT
     if kind == "stats":
         if not isinstance(h.get("stats"), dict):
             raise Reject("bad_stats", "stats message without a stats map")
-        return Verdict()
+        return _ACCEPT
     if kind == "samples":
-        return Verdict()
-    return _check_steps(msg, run)
+        t = msg.tables["samples"]["t"]
+        if t.shape[0]:
+            lo, hi = limits.time_bounds(now_ns)
+            _in_bounds("samples.t", t, lo, hi, unknown=False)
+        return _ACCEPT
+    return _check_steps(msg, run, now_ns, limits)
 
 
-def _check_steps(msg: schema.Message, run: RunState) -> Verdict:
+_WHO = ("host", "pid")
+"""Identity fields that say which process a rank is (see the module's identity rule)."""
+
+
+def _packed_size(value: Any) -> int:
+    try:
+        return len(msgpack.packb(value, use_bin_type=True))
+    except Exception as exc:  # a value msgpack made cannot fail, but a caller's may
+        raise Reject("bad_hello", f"manifest cannot be packed: {exc!r}") from None
+
+
+def _check_hello(
+    msg: schema.Message,
+    store: Store,
+    run: RunState | None,
+    now_ns: int | None,
+    limits: Limits,
+) -> None:
+    h = msg.header
+    rank, inc = h["rank"], h["inc"]
+    ident = h["identity"]
+    world = ident["world_size"]
+    if world > limits.max_world_size:
+        raise Reject(
+            "world_too_large",
+            f"identity.world_size = {world} > Limits.max_world_size {limits.max_world_size}",
+        )
+    manifest = h.get("manifest") or {}
+    size = _packed_size(manifest)
+    if size > limits.max_manifest_bytes:
+        raise Reject(
+            "too_large",
+            f"manifest of rank {rank} is {size} bytes packed > {limits.max_manifest_bytes}",
+        )
+    started = h.get("t_start_ns")
+    if started is not None and now_ns is not None:
+        lo, hi = limits.time_bounds(now_ns)
+        if not lo <= started <= hi:
+            raise Reject("bad_time", f"t_start_ns = {started} outside {lo}..{hi}")
+    if run is None:
+        problem = store.admit(h["job"], world, limits.max_runs, limits.max_runs_per_job)
+        if problem is not None:
+            raise Reject(*problem)
+    else:
+        if run.job != h["job"]:
+            raise Reject(
+                "run_mismatch", f"run {h['run']!r} belongs to job {run.job!r}, not {h['job']!r}"
+            )
+        if run.world_size != world:
+            raise Reject(
+                "world_size_mismatch",
+                f"rank {rank} says world size {world}, run {h['run']!r} has {run.world_size}",
+            )
+        latest = int(run.incarnation[rank])
+        if inc < latest:
+            raise Reject(
+                "stale_incarnation",
+                f"hello of rank {rank} incarnation {inc} after incarnation {latest}",
+            )
+        top = latest if latest >= 0 else int(run.incarnation.max())
+        if top >= 0 and inc > top + limits.max_incarnation_step:
+            raise Reject(
+                "bad_incarnation",
+                f"hello of rank {rank} incarnation {inc} > {top} + "
+                f"Limits.max_incarnation_step {limits.max_incarnation_step}",
+            )
+        if latest >= 0:
+            old = run.identities.get(rank, {})
+            changed = [k for k in _WHO if old.get(k) != ident.get(k)]
+            if changed or inc > latest:
+                heard = int(run.heard_ns[rank])
+                quiet = int(limits.identity_quiet_s * 1e9)
+                if now_ns is not None and heard >= 0 and now_ns - heard < quiet:
+                    what = ", ".join(f"{k} {old.get(k)!r} -> {ident.get(k)!r}" for k in changed)
+                    raise Reject(
+                        "identity_conflict",
+                        f"hello of rank {rank} of run {h['run']!r} "
+                        f"({what or f'incarnation {latest} -> {inc}'}) while the rank was "
+                        f"heard {(now_ns - heard) / 1e9:.1f} s ago "
+                        f"(< Limits.identity_quiet_s {limits.identity_quiet_s})",
+                    )
+    problem = store.admit_identity(h["run"], rank, ident, manifest, limits.max_identity_bytes)
+    if problem is not None:
+        raise Reject(*problem)
+
+
+def _in_bounds(where: str, col: np.ndarray, lo: int, hi: int, *, unknown: bool) -> None:
+    """Reject when a time column holds a value outside ``lo..hi`` (``NO_TIME`` allowed
+    when ``unknown``)."""
+    top = int(col.max())
+    low = int(col.min())
+    if top > hi or (low < lo and not (unknown and low == schema.NO_TIME)):
+        if unknown:
+            known = col[col != schema.NO_TIME]
+            low = int(known.min()) if known.shape[0] else lo
+            if low >= lo and top <= hi:
+                return
+        bad = low if low < lo else top
+        raise Reject("bad_time", f"{where} holds {bad}, outside {lo}..{hi}")
+
+
+def _check_steps(msg: schema.Message, run: RunState, now_ns: int | None, limits: Limits) -> Verdict:
     h = msg.header
     names = h.get("phase_names") or []
-    if names and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
-        raise Reject("bad_phase", "phase_names must be a list of strings")
+    lo, hi = limits.time_bounds(now_ns)
+    span = int(limits.max_duration_s * 1e9)
     ph = msg.tables.get("phases")
     if ph is not None and ph["phase"].shape[0]:
         top = len(schema.PHASES) + len(names)
@@ -151,29 +366,54 @@ def _check_steps(msg: schema.Message, run: RunState) -> Verdict:
                 "bad_phase",
                 f"phase codes {int(code.min())}..{int(code.max())} outside 0..{top - 1}",
             )
-        if (
-            (ph["t1"] < ph["t0"]) & (ph["t0"] != schema.NO_TIME) & (ph["t1"] != schema.NO_TIME)
-        ).any():
-            raise Reject("bad_time", "a phase span ends before it starts")
+        t0, t1 = ph["t0"], ph["t1"]
+        both = np.concatenate((t0, t1))
+        _in_bounds("phases.t0/t1", both, lo, hi, unknown=True)
+        d = t1 - t0
+        if d.min() < 0 or d.max() > span:
+            known = (t0 != schema.NO_TIME) & (t1 != schema.NO_TIME)
+            if (d[known] < 0).any():
+                raise Reject("bad_time", "a phase span ends before it starts")
+            if (d[known] > span).any():
+                raise Reject("bad_time", f"a phase span lasts {int(d[known].max())} ns > {span}")
+        _check_step_ids("phases.step", ph["step"])
     co = msg.tables.get("colls")
     if co is not None and co["t_enter"].shape[0]:
-        t = co["t_enter"]
-        if t.min() <= schema.NO_TIME and (t == schema.NO_TIME).any():
-            n = int((t == schema.NO_TIME).sum())
-            raise Reject("bad_time", f"{n} collective rows without t_enter")
+        _check_colls(co, lo, hi, span)
     st = msg.tables["steps"]
     steps = st["step"]
     n = steps.shape[0]
     if n == 1:  # the usual message: one step, checked with Python scalars
-        t_end = int(st["t_end"][0])
-        if t_end < int(st["t_start"][0]) and t_end != schema.NO_TIME:
-            raise Reject("bad_time", "a step ends before it starts")
-        if not run.has_step(h["rank"], h["inc"], int(steps[0])):
+        t_start, t_end, step = int(st["t_start"][0]), int(st["t_end"][0]), int(steps[0])
+        for name, t in (("t_start", t_start), ("t_end", t_end)):
+            if t != schema.NO_TIME and not lo <= t <= hi:
+                raise Reject("bad_time", f"steps.{name} holds {t}, outside {lo}..{hi}")
+        if t_end != schema.NO_TIME and t_start != schema.NO_TIME:
+            if t_end < t_start:
+                raise Reject("bad_time", "a step ends before it starts")
+            if t_end - t_start > span:
+                raise Reject("bad_time", f"step {step} lasts {t_end - t_start} ns > {span}")
+        if step < 0:
+            raise Reject("bad_step", f"steps.step holds {step} < 0")
+        if not run.has_step(h["rank"], h["inc"], step):
             return _ACCEPT
         return Verdict(keep_steps=np.zeros(1, bool), duplicate_steps=1, empty=True)
-    # Hub-clock times are positive: NO_TIME (-1) can only fail the test as the end.
-    if ((st["t_end"] < st["t_start"]) & (st["t_end"] != schema.NO_TIME)).any():
-        raise Reject("bad_time", "a step ends before it starts")
+    if n:
+        _check_step_ids("steps.step", steps)
+        _in_bounds(
+            "steps.t_start/t_end",
+            np.concatenate((st["t_start"], st["t_end"])),
+            lo,
+            hi,
+            unknown=True,
+        )
+        d = st["t_end"] - st["t_start"]
+        if d.min() < 0 or d.max() > span:
+            known = (st["t_end"] != schema.NO_TIME) & (st["t_start"] != schema.NO_TIME)
+            if (d[known] < 0).any():
+                raise Reject("bad_time", "a step ends before it starts")
+            if (d[known] > span).any():
+                raise Reject("bad_time", f"a step lasts {int(d[known].max())} ns > {span}")
     keep = ~run.has_steps(h["rank"], h["inc"], steps)
     if n > 1:
         # Inside the message, the first row of a repeated step wins.
@@ -188,3 +428,54 @@ def _check_steps(msg: schema.Message, run: RunState) -> Verdict:
         duplicate_steps=dup,
         empty=dup > 0 and not keep.any(),
     )
+
+
+def _check_step_ids(where: str, steps: np.ndarray) -> None:
+    if steps.shape[0] and steps.min() < 0:
+        raise Reject("bad_step", f"{where} holds {int(steps.min())} < 0")
+
+
+_N_OPS = len(schema.OPS)
+
+
+def _check_colls(co: Mapping[str, np.ndarray], lo: int, hi: int, span: int) -> None:
+    """Values of a collective table a reader could not use: entry times unknown or out of
+    the window, exits before entries, device ends before starts, unknown ops, negative
+    byte counts, seqs or steps."""
+    t_enter, t_exit = co["t_enter"], co["t_exit"]
+    low = int(t_enter.min())
+    if low <= schema.NO_TIME and (t_enter == schema.NO_TIME).any():
+        n = int((t_enter == schema.NO_TIME).sum())
+        raise Reject("bad_time", f"{n} collective rows without t_enter")
+    _in_bounds("colls.t_enter", t_enter, lo, hi, unknown=False)
+    # An exit is unknown (NO_TIME) only on a row whose completion was never seen.
+    d = t_exit - t_enter
+    if d.min() < 0 or d.max() > span:
+        known = t_exit != schema.NO_TIME
+        if (d[known] < 0).any():
+            i = int(np.flatnonzero(known & (d < 0))[0])
+            raise Reject(
+                "bad_time",
+                f"collective row {i} leaves at {int(t_exit[i])} before it enters at "
+                f"{int(t_enter[i])}",
+            )
+        if (d[known] > span).any():
+            raise Reject("bad_time", f"a collective lasts {int(d[known].max())} ns > {span}")
+    dev_s, dev_e = co["t_start"], co["t_end"]
+    if int(dev_e.max()) != schema.NO_TIME or int(dev_s.max()) != schema.NO_TIME:
+        _in_bounds("colls.t_start", dev_s, lo, hi, unknown=True)
+        _in_bounds("colls.t_end", dev_e, lo, hi, unknown=True)
+        both = (dev_s != schema.NO_TIME) & (dev_e != schema.NO_TIME)
+        if (dev_e[both] < dev_s[both]).any():
+            raise Reject("bad_time", "a collective's device end is before its device start")
+    op = co["op"]  # -1: not known (readers take it as "other", the last name)
+    if int(op.max()) >= _N_OPS or int(op.min()) < -1:
+        bad = int(op[(op >= _N_OPS) | (op < -1)][0])
+        raise Reject("bad_op", f"colls.op holds {bad}, outside -1..{_N_OPS - 1}")
+    if int(co["nbytes"].min()) < -1:  # -1: not known, as every int column
+        raise Reject("bad_nbytes", f"colls.nbytes holds {int(co['nbytes'].min())} < -1")
+    for name in ("seq", "step"):  # -1: not known
+        if int(co[name].min()) < -1:
+            raise Reject("bad_step", f"colls.{name} holds {int(co[name].min())} < -1")
+    if int(co["group"].min()) < 0:
+        raise Reject("bad_group", f"colls.group holds {int(co['group'].min())} < 0")

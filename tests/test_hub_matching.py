@@ -98,9 +98,11 @@ def feed(head, body, order=None, settle_every: int = 0, **kw) -> Store:
     store = Store(raw_steps=100, **kw)
     intake = Intake(store)
     for m in head:
-        assert intake.feed(m)
+        assert intake.feed(m, 0)
+    # The receive clock advances 10 s a message: a rank that stops sending is silent for
+    # longer than the store's lag hold (`store.LAG_HOLD_S`) after a few more messages.
     for i, j in enumerate(order if order is not None else range(len(body))):
-        assert intake.feed(body[j])
+        assert intake.feed(body[j], (i + 1) * 10_000_000_000)
         if settle_every and i % settle_every == settle_every - 1:
             store.settle()  # partial steps: blocks wait, whole, for their other ranks
     return store

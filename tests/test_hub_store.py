@@ -1,5 +1,7 @@
 """The live store and the validation path, fed through `Intake` (no sockets)."""
 
+import time
+
 import msgpack
 import numpy as np
 import pytest
@@ -9,6 +11,7 @@ from rankscope.collector import schema
 from rankscope.diagnosis.arrivals import build_window
 from rankscope.hub.intake import Intake
 from rankscope.hub.store import Store
+from rankscope.hub.validate import Limits
 
 
 def fed(j, **kw) -> tuple[Store, Intake]:
@@ -177,11 +180,13 @@ def test_incomplete_instances_show_then_close_as_incomplete() -> None:
     j = job(world=3, steps=40, colls=1, slow=0, async_buckets=False)
     store = Store(stale_steps=5)
     intake = Intake(store)
-    for m in j.messages:
+    for i, m in enumerate(j.messages):
         d = schema.decode(m)
         if d.kind == "steps" and d.header["rank"] == 2 and d.tables["steps"]["step"][0] >= 30:
             continue  # rank 2 stops at step 30
-        intake.feed(m)
+        # The receive clock advances 10 s a message: rank 2 is soon silent for longer
+        # than the store's lag hold (`store.LAG_HOLD_S`).
+        intake.feed(m, (i + 1) * 10_000_000_000)
     w = store.window(j.run)
     inst = w.instances
     world = inst.group == 0
@@ -203,7 +208,9 @@ def test_restarted_rank_replaces_its_steps() -> None:
     assert intake.feed(steps_msg("r", 0, [1, 2]))
     # Data of incarnation 1 before its hello is unknown; after it, incarnation 0 is stale.
     assert not intake.feed(steps_msg("r", 0, [2], inc=1))
-    intake.feed(schema.hello_message(header("r", 0, inc=1), identity(0, 1)))
+    # The restarted process says hello once the old one has been silent for a while.
+    later = time.time_ns() + int(Limits().identity_quiet_s * 1e9) + 1
+    assert intake.feed(schema.hello_message(header("r", 0, inc=1), identity(0, 1)), later)
     assert not intake.feed(steps_msg("r", 0, [3], inc=0))
     st = schema.empty_table("steps", 1)
     st["step"][:] = 2
