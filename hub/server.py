@@ -38,6 +38,7 @@ from rankscope.hub.recording import ReadReport, RecordingWriter, segments
 from rankscope.hub.replay import load
 from rankscope.hub.security import HubSecurity
 from rankscope.hub.store import Store
+from rankscope.hub.validate import LIVE_LIMITS, Limits
 
 log = logging.getLogger("rankscope.hub")
 
@@ -96,6 +97,7 @@ class Hub:
         resume: bool = True,
         keep_freed_memory: bool = True,
         security: HubSecurity | None = None,
+        limits: Limits | None = None,
     ) -> None:
         """Configure (nothing is bound until `start`).
 
@@ -117,6 +119,9 @@ class Hub:
                 then stops faulting its temporaries in from the kernel on every pass.
             security: CURVE keys for the data and clock sockets (`hub_security` chooses
                 them), or None for plain ZeroMQ.
+            limits: what the hub accepts whatever a sender claims (`hub.validate.Limits`;
+                ``LIVE_LIMITS`` by default; a production hub adds a window around its
+                clock, ``Limits(time_window_s=DEFAULT_TIME_WINDOW_S)``).
         """
         self.bind = bind
         self.security = security
@@ -129,6 +134,7 @@ class Hub:
         self.rcvhwm = rcvhwm
         self.resume = resume
         self.keep_freed_memory = keep_freed_memory
+        self.limits = limits if limits is not None else LIVE_LIMITS
         self.resumed_frames = 0
         self.recorder: RecordingWriter | None = None
         self.intake: Intake | None = None
@@ -175,7 +181,7 @@ class Hub:
             except Exception:
                 self._close_sockets()
                 raise
-            self.intake = Intake(self.store, self.recorder)
+            self.intake = Intake(self.store, self.recorder, limits=self.limits)
             self._started = True
             self._threads = [
                 threading.Thread(target=self._recv_loop, name="rankscope-hub-data", daemon=True)
@@ -378,7 +384,9 @@ class Hub:
                     except zmq.Again:
                         break
                     t_hub = time.time_ns()
-                    reply = _clock_reply(frames[-1], t_hub)
+                    # A ping is a few bytes: a larger frame is refused before unpacking.
+                    big = len(frames) > 4 or len(frames[-1]) > self.limits.max_clock_frame_bytes
+                    reply = None if big else _clock_reply(frames[-1], t_hub)
                     if reply is None:
                         self.transport_stats["clock_bad"] += 1
                         continue

@@ -74,8 +74,10 @@ from rankscope.hub.runstate import RunState
 from rankscope.hub.store import Store
 
 DEFAULT_TIME_WINDOW_S = 86_400.0
-"""The live hub's window around its clock (one day either side): a collector aligns its
-clock to the hub's, so a time further off is a broken or hostile sender."""
+"""The window around its clock a hub should use where its senders are real collectors (one
+day either side): a collector aligns its clock to the hub's, so a time further off is a
+broken or hostile sender. Not the default (`Limits.time_window_s`): simulated, imported and
+test streams carry times of their own (2001, 2023, 2027...) into live hubs."""
 
 
 @dataclass(frozen=True)
@@ -105,11 +107,9 @@ class Limits:
     identity_quiet_s: float = 15.0
     """Silence after which a hello may change a rank's identity (``identity_conflict``)."""
     time_window_s: float | None = None
-    """Times must lie within this many seconds of the hub's clock (the receive time);
-    None: only ``0..schema.MAX_TIME_NS``. The live hub uses `DEFAULT_TIME_WINDOW_S`; a
-    replay checks nothing more than the clock-free bounds, since the hub that recorded
-    checked the window against its own clock (and imported or synthetic streams carry
-    times of their own)."""
+    """Times must lie within this many seconds of the hub's clock (the receive time; the
+    recorded one in a replay); None (the default): only ``0..schema.MAX_TIME_NS``, with
+    ``max_duration_s``. A production hub sets `DEFAULT_TIME_WINDOW_S`."""
     max_duration_s: float = 7 * 86_400.0
     """Longest step, phase span or collective (``bad_time``)."""
     max_clock_frame_bytes: int = 256
@@ -140,8 +140,8 @@ class Limits:
         return max(0, now_ns - w), min(schema.MAX_TIME_NS, now_ns + w)
 
 
-LIVE_LIMITS = Limits(time_window_s=DEFAULT_TIME_WINDOW_S)
-"""The live hub's limits by default."""
+LIVE_LIMITS = Limits()
+"""The limits of a `Hub` made without any."""
 REPLAY_LIMITS = Limits()
 """The limits of a replay, and of an `Intake` made without any."""
 
