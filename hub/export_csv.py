@@ -39,6 +39,7 @@ from rankscope.diagnosis.window import (
     Window,
 )
 from rankscope.hub.export_perfetto import instance_index
+from rankscope.sanitize import for_csv_cell
 
 RANK_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("rank", "", "global rank"),
@@ -98,6 +99,7 @@ RANK_STEP_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("times_last", "", "instances where the rank arrived last"),
     ("exposed_wait_ms", "ms", "arrival wait not hidden under compute"),
     ("exposed_transfer_ms", "ms", "post-arrival time not hidden under compute"),
+    ("overstay_ms", "ms", "exposed time in collectives after the first member had left them"),
 )
 
 INSTANCE_COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -156,9 +158,10 @@ class CsvSummary:
 
 
 def _text(values: list[str]) -> list[str]:
-    # RFC 4180 quoting, only where needed.
+    # Names come from telemetry: a cell a spreadsheet would read as a formula is made text
+    # (rankscope.sanitize.for_csv_cell), then RFC 4180 quoting, only where needed.
     out = []
-    for v in values:
+    for v in map(for_csv_cell, values):
         if any(c in v for c in ',"\n\r'):
             v = '"' + v.replace('"', '""') + '"'
         out.append(v)
@@ -219,7 +222,7 @@ def _names(codes: np.ndarray, names: tuple[str, ...]) -> list[str]:
 
 
 def _write(path: Path, columns: dict[str, list[str]]) -> int:
-    header = ",".join(columns)
+    header = ",".join(_text(list(columns)))  # phase names are telemetry too
     rows = zip(*columns.values())
     with path.open("w", encoding="utf-8", newline="") as fh:
         fh.write(header + "\n")

@@ -57,6 +57,7 @@ from rankscope.collector.schema import (
     PHASES,
 )
 from rankscope.diagnosis.window import Window
+from rankscope.sanitize import for_terminal
 from rankscope.version import __version__
 
 _FLAG_NAMES = (
@@ -313,7 +314,7 @@ def _collective_event(
     args: dict[str, Any] = {
         "op": op,
         "group": gid,
-        "group_name": ginfo.name if ginfo else f"g{gid}",
+        "group_name": for_terminal(ginfo.name) if ginfo else f"g{gid}",
         "seq": cols["seq"][c],
         "bytes": cols["bytes"][c],
         "step": cols["step"][c],
@@ -354,7 +355,7 @@ def build_trace(
         A JSON-ready dict ``{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}``.
     """
     n_ranks = window.world_size
-    hosts = list(window.ranks.hosts)
+    hosts = [for_terminal(h) for h in window.ranks.hosts]  # telemetry: shown by the UI
     host_of = np.asarray(window.ranks.host, dtype=np.int64).copy()
     if (host_of < 0).any():
         host_of[host_of < 0] = len(hosts)
@@ -444,7 +445,11 @@ def build_trace(
             assert phases is not None
             row = int(ph_idx[s])
             code = int(phases.phase[row])
-            name = phases.names[code] if 0 <= code < len(phases.names) else f"phase {code}"
+            name = (
+                for_terminal(phases.names[code])
+                if 0 <= code < len(phases.names)
+                else f"phase {code}"
+            )
             ev.update(name=name, cat="phase", args={"step": int(phases.step[row]), "rank": r})
         else:
             op, args, mark = _collective_event(window, cols, s, r)

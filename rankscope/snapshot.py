@@ -59,6 +59,7 @@ from typing import Any
 import numpy as np
 
 from rankscope.diagnosis.window import Window
+from rankscope.sanitize import for_filename
 from rankscope.snapshot_files import (
     SCHEMA,
     Bundle,
@@ -346,10 +347,6 @@ def take_snapshot(
     )
 
 
-def _safe(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "_.-" else "_" for c in text)[:80] or "run"
-
-
 def snapshot_from_source(
     folder: str | Path,
     source: Any,
@@ -392,7 +389,7 @@ def snapshot_from_source(
     recorder = getattr(hub, "recorder", None)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     return take_snapshot(
-        Path(folder) / f"snapshot-{_safe(run)}-{stamp}",
+        Path(folder) / f"snapshot-{for_filename(run)}-{stamp}",
         window,
         recording=recording,
         baseline=baseline,

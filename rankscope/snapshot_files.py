@@ -7,7 +7,6 @@ What the bundle holds and what ``snapshot.json`` means are documented in
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 import tarfile
@@ -17,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rankscope.sanitize import for_filename, xml_chars
 from rankscope.tui.settings import ViewSettings
 
 SCHEMA = "rankscope.snapshot/1"
@@ -90,7 +90,7 @@ class Bundle:
 
 
 def _safe_name(run: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", run)[:120] or "run"
+    return for_filename(run, max_len=120)
 
 
 def _png(svg: Path, png: Path) -> str | None:
@@ -180,7 +180,9 @@ def write_bundle(
         if callable(screen_svg):
             screen_svg = screen_svg(content)
         if screen_svg is not None:
-            (work / "screen.svg").write_text(screen_svg, encoding="utf-8")
+            # Names in the screen come from telemetry: a character XML 1.0 forbids (a
+            # control character in a host name) would make the whole file unreadable.
+            (work / "screen.svg").write_text(xml_chars(screen_svg), encoding="utf-8")
             files["svg"] = "screen.svg"
             why = _png(work / "screen.svg", work / "screen.png")
             if why is None:

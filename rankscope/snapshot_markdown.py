@@ -2,11 +2,32 @@
 
 Rendered from the ``snapshot.json`` content only, so the Markdown and the JSON never
 disagree. Times are shown in milliseconds.
+
+Most of the content comes from telemetry (run ids, host names, manifest fields and values,
+evidence that quotes them): every value is written through `rankscope.sanitize`, as text
+(`_md`) or inside a code span (`_code`), so a hostile name shows as its characters and
+never as HTML, an image, a link or a broken table.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from rankscope.sanitize import for_markdown, for_markdown_code
+
+
+class _Md(str):
+    """Markdown already made safe (a code span): written as it is."""
+
+
+def _md(v: Any) -> str:
+    return v if isinstance(v, _Md) else for_markdown("–" if v is None else v)
+
+
+def _code(v: Any, *, table: bool = False) -> _Md:
+    # In a GFM table an unescaped pipe ends the cell even inside a code span.
+    text = for_markdown_code(v)
+    return _Md(f"`{text.replace('|', chr(92) + '|') if table else text}`")
 
 
 def _ms(ns: Any, digits: int = 1) -> str:
@@ -14,8 +35,7 @@ def _ms(ns: Any, digits: int = 1) -> str:
 
 
 def _cell(v: Any) -> str:
-    text = "–" if v is None else str(v)
-    return text.replace("|", "\\|").replace("\n", " ")
+    return _md(v)
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
@@ -30,28 +50,28 @@ def _verdict_md(diag: dict[str, Any]) -> list[str]:
         return ["No verdict.", ""]
     top = hyps[0]
     where = ", ".join(
-        f"{k} {', '.join(map(str, top[k][:8]))}"
+        f"{k} {', '.join(_md(x) for x in top[k][:8])}"
         for k in ("ranks", "hosts", "rails", "groups")
         if top.get(k)
     )
     out = [
-        f"**{top['mechanism']}** — score {top['score']:.2f}"
+        f"**{_md(top['mechanism'])}** — score {top['score']:.2f}"
         + (f", {top['impact']:.0%} of the step" if top.get("impact") is not None else "")
         + (f" ({where})" if where else ""),
         "",
     ]
-    out += [f"- {e}" for e in top.get("evidence", [])]
-    out += [f"- caveat: {c}" for c in top.get("caveats", [])]
+    out += [f"- {_md(e)}" for e in top.get("evidence", [])]
+    out += [f"- caveat: {_md(c)}" for c in top.get("caveats", [])]
     nxt = top.get("next_experiment")
     if nxt:
         out += [
             "",
-            f"### Next experiment ({nxt.get('scope')})",
+            f"### Next experiment ({_md(nxt.get('scope'))})",
             "",
-            f"- **Change:** {nxt.get('change')}",
-            f"- **Predicted:** {nxt.get('metric')} goes {nxt.get('direction')}",
-            f"- **Supports it:** {nxt.get('supports')}",
-            f"- **Rejected if:** {nxt.get('rejects')}",
+            f"- **Change:** {_md(nxt.get('change'))}",
+            f"- **Predicted:** {_md(nxt.get('metric'))} goes {_md(nxt.get('direction'))}",
+            f"- **Supports it:** {_md(nxt.get('supports'))}",
+            f"- **Rejected if:** {_md(nxt.get('rejects'))}",
         ]
     if len(hyps) > 1:
         out += ["", "Other hypotheses:", ""]
@@ -76,8 +96,12 @@ def _what_if_md(diag: dict[str, Any]) -> list[str]:
     found = loc.get("finding") or {}
     suspect = found.get("suspect")
     if suspect:
-        cat = f"; its extra time goes to {suspect['category']}" if suspect.get("category") else ""
-        out = [f"**What-if:** {suspect['what_if']}{cat}.", ""]
+        cat = (
+            f"; its extra time goes to {_md(suspect['category'])}"
+            if suspect.get("category")
+            else ""
+        )
+        out = [f"**What-if:** {_md(suspect['what_if'])}{cat}.", ""]
     elif found.get("moving"):
         out = [
             f"**What-if:** step −{found['gain']:.1%} if each step's slowest rank behaved like "
@@ -122,15 +146,15 @@ def render_markdown(content: dict[str, Any]) -> str:
     diag = c.get("diagnosis") or {}
     win = c["window"]
     base = c.get("baseline")
-    lines = [f"# rankscope snapshot — {c['job']} / {c['run']}", ""]
+    lines = [f"# rankscope snapshot — {_md(c['job'])} / {_md(c['run'])}", ""]
     lines += [
-        f"- **When:** {c['created']}",
-        f"- **Job / run / scope:** {c['job']} / {c['run']} / {c['scope']}"
-        + (f" (rerun of {c['parent_run']})" if c.get("parent_run") else ""),
+        f"- **When:** {_md(c['created'])}",
+        f"- **Job / run / scope:** {_md(c['job'])} / {_md(c['run'])} / {_md(c['scope'])}"
+        + (f" (rerun of {_md(c['parent_run'])})" if c.get("parent_run") else ""),
         f"- **Ranks:** {c['world_size']} on {c['hosts']} hosts",
         f"- **Window:** steps {'–'.join(map(str, win['steps'])) or 'none'}"
         f" ({win['n_steps']} steps)",
-        f"- **Baseline:** {base['run'] + ' (' + base['scope'] + ')' if base else 'none'}",
+        f"- **Baseline:** {_md(base['run']) + ' (' + _md(base['scope']) + ')' if base else 'none'}",
         "",
     ]
     lines += ["## Verdict", "", *_what_if_md(diag), *_verdict_md(diag)]
@@ -160,7 +184,7 @@ def render_markdown(content: dict[str, Any]) -> str:
         ],
     )
     if dec.get("first_appears"):
-        lines += [f"The missing time first appears in **{dec['first_appears']}**.", ""]
+        lines += [f"The missing time first appears in **{_md(dec['first_appears'])}**.", ""]
     lines += ["## Last-arriving ranks", ""]
     crit = diag.get("critical_path", {})
     if c["last_arrivers"]:
@@ -196,7 +220,7 @@ def render_markdown(content: dict[str, Any]) -> str:
         kind = "stays on the same rank" if sr.get("stable") else "moves between ranks"
         lines += [
             f"The slowest rank {kind}: {sr.get('distinct')} distinct, most frequent "
-            f"rank {sr.get('modal_rank')}.",
+            f"rank {_md(sr.get('modal_rank'))}.",
             "",
         ]
     lines += ["## Pinned ranks", ""]
@@ -219,13 +243,16 @@ def render_markdown(content: dict[str, Any]) -> str:
     )
     man = c["manifest"]
     lines += ["## Manifest", ""]
-    lines += [f"- `{k}`: {v}" for k, v in man["highlights"].items()] + [""]
+    lines += [f"- {_code(k)}: {_md(v)}" for k, v in man["highlights"].items()] + [""]
     if base:
         lines += [f"Differences from the baseline ({len(man['diff'])}):", ""]
         lines += (
             _table(
                 ["field", "baseline", "current"],
-                [[f"`{d['field']}`", d["baseline"], d["current"]] for d in man["diff"][:40]],
+                [
+                    [_code(d["field"], table=True), d["baseline"], d["current"]]
+                    for d in man["diff"][:40]
+                ],
             )
             if man["diff"]
             else ["None.", ""]
@@ -247,7 +274,8 @@ def render_markdown(content: dict[str, Any]) -> str:
                 for r in lad["rungs"]
             ],
         )
-        lines += [f"First scope: **{lad.get('first_scope') or 'none'}** — {lad.get('meaning')}", ""]
+        first = _md(lad.get("first_scope") or "none")
+        lines += [f"First scope: **{first}** — {_md(lad.get('meaning'))}", ""]
     else:
         lines += ["No reduced-scope rerun yet.", ""]
     lines += ["## Experiments", ""]
@@ -273,12 +301,13 @@ def render_markdown(content: dict[str, Any]) -> str:
         "## Reopen",
         "",
         "```",
-        c.get("reopen") or "rankscope open DIR",
-        "rankscope report " + (c.get("reopen") or "DIR").split()[-1],
+        for_markdown_code(c.get("reopen") or "rankscope open DIR"),
+        "rankscope report " + for_markdown_code((c.get("reopen") or "DIR").split()[-1]),
         "```",
         "",
     ]
     files = c.get("files") or {}
     if files:
-        lines += ["Files: " + ", ".join(f"`{v}`" for k, v in files.items() if k != "png_note"), ""]
+        listed = ", ".join(_code(v) for k, v in files.items() if k != "png_note")
+        lines += ["Files: " + listed, ""]
     return "\n".join(lines)

@@ -24,6 +24,7 @@ from textual.reactive import reactive
 from textual.screen import ModalScreen
 
 from rankscope.diagnosis.window import Window
+from rankscope.sanitize import for_terminal
 from rankscope.tui.analysis import AnalysisView
 from rankscope.tui.clocks import Clocks
 from rankscope.tui.detail_screen import RankDetailScreen
@@ -242,7 +243,7 @@ class RankscopeApp(Clocks, App[int]):
         if shown is not None and self._shown_run not in (None, shown) and self.run_id is None:
             # Without --run the view follows the newest full run (reruns name their parent
             # and never take its place): a recording being read, or a job restarted.
-            self.notify(f"showing {shown}, the newest run", timeout=4)
+            self.notify(f"showing {for_terminal(shown)}, the newest run", timeout=4, markup=False)
         self._shown_run = shown or self._shown_run
         if message.detail is not None:
             self.detail = message.detail
@@ -334,7 +335,7 @@ class RankscopeApp(Clocks, App[int]):
         )
         note = self.saved_view_note()
         if note is not None:
-            self.notify(note, title="saved view", timeout=8)
+            self.notify(for_terminal(note), title="saved view", timeout=8, markup=False)
 
     def saved_view_note(self) -> str | None:
         """What of the job's saved view is still in effect, or None when nothing is (no
@@ -404,7 +405,9 @@ class RankscopeApp(Clocks, App[int]):
         try:
             save_view(self.settings.state_dir(), job, view)
         except OSError as exc:
-            self.notify(f"cannot save the view: {exc}", severity="warning")
+            self.notify(
+                for_terminal(f"cannot save the view: {exc}"), severity="warning", markup=False
+            )
 
     def _view_changed(self) -> None:
         self.rebuild()

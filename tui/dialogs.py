@@ -15,6 +15,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import Option
 
+from rankscope.sanitize import for_terminal
 from rankscope.tui.sources import RunEntry
 
 NO_BASELINE = ""
@@ -58,10 +59,10 @@ class BaselinePicker(ModalScreen[str | None]):
         options = [Option(Text("(no baseline)", style="italic"), id="\0none")]
         for r in self.runs:
             label = Text()
-            label.append(r.run, style="bold")
+            label.append(for_terminal(r.run), style="bold")
             label.append(f"  {r.job} · {r.scope} · {r.world_size} ranks · {r.steps} steps")
             if r.parent_run:
-                label.append(f" · rerun of {r.parent_run}", style="dim")
+                label.append(f" · rerun of {for_terminal(r.parent_run)}", style="dim")
             if r.run == self.baseline:
                 label.append("  (current baseline)", style="yellow")
             options.append(Option(label, id=r.run))

@@ -26,6 +26,7 @@ from rankscope.launch.experiments import (
     list_experiments,
     record_experiment,
 )
+from rankscope.sanitize import for_terminal
 from rankscope.tui.rerun_context import (
     RerunContext,
     load_windows,
@@ -228,7 +229,7 @@ class ExperimentScreen(ModalScreen[None]):
         records = list_experiments(self.context.record)
         for rec in records:
             label = f"{rec.id}  [{rec.status}]  {rec.hypothesis}: {rec.metric} {rec.direction}"
-            ol.add_option(Option(label, id=rec.id))
+            ol.add_option(Option(Text(for_terminal(label)), id=rec.id))  # no markup
         if not records:
             ol.add_option(
                 Option(

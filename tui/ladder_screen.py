@@ -20,6 +20,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from rankscope.launch.ladder import Ladder
+from rankscope.sanitize import for_terminal
 from rankscope.tui.dialogs import HELP_BINDING
 from rankscope.tui.rerun_context import RerunContext, load_windows, parent_of, session_of
 
@@ -97,12 +98,12 @@ class LadderScreen(Screen):
         status = self.query_one("#status", Static)
         if message.ladder is None:
             self.query_one("#table", Static).update(
-                Text(message.error or "no ladder", style="yellow")
+                Text(for_terminal(message.error or "no ladder"), style="yellow")
             )
             status.update(Text("r: refresh · esc: back"))
             return
         lad = message.ladder
-        self.query_one("#title", Static).update(Text(f"Ladder of {lad.parent_run}"))
+        self.query_one("#title", Static).update(Text(f"Ladder of {for_terminal(lad.parent_run)}"))
         self.show_ladder()
         running = session_of(self.app).active()
         note = f"{len(running)} rerun(s) still running · " if running else ""
@@ -117,7 +118,7 @@ class LadderScreen(Screen):
         table = self.query_one("#table", Static)
         width = table.content_size.width or LADDER_WIDTH
         rows = []
-        for line in ladder_text(self.ladder, width=width):
+        for line in map(for_terminal, ladder_text(self.ladder, width=width)):
             style = "bold" if line.startswith("first scope") else ""
             if " YES:" in line or line.endswith(" YES"):
                 style = "red"

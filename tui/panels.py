@@ -17,6 +17,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
+from rankscope.sanitize import for_markup, for_terminal
 from rankscope.tui.abbrev import Field, fit_fields, fit_words
 from rankscope.tui.analysis import AnalysisView
 from rankscope.tui.charts import sparkline, stacked_bar
@@ -109,7 +110,12 @@ def sync_table(
         table: a table whose columns were added with keys ``c0``, ``c1``...
         rows: ``(key, cells)`` in display order.
     """
-    wanted = {str(k): cells for k, cells in rows}
+    # A str cell is read as console markup by DataTable: cells hold host names from
+    # telemetry, so every str is escaped (a "[link=...]" host stays its name).
+    wanted = {
+        str(k): tuple(for_markup(c) if isinstance(c, str) else c for c in cells)
+        for k, cells in rows
+    }
     for row_key in list(table.rows):
         if row_key.value not in wanted:
             table.remove_row(row_key)
@@ -189,7 +195,7 @@ class HeaderBar(Static):
                 Field(live_text, sep=""),
                 Field(Text(f"step {header.step:,}", style="bold")),
                 Field(Text(header.job), priority=2),
-                Field(Text(f"{header.run} · {header.scope}")),
+                Field(Text(f"{for_terminal(header.run)} · {header.scope}")),
                 Field(Text(f"{header.world_size} rank{plural} on {hosts}"), priority=1),
                 Field(Text(extra, style="dim"), priority=3),
             ],
@@ -214,7 +220,7 @@ class HeaderBar(Static):
                 base.append(f"{change:+.0f}%", style="bold red" if worse else "green")
             fields.append(Field(base, priority=1))
             # The change matters more than the name (long for a simulated or dated run).
-            name = Text(f"({header.baseline_run})", style="dim")
+            name = Text(f"({for_terminal(header.baseline_run)})", style="dim")
             fields.append(Field(name, priority=3, sep=" "))
         elif s is not None:
             hint = "no baseline (b)" if other_runs else "no other run to compare"

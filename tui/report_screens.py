@@ -12,6 +12,7 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
+from rankscope.sanitize import for_terminal
 from rankscope.tui.analysis import AnalysisView
 from rankscope.tui.dialogs import HELP_BINDING
 from rankscope.tui.panels import fmt_ms, sync_table
@@ -75,7 +76,8 @@ class ReportScreen(Screen):
         rows, text = self.rows(analysis)
         sync_table(self.query_one(DataTable), rows)
         note.update(text)
-        self.query_one("#title", Static).update(Text(self.title_for(analysis), style="bold"))
+        title = for_terminal(self.title_for(analysis))  # it names runs
+        self.query_one("#title", Static).update(Text(title, style="bold"))
 
     def rows(self, analysis: AnalysisView) -> tuple[list, Text]:
         """``(key, cells)`` rows and the note for one analysis."""
@@ -174,8 +176,8 @@ class ManifestScreen(ReportScreen):
             return rows, Text(f"no baseline ({hint}): every field of this run is listed")
         rows = [(m.field, (m.field, m.baseline, m.current)) for m in analysis.manifest]
         if not rows:
-            return rows, Text(f"identical to {analysis.baseline_run}", style="green")
-        return rows, Text(f"{len(rows)} fields differ from {analysis.baseline_run}")
+            return rows, Text(f"identical to {for_terminal(analysis.baseline_run)}", style="green")
+        return rows, Text(f"{len(rows)} fields differ from {for_terminal(analysis.baseline_run)}")
 
 
 class StallScreen(ReportScreen):

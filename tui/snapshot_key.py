@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rankscope.sanitize import for_terminal
+
 
 def view_of(app: Any) -> Any:
     """The app's view choices as a snapshot's ``View``.
@@ -50,8 +52,10 @@ def write_snapshot(app: Any) -> None:
         try:
             bundle = snapshot_from_source(Path.cwd(), app.source, view, last=last, screen_svg=svg)
         except Exception as exc:  # a failed snapshot must not take the view down
-            app.call_from_thread(app.notify, f"snapshot failed: {exc}", severity="error")
+            why = for_terminal(f"snapshot failed: {exc}")
+            app.call_from_thread(app.notify, why, severity="error", markup=False)
             return
-        app.call_from_thread(app.notify, f"snapshot: {bundle.folder}", timeout=8)
+        where = for_terminal(f"snapshot: {bundle.folder}")
+        app.call_from_thread(app.notify, where, timeout=8, markup=False)
 
     app.run_worker(job, thread=True, group="snapshot", exclusive=True, exit_on_error=False)

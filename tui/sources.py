@@ -10,17 +10,24 @@ other than the one that created it.
   reading it as it grows, in its own thread (``rankscope open``); any number of viewers can
   follow the same file without touching the hub that writes it.
 - `StaticSource` serves fixed windows (tests, screenshots, a snapshot's saved window).
+
+Every string in a window comes from telemetry. `sample` and `baseline_window` are where the
+screens get their data, so they hand out only `rankscope.sanitize.clean_window` windows and
+clean run entries: no host, job, phase or manifest string with a terminal escape reaches a
+widget. Run ids stay as recorded (they are keys); widgets draw them through
+``sanitize.for_terminal`` / ``for_markup``.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from rankscope.diagnosis.window import Window
+from rankscope.sanitize import clean_window, for_terminal
 
 
 @dataclass(frozen=True)
@@ -114,7 +121,7 @@ def sample(source: Source, run: str | None, last: int, max_cells: int | None = N
         The sample.
     """
     try:
-        runs = tuple(source.runs())
+        runs = tuple(clean_entry(r) for r in source.runs())
         health = dict(source.health())
     except Exception as exc:  # a store mid-update must not kill the sampler
         return Sample((), run, None, {}, f"{type(exc).__name__}: {exc}")
@@ -128,7 +135,7 @@ def sample(source: Source, run: str | None, last: int, max_cells: int | None = N
         watch = getattr(source, "watch", None)
         if watch is not None:
             watch(run)  # the store keeps the shown run's history even once it finished
-        window = source.window(run, steps_within(last, world, max_cells))
+        window = clean_window(source.window(run, steps_within(last, world, max_cells)))
     except Exception as exc:
         return Sample(runs, run, None, health, f"{type(exc).__name__}: {exc}")
     return Sample(runs, run, window, health, "" if window is not None else "no steps yet")
@@ -170,7 +177,22 @@ def baseline_window(
     ):
         return previous
     world = entry.world_size if entry is not None else 0
-    return source.window(run, steps_within(last, world, max_cells))
+    return clean_window(source.window(run, steps_within(last, world, max_cells)))
+
+
+def clean_entry(entry: RunEntry) -> RunEntry:
+    """A run entry whose job and scope are safe to draw (the run ids are keys: kept).
+
+    Args:
+        entry: as the source gave it.
+
+    Returns:
+        The entry, cleaned with `rankscope.sanitize.for_terminal`.
+    """
+    job, scope = for_terminal(entry.job), for_terminal(entry.scope)
+    if job == entry.job and scope == entry.scope:
+        return entry
+    return replace(entry, job=job, scope=scope)
 
 
 def run_entry(summary: Any) -> RunEntry:
@@ -301,19 +323,18 @@ class RecordingSource(StoreSource):
 
     @property
     def live(self) -> bool:  # type: ignore[override]
-        """Following, and the recording may still grow: its ``meta.json`` does not say
-        that the last hub writing it has stopped. A finished recording is not live, so
-        the view does not call the end of its job a stall."""
+        """Following, and the recording may still grow: no hub session yet (one may be
+        starting), or a last session whose hub is still running (`session_liveness`: not
+        stopped, its process alive, its heartbeat fresh). A finished recording — or one
+        whose hub was killed — is not live, so the view does not call its end a stall."""
         if not self._follow:
             return False
         now = time.monotonic()
         if now - self._writer_checked >= WRITER_CHECK_S:
             self._writer_checked = now
-            from rankscope.hub.recording import read_meta
+            from rankscope.hub.recording import session_liveness
 
-            sessions = read_meta(self.path).get("sessions") or []
-            last = sessions[-1] if isinstance(sessions, list) and sessions else None
-            self._writer = not (isinstance(last, dict) and last.get("stopped_ns") is not None)
+            self._writer = session_liveness(self.path).state in ("none", "live")
         return self._writer
 
     def start(self) -> None:

@@ -24,6 +24,7 @@ from rankscope.commands.grammar import (
     recording_of,
 )
 from rankscope.errors import CommandError
+from rankscope.sanitize import terminal_text
 
 HELP = "Diagnose a recorded run: ranked hypotheses with evidence and the next experiment"
 DEFAULT_STEPS = 100
@@ -54,5 +55,5 @@ def run(args: argparse.Namespace) -> int:
         json.dump(to_dict(diag), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(render_text(diag))
+        sys.stdout.write(terminal_text(render_text(diag)))
     return 0

@@ -12,6 +12,7 @@ from typing import Any
 from rankscope.commands.grammar import add_run
 from rankscope.errors import CommandError
 from rankscope.hub.inspection import inspect_recording
+from rankscope.sanitize import terminal_text
 
 HELP = "Summarise a recording: runs, ranks, step times, last arrivers, drops, rejects"
 
@@ -93,5 +94,5 @@ def run(args: argparse.Namespace) -> int:
         json.dump(rep, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        print(format_text(rep))
+        print(terminal_text(format_text(rep)))
     return 0

@@ -17,6 +17,7 @@ from rankscope.commands.grammar import (
 )
 from rankscope.commands.rerun import DEFAULT_STEPS, pick_run
 from rankscope.errors import CommandError
+from rankscope.sanitize import terminal_text
 
 HELP = "Show a run and its reruns by scope, and the first scope where the regression appears"
 
@@ -69,5 +70,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(ladder_dict(ladder), indent=2, allow_nan=False))
     else:
-        print("\n".join(ladder_text(ladder)))
+        print(terminal_text("\n".join(ladder_text(ladder))))
     return 0

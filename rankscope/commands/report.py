@@ -2,6 +2,10 @@
 
 The same renderables draw the text screen (``screen.svg``) of a snapshot taken without the
 TUI, so the picture in a ticket is what ``report`` shows.
+
+A snapshot's strings come from telemetry (and the file may come from anyone): the content
+is cleaned with `rankscope.sanitize.clean_data` before it is drawn, and every value enters
+a table or a title as plain `Text` or escaped markup, never as console markup.
 """
 
 from __future__ import annotations
@@ -11,9 +15,12 @@ import io
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
+
+from rankscope.sanitize import clean_data
 
 HELP = "Render a snapshot bundle (folder or .tar.gz) in the terminal"
 
@@ -28,11 +35,13 @@ def _ms(ns: Any, digits: int = 1) -> str:
 
 
 def _table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
-    t = Table(title=title, title_justify="left", title_style="bold", expand=False)
+    # A str cell or title would be read as console markup: a host named "[link=...]" must
+    # stay a name, so cells are Text and the title is escaped.
+    t = Table(title=escape(title), title_justify="left", title_style="bold", expand=False)
     for i, c in enumerate(columns):
         t.add_column(c, justify="left" if i == 0 else "right", overflow="fold")
     for row in rows:
-        t.add_row(*("–" if v is None else str(v) for v in row))
+        t.add_row(*(Text("–" if v is None else str(v)) for v in row))
     return t
 
 
@@ -91,6 +100,7 @@ def renderables(c: dict[str, Any]) -> list[RenderableType]:
     Returns:
         Panels and tables.
     """
+    c = clean_data(c)
     diag = c.get("diagnosis") or {}
     out: list[RenderableType] = [_header(c), _verdict(diag)]
     dist = diag.get("distributions", {})
@@ -234,7 +244,7 @@ def render_svg(content: dict[str, Any], width: int = 120) -> str:
     """
     console = Console(record=True, width=width, file=io.StringIO(), color_system="truecolor")
     console.print(Group(*renderables(content)))
-    return console.export_svg(title=f"rankscope snapshot — {content['run']}")
+    return console.export_svg(title=f"rankscope snapshot — {clean_data(content['run'])}")
 
 
 def run(args: argparse.Namespace) -> int:

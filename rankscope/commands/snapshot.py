@@ -18,6 +18,7 @@ from rankscope.commands.grammar import (
     recording_of,
 )
 from rankscope.errors import CommandError
+from rankscope.sanitize import terminal_text
 
 HELP = "Write a snapshot bundle (Markdown, JSON, screen, raw window, manifests) of a recording"
 
@@ -66,6 +67,24 @@ def _load(path: str, run: str | None, steps: int) -> tuple[Any, Any]:
     return store, window
 
 
+def default_folder(run: str, now: float | None = None) -> str:
+    """The bundle folder when ``--out`` is not given: ``snapshot-<run>-<local time>`` in the
+    working directory. The run id comes from telemetry: it is made a safe name component
+    (no ``/``, ``..`` or ``%``) and joined to the time, never formatted by ``strftime``.
+
+    Args:
+        run: the run id as recorded.
+        now: epoch seconds (default: now).
+
+    Returns:
+        A folder name without any path separator.
+    """
+    from rankscope.sanitize import for_filename
+
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    return f"snapshot-{for_filename(run)}-{stamp}"
+
+
 def run(args: argparse.Namespace) -> int:
     from rankscope.commands.report import render_svg
     from rankscope.snapshot import View, take_snapshot
@@ -79,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     for summary in store.runs():
         if summary.parent_run == window.run:
             reruns.append(store.window(summary.run, last=args.steps))
-    out = args.out or time.strftime(f"snapshot-{window.run}-%Y%m%d-%H%M%S")
+    out = args.out or default_folder(window.run)
     view = View(
         run=window.run,
         metric=args.metric,
@@ -100,13 +119,12 @@ def run(args: argparse.Namespace) -> int:
     )
     c = bundle.content
     top = (c["diagnosis"].get("verdict") or {}).get("top")
-    print(
+    lines = [
         f"snapshot of {c['run']} ({c['scope']}, steps {'-'.join(map(str, c['window']['steps']))}): "
-        f"{bundle.folder}" + (f" and {bundle.tarball}" if bundle.tarball else "")
-    )
-    print(
+        f"{bundle.folder}" + (f" and {bundle.tarball}" if bundle.tarball else ""),
         f"verdict: {top}; {c['window']['frames']} messages in window/; "
-        + ("screen.png written" if "png" in c["files"] else c["files"].get("png_note", ""))
-    )
-    print(f"reopen: {c['reopen']}  ·  read: rankscope report {bundle.folder}")
+        + ("screen.png written" if "png" in c["files"] else c["files"].get("png_note", "")),
+        f"reopen: {c['reopen']}  ·  read: rankscope report {bundle.folder}",
+    ]
+    print(terminal_text("\n".join(lines)))
     return 0
