@@ -48,6 +48,13 @@ def _codes(values: list[Any]) -> tuple[np.ndarray, tuple[str, ...]]:
     return np.array([index.get(str(v), -1) if v is not None else -1 for v in values]), names
 
 
+def _int32(value: Any, default: int) -> int:
+    """An identity integer as the int32 rank table holds it: anything else (a string, a
+    float, a value outside 32 bits, from a hello no hub should have accepted) is unknown."""
+    ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    return int(value) if ok and -(2**31) <= int(value) < 2**31 else default
+
+
 def rank_info(identities: Mapping[int, Mapping[str, Any]], world_size: int) -> RankInfo:
     """Columnar identity of every rank from the ``hello`` identity maps.
 
@@ -65,15 +72,14 @@ def rank_info(identities: Mapping[int, Mapping[str, Any]], world_size: int) -> R
             per_rank[int(r)] = ident
 
     def ints(key: str, default: int = -1) -> np.ndarray:
-        vals = [i.get(key) for i in per_rank]
-        return np.array([default if v is None else int(v) for v in vals], dtype=np.int32)
+        return np.array([_int32(i.get(key), default) for i in per_rank], dtype=np.int32)
 
     host, hosts = _codes([i.get("host") for i in per_rank])
     rack, racks = _codes([i.get("rack") for i in per_rank])
     nic, nics = _codes([i.get("nic") for i in per_rank])
+    meshes = [m if isinstance(m := i.get("mesh"), Mapping) else {} for i in per_rank]
     mesh = {
-        dim: np.array([int((i.get("mesh") or {}).get(dim, -1)) for i in per_rank], dtype=np.int32)
-        for dim in MESH_DIMS
+        dim: np.array([_int32(m.get(dim), -1) for m in meshes], dtype=np.int32) for dim in MESH_DIMS
     }
     return RankInfo(
         host=host.astype(np.int32),

@@ -135,11 +135,11 @@ def inspect_recording(
         if run not in ids:
             raise KeyError(f"run {run!r} is not in {path} (runs: {', '.join(ids) or 'none'})")
         ids = [run]
-    meta = read_meta(path)
+    version = read_meta(path).get("version", FORMAT_VERSION)
     recorded = store.health["recorded"]
     return {
         "path": str(path),
-        "format_version": int(meta.get("version", FORMAT_VERSION)),
+        "format_version": version if isinstance(version, int) else FORMAT_VERSION,
         "sessions": recorded["sessions"],
         "frames": report.frames,
         "bytes": report.bytes,

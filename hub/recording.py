@@ -43,8 +43,10 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import re
+import socket
 import struct
 import threading
 import time
@@ -62,9 +64,13 @@ FRAME_MAGIC = 0x46525352
 _FRAME_MAGIC_BYTES = struct.pack("<I", FRAME_MAGIC)
 _FILE_HEADER = struct.Struct("<8sII")
 _FRAME_HEADER = struct.Struct("<IIIq")
-_SEGMENT_RE = re.compile(r"^segment-(\d{6})\.rsrec$")
+_SEGMENT_RE = re.compile(r"^segment-(\d+)\.rsrec$")
+"""A segment file name: six digits or more (the writer pads to six, past 999999 it writes
+seven); readers take any number of digits, so no name the writer could use is hidden."""
 META_NAME = "meta.json"
 _CHUNK = 16 << 20
+
+log = logging.getLogger("rankscope.hub")
 
 
 class RecordingError(RuntimeError):
@@ -92,7 +98,16 @@ class Skip:
     nbytes: int
     reason: str
     """``truncated`` (a partial frame at the end of a finished segment), ``corrupt`` (bad
-    magic, length or checksum), or ``bad_header`` (not a segment file)."""
+    magic, length or checksum), ``bad_header`` (not a segment file), or ``bad_record`` (a
+    whole frame whose message the replay refused: see ``detail``)."""
+    detail: str = ""
+    """For ``bad_record``: the reject reason tag and what was wrong, e.g. ``bad_hello:
+    identity.rail 1099511627776 is outside 32 bits``."""
+
+
+MAX_LISTED_BAD_RECORDS = 1000
+"""Bad records a `ReadReport` lists one by one; past it they are only counted (a recording
+of nothing but bad records must not fill memory with their descriptions)."""
 
 
 @dataclass
@@ -102,10 +117,26 @@ class ReadReport:
     frames: int = 0
     bytes: int = 0
     skipped: list[Skip] = field(default_factory=list)
+    bad_records: int = 0
+    """Frames read whole whose message the replay refused (listed in ``skipped`` as
+    ``bad_record``, up to ``MAX_LISTED_BAD_RECORDS``)."""
+    unlisted_bytes: int = 0
+    """Bytes of the bad records past ``MAX_LISTED_BAD_RECORDS``."""
 
     @property
     def skipped_bytes(self) -> int:
-        return sum(s.nbytes for s in self.skipped)
+        return sum(s.nbytes for s in self.skipped) + self.unlisted_bytes
+
+    def bad_record(self, frame: Frame, reason: str, detail: str) -> Skip | None:
+        """Count a frame whose message was refused; returns its `Skip` when listed."""
+        self.bad_records += 1
+        nbytes = _FRAME_HEADER.size + len(frame.payload)
+        if self.bad_records > MAX_LISTED_BAD_RECORDS:
+            self.unlisted_bytes += nbytes
+            return None
+        skip = Skip(frame.segment, frame.offset, nbytes, "bad_record", f"{reason}: {detail}")
+        self.skipped.append(skip)
+        return skip
 
 
 def segment_name(index: int) -> str:
@@ -117,23 +148,266 @@ def _segment_index(name: str) -> int:
     return int(m.group(1)) if m else -1
 
 
+def segment_key(name: str) -> tuple[int, str]:
+    """Order of segments: by number, not by name (``segment-1000000`` follows
+    ``segment-999999``); two names of one number (``segment-000007``, ``segment-0000007``)
+    both count, in name order."""
+    return _segment_index(name), name
+
+
 def segments(path: str | os.PathLike[str]) -> list[Path]:
-    """The segment files of a recording directory, in order (a file path is itself)."""
+    """The segment files of a recording directory, in order (a file path is itself).
+
+    Gaps in the numbering are fine (a segment deleted by hand leaves the others readable)
+    and a number written twice reads both files."""
     p = Path(path)
     if p.is_file():
         return [p]
     if not p.is_dir():
         return []
-    return sorted(q for q in p.iterdir() if _SEGMENT_RE.match(q.name))
+    found = [q for q in p.iterdir() if _SEGMENT_RE.match(q.name) and q.is_file()]
+    return sorted(found, key=lambda q: segment_key(q.name))
+
+
+def meta_problem(meta: Any) -> str | None:
+    """What is wrong with the shape of a parsed ``meta.json``, or None when it is sound.
+
+    Sound: a map whose ``format`` is ``"rankscope-recording"``, ``version`` an integer,
+    ``sessions`` a list of maps, each with integer or null ``started_ns``, ``updated_ns``,
+    ``stopped_ns``, ``messages``, ``bytes``, string or null segment names and a map of
+    ``counters``."""
+    if not isinstance(meta, dict):
+        return f"the top level is a {type(meta).__name__}, not a map"
+    if meta.get("format") != "rankscope-recording":
+        return f"format is {meta.get('format')!r}, not 'rankscope-recording'"
+    version = meta.get("version")
+    if isinstance(version, bool) or not isinstance(version, int):
+        return f"version is {version!r}, not an integer"
+    sessions = meta.get("sessions")
+    if not isinstance(sessions, list):
+        return f"sessions is a {type(sessions).__name__}, not a list"
+    for i, sess in enumerate(sessions):
+        if not isinstance(sess, dict):
+            return f"session {i} is a {type(sess).__name__}, not a map"
+        for key in ("started_ns", "updated_ns", "stopped_ns", "messages", "bytes"):
+            v = sess.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                return f"session {i} {key} is {v!r}, not an integer"
+        for key in ("first_segment", "last_segment", "endpoint"):
+            v = sess.get(key)
+            if v is not None and not isinstance(v, str):
+                return f"session {i} {key} is {v!r}, not a string"
+        if not isinstance(sess.get("counters", {}), dict):
+            return f"session {i} counters is not a map"
+    return None
+
+
+def _parse_meta(path: Path) -> tuple[Any, str | None]:
+    """(parsed ``meta.json`` or None when absent, what is wrong with it or None)."""
+    try:
+        text = (path / META_NAME).read_bytes()
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"cannot be read ({exc.strerror or exc})"
+    try:
+        meta = json.loads(text)
+    except ValueError as exc:
+        what = "empty" if not text.strip() else f"not JSON ({exc})"
+        return None, f"is {what}"
+    return meta, meta_problem(meta)
 
 
 def read_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """``meta.json`` of a recording directory ({} when absent or unreadable)."""
-    p = Path(path)
-    try:
-        return json.loads((p / META_NAME).read_text())
-    except (OSError, ValueError):
+    """``meta.json`` of a recording directory as a map a reader can ``.get`` from: {} when
+    absent, unreadable or not a map; ``sessions`` always a list, of its map entries only.
+    Other fields are as written: check their types (`meta_problem` says what is off)."""
+    meta, _ = _parse_meta(Path(path))
+    if not isinstance(meta, dict):
         return {}
+    sessions = meta.get("sessions")
+    sessions = sessions if isinstance(sessions, list) else []
+    return {**meta, "sessions": [s for s in sessions if isinstance(s, dict)]}
+
+
+def _foreign_format(meta: Any) -> bool:
+    """A map naming another format: some other tool's directory, not a broken recording."""
+    fmt = meta.get("format") if isinstance(meta, dict) else None
+    return isinstance(fmt, str) and fmt != "rankscope-recording"
+
+
+def rebuild_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A ``meta.json`` rebuilt from the segment files alone: one stopped session per
+    segment, its messages and bytes counted by reading it (what the hub counted, rejects
+    and drops, is lost with the broken file)."""
+    p = Path(path)
+    sessions: list[dict[str, Any]] = []
+    for seg in segments(p):
+        report = ReadReport()
+        with contextlib.suppress(RecordingError):
+            for _ in read_frames(seg, report):
+                pass
+        mtime = seg.stat().st_mtime_ns
+        sessions.append(
+            {
+                "first_segment": seg.name,
+                "last_segment": seg.name,
+                "started_ns": None,
+                "updated_ns": mtime,
+                "stopped_ns": mtime,
+                "messages": report.frames,
+                "bytes": report.bytes,
+                "counters": {},
+                "rebuilt": True,
+            }
+        )
+    return {
+        "format": "rankscope-recording",
+        "version": FORMAT_VERSION,
+        "created_ns": time.time_ns(),
+        "sessions": sessions,
+    }
+
+
+def repair_meta(path: str | os.PathLike[str], problem: str) -> dict[str, Any]:
+    """Set a broken ``meta.json`` aside as ``meta.json.bad-<n>`` (the first unused n) and
+    write one rebuilt from the segments (`rebuild_meta`), which records the repair under
+    ``repairs``. Call it only while holding the directory's lock.
+
+    Returns:
+        The new meta.
+    """
+    p = Path(path)
+    n = 1
+    while (p / f"{META_NAME}.bad-{n}").exists():
+        n += 1
+    kept = f"{META_NAME}.bad-{n}"
+    with contextlib.suppress(FileNotFoundError):
+        os.replace(p / META_NAME, p / kept)
+    meta = rebuild_meta(p)
+    meta["repairs"] = [{"at_ns": time.time_ns(), "problem": problem, "kept_as": kept}]
+    tmp = p / f".{META_NAME}.tmp"
+    tmp.write_text(json.dumps(meta, indent=1, sort_keys=True))
+    os.replace(tmp, p / META_NAME)
+    log.warning(
+        "%s %s: kept as %s, rebuilt from %d segment(s)",
+        p / META_NAME,
+        problem,
+        kept,
+        len(meta["sessions"]),
+    )
+    return meta
+
+
+# -- liveness -------------------------------------------------------------------------------
+
+STALE_AFTER_S = 30.0
+"""A session whose heartbeat (``updated_ns``, refreshed at every flush) is older than
+this, or than 20 of its flush intervals if that is longer, belongs to a hub that died."""
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _start_ticks(pid: int) -> int | None:
+    """Start time of a process (clock ticks since boot, ``/proc/PID/stat`` field 22):
+    with the pid, names one process even after the pid is reused."""
+    stat = _read(f"/proc/{pid}/stat")
+    if stat is None:
+        return None
+    try:  # the command name (field 2) may hold spaces and parentheses: split after it
+        return int(stat[stat.rindex(")") + 2 :].split()[19])
+    except (ValueError, IndexError):
+        return None
+
+
+def _pid_namespace() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def process_identity() -> dict[str, Any]:
+    """Who this process is, for a reader to tell whether it still runs: host name, boot
+    id, pid namespace, pid and the process's start time (None where the system does not
+    say)."""
+    boot = _read("/proc/sys/kernel/random/boot_id")
+    return {
+        "hub_host": socket.gethostname(),
+        "boot_id": boot.strip() if boot else None,
+        "pid_ns": _pid_namespace(),
+        "pid": os.getpid(),
+        "pid_start": _start_ticks(os.getpid()),
+    }
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """Whether a hub writes a recording now, from its last ``meta.json`` session."""
+
+    state: str
+    """``live``; ``stopped`` (closed cleanly); ``dead`` (killed: its process is gone, or
+    its heartbeat is stale); ``none`` (no session recorded yet: a hub may be starting)."""
+    endpoint: str | None
+    """The last session's endpoint, whatever its state."""
+    why: str
+    """One line saying how the state was told."""
+
+    @property
+    def live(self) -> bool:
+        return self.state == "live"
+
+
+def session_liveness(path: str | os.PathLike[str], now_ns: int | None = None) -> Liveness:
+    """Whether the hub of a recording's last session is still writing it.
+
+    A session not marked stopped is dead when its process is gone — same host, boot and
+    pid namespace, and no process of its pid with its start time — or when its heartbeat
+    is older than ``STALE_AFTER_S`` (or 20 flush intervals). A ``kill -9`` never marks
+    the session stopped: this is how a reader tells it from a running hub.
+
+    Args:
+        path: recording directory.
+        now_ns: the wall clock (for tests).
+
+    Returns:
+        The `Liveness`.
+    """
+    sessions = read_meta(path).get("sessions") or []
+    if not sessions:
+        return Liveness("none", None, "no hub session is recorded")
+    last = sessions[-1]
+    endpoint = last.get("endpoint")
+    if last.get("stopped_ns") is not None:
+        return Liveness("stopped", endpoint, "its last hub stopped")
+    pid, started = last.get("pid"), last.get("pid_start")
+    me = process_identity()
+    local = all(
+        last.get(k) is not None and last.get(k) == me[k] for k in ("hub_host", "boot_id", "pid_ns")
+    )
+    if local and isinstance(pid, int) and not isinstance(pid, bool):
+        ticks = _start_ticks(pid)
+        if ticks is None:
+            return Liveness("dead", endpoint, f"its hub (pid {pid}) is not running")
+        if isinstance(started, int) and ticks != started:
+            return Liveness("dead", endpoint, f"its hub (pid {pid}) exited; the pid was reused")
+    updated = last.get("updated_ns")
+    if isinstance(updated, int) and not isinstance(updated, bool):
+        beat = last.get("heartbeat_s")
+        beat = float(beat) if isinstance(beat, (int, float)) and beat > 0 else 0.5
+        stale_s = max(STALE_AFTER_S, 20 * beat)
+        age_s = ((time.time_ns() if now_ns is None else now_ns) - updated) / 1e9
+        if age_s > stale_s:
+            return Liveness(
+                "dead", endpoint, f"its hub's heartbeat is {age_s:.0f} s old (> {stale_s:.0f} s)"
+            )
+    return Liveness("live", endpoint, "its hub is running")
 
 
 def _frame_header(payload: bytes, t_recv_ns: int) -> bytes:
@@ -203,21 +477,13 @@ class RecordingWriter:
         except OSError:
             self._lockfile.close()
             raise RecordingError(f"{self.path} is being written by another hub") from None
-        meta = read_meta(self.path)
-        if meta and meta.get("format") != "rankscope-recording":
-            raise RecordingError(f"{self.path / META_NAME} does not describe a recording")
-        if meta.get("version", FORMAT_VERSION) > FORMAT_VERSION:
-            raise RecordingError(
-                f"{self.path} is format version {meta['version']}, this hub writes {FORMAT_VERSION}"
-            )
-        self._meta = meta or {
-            "format": "rankscope-recording",
-            "version": FORMAT_VERSION,
-            "created_ns": time.time_ns(),
-            "sessions": [],
-        }
+        try:
+            self._meta = self._open_meta()
+        except BaseException:
+            self._lockfile.close()
+            raise
         existing = segments(self.path)
-        self._next_index = _segment_index(existing[-1].name) + 1 if existing else 0
+        self._next_index = max((_segment_index(q.name) for q in existing), default=-1) + 1
         self._session: dict[str, Any] = {
             "first_segment": segment_name(self._next_index),
             "started_ns": time.time_ns(),
@@ -226,6 +492,8 @@ class RecordingWriter:
             "messages": 0,
             "bytes": 0,
             "counters": {},
+            "heartbeat_s": flush_s,
+            **process_identity(),
             **(info or {}),
         }
         self._meta.setdefault("sessions", []).append(self._session)
@@ -252,16 +520,52 @@ class RecordingWriter:
             )
             self._thread.start()
 
+    def _open_meta(self) -> dict[str, Any]:
+        """The directory's meta, repaired first when it is broken (`repair_meta`).
+
+        Raises:
+            RecordingError: the meta names another format, or a newer version.
+        """
+        meta, problem = _parse_meta(self.path)
+        if meta is None and problem is None:
+            return {
+                "format": "rankscope-recording",
+                "version": FORMAT_VERSION,
+                "created_ns": time.time_ns(),
+                "sessions": [],
+            }
+        if _foreign_format(meta):
+            raise RecordingError(f"{self.path / META_NAME} does not describe a recording")
+        if problem is not None:
+            return repair_meta(self.path, problem)
+        assert isinstance(meta, dict)
+        if meta["version"] > FORMAT_VERSION:
+            raise RecordingError(
+                f"{self.path} is format version {meta['version']}, this hub writes {FORMAT_VERSION}"
+            )
+        return meta
+
     def _open_segment(self) -> None:
         if self._file is not None:
             self._file.close()
-        name = segment_name(self._next_index)
-        self._next_index += 1
-        # Unbuffered: frames go to the kernel in one vectored write per flush. Closed on
-        # rotation and in close().
-        self._file = open(self.path / name, "xb", buffering=0)  # noqa: SIM115
+        while True:
+            name = segment_name(self._next_index)
+            self._next_index += 1
+            # Unbuffered: frames go to the kernel in one vectored write per flush. Closed
+            # on rotation and in close().
+            try:
+                self._file = open(self.path / name, "xb", buffering=0)  # noqa: SIM115
+            except FileExistsError:
+                # Someone put a segment there since we looked (a copy, a hub on a file
+                # system without working locks): never write into it, take the next.
+                later = max((_segment_index(q.name) for q in segments(self.path)), default=-1)
+                self._next_index = max(self._next_index, later + 1)
+                continue
+            break
         self._file.write(_FILE_HEADER.pack(FILE_MAGIC, FORMAT_VERSION, 0))
         self._size = _FILE_HEADER.size
+        if "last_segment" not in self._session:  # the first: its number may have moved on
+            self._session["first_segment"] = name
         self._session["last_segment"] = name
 
     def append(self, payload: bytes, t_recv_ns: int) -> None:
@@ -566,7 +870,8 @@ def follow(
                 yield from frames
                 if frames or not cur.at_eof:
                     continue
-                later = [s for s in segments(path) if s.name > cur.name]
+                here = segment_key(cur.name)
+                later = [s for s in segments(path) if segment_key(s.name) > here]
                 if later:
                     while True:
                         frames = cur.poll(final=True)

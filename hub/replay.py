@@ -2,6 +2,15 @@
 
 Frames go through the same `Intake` as live messages, so a simulated or real rank, live or
 replayed, is indistinguishable to everything downstream.
+
+A recording may hold records the current hub would refuse: written by an older hub, or by
+one with a validation gap. Every record goes through the hub's decode and validation and,
+before it, `reader_check` (what the readers cannot represent: identity integers outside
+32 bits, a mesh coordinate that is not an integer, a world too large to allocate). A
+record refused by either is skipped and reported — a ``bad_record`` `Skip` in the read
+report (segment, offset, reason and detail), one warning line each for the first
+``WARN_BAD_RECORDS`` — and the replay goes on with the next: one bad record never costs
+the rest of the recording, nor a traceback.
 """
 
 from __future__ import annotations
@@ -12,11 +21,146 @@ import os
 import threading
 from typing import Any
 
-from rankscope.hub.intake import Intake, RejectLog
-from rankscope.hub.recording import ReadReport, follow, read_frames, read_meta
+from rankscope.collector import schema
+from rankscope.hub.intake import Intake
+from rankscope.hub.recording import Frame, ReadReport, follow, read_frames, read_meta
 from rankscope.hub.store import Store, merge_counts
 
 log = logging.getLogger("rankscope.hub")
+
+WARN_BAD_RECORDS = 20
+"""Bad records a replay warns about one line each; the rest are summed up in one line
+(``rankscope inspect --json`` lists them)."""
+
+MAX_WORLD_SIZE = 1 << 20
+"""Largest world size a reader accepts in a hello: the store allocates rank x step grids
+for a run, and a corrupt world size must not ask for terabytes."""
+
+_INT32 = (-(2**31), 2**31 - 1)
+_INT64 = (-(2**63), 2**63 - 1)
+_IDENTITY_INTS = {
+    k: (_INT64 if k == "pid" else _INT32)
+    for k, t in {**schema.HELLO_REQUIRED, **schema.HELLO_OPTIONAL}.items()
+    if t is int
+}
+"""Identity integers and the range the readers hold them in (the rank table is int32)."""
+
+
+def _int_problem(where: str, value: Any, bounds: tuple[int, int]) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"{where} must be an integer, got {type(value).__name__}"
+    if not bounds[0] <= value <= bounds[1]:
+        bits = 32 if bounds == _INT32 else 64
+        return f"{where} {value} is outside {bits} bits"
+    return None
+
+
+def reader_check(msg: schema.Message) -> tuple[str, str] | None:
+    """What a reader cannot represent in a decoded message, beyond ``schema.decode`` and
+    ``hub.validate``: the hub's ingest should refuse the same (issue 17), a reader checks
+    anyway, for recordings written before it did.
+
+    Args:
+        msg: a message ``schema.decode`` accepted.
+
+    Returns:
+        ``(reason, detail)`` of the first problem, or None when the readers can hold it.
+    """
+    h = msg.header
+    if msg.kind != "hello":
+        return None  # data of an incarnation no accepted hello announced is refused anyway
+    problem = _int_problem("inc", h.get("inc"), _INT32)
+    if problem is not None:
+        return "bad_hello", problem
+    ident = h["identity"]
+    for key, bounds in _IDENTITY_INTS.items():
+        if ident.get(key) is not None:
+            problem = _int_problem(f"identity.{key}", ident[key], bounds)
+            if problem is not None:
+                return "bad_hello", problem
+    world = ident["world_size"]
+    if world > MAX_WORLD_SIZE:
+        return "bad_hello", f"identity.world_size {world} is over {MAX_WORLD_SIZE}"
+    mesh = ident.get("mesh")
+    if mesh is not None:
+        if not isinstance(mesh, dict):
+            return "bad_hello", f"identity.mesh must be a map, got {type(mesh).__name__}"
+        for dim in schema.MESH_DIMS:
+            if mesh.get(dim) is not None:
+                problem = _int_problem(f"identity.mesh.{dim}", mesh[dim], _INT32)
+                if problem is not None:
+                    return "bad_hello", problem
+    started = h.get("t_start_ns")
+    if started is not None and not isinstance(started, bool) and isinstance(started, int):
+        problem = _int_problem("t_start_ns", started, _INT64)
+        if problem is not None:
+            return "bad_hello", problem
+    return None
+
+
+class _RecordIntake:
+    """The hub's `Intake`, record by record: a refused record becomes a ``bad_record``
+    skip of the report (and a warning line) instead of the hub's reject log."""
+
+    def __init__(self, store: Store, report: ReadReport, path: str | os.PathLike[str]) -> None:
+        self.store = store
+        self.report = report
+        self.path = path
+        self._last: tuple[str, str] | None = None
+        self.intake = Intake(store, reject_log=self._rejected)
+
+    def _rejected(self, reason: str, detail: str) -> None:
+        self._last = (reason, detail)
+
+    def feed(self, frame: Frame) -> bool:
+        """Replay one frame; never raises. Returns whether (some of) it was kept."""
+        self._last = None
+        try:
+            problem = None
+            # Only a hello can carry what `reader_check` refuses (data of an incarnation
+            # no accepted hello announced is the validation's): decode the rare hello
+            # twice rather than every record.
+            if b"hello" in frame.payload:
+                try:
+                    msg = schema.decode(frame.payload)
+                except schema.SchemaError:
+                    pass  # the intake decodes it again and says why
+                else:
+                    problem = reader_check(msg)
+            if problem is not None:
+                self.store.count_reject(problem[0])
+                ok = False
+                self._last = problem
+            else:
+                ok = self.intake.feed(frame.payload, frame.t_recv_ns)
+        except Exception as exc:  # a reader bug must not end the replay
+            ok = False
+            self._last = ("internal_error", repr(exc))
+        if not ok:
+            reason, detail = self._last or ("rejected", "no reason given")
+            self.report.bad_record(frame, reason, detail)
+            n = self.report.bad_records
+            if n <= WARN_BAD_RECORDS:
+                log.warning(
+                    "%s: skipped the record at %s offset %d: %s: %s",
+                    self.path,
+                    frame.segment,
+                    frame.offset,
+                    reason,
+                    detail,
+                )
+        return ok
+
+    def finish(self) -> None:
+        """Warn once about the bad records past ``WARN_BAD_RECORDS``."""
+        more = self.report.bad_records - WARN_BAD_RECORDS
+        if more > 0:
+            log.warning(
+                "%s: skipped %d more bad records (rankscope inspect --json %s lists them)",
+                self.path,
+                more,
+                self.path,
+            )
 
 
 def recorded_counters(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -25,14 +169,20 @@ def recorded_counters(path: str | os.PathLike[str]) -> dict[str, Any]:
     Returns:
         ``sessions``, ``rejects`` (reason -> count), ``transport`` (name -> count).
     """
-    meta = read_meta(path)
+    sessions = read_meta(path).get("sessions", [])
     rejects: dict[str, int] = {}
     transport: dict[str, int] = {}
-    sessions = meta.get("sessions", []) if isinstance(meta.get("sessions"), list) else []
+
+    def counts(x: Any) -> dict[str, int]:  # what an older or damaged meta holds may be odd
+        if not isinstance(x, dict):
+            return {}
+        return {str(k): v for k, v in x.items() if isinstance(v, int) and not isinstance(v, bool)}
+
     for s in sessions:
-        counters = s.get("counters") or {}
-        merge_counts(rejects, counters.get("rejects") or {})
-        merge_counts(transport, counters.get("transport") or {})
+        counters = s.get("counters")
+        counters = counters if isinstance(counters, dict) else {}
+        merge_counts(rejects, counts(counters.get("rejects")))
+        merge_counts(transport, counts(counters.get("transport")))
     return {"sessions": len(sessions), "rejects": rejects, "transport": transport}
 
 
@@ -42,6 +192,7 @@ def _report_health(report: ReadReport) -> dict[str, Any]:
         "bytes": report.bytes,
         "skipped": [dataclasses.asdict(s) for s in report.skipped],
         "skipped_bytes": report.skipped_bytes,
+        "bad_records": report.bad_records,
     }
 
 
@@ -70,9 +221,10 @@ def load(
     """
     store = store if store is not None else Store(**store_args)
     report = report if report is not None else ReadReport()
-    intake = Intake(store, reject_log=RejectLog(every_s=60.0))
+    intake = _RecordIntake(store, report, path)
     for frame in read_frames(path, report):
-        intake.feed(frame.payload, frame.t_recv_ns)
+        intake.feed(frame)
+    intake.finish()
     store.settle()
     store.extra_health["recording"] = _report_health(report)
     store.extra_health["recorded"] = recorded_counters(path)
@@ -100,13 +252,14 @@ class Follower:
         return self
 
     def _run(self) -> None:
-        intake = Intake(self.store, reject_log=RejectLog(every_s=60.0))
+        intake = _RecordIntake(self.store, self.report, self.path)
         try:
             for frame in follow(self.path, poll_s=self.poll_s, stop=self._stop, report=self.report):
-                intake.feed(frame.payload, frame.t_recv_ns)
+                intake.feed(frame)
                 self.store.extra_health["recording"] = _report_health(self.report)
         except Exception as exc:
             log.exception("following %s failed: %r", self.path, exc)
+        intake.finish()
 
     def stop(self) -> None:
         """Stop following (idempotent)."""
