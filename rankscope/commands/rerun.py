@@ -141,13 +141,14 @@ def live_hub(path: str | Path) -> str | None:
 
 
 def _last_hub(path: str | Path) -> tuple[bool, str | None]:
-    # (still writing, endpoint) of the recording's last hub session.
-    from rankscope.hub.recording import read_meta
+    # (still writing, endpoint) of the recording's last hub session. A session that was
+    # never marked stopped is live only while its process runs and its heartbeat is fresh
+    # (`session_liveness`): a hub killed with -9 does not get a rerun sent to it.
+    from rankscope.hub.recording import session_liveness
 
-    sessions = read_meta(path).get("sessions") or []
-    last = sessions[-1] if sessions and isinstance(sessions[-1], dict) else {}
-    endpoint = last.get("endpoint") if isinstance(last.get("endpoint"), str) else None
-    return last.get("stopped_ns") is None and endpoint is not None, endpoint
+    state = session_liveness(path)
+    endpoint = state.endpoint if isinstance(state.endpoint, str) else None
+    return state.live and endpoint is not None, endpoint
 
 
 def _report_hub(args: argparse.Namespace, launching: bool) -> tuple[str, str | None]:
