@@ -241,7 +241,12 @@ class Pump:
             # A private context: a job that forks or terminates the shared one cannot stall us.
             self._ctx = zmq.Context()
             self.sender = Sender(
-                self.endpoint, self.hwm, context=self._ctx, linger_ms=1000, curve=self.curve
+                self.endpoint,
+                self.hwm,
+                context=self._ctx,
+                linger_ms=1000,
+                curve=self.curve,
+                watch=True,
             )
             if self._clock_ep is not None:
                 self.clock = ClockSync(

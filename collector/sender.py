@@ -50,6 +50,9 @@ HANDSHAKE_FAILED = (
 )
 """Monitor events of a connection the hub refused at the security handshake."""
 
+WATCHED = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED
+"""Monitor events ``watch`` follows."""
+
 
 def handshake_advice(endpoint: str, event: int, curve: ClientCurve | None) -> str:
     """Why a hub refused this client's handshake, and what to do, in one line.
@@ -136,6 +139,7 @@ class Sender:
         context: zmq.Context | None = None,
         linger_ms: int = LINGER_MS,
         curve: ClientCurve | None = None,
+        watch: bool = False,
     ) -> None:
         """Connect a PUSH socket; connecting succeeds even when nothing listens yet.
 
@@ -147,6 +151,8 @@ class Sender:
             linger_ms: how long ``close`` waits to flush pending messages.
             curve: the client's CURVE keys and the hub's public key, or None for plain
                 ZeroMQ.
+            watch: follow the connection from before it is made (`watch`), so that not
+                even a handshake refused at once on loopback goes unseen.
 
         Raises:
             ValueError: on a malformed endpoint or a non-positive ``hwm``.
@@ -176,6 +182,8 @@ class Sender:
         sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
         if curve is not None:
             curve.apply(sock)
+        if watch:
+            self._monitor = _monitor_of(sock)
         try:
             sock.connect(self.endpoint)
         except zmq.ZMQError as exc:
@@ -248,19 +256,15 @@ class Sender:
                     continue  # another message took the room (or a spurious wake)
 
     def watch(self) -> zmq.Socket | None:
-        """Follow the connection to the hub through ZeroMQ's socket monitor.
+        """Follow the connection to the hub through ZeroMQ's socket monitor (from now on,
+        or from the start for a sender built with ``watch=True``).
 
         Returns:
             A socket that turns readable (``POLLIN``) when the connection is made or lost;
             call ``read_events`` then. None when monitoring is unavailable or closed.
         """
         if self._monitor is None and self._sock is not None:
-            try:
-                self._monitor = self._sock.get_monitor_socket(
-                    zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED
-                )
-            except zmq.ZMQError:
-                self._monitor = None
+            self._monitor = _monitor_of(self._sock)
         return self._monitor
 
     def read_events(self) -> bool:
@@ -325,3 +329,12 @@ class Sender:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _monitor_of(sock: zmq.Socket) -> zmq.Socket | None:
+    """The monitor socket of the ``WATCHED`` events of ``sock``, or None when ZeroMQ
+    cannot make one."""
+    try:
+        return sock.get_monitor_socket(WATCHED)
+    except zmq.ZMQError:
+        return None

@@ -6,6 +6,7 @@ is made once per session here, against one hub, instead of once per module.
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 from collections.abc import Iterator
@@ -15,6 +16,10 @@ from typing import Any
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+# Keys made with `rankscope keys` on this machine would turn the suite's hubs and
+# collectors (and the processes they start) to CURVE; a test that wants keys names its own.
+os.environ["RANKSCOPE_KEYS"] = "none"
 
 
 def _incidents() -> Any:

@@ -125,8 +125,7 @@ def test_an_unknown_client_key_delivers_nothing_and_the_hub_serves_the_others(
     good = load_client_curve(keys)
     stranger = load_client_curve(keys, pair)
     assert stranger.public != good.public
-    with Sender(curve_hub.endpoint, curve=stranger) as bad:
-        bad.watch()
+    with Sender(curve_hub.endpoint, curve=stranger, watch=True) as bad:
         bad.send(hello("stranger"))
         assert wait_for(lambda: refused(bad))
         with Sender(curve_hub.endpoint, curve=good) as sender:
@@ -143,8 +142,7 @@ def test_a_client_holding_another_hub_key_is_refused(
     make_keys(other, ["client"], force=False)
     good = load_client_curve(keys)
     wrong_hub = ClientCurve(good.public, good.secret, load_client_curve(other).server)
-    with Sender(curve_hub.endpoint, curve=wrong_hub) as bad:
-        bad.watch()
+    with Sender(curve_hub.endpoint, curve=wrong_hub, watch=True) as bad:
         bad.send(hello("wrong-hub"))
         assert wait_for(lambda: refused(bad))
     assert "wrong-hub" not in curve_hub.store.run_ids()
@@ -154,8 +152,7 @@ def test_a_plain_client_delivers_nothing_never_blocks_and_warns_once(
     curve_hub: Hub, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="rankscope")
-    with Sender(curve_hub.endpoint, hwm=4) as plain:
-        plain.watch()
+    with Sender(curve_hub.endpoint, hwm=4, watch=True) as plain:
         plain.send(hello("plain"))
         assert wait_for(lambda: refused(plain))
         # Refused, it takes and drops whatever it is given, without waiting.
@@ -167,8 +164,7 @@ def test_a_plain_client_delivers_nothing_never_blocks_and_warns_once(
     assert len(warnings) == 1
     assert "rankscope keys" in warnings[0].message
     assert "plain" not in curve_hub.store.run_ids()
-    with Sender(curve_hub.endpoint) as again:  # the hub is still there for the next one
-        again.watch()
+    with Sender(curve_hub.endpoint, watch=True) as again:  # the hub serves the next one
         again.send(hello("plain"))
         assert wait_for(lambda: refused(again))
 
