@@ -117,6 +117,32 @@ def test_a_collector_started_with_keys_in_the_environment_speaks_curve(
         runtime.close()
 
 
+def test_a_collector_without_keys_trains_on_when_the_hub_requires_curve(
+    curve_hub: Hub, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="rankscope")
+    monkeypatch.setenv("RANKSCOPE_KEYS", "none")
+    monkeypatch.setenv("RANKSCOPE_HUB", curve_hub.endpoint)
+    monkeypatch.setenv("RANKSCOPE_RUN", "no-keys")
+    mon = runtime.start(job="j", sample_interval_s=0, instrument_torch=False)
+    try:
+
+        def warned() -> bool:
+            with mon.step(), mon.collective("all_reduce", group=0, nbytes=64):
+                pass
+            return "refused the connection handshake" in caplog.text
+
+        assert wait_for(warned)
+        for _ in range(1000):
+            with mon.step(), mon.collective("all_reduce", group=0, nbytes=64):
+                pass
+    finally:
+        runtime.close()
+    assert caplog.text.count("refused the connection handshake") == 1
+    assert mon.pump.sender is not None and mon.pump.sender.handshake_failures >= 1
+    assert "no-keys" not in curve_hub.store.run_ids()
+
+
 def test_an_unknown_client_key_delivers_nothing_and_the_hub_serves_the_others(
     keys: Path, curve_hub: Hub, tmp_path: Path
 ) -> None:
@@ -207,6 +233,23 @@ def test_hub_command_refuses_a_wildcard_bind_without_keys_and_insecure_allows_it
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def test_hub_command_with_keys_speaks_curve_to_an_authorised_collector(keys: Path) -> None:
+    from test_hub_command import HubProcess
+
+    hub = HubProcess("--bind", "tcp://127.0.0.1:0", "--keys", str(keys), "--status-every", "0.1")
+    try:
+        hub.wait_line(r"rankscope hub on .*CURVE")
+        with Sender(hub.endpoint, watch=True) as plain:
+            plain.send(hello("plain"))
+            assert wait_for(lambda: refused(plain))
+        with Sender(hub.endpoint, curve=load_client_curve(keys)) as sender:
+            assert sender.send(hello("curve"))
+            hub.wait_line(r"runs 1 \| ranks 1/1", timeout=WAIT_S)
+    finally:
+        hub.proc.terminate()
+        hub.proc.wait(timeout=60)
 
 
 def test_keys_found_make_every_hub_use_curve(keys: Path) -> None:
