@@ -23,7 +23,14 @@ from typing import Any
 
 from rankscope.collector import schema
 from rankscope.hub.intake import Intake
-from rankscope.hub.recording import Frame, ReadReport, follow, read_frames, read_meta
+from rankscope.hub.recording import (
+    Frame,
+    ReadReport,
+    RecordingError,
+    follow,
+    read_frames,
+    read_meta,
+)
 from rankscope.hub.store import Store, merge_counts
 
 log = logging.getLogger("rankscope.hub")
@@ -257,6 +264,8 @@ class Follower:
             for frame in follow(self.path, poll_s=self.poll_s, stop=self._stop, report=self.report):
                 intake.feed(frame)
                 self.store.extra_health["recording"] = _report_health(self.report)
+        except RecordingError as exc:  # a newer format: what it is, not where it was seen
+            log.error("following %s stopped: %s", self.path, exc)
         except Exception as exc:
             log.exception("following %s failed: %r", self.path, exc)
         intake.finish()
@@ -287,8 +296,6 @@ def load_run(path: str | os.PathLike[str], run: str | None, steps: int) -> tuple
             unknown run, bad step count).
     """
     from pathlib import Path
-
-    from rankscope.hub.recording import RecordingError
 
     if steps < 1:
         raise ValueError(f"--steps must be at least 1, got {steps}")

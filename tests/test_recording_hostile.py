@@ -128,6 +128,16 @@ def test_each_bad_record_is_one_warning_line_with_segment_and_offset(tmp_path, c
         assert "\n" not in line and f"{seg} offset {off}: " in line
 
 
+def test_inspect_lists_each_bad_record_with_where_and_what(tmp_path) -> None:
+    from rankscope.commands.inspect import format_text
+
+    bad = with_records(tmp_path, ["hello_rail_big"])
+    ((seg, off),) = offsets_of(tmp_path, bad)
+    text = format_text(inspect_recording(tmp_path))
+    (line,) = [x for x in text.splitlines() if "bad_record" in x]
+    assert line.strip().startswith(f"{seg} @ {off}: ") and "rail" in line
+
+
 def test_past_the_bounds_bad_records_are_counted_not_listed(tmp_path, monkeypatch, caplog) -> None:
     monkeypatch.setattr(recording, "MAX_LISTED_BAD_RECORDS", 3)
     monkeypatch.setattr(replay, "WARN_BAD_RECORDS", 2)
@@ -168,6 +178,22 @@ def test_the_follower_skips_bad_records_and_keeps_following(tmp_path) -> None:
     f.stop()
     assert f.report.bad_records == 2
     assert f.store.window("r1").steps.shape[0] == 4
+
+
+def test_the_follower_stops_on_a_newer_format_with_one_line(tmp_path, caplog) -> None:
+    hostile.write_recording(tmp_path, [b"one"])
+    seg = segments(tmp_path)[0]
+    data = bytearray(seg.read_bytes())
+    data[8] = 99  # the segment's format version
+    seg.write_bytes(bytes(data))
+    with caplog.at_level(logging.ERROR, logger="rankscope.hub"):
+        f = replay.Follower(tmp_path, poll_s=0.01).start()
+        deadline = time.monotonic() + 20
+        while not caplog.records and time.monotonic() < deadline:
+            time.sleep(0.01)
+        f.stop()
+    (said,) = caplog.records
+    assert "version 99" in said.getMessage() and said.exc_info is None
 
 
 def _hello_message(**ident: object) -> schema.Message:
@@ -329,6 +355,24 @@ def test_a_second_hub_on_a_recording_being_written_changes_nothing(tmp_path) -> 
     assert after == before
     w.close()
     assert [s.get("endpoint") for s in read_meta(tmp_path)["sessions"]] == ["tcp://a:1"]
+
+
+def test_two_hubs_without_working_locks_never_share_a_segment(tmp_path, monkeypatch) -> None:
+    """A file system where flock does nothing (some network mounts): two hubs write the
+    same directory at once, rotating often; every frame of both is read, none is lost."""
+    monkeypatch.setattr(recording.fcntl, "flock", lambda fd, op: None)
+    a = RecordingWriter(tmp_path, max_segment_bytes=80, flush_s=0.0)
+    b = RecordingWriter(tmp_path, max_segment_bytes=80, flush_s=0.0)
+    for i in range(6):
+        a.append(b"a%d" % i + b"." * 30, i)
+        a.flush()
+        b.append(b"b%d" % i + b"." * 30, i)
+        b.flush()
+    a.close()
+    b.close()
+    got = [f.payload[:2] for f in read_frames(tmp_path)]
+    assert sorted(got) == sorted([b"a%d" % i for i in range(6)] + [b"b%d" % i for i in range(6)])
+    assert len(segments(tmp_path)) == len({p.name for p in segments(tmp_path)}) >= 12
 
 
 # -- meta.json --------------------------------------------------------------------------------

@@ -42,7 +42,8 @@ def format_text(rep: dict[str, Any]) -> str:
     if rep["skipped"]:
         out.append(f"  skipped {rep['skipped_bytes']} bytes:")
         for s in rep["skipped"]:
-            out.append(f"    {s['segment']} @ {s['offset']}: {s['nbytes']} bytes ({s['reason']})")
+            why = f"{s['reason']}: {s['detail']}" if s.get("detail") else s["reason"]
+            out.append(f"    {s['segment']} @ {s['offset']}: {s['nbytes']} bytes ({why})")
     rejects = {**rep["rejects"]}
     for k, v in rep["replay_rejects"].items():
         rejects[k] = rejects.get(k, 0) + v
