@@ -12,7 +12,7 @@ import time
 from rankscope.collector import schema
 from rankscope.hub.recording import RecordingWriter
 from rankscope.hub.store import Store
-from rankscope.hub.validate import REPLAY_LIMITS, Limits, Reject, check
+from rankscope.hub.validate import REPLAY_LIMITS, Limits, Reject, check, values_plausible
 
 log = logging.getLogger("rankscope.hub")
 
@@ -58,6 +58,19 @@ class Intake:
         self.store.count_reject(reason, n)
         self.reject_log(reason, detail)
 
+    def _decode(self, data: bytes) -> schema.Message | None:
+        if len(data) > self.limits.max_message_bytes:
+            self._reject(
+                "too_large",
+                f"{len(data)} bytes > Limits.max_message_bytes {self.limits.max_message_bytes}",
+            )
+            return None
+        try:
+            return schema.decode(data)
+        except schema.SchemaError as exc:
+            self._reject(exc.reason, exc.detail)
+            return None
+
     def feed(self, data: bytes, t_recv_ns: int | None = None) -> bool:
         """Process one message; never raises.
 
@@ -69,20 +82,45 @@ class Intake:
         Returns:
             True when (some of) the message was accepted.
         """
-        if len(data) > self.limits.max_message_bytes:
-            self._reject(
-                "too_large",
-                f"{len(data)} bytes > Limits.max_message_bytes {self.limits.max_message_bytes}",
+        msg = self._decode(data)
+        if msg is None:
+            return False
+        return self._take(data, msg, time.time_ns() if t_recv_ns is None else t_recv_ns)
+
+    def feed_many(self, batch: list[bytes], t_recv_ns: int) -> int:
+        """Process messages received together, in order, as `feed` would; never raises.
+
+        The values of their small tables are checked together (`validate.values_plausible`:
+        one numpy call per question for the whole batch, where `feed` makes a few per
+        message); a batch with a doubtful value, and every large table, is checked message
+        by message, so each reject still names its message's column and value.
+
+        Args:
+            batch: raw messages.
+            t_recv_ns: their receive time.
+
+        Returns:
+            How many were (partly) accepted.
+        """
+        msgs = [self._decode(data) for data in batch]
+        small = [m is not None and m.kind == "steps" and _small(m) for m in msgs]
+        try:
+            plausible = values_plausible(
+                [m for m, ok in zip(msgs, small, strict=True) if ok and m is not None],
+                self.limits,
             )
-            return False
+        except Exception as exc:  # a validation bug must not stop the hub
+            log.warning("batch value check failed: %r", exc)
+            plausible = False
+        taken = 0
+        for data, msg, ok in zip(batch, msgs, small, strict=True):
+            if msg is not None:
+                taken += self._take(data, msg, t_recv_ns, values=not (ok and plausible))
+        return taken
+
+    def _take(self, data: bytes, msg: schema.Message, now: int, values: bool = True) -> bool:
         try:
-            msg = schema.decode(data)
-        except schema.SchemaError as exc:
-            self._reject(exc.reason, exc.detail)
-            return False
-        now = time.time_ns() if t_recv_ns is None else t_recv_ns
-        try:
-            verdict = check(msg, self.store, now, self.limits)
+            verdict = check(msg, self.store, now, self.limits, values=values)
         except Reject as exc:
             self._reject(exc.reason, exc.detail)
             return False
@@ -108,3 +146,13 @@ class Intake:
             self._reject("internal_error", f"ingesting {msg.kind}: {exc!r}")
             return False
         return True
+
+
+SMALL_ROWS = 512
+"""Tables up to this many rows are checked in batches (`Intake.feed_many`): above it a
+message's own reductions cost little per row, and concatenating a batch of large tables
+would only stream them through the cache once more."""
+
+
+def _small(msg: schema.Message) -> bool:
+    return all(t["step"].shape[0] <= SMALL_ROWS for t in msg.tables.values())

@@ -307,6 +307,8 @@ class Hub:
         data = self._data
         assert data is not None and self.intake is not None
         feed = self.intake.feed
+        feed_many = self.intake.feed_many
+        max_bytes = self.limits.max_queued_bytes
         monitor = data.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
         poller = zmq.Poller()
         poller.register(data, zmq.POLLIN)
@@ -316,12 +318,21 @@ class Hub:
             while not self._stop.is_set():
                 ready = dict(poller.poll(50))
                 if data in ready:
-                    for _ in range(_DRAIN):
+                    # Take a batch (at most _DRAIN messages or max_queued_bytes) off
+                    # ZeroMQ, then process it: the intake checks its small tables' values
+                    # together.
+                    batch: list[bytes] = []
+                    taken = 0
+                    while len(batch) < _DRAIN and taken < max_bytes:
                         try:
                             buf = data.recv(zmq.NOBLOCK)
                         except zmq.Again:
                             break
-                        feed(buf, time.time_ns())
+                        batch.append(buf)
+                        taken += len(buf)
+                    if batch:
+                        feed_many(batch, time.time_ns())
+                    del batch
                 if monitor in ready:
                     self._read_monitor(monitor)
                 now = time.monotonic()

@@ -114,6 +114,10 @@ class Limits:
     """Longest step, phase span or collective (``bad_time``)."""
     max_clock_frame_bytes: int = 256
     """Largest clock ping frame (``clock_bad`` in the transport counters)."""
+    max_queued_bytes: int = 64 * 1024 * 1024
+    """Most bytes the hub's receive loop takes off ZeroMQ before processing them (with at
+    most 512 messages). What ZeroMQ itself holds is bounded per connection in messages
+    (``RCVHWM``) and by ``MAXMSGSIZE``: see the hub's socket options."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -124,6 +128,7 @@ class Limits:
             "max_manifest_bytes",
             "max_identity_bytes",
             "max_clock_frame_bytes",
+            "max_queued_bytes",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"Limits.{name} must be ≥ 1, got {getattr(self, name)}")
@@ -176,6 +181,8 @@ def check(
     store: Store,
     now_ns: int | None = None,
     limits: Limits = REPLAY_LIMITS,
+    *,
+    values: bool = True,
 ) -> Verdict:
     """Validate ``msg`` against the store's state and the hub's limits.
 
@@ -185,6 +192,8 @@ def check(
         now_ns: the hub's clock at receipt (the recorded receive time in a replay): the
             reference of the time window and of the identity rule; None when unknown.
         limits: what the hub accepts.
+        values: also run `check_values` (False when `values_plausible` already passed
+            the message's batch).
 
     Returns:
         The `Verdict`.
@@ -225,7 +234,7 @@ def check(
         )
     kind = msg.kind
     if kind == "steps":  # nearly every message
-        return _check_steps(msg, run, now_ns, limits)
+        return _check_steps(msg, run, values, now_ns, limits)
     if kind == "groups":
         for g in h["groups"]:
             ranks = g["ranks"]
@@ -243,12 +252,10 @@ def check(
             raise Reject("bad_stats", "stats message without a stats map")
         return _ACCEPT
     if kind == "samples":
-        t = msg.tables["samples"]["t"]
-        if t.shape[0]:
-            lo, hi = limits.time_bounds(now_ns)
-            _in_bounds("samples.t", t, lo, hi, unknown=False)
+        if values:
+            check_values(msg, now_ns, limits)
         return _ACCEPT
-    return _check_steps(msg, run, now_ns, limits)
+    return _check_steps(msg, run, values, now_ns, limits)
 
 
 _WHO = ("host", "pid")
@@ -352,14 +359,30 @@ def _in_bounds(where: str, col: np.ndarray, lo: int, hi: int, *, unknown: bool) 
         raise Reject("bad_time", f"{where} holds {bad}, outside {lo}..{hi}")
 
 
-def _check_steps(msg: schema.Message, run: RunState, now_ns: int | None, limits: Limits) -> Verdict:
-    h = msg.header
-    names = h.get("phase_names") or []
+def check_values(msg: schema.Message, now_ns: int | None, limits: Limits) -> None:
+    """The values of a message's tables a reader could not use (state-free: the precise
+    checks, one message at a time, naming the column and the value).
+
+    Args:
+        msg: a decoded ``steps`` or ``samples`` message (others have no tables).
+        now_ns: the hub's clock, for the window (`Limits.time_bounds`).
+        limits: the limits.
+
+    Raises:
+        Reject: the first problem found.
+    """
     lo, hi = limits.time_bounds(now_ns)
+    if msg.kind == "samples":
+        t = msg.tables["samples"]["t"]
+        if t.shape[0]:
+            _in_bounds("samples.t", t, lo, hi, unknown=False)
+        return
+    if msg.kind != "steps":
+        return
     span = int(limits.max_duration_s * 1e9)
     ph = msg.tables.get("phases")
     if ph is not None and ph["phase"].shape[0]:
-        top = len(schema.PHASES) + len(names)
+        top = len(schema.PHASES) + len(msg.header.get("phase_names") or [])
         code = ph["phase"]
         if code.min() < 0 or code.max() >= top:
             raise Reject(
@@ -367,8 +390,7 @@ def _check_steps(msg: schema.Message, run: RunState, now_ns: int | None, limits:
                 f"phase codes {int(code.min())}..{int(code.max())} outside 0..{top - 1}",
             )
         t0, t1 = ph["t0"], ph["t1"]
-        both = np.concatenate((t0, t1))
-        _in_bounds("phases.t0/t1", both, lo, hi, unknown=True)
+        _in_bounds("phases.t0/t1", np.concatenate((t0, t1)), lo, hi, unknown=True)
         d = t1 - t0
         if d.min() < 0 or d.max() > span:
             known = (t0 != schema.NO_TIME) & (t1 != schema.NO_TIME)
@@ -395,10 +417,7 @@ def _check_steps(msg: schema.Message, run: RunState, now_ns: int | None, limits:
                 raise Reject("bad_time", f"step {step} lasts {t_end - t_start} ns > {span}")
         if step < 0:
             raise Reject("bad_step", f"steps.step holds {step} < 0")
-        if not run.has_step(h["rank"], h["inc"], step):
-            return _ACCEPT
-        return Verdict(keep_steps=np.zeros(1, bool), duplicate_steps=1, empty=True)
-    if n:
+    elif n:
         _check_step_ids("steps.step", steps)
         _in_bounds(
             "steps.t_start/t_end",
@@ -414,6 +433,111 @@ def _check_steps(msg: schema.Message, run: RunState, now_ns: int | None, limits:
                 raise Reject("bad_time", "a step ends before it starts")
             if (d[known] > span).any():
                 raise Reject("bad_time", f"a step lasts {int(d[known].max())} ns > {span}")
+
+
+def values_plausible(msgs: list[schema.Message], limits: Limits) -> bool:
+    """Whether every value of these messages' tables passes `check_values` without a
+    window around the hub's clock: one numpy call per question over the columns of all
+    the messages together (a message's columns are short, and numpy's cost is per call),
+    where `check_values` asks each message. True lets the caller skip `check_values`;
+    False sends it to `check_values` message by message, which finds the culprit (or a
+    legitimate unknown time behind a negative duration).
+
+    Args:
+        msgs: decoded messages (any kinds; those without tables are ignored).
+        limits: the limits (a window, `Limits.time_window_s`, makes this False).
+
+    Returns:
+        True when nothing needs a closer look.
+    """
+    if limits.time_window_s is not None:
+        return False
+    span = int(limits.max_duration_s * 1e9)
+    cols: dict[str, list[np.ndarray]] = {}
+    tops: list[int] = []
+    rows: list[int] = []
+    for m in msgs:
+        tables = m.tables
+        if not tables:
+            continue
+        if m.kind == "samples":
+            cols.setdefault("samples.t", []).append(tables["samples"]["t"])
+            continue
+        for name in ("steps", "phases", "colls"):
+            t = tables.get(name)
+            if t is not None:
+                for col, a in t.items():
+                    cols.setdefault(f"{name}.{col}", []).append(a)
+        ph = tables.get("phases")
+        if ph is not None:
+            tops.append(len(schema.PHASES) + len(m.header.get("phase_names") or []))
+            rows.append(ph["phase"].shape[0])
+
+    def cat(key: str) -> np.ndarray | None:
+        parts = cols.get(key)
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    T = schema.MAX_TIME_NS
+    t = cat("samples.t")
+    if t is not None and t.shape[0] and (t.min() < 0 or t.max() > T):
+        return False
+    for table in ("steps", "phases"):
+        a, b = ("t_start", "t_end") if table == "steps" else ("t0", "t1")
+        t0, t1 = cat(f"{table}.{a}"), cat(f"{table}.{b}")
+        if t0 is None or t1 is None or not t0.shape[0]:
+            continue
+        d = t1 - t0  # an unknown end or start makes it fail: the precise checks decide
+        step = cat(f"{table}.step")
+        assert step is not None
+        if (
+            d.min() < 0
+            or d.max() > span
+            or t0.min() < schema.NO_TIME
+            or t1.max() > T
+            or step.min() < 0
+        ):
+            return False
+    code = cat("phases.phase")
+    if code is not None and code.shape[0]:
+        top = np.repeat(np.array(tops, np.int64), rows)
+        if code.min() < 0 or (code >= top).any():
+            return False
+    te = cat("colls.t_enter")
+    if te is not None and te.shape[0]:
+        tx, ds, de = cat("colls.t_exit"), cat("colls.t_start"), cat("colls.t_end")
+        op, group = cat("colls.op"), cat("colls.group")
+        assert tx is not None and ds is not None and de is not None
+        assert op is not None and group is not None
+        d = tx - te
+        if te.min() < 0 or te.max() > T or d.min() < 0 or d.max() > span:
+            return False
+        if ds.max() != schema.NO_TIME or de.max() != schema.NO_TIME:
+            return False  # device times: their order is checked per message
+        if op.min() < -1 or op.max() >= _N_OPS or group.min() < 0:
+            return False
+        for name in ("nbytes", "seq", "step"):
+            c = cat(f"colls.{name}")
+            assert c is not None
+            if c.min() < -1:
+                return False
+    return True
+
+
+def _check_steps(
+    msg: schema.Message, run: RunState, values: bool, now_ns: int | None, limits: Limits
+) -> Verdict:
+    h = msg.header
+    if values:
+        check_values(msg, now_ns, limits)
+    st = msg.tables["steps"]
+    steps = st["step"]
+    n = steps.shape[0]
+    if n == 1:  # the usual message: one step, no numpy
+        if not run.has_step(h["rank"], h["inc"], int(steps[0])):
+            return _ACCEPT
+        return Verdict(keep_steps=np.zeros(1, bool), duplicate_steps=1, empty=True)
     keep = ~run.has_steps(h["rank"], h["inc"], steps)
     if n > 1:
         # Inside the message, the first row of a repeated step wins.
@@ -438,16 +562,38 @@ def _check_step_ids(where: str, steps: np.ndarray) -> None:
 _N_OPS = len(schema.OPS)
 
 
+_UNKNOWN: dict[int, bytes] = {}
+"""Rows -> the bytes of an all-``NO_TIME`` column (columns of at most 8,192 rows; at most
+256 sizes)."""
+
+
+def _unknown_times(col: np.ndarray) -> bool:
+    """Whether every entry is ``NO_TIME``: one copy and one compare of bytes, cheaper than a
+    numpy reduction on a message's column (as ``hub.pending`` does for its columns)."""
+    n = col.shape[0]
+    want = _UNKNOWN.get(n)
+    if want is None:
+        want = np.full(n, schema.NO_TIME, np.int64).tobytes()
+        if n <= 8192:
+            if len(_UNKNOWN) >= 256:
+                _UNKNOWN.clear()
+            _UNKNOWN[n] = want
+    return col.tobytes() == want
+
+
 def _check_colls(co: Mapping[str, np.ndarray], lo: int, hi: int, span: int) -> None:
     """Values of a collective table a reader could not use: entry times unknown or out of
     the window, exits before entries, device ends before starts, unknown ops, negative
     byte counts, seqs or steps."""
     t_enter, t_exit = co["t_enter"], co["t_exit"]
-    low = int(t_enter.min())
-    if low <= schema.NO_TIME and (t_enter == schema.NO_TIME).any():
-        n = int((t_enter == schema.NO_TIME).sum())
-        raise Reject("bad_time", f"{n} collective rows without t_enter")
-    _in_bounds("colls.t_enter", t_enter, lo, hi, unknown=False)
+    dev_s, dev_e = co["t_start"], co["t_end"]
+    low, top = int(t_enter.min()), int(t_enter.max())
+    if low < lo or top > hi:
+        if (t_enter == schema.NO_TIME).any():
+            n = int((t_enter == schema.NO_TIME).sum())
+            raise Reject("bad_time", f"{n} collective rows without t_enter")
+        bad = low if low < lo else top
+        raise Reject("bad_time", f"colls.t_enter holds {bad}, outside {lo}..{hi}")
     # An exit is unknown (NO_TIME) only on a row whose completion was never seen.
     d = t_exit - t_enter
     if d.min() < 0 or d.max() > span:
@@ -461,8 +607,7 @@ def _check_colls(co: Mapping[str, np.ndarray], lo: int, hi: int, span: int) -> N
             )
         if (d[known] > span).any():
             raise Reject("bad_time", f"a collective lasts {int(d[known].max())} ns > {span}")
-    dev_s, dev_e = co["t_start"], co["t_end"]
-    if int(dev_e.max()) != schema.NO_TIME or int(dev_s.max()) != schema.NO_TIME:
+    if not (_unknown_times(dev_s) and _unknown_times(dev_e)):  # host-timed rows have none
         _in_bounds("colls.t_start", dev_s, lo, hi, unknown=True)
         _in_bounds("colls.t_end", dev_e, lo, hi, unknown=True)
         both = (dev_s != schema.NO_TIME) & (dev_e != schema.NO_TIME)

@@ -565,3 +565,25 @@ def test_a_hostile_stream_through_a_real_hub_leaves_every_reader_working(tmp_pat
         rc, text = _cli(argv)
         assert "Traceback" not in text, (argv, text[-3000:])
         assert rc == 0, (argv, rc, text[-2000:])
+
+
+def test_a_batch_checks_values_together_and_still_names_each_culprit() -> None:
+    """The live receive loop feeds batches (`Intake.feed_many`): a bad message among good
+    ones is rejected with its own reason, the others are ingested, as one by one."""
+    bad = [
+        steps(rank=1, ss=[2], colls__op=99),
+        steps(rank=2, ss=[2], colls__t_exit=BASE),
+        steps(rank=3, ss=[2], colls__nbytes=-(2**40)),
+    ]
+    batch = [steps(rank=r, ss=[s]) for s in range(2) for r in range(4)]
+    batch[3:3] = bad
+    one, i1 = started()
+    many, i2 = started()
+    accepted = [i1.feed(m, 0) for m in batch]
+    assert i2.feed_many(batch, 0) == sum(accepted) == 8
+    assert rejects(one) == rejects(many) == {"bad_op": 1, "bad_time": 1, "bad_nbytes": 1}
+    assert one.window("r1").steps.tolist() == many.window("r1").steps.tolist() == [0, 1]
+    # Large tables are checked message by message.
+    big = steps(ss=list(range(600)), colls__t_enter=-5)
+    assert i2.feed_many([big, steps(rank=1, ss=[5])], 0) == 1
+    assert rejects(many)["bad_time"] == 2
