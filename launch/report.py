@@ -13,7 +13,7 @@ from typing import Any
 
 from rankscope.launch.ladder import Ladder
 from rankscope.launch.plan import RerunPlan
-from rankscope.launch.runner import Launch
+from rankscope.launch.runner import TELEMETRY, Launch
 
 __all__ = ["LADDER_WIDTH", "ladder_dict", "ladder_text", "launch_text", "plan_text", "short_names"]
 
@@ -59,6 +59,71 @@ def plan_text(plan: RerunPlan) -> list[str]:
     return lines
 
 
+_ORIGIN = {
+    TELEMETRY: "FROM TELEMETRY",
+    "--script": "from your --script",
+    "--script-arg": "from your --script-arg",
+    "--scenario": "from your --scenario",
+    "template": "the launcher template's own program",
+    "none": "none",
+}
+_TELEMETRY_WHAT = {
+    "script": "the parent's manifest argv[0]",
+    "args": "the parent's manifest argv[1:]",
+    "hosts": "host names the parent's ranks reported",
+    "scenario": "the parent's manifest",
+}
+
+
+def sources_text(launch: Launch) -> list[str]:
+    """Where each part of what runs comes from: the user's flags, the template, or
+    telemetry (what the parent's ranks reported, which anyone reaching the hub can write).
+
+    Args:
+        launch: the prepared launch.
+
+    Returns:
+        Lines of text (none for a launch that does not say).
+    """
+    return origin_lines(
+        launch.sources,
+        {
+            "script": launch.values.get("script"),
+            "args": " ".join(map(str, launch.values.get("script_args") or ())),
+            "hosts": ", ".join(launch.plan.hosts),
+            "scenario": launch.values.get("scenario"),
+        },
+    )
+
+
+def origin_lines(sources: dict[str, str], shown: dict[str, Any]) -> list[str]:
+    """The ``program comes from:`` lines of a plan.
+
+    Args:
+        sources: part -> origin (`rankscope.launch.runner.launch_sources`).
+        shown: part -> the value it has (script path, arguments, hosts...).
+
+    Returns:
+        Lines of text (none when ``sources`` is empty).
+    """
+    if not sources:
+        return []
+    lines = ["  program comes from:"]
+    for part, origin in sources.items():
+        what = _ORIGIN.get(origin, origin)
+        if origin == TELEMETRY:
+            what += f" ({_TELEMETRY_WHAT.get(part, 'the recording')})"
+        value = shown.get(part)
+        value = f"{value}  <- " if value and origin not in ("none", "template") else ""
+        lines.append(f"    {part + ':':<9} {value}{what}")
+    if sources.get("script") == TELEMETRY and shown.get("script"):
+        lines.append(
+            "    the script was chosen by telemetry: a confirmed launch runs it only when "
+            "you name it (--script) or [rerun] allow lists it"
+        )
+    return lines
+
+
 def launch_text(launch: Launch) -> list[str]:
     """The plan followed by every command exactly as it will run, and its environment.
 
@@ -70,6 +135,7 @@ def launch_text(launch: Launch) -> list[str]:
     """
     lines = plan_text(launch.plan)
     lines.append(f"  launcher: {launch.launcher}")
+    lines += sources_text(launch)
     for i, cmd in enumerate(launch.commands):
         where = f" on {cmd.host}" if cmd.host else ""
         lines.append(f"  command {i + 1}{where}:")

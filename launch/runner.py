@@ -5,6 +5,14 @@ The launched workload reports to the same hub as a new run: the templates hand i
 hub endpoint, the new run id, the parent run and the scope (``RANKSCOPE_HUB``,
 ``RANKSCOPE_RUN``, ``RANKSCOPE_PARENT_RUN``, ``RANKSCOPE_SCOPE`` for ``rankscope run``;
 arguments for the simulated cluster). Nothing runs through a shell.
+
+Where the program comes from (`Launch.sources`): unless ``--script`` / ``--script-arg``
+name them, the training script and its arguments are the parent's ``argv`` as its ranks
+reported it in the manifest, and the hosts are the host names the ranks reported — all
+telemetry, which anyone who can reach the hub can write. The plan says so for every part,
+and `program_check` decides whether a confirmed launch may run a program telemetry chose:
+only one that the user named (``--script``) or that the rerun allow-list holds
+(``[rerun] allow`` in the settings file, `rankscope.tui.settings.RerunSettings`).
 """
 
 from __future__ import annotations
@@ -29,10 +37,13 @@ from rankscope.launch.templates import (
 )
 
 __all__ = [
+    "TELEMETRY",
     "Launch",
     "LaunchSettings",
     "RunningRerun",
+    "launch_sources",
     "prepare",
+    "program_check",
     "reruns_dir",
     "script_from_manifest",
     "start",
@@ -49,7 +60,8 @@ class LaunchSettings:
     script: str | None = None
     """Training script; default: the parent run's (`script_from_manifest`)."""
     script_args: tuple[str, ...] | None = None
-    """Its arguments; default: the parent run's."""
+    """Its arguments; default: the parent run's when ``script`` is unset or the parent's
+    own script, else none."""
     master_port: int | None = None
     scenario: str | None = None
     seed: int | None = None
@@ -73,6 +85,19 @@ class Launch:
     scenario_spec: tuple[Path, str, dict[str, Any]] | None = None
     """``(file, name, spec)``: the simulated parent's scenario as it ran, which the command
     names and `start` writes (preparing a launch writes nothing)."""
+    sources: dict[str, str] = field(default_factory=dict)
+    """Where each part of what runs comes from: ``script``, ``args``, ``hosts`` (and
+    ``scenario`` for a simulated parent) -> `TELEMETRY`, ``--script``, ``--script-arg``,
+    ``template`` (the launcher template's own program, no script) or ``none``."""
+
+    @property
+    def telemetry_script(self) -> str | None:
+        """The script the commands run when telemetry chose it (the parent's manifest
+        ``argv``), else None."""
+        if self.sources.get("script") != TELEMETRY:
+            return None
+        script = self.values.get("script")
+        return script if isinstance(script, str) else None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON (``rerun --json``, the launch record beside the log)."""
@@ -83,11 +108,84 @@ class Launch:
             "launcher": self.launcher,
             "log": str(self.log),
             "warnings": list(self.warnings),
+            "sources": dict(self.sources),
             "commands": [
                 {"argv": list(c.argv), "env": dict(c.env), "host": c.host, "display": c.display}
                 for c in self.commands
             ],
         }
+
+
+TELEMETRY = "telemetry"
+"""`Launch.sources` value of a part taken from what the parent's ranks reported."""
+
+
+def launch_sources(
+    template: LauncherTemplate, settings: LaunchSettings, manifest: Mapping[str, Any] | None
+) -> dict[str, str]:
+    """Where each part of what a launch runs comes from (`Launch.sources`; `plan_values`
+    chooses the values the same way).
+
+    Args:
+        template: the launcher template (does it run a ``{script}``, a ``{scenario}``?).
+        settings: the user's overrides (``script``, ``script_args``, ``scenario``).
+        manifest: the parent run's manifest.
+
+    Returns:
+        Part -> origin: ``script``, ``args``, ``hosts``, ``scenario`` where used.
+    """
+    text = " ".join((*template.command, *template.argv))
+    recorded, recorded_args = script_from_manifest(manifest or {})
+    out: dict[str, str] = {}
+    if "{script}" in text:
+        if settings.script is not None:
+            out["script"] = "--script"
+        else:
+            out["script"] = TELEMETRY if recorded else "none"
+        if settings.script_args is not None:
+            out["args"] = "--script-arg"
+        elif settings.script is not None and settings.script != recorded:
+            out["args"] = "none"  # another script than the parent's: none of its arguments
+        else:
+            out["args"] = TELEMETRY if recorded_args else "none"
+    else:
+        out["script"] = "template"
+    if "{scenario}" in text:
+        out["scenario"] = "--scenario" if settings.scenario is not None else TELEMETRY
+    out["hosts"] = TELEMETRY
+    return out
+
+
+def program_check(launch: Launch, allow: Sequence[str] = (), *, cli: bool = True) -> str | None:
+    """Whether a confirmed launch may run the program it names.
+
+    A program the user named (``--script``) or the template's own runs. A script taken
+    from telemetry (the parent's manifest ``argv``) runs only when a pattern of ``allow``
+    matches it (``fnmatch``, on the path as recorded: ``train.py``,
+    ``/shared/jobs/*.py``).
+
+    Args:
+        launch: the prepared launch.
+        allow: the rerun allow-list (``[rerun] allow`` of the settings).
+        cli: the refusal also says that ``--script`` confirms it (the command line's way).
+
+    Returns:
+        None when it may run; else one line saying why not and how to allow it.
+    """
+    from fnmatch import fnmatchcase
+
+    script = launch.telemetry_script
+    if script is None or any(fnmatchcase(script, pat) for pat in allow):
+        return None
+    from rankscope.sanitize import for_terminal
+
+    shown = for_terminal(repr(script))
+    confirm = f"pass --script {shown} to confirm it, or " if cli else ""
+    return (
+        f"refusing to run {shown}: the script comes from the recorded manifest (telemetry), "
+        f"not from you; {confirm}add it to [rerun] allow in the rankscope settings file "
+        "(RANKSCOPE_CONFIG, ./rankscope.toml or ~/.config/rankscope/config.toml)"
+    )
 
 
 def reruns_dir(record: str | Path) -> Path:
@@ -146,7 +244,11 @@ def plan_values(
     """
     script, args = script_from_manifest(manifest or {})
     if settings.script is not None:
-        script, args = settings.script, ()
+        # Naming the parent's own script confirms it and keeps its recorded arguments;
+        # another script starts without them.
+        if settings.script != script:
+            args = ()
+        script = settings.script
     if settings.script_args is not None:
         args = settings.script_args
     sim = (manifest or {}).get("sim")
@@ -233,6 +335,7 @@ def prepare(
         values=values,
         warnings=_launch_warnings(commands, values, local),
         scenario_spec=scenario_spec,
+        sources=launch_sources(template, settings, manifest),
     )
 
 

@@ -66,6 +66,8 @@ def test_one_node_rerun_of_a_gloo_job_reports_as_a_child_run(
         assert parent.world_size == 2 and parent.scope == "full"
         time.sleep(1.0)  # let the recording flush what the store already has
         argv = ["rerun", str(rec), "--scope", "one-node", "--launcher", "torchrun", "--yes"]
+        # The parent's script comes from its manifest (telemetry): naming it confirms it.
+        argv += ["--script", str(SCRIPT)]
         code = main([*argv, "--master-port", str(free_port_pair()), "--json"])
         out = json.loads(capsys.readouterr().out)
         log = Path(out["log"])

@@ -2,7 +2,11 @@
 
 Planning (diagnosis, plan, launcher template) and launching run in worker threads and
 come back as messages; the screen only draws and takes keys. Nothing is launched without
-the plan on screen and an explicit ``y``.
+the plan on screen and an explicit ``y``. The plan says which parts of the program come
+from telemetry (script, arguments, hosts: the parent's manifest and its ranks' host names),
+and ``y`` runs a script telemetry chose only when ``[rerun] allow`` of the settings lists it
+(`rankscope.launch.runner.program_check`). Every line drawn is
+`rankscope.sanitize.for_terminal`-clean: the plan quotes host names and run ids.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from rankscope.launch.runner import Launch
+from rankscope.sanitize import for_terminal
 from rankscope.tui.abbrev import Field, fit_fields
 from rankscope.tui.rerun_context import (
     RerunContext,
@@ -116,7 +121,7 @@ class RerunScreen(ModalScreen[str | None]):
         widget = self.query_one("#title", Static)
         # At 80 columns the hub, then the launcher, give way to the run's name.
         fields = [
-            Field(Text(f"Rerun {parent_of(self.app) or '?'}"), sep=""),
+            Field(Text(f"Rerun {for_terminal(parent_of(self.app) or '?')}"), sep=""),
             Field(Text(f"launcher {launcher}"), priority=1, sep=" · "),
             Field(Text(f"hub {hub}"), priority=2, sep=" · "),
         ]
@@ -132,7 +137,7 @@ class RerunScreen(ModalScreen[str | None]):
         body = self.query_one("#body", Static)
         width = body.content_size.width
         lines: list[str] = []
-        for line in self.result.lines:
+        for line in map(for_terminal, self.result.lines):
             if width <= 0 or len(line) <= width:
                 lines.append(line)
                 continue
@@ -145,7 +150,7 @@ class RerunScreen(ModalScreen[str | None]):
         body.update(Text("\n".join(lines)))
 
     def _status(self, text: str, style: str = "") -> None:
-        self.query_one("#status", Static).update(Text(text, style=style))
+        self.query_one("#status", Static).update(Text(for_terminal(text), style=style))
 
     def action_scope(self, scope: str) -> None:
         """Plan a rerun at ``scope`` (in a worker)."""
@@ -191,11 +196,17 @@ class RerunScreen(ModalScreen[str | None]):
 
     def action_launch(self) -> None:
         """Launch the plan on screen, then close and follow the new run."""
-        from rankscope.launch.runner import start
+        from rankscope.launch.runner import program_check, start
 
         res = self.result
         if res is None or res.launch is None:
             self._status("nothing to launch: plan a scope first (1, n, 2, f)", "yellow")
+            return
+        settings = getattr(self.app, "settings", None)
+        allow = settings.rerun.allow if settings is not None else ()
+        refused = program_check(res.launch, allow, cli=False)
+        if refused is not None:
+            self._status(refused, "bold red")
             return
         try:
             running = start(res.launch)
@@ -203,7 +214,8 @@ class RerunScreen(ModalScreen[str | None]):
             self._status(f"launch failed: {exc}", "bold red")
             return
         session_of(self.app).running[running.run] = running
-        self.app.notify(f"launched {running.run}; log {res.launch.log}", timeout=5)
+        note = for_terminal(f"launched {running.run}; log {res.launch.log}")
+        self.app.notify(note, timeout=5, markup=False)
         self.dismiss(running.run)
 
     def action_cancel_rerun(self) -> None:
@@ -259,7 +271,7 @@ def plan_rerun(app: Any, ctx: RerunContext, scope: str) -> PlanResult:
                 if ctx.hub is None
                 else "no recording to log beside (start the view with --record DIR to launch)"
             )
-            text = tuple(plan_text(plan))
+            text = (*plan_text(plan), *_origins(plan, ctx, window.manifest))
             return PlanResult(scope, None, text, f"{why}: shown, not launchable", ctx.launcher)
         launch = prepare(
             plan,
@@ -273,6 +285,18 @@ def plan_rerun(app: Any, ctx: RerunContext, scope: str) -> PlanResult:
     return PlanResult(scope, launch, tuple(launch_text(launch)), "", ctx.launcher)
 
 
+def _origins(plan: Any, ctx: RerunContext, manifest: dict[str, Any]) -> list[str]:
+    """Where the program of a plan that cannot be launched would come from."""
+    from rankscope.launch.report import origin_lines
+    from rankscope.launch.runner import LaunchSettings, launch_sources, script_from_manifest
+    from rankscope.launch.templates import find_launcher
+
+    script, args = script_from_manifest(manifest)
+    template = find_launcher(ctx.launcher, ctx.launcher_dirs)
+    shown = {"script": script, "args": " ".join(args), "hosts": ", ".join(plan.hosts)}
+    return origin_lines(launch_sources(template, LaunchSettings(hub=""), manifest), shown)
+
+
 def open_rerun_menu(app: Any) -> None:
     """Open the rerun menu on the run on screen; a launched rerun becomes the run shown.
 
@@ -284,6 +308,6 @@ def open_rerun_menu(app: Any) -> None:
     def done(run: str | None) -> None:
         if run:
             app.run_id = run
-            app.notify(f"following {run}", timeout=3)
+            app.notify(for_terminal(f"following {run}"), timeout=3, markup=False)
 
     app.push_screen(RerunScreen(ctx), done)

@@ -22,7 +22,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, get_origin, get_type_hints
 
 import tomllib
 
@@ -109,6 +109,17 @@ class DisplaySettings:
 
 
 @dataclass(frozen=True)
+class RerunSettings:
+    """What a confirmed rerun may run (``rankscope rerun --yes``, ``y`` in the rerun menu)."""
+
+    allow: tuple[str, ...] = ()
+    """Training scripts a rerun may run when the program comes from telemetry (the parent
+    run's manifest ``argv``, which anyone who reaches the hub can write): ``fnmatch``
+    patterns on the path as recorded (``"train.py"``, ``"/shared/jobs/*.py"``). A script
+    named with ``--script`` always runs; any other telemetry script is refused."""
+
+
+@dataclass(frozen=True)
 class StateSettings:
     """Where per-job view state (pins, metric, grouping, baseline) is kept."""
 
@@ -145,6 +156,8 @@ class Settings:
     """Persisted view state."""
     hub: HubSettings = field(default_factory=HubSettings)
     """In-process hub."""
+    rerun: RerunSettings = field(default_factory=RerunSettings)
+    """What reruns may run."""
 
     def state_dir(self) -> Path:
         """The folder where per-job view state lives."""
@@ -208,6 +221,11 @@ def _section(cls: type, data: Mapping[str, Any], where: str, prefix: str) -> Any
         if key not in names:
             raise SettingsError(f"{where}: unknown key '{prefix}{key}' (known: {sorted(names)})")
         typ = hints[key]
+        if get_origin(typ) is tuple:  # tuple[str, ...]: a TOML array of strings
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise SettingsError(f"{where}: {prefix}{key} must be a list of strings")
+            kwargs[key] = tuple(value)
+            continue
         if isinstance(typ, type) and dataclasses.is_dataclass(typ):
             if not isinstance(value, Mapping):
                 raise SettingsError(f"{where}: [{prefix}{key}] must be a table")

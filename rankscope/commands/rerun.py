@@ -5,6 +5,13 @@ The plan comes from the run's window and its diagnosis (the verdict's top hypoth
 the suspect rank, node or pair); the command from a launcher template. The rerun reports
 to the hub that records PATH (or ``--hub``) as a new run with ``parent_run`` and its scope;
 its output goes to ``PATH/reruns/<run>.log``.
+
+The program a rerun runs is, unless ``--script`` names it, the parent's ``argv`` from its
+manifest: telemetry. The plan marks every part that comes from telemetry (script,
+arguments, hosts), and ``--yes`` runs a telemetry script only when ``[rerun] allow`` of
+the settings file (``--config``, ``RANKSCOPE_CONFIG``, ``./rankscope.toml``, the user
+config dir) matches it (`rankscope.launch.runner.program_check`); naming the parent's
+script with ``--script`` confirms it and keeps its recorded arguments.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from rankscope.commands.grammar import (
 )
 from rankscope.errors import CommandError
 from rankscope.launch.scopes import LADDER
+from rankscope.sanitize import for_terminal, terminal_text
 
 HELP = "Propose (and with --yes launch) a one-rank/one-node/two-node/full rerun of a run"
 DEFAULT_STEPS = 64
@@ -58,7 +66,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--hub", default=None, help="hub endpoint the rerun reports to (default: PATH's live hub)"
     )
-    p.add_argument("--script", default=None, help="training script (default: the run's own)")
+    p.add_argument(
+        "--script",
+        default=None,
+        help="training script (default: the run's own, from its manifest; --yes runs that "
+        "only when it is in [rerun] allow, or named here, which keeps its arguments)",
+    )
     p.add_argument(
         "--script-arg",
         action="append",
@@ -88,6 +101,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="only show the plan and its commands, writing nothing (the default without --yes)",
     )
     p.add_argument("--yes", action="store_true", help="launch without asking")
+    p.add_argument(
+        "--config",
+        metavar="PATH",
+        default=None,
+        help="settings file with the [rerun] allow-list (default: RANKSCOPE_CONFIG, "
+        "./rankscope.toml, the user config dir)",
+    )
     p.add_argument("--detach", action="store_true", help="with --yes: do not wait for the end")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
@@ -128,7 +148,8 @@ def pick_run(store: Any, run: str | None) -> Any:
     if run is not None:
         found = next((r for r in runs if r.run == run), None)
         if found is None:
-            raise CommandError(f"unknown run {run!r}; runs: {', '.join(r.run for r in runs)}")
+            known = ", ".join(for_terminal(r.run) for r in runs)
+            raise CommandError(f"unknown run {run!r}; runs: {known}")
         return found
     full = [r for r in runs if r.scope == "full" and r.parent_run is None]
     return (full or runs)[-1]
@@ -211,9 +232,29 @@ def _prepare(args: argparse.Namespace, launching: bool) -> tuple[Any, Any]:
     return launch, verdict
 
 
+def allow_list(config: str | None) -> tuple[str, ...]:
+    """The rerun allow-list of the settings file (``[rerun] allow``).
+
+    Args:
+        config: ``--config``, or None for the documented discovery order.
+
+    Returns:
+        The patterns (empty when no file sets them).
+
+    Raises:
+        CommandError: the settings file is missing, unreadable or invalid.
+    """
+    from rankscope.tui.settings import SettingsError, load_settings
+
+    try:
+        return load_settings(config).rerun.allow
+    except SettingsError as exc:
+        raise CommandError(str(exc)) from None
+
+
 def run(args: argparse.Namespace) -> int:
     from rankscope.launch.report import launch_text
-    from rankscope.launch.runner import start
+    from rankscope.launch.runner import program_check, start
     from rankscope.launch.templates import TemplateError, list_launchers, load_template
 
     if args.list_launchers:
@@ -233,21 +274,26 @@ def run(args: argparse.Namespace) -> int:
             f"{'|'.join(LADDER)}; or rankscope rerun --list-launchers)"
         )
     go = args.yes and not args.dry_run
+    allow = allow_list(getattr(args, "config", None)) if go else ()
     launch, verdict = _prepare(args, go)
+    refused = program_check(launch, allow) if go else None
     if args.json:
         out = launch.to_dict()
         out["verdict"] = [h.mechanism for h in verdict.hypotheses[:3]]
-        out["launched"] = go
+        out["launched"] = go and refused is None
         print(json.dumps(out, indent=2))
     else:
-        print("\n".join(launch_text(launch)))
+        print(terminal_text("\n".join(launch_text(launch))))
+    if refused is not None:
+        raise CommandError(refused)
     if not go:
         if not args.json:
             print("dry run: nothing was started or written; pass --yes to launch")
         return 0
     running = start(launch)
     if not args.json:
-        print(f"started {running.run} (pids {', '.join(map(str, running.pids))})", flush=True)
+        pids = ", ".join(map(str, running.pids))
+        print(terminal_text(f"started {running.run} (pids {pids})"), flush=True)
     if args.detach:
         return 0
     try:
@@ -255,8 +301,8 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(0.2)
     except KeyboardInterrupt:
         code = running.cancel()
-        print(f"cancelled {running.run}", file=sys.stderr)
+        print(terminal_text(f"cancelled {running.run}"), file=sys.stderr)
         return 130
     if not args.json:
-        print(f"{running.run} finished with exit code {code}; log: {launch.log}")
+        print(terminal_text(f"{running.run} finished with exit code {code}; log: {launch.log}"))
     return 0 if code == 0 else 1
