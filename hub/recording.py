@@ -693,6 +693,11 @@ class RecordingWriter:
             self._lockfile.close()
 
 
+_IMPLAUSIBLE_VERSION = 256
+"""A segment header version from here up is damage (a flipped bit), not a newer format:
+formats are numbered 1, 2, 3..."""
+
+
 class _SegmentCursor:
     """Incremental parser of one segment file; survives partial frames at the end."""
 
@@ -758,14 +763,20 @@ class _SegmentCursor:
                     self.dead = True
                 return []
             magic, version, _ = _FILE_HEADER.unpack_from(self.buf, 0)
-            if magic != FILE_MAGIC:
-                self._skip(0, os.fstat(self.f.fileno()).st_size, "bad_header")
-                self.dead = True
-                return []
-            if version > FORMAT_VERSION:
+            damaged = magic != FILE_MAGIC or version >= _IMPLAUSIBLE_VERSION
+            if not damaged and version > FORMAT_VERSION:
                 raise RecordingError(
                     f"{self.path} is format version {version}; this reader knows {FORMAT_VERSION}"
                 )
+            if damaged:
+                # A flipped byte in the header must not cost the segment's frames, which
+                # carry checksums of their own: with a valid frame behind it, only the
+                # header is skipped. Without one the file is not a segment at all.
+                if self._resync(_FILE_HEADER.size - 1) is None:
+                    self._skip(0, os.fstat(self.f.fileno()).st_size, "bad_header")
+                    self.dead = True
+                    return []
+                self._skip(0, _FILE_HEADER.size, "bad_header")
             self.header_checked = True
             self.buf = self.buf[_FILE_HEADER.size :]
             self.base = _FILE_HEADER.size

@@ -260,6 +260,30 @@ def test_damage_and_bad_records_together_lose_only_themselves(tmp_path) -> None:
     assert store.window("r1").world_size == 4 and store.runs()[0].n_ranks_seen == 4
 
 
+@pytest.mark.parametrize(("byte", "bit"), [(0, 0), (5, 3), (11, 2), (8, 7 + 8)])
+def test_a_flipped_bit_in_a_segment_header_costs_only_the_header(tmp_path, byte, bit) -> None:
+    hostile.write_recording(tmp_path, [b"one", b"two"], sessions=2)
+    seg = segments(tmp_path)[0]
+    data = bytearray(seg.read_bytes())
+    data[byte + bit // 8] ^= 1 << (bit % 8)  # the magic, or the version to 2^8 + 1 and up
+    seg.write_bytes(bytes(data))
+    report = ReadReport()
+    assert [f.payload for f in read_frames(tmp_path, report)] == [b"one", b"two"]
+    assert [(s.segment, s.offset, s.nbytes, s.reason) for s in report.skipped] == [
+        (seg.name, 0, 16, "bad_header")
+    ]
+
+
+def test_a_plausible_newer_version_is_still_refused(tmp_path) -> None:
+    hostile.write_recording(tmp_path, [b"one"])
+    seg = segments(tmp_path)[0]
+    data = bytearray(seg.read_bytes())
+    data[8] = 3
+    seg.write_bytes(bytes(data))
+    with pytest.raises(RecordingError, match="format version 3"):
+        list(read_frames(tmp_path))
+
+
 # -- segment numbering ------------------------------------------------------------------------
 
 
