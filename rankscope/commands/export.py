@@ -15,6 +15,7 @@ from rankscope.collector import schema
 from rankscope.commands.grammar import add_run, add_steps, load_run, recording_of
 from rankscope.diagnosis.window import Window
 from rankscope.errors import CommandError
+from rankscope.sanitize import terminal_text
 
 HELP = "Export a recording as a Perfetto trace (--perfetto) or CSV tables (--csv)"
 DEFAULT_STEPS = 100
@@ -139,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     span = (
         f"steps {int(window.steps[0])}-{int(window.steps[-1])}" if window.steps.size else "no step"
     )
-    print(f"run {window.run} ({window.scope}, {window.world_size} ranks), {span}")
+    print(terminal_text(f"run {window.run} ({window.scope}, {window.world_size} ranks), {span}"))
     try:
         if args.perfetto:
             from rankscope.hub.export_perfetto import phase_spans, write_trace
@@ -148,17 +149,19 @@ def run(args: argparse.Namespace) -> int:
             spans = phase_spans(window, table, names) if table["step"].shape[0] else None
             s = write_trace(args.perfetto, window, spans, ranks)
             print(
-                f"perfetto: {s.path}: {s.slices} slices ({s.collectives} collectives, "
-                f"{s.last_arrivals} last arrivals marked) on {s.ranks} ranks, {s.hosts} hosts"
-                + f" ({s.threads} threads)"
-                + " — open it at ui.perfetto.dev"
+                terminal_text(
+                    f"perfetto: {s.path}: {s.slices} slices ({s.collectives} collectives, "
+                    f"{s.last_arrivals} last arrivals marked) on {s.ranks} ranks, {s.hosts} hosts"
+                    + f" ({s.threads} threads)"
+                    + " — open it at ui.perfetto.dev"
+                )
             )
         if args.csv:
             from rankscope.hub.export_csv import write_csv
 
             c = write_csv(args.csv, window)
             tables = ", ".join(f"{name} ({n} rows)" for name, n in c.rows.items())
-            print(f"csv: {c.folder}: {tables}")
+            print(terminal_text(f"csv: {c.folder}: {tables}"))
     except ValueError as exc:  # an output the writers refuse (e.g. a folder in the way)
         raise CommandError(str(exc)) from None
     return 0
