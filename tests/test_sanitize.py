@@ -168,25 +168,38 @@ def test_tui_host_with_osc2_osc52_csi_is_shown_escaped(hostile, tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     app = make_app(deterministic_settings(), RecordingSource(hostile, follow=False))
 
-    async def scenario() -> tuple[str, list[str]]:
+    def cells() -> list[str]:
+        return [
+            str(c)
+            for table in app.screen.query(DataTable)
+            for row in range(table.row_count)
+            for c in table.get_row_at(row)
+        ]
+
+    async def scenario() -> dict[str, tuple[str, list[str]]]:
+        shots = {}
         async with app.run_test(size=(140, 44)) as pilot:
             await settle(app, pilot, analysis=True)
             app.group_by = "host"
             await pilot.pause(0.3)
-            cells = [
-                str(c)
-                for table in app.screen.query(DataTable)
-                for row in range(table.row_count)
-                for c in table.get_row_at(row)
-            ]
-            return app.export_screenshot(), cells
+            shots["main"] = (app.export_screenshot(), cells())
+            await pilot.press("d")  # the manifest: versions.torch carries OSC 2
+            await pilot.pause(0.5)
+            shots["manifest"] = (app.export_screenshot(), cells())
+            await pilot.press("escape", "b")  # the baseline picker lists ESC_RUN
+            await pilot.pause(0.5)
+            shots["baseline"] = (app.export_screenshot(), cells())
+        return shots
 
-    svg, cells = asyncio.run(scenario())
-    assert ESC not in svg and "\x07" not in svg
-    ET.fromstring(svg)  # well-formed
-    text = re.sub(r"<[^>]+>", "", svg).replace("&#160;", " ")
-    assert "\\x1b]" in text, "the hostile host name is not on screen at all"
-    assert all(ESC not in c for c in cells)
+    shots = asyncio.run(scenario())
+    for name, (svg, table_cells) in shots.items():
+        assert ESC not in svg and "\x07" not in svg, name
+        ET.fromstring(svg)  # well-formed
+        assert all(ESC not in c for c in table_cells), name
+        text = re.sub(r"<[^>]+>", "", svg).replace("&#160;", " ")
+        # The hostile strings are on screen, as visible escapes.
+        assert "\\x1b]" in text, f"{name}: no hostile string on screen at all"
+    assert "early\\x1b]2;pwned" in re.sub(r"<[^>]+>", "", shots["baseline"][0])
 
 
 # -- the commands ----------------------------------------------------------------------------
