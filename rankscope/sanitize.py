@@ -40,14 +40,18 @@ at each output, rather than a call at every format string):
   are keys — they name runs in the store, in reruns and in ladders — so they stay as
   recorded and are cleaned where they are shown.
 - Outputs: every command prints through `terminal_text` (``inspect``, ``diagnose``,
-  ``ladder``, ``report``, ``snapshot``, ``rerun``); ``snapshot.md`` escapes each value with
-  `for_markdown` / `for_markdown_code`; ``screen.svg`` is written through `xml_chars` (the
-  TUI's own SVG export already escapes ``&<>``); CSV cells go through `for_csv_cell`; a
-  snapshot's folder and ``manifests/<run>.json`` names through `for_filename`; the TUI's
-  markup strings through `for_markup`. JSON output needs nothing: ``json.dumps`` escapes
-  every control and non-ASCII character.
+  ``ladder``, ``snapshot``, ``export``, ``rerun``); ``report`` draws `clean_data` of the
+  snapshot with every value as plain ``Text``, never markup; ``snapshot.md`` escapes each
+  value with `for_markdown` / `for_markdown_code`; ``screen.svg`` is written through
+  `xml_chars` (Rich's and Textual's SVG export already escape ``&<>``); CSV cells go
+  through `for_csv_cell`; a snapshot's folder and ``manifests/<run>.json`` names through
+  `for_filename`; in the TUI, ``DataTable`` str cells through `for_markup`, run ids and
+  notifications through `for_terminal` (``notify(..., markup=False)``). JSON output needs nothing: ``json.dumps``
+  escapes every control and non-ASCII character.
 
 Cleaning is idempotent and never raises: anything that is not a string is ``str()``-ed.
+The module needs only the standard library (Rich is imported by `for_markup` alone, when
+called), so every layer, the hub's exporters included, may use it.
 """
 
 from __future__ import annotations
