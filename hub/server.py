@@ -45,6 +45,12 @@ log = logging.getLogger("rankscope.hub")
 CLOCK_VERSION = 1
 _DRAIN = 512
 """Messages taken per wake-up before housekeeping (settle, flush) gets a turn."""
+_HANDSHAKE_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+"""Monitor events of a connection refused at the security handshake."""
 _STOP_GRACE_S = 0.05
 _STOP_DRAIN_MAX_S = 1.0
 """On stop, messages are drained until none came for ``_STOP_GRACE_S`` (at most
@@ -146,7 +152,15 @@ class Hub:
         self._started = False
         self._stopped = False
         self._lock = threading.Lock()
-        self.transport_stats = {"connects": 0, "disconnects": 0, "clock_pings": 0, "clock_bad": 0}
+        self.transport_stats = {
+            "connects": 0,
+            "disconnects": 0,
+            "refused": 0,
+            "clock_pings": 0,
+            "clock_bad": 0,
+        }
+        """Data connections accepted and lost, ``refused`` at the security handshake (no
+        keys, an unauthorised key, another hub's key), and clock pings answered and bad."""
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -309,7 +323,9 @@ class Hub:
         feed = self.intake.feed
         feed_many = self.intake.feed_many
         max_bytes = self.limits.max_queued_bytes
-        monitor = data.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        monitor = data.get_monitor_socket(
+            zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | _HANDSHAKE_FAILED
+        )
         poller = zmq.Poller()
         poller.register(data, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
@@ -358,6 +374,17 @@ class Hub:
             data.disable_monitor()
             monitor.close(0)
 
+    def _refusal_hint(self) -> str:
+        if self.security is None:
+            return (
+                "a collector speaking CURVE to this plain hub (started with --insecure or "
+                "without keys)"
+            )
+        return (
+            f"a collector without keys, with a key not in {self.security.authorized}, or "
+            "holding another hub's key"
+        )
+
     def _read_monitor(self, monitor: zmq.Socket) -> None:
         while True:
             try:
@@ -368,6 +395,13 @@ class Hub:
                 self.transport_stats["connects"] += 1
             elif ev["event"] == zmq.EVENT_DISCONNECTED:
                 self.transport_stats["disconnects"] += 1
+            elif ev["event"] & _HANDSHAKE_FAILED:
+                self.transport_stats["refused"] += 1
+                if self.transport_stats["refused"] == 1:
+                    log.warning(
+                        "hub refused a connection at the security handshake: %s",
+                        self._refusal_hint(),
+                    )
 
     def _housekeeping(self) -> None:
         try:

@@ -186,6 +186,8 @@ def test_a_plain_client_delivers_nothing_never_blocks_and_warns_once(
             plain.send(hello("plain"))
             plain.read_events()
         assert plain.dropped > 0
+    assert wait_for(lambda: curve_hub.transport_stats["refused"] >= 1)
+    assert "refused a connection at the security handshake" in caplog.text
     warnings = [r for r in caplog.records if "refused the connection handshake" in r.message]
     assert len(warnings) == 1
     assert "rankscope keys" in warnings[0].message
@@ -244,6 +246,7 @@ def test_hub_command_with_keys_speaks_curve_to_an_authorised_collector(keys: Pat
         with Sender(hub.endpoint, watch=True) as plain:
             plain.send(hello("plain"))
             assert wait_for(lambda: refused(plain))
+        hub.wait_line(r"refused [1-9]", timeout=WAIT_S)
         with Sender(hub.endpoint, curve=load_client_curve(keys)) as sender:
             assert sender.send(hello("curve"))
             hub.wait_line(r"runs 1 \| ranks 1/1", timeout=WAIT_S)
