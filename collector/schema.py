@@ -38,6 +38,12 @@ SCHEMA_VERSION = 1
 MAX_MESSAGE_BYTES = 32 * 1024 * 1024
 """Largest message the hub accepts (and the ZMQ ``MAXMSGSIZE`` it sets)."""
 
+MAX_HEADER_BYTES = 8 * 1024 * 1024
+"""Most bytes a message may hold outside its ``tables`` (identity, manifest, groups...).
+Those fields decode into Python objects, up to ~60 times their packed size for maps of
+tiny values; the columns of ``tables`` decode into one bytes object each. A larger
+message is measured before it is decoded, so the bound holds before any object exists."""
+
 MAX_ROWS = 1_000_000
 """Largest row count of one table in one message."""
 
@@ -520,7 +526,29 @@ def _decode_table(name: str, raw: Any) -> dict[str, np.ndarray]:
     return cols
 
 
-def decode(data: bytes) -> Message:
+def _header_bytes(data: bytes) -> int:
+    """Bytes of the top-level values other than ``tables``, measured without decoding
+    them (``Unpacker.skip``); 0 when the top level is not a map (decode says why)."""
+    unpacker = msgpack.Unpacker(max_buffer_size=len(data) + 1, raw=False)
+    unpacker.feed(data)
+    try:
+        n = unpacker.read_map_header()
+        total = 0
+        for _ in range(n):
+            start = unpacker.tell()
+            key = unpacker.unpack() if n < 64 else None
+            unpacker.skip()
+            if key != "tables":
+                total += unpacker.tell() - start
+            if n >= 64:
+                total = len(data)  # no message of this schema has that many fields
+                break
+        return total
+    except Exception:
+        return 0
+
+
+def decode(data: bytes, max_header_bytes: int = MAX_HEADER_BYTES) -> Message:
     """Decode and validate one message.
 
     Checks: size bound, msgpack, schema version, kind, header types and ranges (rank and
@@ -537,6 +565,7 @@ def decode(data: bytes) -> Message:
 
     Args:
         data: raw message bytes.
+        max_header_bytes: most bytes outside ``tables`` (see `MAX_HEADER_BYTES`).
 
     Returns:
         The decoded message.
@@ -546,6 +575,13 @@ def decode(data: bytes) -> Message:
     """
     if len(data) > MAX_MESSAGE_BYTES:
         raise SchemaError("too_large", f"{len(data)} bytes > {MAX_MESSAGE_BYTES}")
+    if len(data) > max_header_bytes:
+        head = _header_bytes(data)
+        if head > max_header_bytes:
+            raise SchemaError(
+                "too_large",
+                f"{head} bytes outside tables (identity, manifest, groups...) > {max_header_bytes}",
+            )
     try:
         obj = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=MAX_MESSAGE_BYTES)
     except Exception as exc:  # msgpack raises several unrelated types on garbage

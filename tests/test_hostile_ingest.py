@@ -227,9 +227,18 @@ def test_manifests_are_bounded_and_identical_ones_are_held_once() -> None:
     store = Store()
     intake = Intake(store, limits=Limits(max_identity_bytes=200_000))
     huge = {"env": {f"K{i}": "v" * 100 for i in range(300_000)}}  # ~30 MB packed
-    for r in range(3):
-        assert not intake.feed(hello(rank=r, manifest=huge))
+    sent = [hello(rank=r, manifest=huge) for r in range(3)]
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for m in sent:
+            assert not intake.feed(m)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
     assert rejects(store) == {"too_large": 3}
+    # Measured before decoding: no Python object of the manifest was ever made.
+    assert peak < 2 * len(sent[0])
     same = {"env": {f"K{i}": "v" * 100 for i in range(1000)}}  # ~100 KB
     for r in range(4):
         assert intake.feed(hello(rank=r, manifest=same))
