@@ -562,6 +562,15 @@ def test_a_hostile_stream_through_a_real_hub_leaves_every_reader_working(tmp_pat
         ctx.term()
     assert health["messages"] == len(good.messages)
     assert sum(health["rejects"].values()) == len(hostile_stream())
+    # The live store serves every run's series to Prometheus.
+    from prometheus_client import generate_latest
+
+    from rankscope.hub.prometheus import make_registry, store_source
+
+    registry, collector = make_registry(store_source(hub.store))
+    text = generate_latest(registry).decode()
+    assert collector.errors == 0
+    assert "rankscope_run_world_size{" in text and 'run="r1"' in text
     p = str(record)
     for argv in (
         ["inspect", p],
