@@ -10,7 +10,14 @@ A recording is a directory::
 
 Each hub session starts a new segment, so a hub killed mid-frame leaves at most a truncated
 tail in its own segment and a restarted hub never writes after garbage. A segment is also
-rotated when it grows past ``max_segment_bytes``. Readers join segments in name order.
+rotated when it grows past ``max_segment_bytes``. Readers join segments in number order
+(`segment_key`: ``segment-1000000`` follows ``segment-999999``; gaps and a number written
+twice hide nothing), and a writer never opens a segment file someone else created.
+
+A ``meta.json`` of the wrong shape (`meta_problem`) does not stop a hub: it is kept as
+``meta.json.bad-<n>`` and rebuilt from the segments (`repair_meta`). Each session records
+the hub's process (`process_identity`) and its heartbeat (``updated_ns``, refreshed at
+every flush), so a reader tells a killed hub from a running one (`session_liveness`).
 
 Segment file (format version ``FORMAT_VERSION``, little endian)::
 

@@ -283,7 +283,8 @@ def _mutate(msg: dict[str, Any], m: Mutation, rng: random.Random) -> None:
         if not 0 <= n <= 10_000:
             return
         if kind == "column":
-            arr = np.full(n, _column_value(dt, value), dtype=dt)
+            with np.errstate(over="ignore"):  # 1e308 as float32 is inf: extreme, as meant
+                arr = np.full(n, _column_value(dt, value), dtype=dt)
             table["cols"][col] = arr.tobytes()
         else:
             table["cols"][col] = bytes(rng.randrange(256) for _ in range(n * dt.itemsize))

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import hostile_records as hostile
 import msgpack
@@ -209,12 +210,65 @@ def _hello_message(**ident: object) -> schema.Message:
         ({"rail": 2**31}, "identity.rail 2147483648 is outside 32 bits"),
         ({"gpu_index": -(2**31) - 1}, "outside 32 bits"),
         ({"node_rank": True}, "identity.node_rank must be an integer, got bool"),
-        ({"world_size": 2**40}, "identity.world_size"),
+        ({"world_size": 2**21}, "identity.world_size 2097152 is over 1048576"),
     ],
 )
 def test_reader_check_refuses_what_the_rank_table_cannot_hold(ident, says) -> None:
     reason, detail = replay.reader_check(_hello_message(**ident)) or ("", "")
     assert reason == "bad_hello" and says in detail
+
+
+def _lax_decode(monkeypatch) -> None:
+    """The decoder of an older hub: a hello's identity unchecked (issue 17's gap)."""
+    strict = schema.decode
+
+    def lax(data: bytes, *args: Any, **kwargs: Any) -> schema.Message:
+        try:
+            obj = msgpack.unpackb(data, raw=False)
+        except Exception:
+            obj = None
+        if isinstance(obj, dict) and obj.get("kind") == "hello":
+            return schema.Message(kind="hello", header=obj, nbytes=len(data))
+        return strict(data, *args, **kwargs)
+
+    monkeypatch.setattr(schema, "decode", lax)
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("hello_mesh_str", "identity.mesh.tp must be an integer, got str"),
+        ("hello_rail_big", "identity.rail 1099511627776 is outside 32 bits"),
+        ("hello_node_rank_big", "identity.node_rank 9223372036854775807 is outside 32 bits"),
+        ("hello_world_huge", "identity.world_size 1099511627776 is outside 32 bits"),
+    ],
+)
+def test_what_an_older_decoder_let_through_the_replay_still_refuses(
+    tmp_path, monkeypatch, name, says
+) -> None:
+    _lax_decode(monkeypatch)
+    with_records(tmp_path, [name])
+    store = replay.load(tmp_path)
+    (skip,) = store.health["recording"]["skipped"]
+    assert skip["detail"] == f"bad_hello: {says}"
+    assert store.window("r1").world_size == 4 and store.runs()[0].n_ranks_seen == 4
+
+
+def test_a_live_store_that_took_a_bad_hello_still_gives_its_window(monkeypatch) -> None:
+    """A hub whose ingest lets a bad identity through: the views do not die of it, the
+    bad values read as unknown."""
+    from rankscope.hub.intake import Intake
+    from rankscope.hub.store import Store
+
+    _lax_decode(monkeypatch)
+    store = Store()
+    intake = Intake(store)
+    messages = list(job(world=4, steps=3).messages)
+    messages.insert(8, hostile.bad_records()["hello_rail_big"])
+    for m in messages:
+        intake.feed(m)
+    w = store.window("r1")
+    assert w.ranks.rail.tolist() == [0, -1, 0, 1]
 
 
 def test_reader_check_keeps_extreme_values_it_can_hold() -> None:
