@@ -26,7 +26,7 @@ from rankscope.launch.experiments import (
     list_experiments,
     record_experiment,
 )
-from rankscope.sanitize import for_terminal
+from rankscope.sanitize import for_terminal, terminal_text
 from rankscope.tui.rerun_context import (
     RerunContext,
     load_windows,
@@ -239,7 +239,8 @@ class ExperimentScreen(ModalScreen[None]):
             )
 
     def _say(self, text: str, style: str = "") -> None:
-        self.query_one("#result", Static).update(Text(text, style=style))
+        # Results name runs and quote records read from the recording folder.
+        self.query_one("#result", Static).update(Text(terminal_text(text), style=style))
 
     def action_save(self) -> None:
         """Record the prediction as written."""
