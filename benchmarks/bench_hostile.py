@@ -5,7 +5,7 @@ hub's intake path (`Intake.feed_many`, as the receive loop calls it, with the de
 `hub.validate.Limits`). Per sender: the rejects it earned, the store's accounted memory
 (ring grids + identities and manifests) before and after, and what Python holds
 (`tracemalloc`: *held* after the sender, *peak* during it, both above the state before).
-The budget line is the store's cell budget in bytes (``max_cells`` × 85 bytes a cell)
+The budget line is the store's cell budget in bytes (``max_cells`` × a cell's bytes)
 plus the identity budget: a hub's memory is that plus the fixed overhead measured here.
 
 Two senders reach the hub below Python: a live hub (a subprocess) receiving 40 messages
@@ -192,8 +192,13 @@ def _live_hub(conn, limits_kw: dict[str, Any]) -> None:  # a subprocess
     hub = Hub(limits=Limits(**limits_kw)).start()
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     conn.send((hub.endpoint, hub.clock_endpoint, base))
-    conn.recv()  # the senders are done
-    time.sleep(1.0)
+    want = conn.recv()  # the senders are done: wait for the hub to have taken it all
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        h = hub.health
+        if sum(h["rejects"].values()) >= want[0] and h["transport"]["clock_bad"] >= want[1]:
+            break
+        time.sleep(0.1)
     h = hub.health
     conn.send((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, h["rejects"], h["transport"]))
     hub.stop()
@@ -219,19 +224,19 @@ def live(quick: bool) -> list[str]:
         s.setsockopt(zmq.LINGER, 5000)
         s.connect(endpoint)
         socks.append(s)
-    for s in socks:
-        s.send(big, copy=False)
     clock = z.socket(zmq.DEALER)
-    clock.setsockopt(zmq.LINGER, 1000)
+    clock.setsockopt(zmq.LINGER, 5000)
     clock.connect(clock_endpoint)
     frame = b"\x00" * MiB
     for _ in range(20):
         clock.send(frame)
     for s in socks:
+        s.send(big, copy=False)
+    for s in socks:
         s.close()
     clock.close()
     z.term()
-    parent.send("done")
+    parent.send((n_conn, 20))
     peak_kb, rejects, transport = parent.recv()
     p.join(timeout=30)
     return [
@@ -242,12 +247,14 @@ def live(quick: bool) -> list[str]:
 
 
 def run(quick: bool) -> str:
+    from rankscope.hub.runstate import RunState
     from rankscope.hub.store import Store
     from rankscope.hub.validate import Limits
 
     limits = Limits()
     store = Store()
-    cell_bytes = store.max_cells * 85
+    per_cell = RunState("j", "r", 1, 1, 0).ring_nbytes() - 9  # a slot's own 9 bytes
+    cell_bytes = store.max_cells * per_cell
     budget = cell_bytes + limits.max_identity_bytes
     rows = [
         "## Hub memory under hostile senders",
@@ -256,7 +263,7 @@ def run(quick: bool) -> str:
         "`Intake.feed_many` with the default `Limits`. *accounted*: ring grids + identities "
         "and manifests (packed), before → after; *held* / *peak*: Python allocations "
         "(`tracemalloc`) after / during the sender, above the state before. Budget: "
-        f"{store.max_cells:,} cells × 85 B = {cell_bytes / MiB:.0f} MiB of rings + "
+        f"{store.max_cells:,} cells × {per_cell} B = {cell_bytes / MiB:.0f} MiB of rings + "
         f"{limits.max_identity_bytes / MiB:.0f} MiB of identities = {budget / MiB:.0f} MiB.",
         "",
         "| sender | sent | rejects | accounted (MiB) | held (MiB) | peak (MiB) | runs | "

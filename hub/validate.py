@@ -461,10 +461,17 @@ def values_plausible(msgs: list[schema.Message], limits: Limits) -> bool:
     s1: list[np.ndarray] = []
     ss: list[np.ndarray] = []
     c = ([], [], [], [], [], [], [], [], [])  # type: tuple[list[np.ndarray], ...]
+    p = ([], [], [], [])  # type: tuple[list[np.ndarray], ...]
+    tops: list[int] = []
     for m in msgs:
         tables = m.tables
-        if "phases" in tables:
-            return False  # rare from the collectors of today: checked one by one
+        ph = tables.get("phases")
+        if ph is not None:
+            tops.append(len(schema.PHASES) + len(m.header.get("phase_names") or []))
+            p[0].append(ph["phase"])
+            p[1].append(ph["t0"])
+            p[2].append(ph["t1"])
+            p[3].append(ph["step"])
         st = tables["steps"]
         s0.append(st["t_start"])
         s1.append(st["t_end"])
@@ -478,6 +485,20 @@ def values_plausible(msgs: list[schema.Message], limits: Limits) -> bool:
     T = schema.MAX_TIME_NS
     if d.min() < 0 or d.max() > span or t0.min() < 0 or t1.max() > T or step.min() < 0:
         return False
+    if p[0]:
+        code, a0, a1, pstep = (np.concatenate(part) for part in p)
+        top = np.repeat(np.array(tops, np.int64), [x.shape[0] for x in p[0]])
+        pd = a1 - a0
+        if (
+            code.min() < 0
+            or (code >= top).any()
+            or pd.min() < 0
+            or pd.max() > span
+            or a0.min() < 0
+            or a1.max() > T
+            or pstep.min() < 0
+        ):
+            return False
     if not c[0]:
         return True
     te, tx, ds, de, nb, seq, cstep, group, op = (np.concatenate(part) for part in c)

@@ -605,3 +605,27 @@ def test_a_batch_checks_values_together_and_still_names_each_culprit() -> None:
     big = steps(ss=list(range(600)), colls__t_enter=-5)
     assert i2.feed_many([big, steps(rank=1, ss=[5])], 0) == 1
     assert rejects(many)["bad_time"] == 2
+
+
+def test_a_batch_with_phases_builds_the_store_one_by_one_builds() -> None:
+    j = job(world=4, steps=6)
+    one, many = Store(), Store()
+    i1, i2 = Intake(one), Intake(many)
+    for m in j.messages:
+        i1.feed(m, 0)
+    i2.feed_many(j.messages, 0)
+    assert one.health["rejects"] == many.health["rejects"] == {}
+    a, b = one.window(j.run), many.window(j.run)
+    assert a.steps.tolist() == b.steps.tolist()
+    for name in a.phase_ns:
+        np.testing.assert_array_equal(a.phase_ns[name], b.phase_ns[name], err_msg=name)
+    # A phase code beyond the message's names, in a batch of good messages.
+    d = msgpack.unpackb(j.steps[0][-1], raw=False)
+    code = np.frombuffer(d["tables"]["phases"]["cols"]["phase"], np.int16).copy()
+    code[-1] = 99
+    d["tables"]["phases"]["cols"]["phase"] = code.tobytes()
+    d["tables"]["steps"]["cols"]["step"] = np.array([50], np.int64).tobytes()
+    fresh = Store()
+    i3 = Intake(fresh)
+    i3.feed_many([*j.messages, msgpack.packb(d, use_bin_type=True)], 0)
+    assert fresh.health["rejects"] == {"bad_phase": 1}
