@@ -16,12 +16,14 @@ Per run the store keeps
   oldest step of the ring.
 
 Memory is bounded across runs, not per run: the rings of all runs share one budget of
-``max_cells`` rank × step cells (85 bytes each, plus 8 per work, memory or host column and
+``max_cells`` rank × step cells (93 bytes each, plus 8 per work, memory or host column and
 per phase that some rank reports, and 8 more per phase whose CPU time some rank reports),
 planned by `hub.ringbudget`:
 
 - a new run's ring is sized when it says hello, from what the budget leaves it;
-- every run keeps a floor of ``max(16, floor_cells // world)`` steps (a baseline window);
+- every run keeps a floor of ``max(16, floor_cells // world)`` steps (a baseline window),
+  and the budget covers every floor: a new run is admitted (`Store.admit`) only while the
+  floors of all runs, its own included, fit ``max_cells``;
 - runs with a recent step share the rest, each up to what it would keep alone
   (``min(history_steps, max_cells // world)``); runs idle for ``idle_s`` of the steps' own
   clock (finished, stalled) keep what is still left, down to the floor;
@@ -31,8 +33,10 @@ planned by `hub.ringbudget`:
   offers an active run a quarter more than it holds, the ring grows. The plan is revisited
   when a run says hello and on every `Store.settle`.
 
-Beyond the rings: the pending rows of at most ``stale_steps`` steps and the raw rows of
-``raw_steps`` steps per run. The recording is separate and keeps everything.
+Beyond the rings: the pending rows of at most ``stale_steps`` steps (more while a rank
+that still sends steps lags, `LAG_HOLD_S`, and never older than the ring) and the raw rows
+of ``raw_steps`` steps per run; identities and manifests, packed, within the identity budget
+(`Store.admit_identity`). The recording is separate and keeps everything.
 
 All methods are thread-safe: the hub's receive thread ingests while viewers read windows.
 """
