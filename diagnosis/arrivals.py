@@ -70,6 +70,8 @@ class Matched:
     row_exit: np.ndarray
     """float64 per input row: ``t_exit`` relative to ``t0_ns`` (NaN unknown)."""
     t0_ns: int
+    row_first_exit: np.ndarray | None = None
+    """float64 per input row: earliest known exit of its instance (NaN unknown)."""
     """Origin of the relative times above."""
 
 
@@ -250,7 +252,7 @@ def match(
     t_start = relative_ns(rows["t_start"], t0_ns) if dev else None
     t_end = relative_ns(rows["t_end"], t0_ns) if dev else None
     nbytes_col = _column(rows, "nbytes", n)
-    first, last, margin, transfer, device_transfer = (np.empty(k) for _ in range(5))
+    first, last, margin, transfer, device_transfer, first_exit = (np.empty(k) for _ in range(6))
     last_rank = np.empty(k, np.int64)
     last_row = np.empty(k, np.int64)
     nbytes = np.empty(k, np.int64)
@@ -266,6 +268,7 @@ def match(
         b = match_block(enter[pos], exit_[pos], rank[pos], **device)
         first[sel], last[sel], margin[sel] = b.first, b.last, b.margin
         transfer[sel], device_transfer[sel] = b.transfer, b.device_transfer
+        first_exit[sel] = b.first_exit if b.first_exit is not None else np.nan
         last_rank[sel] = b.last_rank
         last_row[sel] = pos[b.last_row, np.arange(sel.shape[0])]
         nb = nbytes_col[pos]
@@ -305,6 +308,7 @@ def match(
         row_enter=enter,
         row_exit=exit_,
         t0_ns=int(t0_ns),
+        row_first_exit=first_exit[row_instance],
     )
 
 
@@ -437,6 +441,7 @@ def row_contributions(
         matched.row_is_last,
         is_async,
         cut,
+        matched.row_first_exit,
     )
     return {"n": np.ones(n), **out}
 

@@ -38,6 +38,8 @@ class BlockMatch:
     """float64 median over rows of ``exit - last`` (NaN rows ignored)."""
     device_transfer: np.ndarray
     """float64 median over device-timed rows of ``t_end - max t_start`` (NaN without)."""
+    first_exit: np.ndarray | None = None
+    """float64 min over rows of the known exit times (NaN where none is known)."""
     exits_after_last: bool = False
     """Every exit is known and not before its instance's last entry."""
 
@@ -148,6 +150,7 @@ def match_block(
         transfer = _median_of_nonnegative(row_transfer)
     else:
         transfer = block_nanmedian(row_transfer, overwrite=True)
+    first_exit = exit_.min(axis=0) if after else _nanmin_columns(exit_)
     device_transfer = np.full(k, np.nan)
     if flags is not None:
         dev = (flags & FLAG_DEVICE_TIMED) != 0
@@ -164,8 +167,16 @@ def match_block(
         margin=margin,
         transfer=transfer,
         device_transfer=device_transfer,
+        first_exit=first_exit,
         exits_after_last=after,
     )
+
+
+def _nanmin_columns(values: np.ndarray) -> np.ndarray:
+    """Min of each column of a float (c, k) block ignoring NaN; NaN for a column without a
+    finite value."""
+    known = np.where(np.isnan(values), np.inf, values).min(axis=0) if values.size else values[0]
+    return np.where(np.isfinite(known), known, np.nan)
 
 
 def contributions(
@@ -177,6 +188,7 @@ def contributions(
     is_last: np.ndarray,
     is_async: np.ndarray | None = None,
     cut: np.ndarray | None = None,
+    first_exit: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Each row's share of the time entries of ``window.COLL_AGGREGATES``.
 
@@ -194,11 +206,13 @@ def contributions(
         cut: the latest asynchronous issue of the row's rank in its step (relative ns, NaN
             for none), as :func:`rankscope.diagnosis.arrivals.async_cut`; used with
             ``is_async``.
+        first_exit: the row's instance earliest known exit (NaN unknown); None: no row
+            stayed after another left (``overstay_ns`` is zero).
 
     Returns:
         ``coll_ns``, ``wait_ns``, ``transfer_ns``, ``late_ns``, ``times_last``,
-        ``exposed_wait_ns``, ``exposed_transfer_ns`` -> float64 per row (entries may share
-        one array: treat them as read-only).
+        ``exposed_wait_ns``, ``exposed_transfer_ns``, ``overstay_ns`` -> float64 per row
+        (entries may share one array: treat them as read-only).
     """
     dur = exit_ - enter
     dur[~(dur > 0)] = 0.0  # unknown (NaN) or negative: no time inside
@@ -219,6 +233,15 @@ def contributions(
         exposed_transfer = np.maximum(exit_ - np.maximum(exit_ - transfer, c), 0.0)
     else:
         exposed_wait, exposed_transfer = wait, transfer  # blocking: all of it is exposed
+    # Time in the collective after its first member had left it: the end of the row's
+    # transfer, so of its exposed transfer the part after the cut.
+    if first_exit is None:
+        overstay = np.zeros_like(exposed_transfer)
+    else:
+        overstay = np.nan_to_num(exit_ - first_exit, nan=0.0)
+        np.clip(overstay, 0.0, exposed_transfer, out=overstay)
+        if not np.all(done):
+            overstay = np.where(done, overstay, 0.0)
     return {
         "coll_ns": dur,
         "wait_ns": wait,
@@ -227,6 +250,7 @@ def contributions(
         "times_last": (is_last & done).astype(np.float64),
         "exposed_wait_ns": exposed_wait,
         "exposed_transfer_ns": exposed_transfer,
+        "overstay_ns": overstay,
     }
 
 
@@ -281,6 +305,7 @@ def block_sums(
                 "times_last": zero,
                 "exposed_wait_ns": zero,
                 "exposed_transfer_ns": zero,
+                "overstay_ns": zero,
             }
         s_last = np.add.reduceat(m.last, starts)
         run = np.repeat(np.arange(starts.shape[0]), np.diff(np.append(starts, k)))
@@ -289,6 +314,10 @@ def block_sums(
         ).reshape(c, starts.shape[0])
         wait = s_last - s_enter
         transfer = s_exit - s_last
+        # Every exit is known and after the last entry: so is the first exit, and each
+        # row's stay after it lies inside its transfer.
+        first_exit = m.first_exit if m.first_exit is not None else m.last
+        overstay = s_exit - np.add.reduceat(first_exit, starts)
         return {
             "coll_ns": coll,
             "wait_ns": wait,
@@ -297,14 +326,16 @@ def block_sums(
             "times_last": times_last.astype(np.float64),
             "exposed_wait_ns": wait,
             "exposed_transfer_ns": transfer,
+            "overstay_ns": overstay,
         }
     is_last = np.zeros((c, k), bool)
     if m is not None:
         is_last[m.last_row, np.arange(k)] = True
-        first, last = m.first, m.last
+        first, last, leave = m.first, m.last, m.first_exit
     else:
         first = last = enter.min(axis=0)  # unused: incomplete rows share no arrival time
-    rows = contributions(enter, exit_, first, last, done, is_last, is_async, cut)
+        leave = None
+    rows = contributions(enter, exit_, first, last, done, is_last, is_async, cut, leave)
     sums: dict[int, np.ndarray] = {}
     out = {}
     for name, a in rows.items():

@@ -10,7 +10,10 @@ entity's extra time goes.
 finish their own work early wait in the collectives for the one that finishes last. A
 rank's *local* time is its step less exposed communication, arrival wait and pipeline
 idle (compute, input, memory management, checkpoint, recovery, host gap and user phases),
-plus the time it spent between its previous step and this one (`local_ns`). Per step, the rank with the most local time sets it (the *setter*).
+plus what it spent in collectives after a peer had already left them (a transfer ends for
+all members together, so a member held longer was held by something of its own: its
+process not scheduled, a blocking call on the way out) and the time between its previous
+step and this one (`local_ns`). Per step, the rank with the most local time sets it (the *setter*).
 Communication is shared by the members of a collective (a slow rail delays all of them
 alike), so it is localised by the links instead: a rail's or a host's extra transfer
 over its peers' (`fabric`), which `link_suspects` turns into suspects of the same form.
@@ -93,6 +96,9 @@ class Suspect:
     excess_ns: dict[str, float] = field(default_factory=dict)
     """Category -> mean ns its setting rank spent beyond the step's median rank, over the
     steps it set (arrival wait and pipeline idle left out: a setter does not wait)."""
+    in_baseline: bool = False
+    """The baseline run's same entity was a material straggler too: the loss is no
+    regression against it, and still a loss (``net_gain`` is then beyond chance only)."""
 
     @property
     def label(self) -> str:
@@ -264,10 +270,11 @@ def between_steps_ns(window: Window) -> np.ndarray:
 def local_ns(decomp: Decomposition, window: Window | None = None) -> np.ndarray:
     """Per rank and step the time of the rank's own work: the step less its exposed
     communication, arrival wait and pipeline idle (compute, input, memory, checkpoint,
-    recovery, host gap, other), plus the time it spent between its previous step and this
-    one (`between_steps_ns`, with ``window``). The step is paced by the largest;
-    communication is shared by the ranks of a collective and is localised by the links
-    instead (`link_suspects`).
+    recovery, host gap, other), plus, with ``window``, the time it spent in collectives
+    after a peer had left them (``coll["overstay_ns"]``) and between its previous step and
+    this one (`between_steps_ns`). The step is paced by the largest; communication is
+    shared by the ranks of a collective and is localised by the links instead
+    (`link_suspects`).
 
     Args:
         decomp: the decomposition.
@@ -282,7 +289,14 @@ def local_ns(decomp: Decomposition, window: Window | None = None) -> np.ndarray:
         - decomp.category("arrival_wait")
         - decomp.category("pipeline_idle")
     )
-    return local + between_steps_ns(window) if window is not None else local
+    if window is None:
+        return local
+    # A collective's transfer ends for all its members together: what one member spent in
+    # it after another had left was its own (``overstay_ns``).
+    stayed = window.coll.get("overstay_ns")
+    if stayed is not None:
+        local = local + np.nan_to_num(np.maximum(stayed, 0.0), nan=0.0)
+    return local + between_steps_ns(window)
 
 
 def localise(window: Window, decomp: Decomposition, top: int = 3) -> Localisation:
@@ -477,6 +491,10 @@ def against_baseline(loc: Localisation, base: Localisation | None) -> Localisati
     """The localisation with each suspect's net gain also beyond the baseline's same entity
     (its gain there, or, for an entity the baseline's best do not include, nothing more).
 
+    An entity that straggled materially in the baseline too keeps its gain beyond chance
+    and is marked `Suspect.in_baseline`: a straggler both runs have is no regression, but
+    the job still waits for it, and a verdict of ``healthy`` would hide it.
+
     Args:
         loc: localisation of the run under study.
         base: localisation of the healthy run, or None.
@@ -489,9 +507,12 @@ def against_baseline(loc: Localisation, base: Localisation | None) -> Localisati
     out = []
     for s in loc.suspects:
         b = base.of(s.kind, s.key)
-        net = s.net_gain if b is None else min(s.net_gain, s.gain - b.gain)
+        both = b is not None and b.net_gain >= MATERIAL
+        net = s.net_gain if b is None or both else min(s.net_gain, s.gain - b.gain)
         out.append(
-            Suspect(s.kind, s.key, s.ranks, s.gain_ns, s.gain, float(net), s.sets, s.excess_ns)
+            Suspect(
+                s.kind, s.key, s.ranks, s.gain_ns, s.gain, float(net), s.sets, s.excess_ns, both
+            )
         )
     out.sort(key=lambda s: -s.net_gain)
     moving = loc.moving_gain

@@ -100,6 +100,11 @@ def unexplained(loc: Localisation, found: Finding, claims: list[Claim]) -> Candi
         ]
         stays = "stays the same rank" if loc.stays else "moves between ranks"
         evidence.append(f"the rank that sets the step {stays} ({pct(loc.stability)} one rank)")
+        if s.in_baseline:
+            evidence.append(
+                f"{s.label} set the steps of the baseline run too: no regression against "
+                "it, but a loss in both"
+            )
         ranks = s.ranks
     else:
         evidence += [

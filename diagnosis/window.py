@@ -136,6 +136,7 @@ COLL_AGGREGATES = (
     "times_last",
     "exposed_wait_ns",
     "exposed_transfer_ns",
+    "overstay_ns",
 )
 """Per-rank-step collective aggregates, all float64 (R, S):
 
@@ -151,7 +152,11 @@ COLL_AGGREGATES = (
   bucket is issued when backward compute ends, so anything after it is exposed. Buckets
   still in flight then overlap; ordered by exit, each is charged only the piece after the
   previous one ended, so the sums equal the union ``[last issue, last exit]``
-  (``arrivals.async_cut``).
+  (``arrivals.async_cut``);
+- ``overstay_ns``: Σ exposed time the rank stayed in a collective after its first member
+  had left it. A collective's transfer ends for every member together; a member that
+  leaves later was held by something of its own (its process not scheduled, a blocking
+  call on the way out), and its peers wait for it at the next collective.
 Only instances whose every member has arrived contribute to wait/transfer/late/times_last.
 """
 

@@ -66,6 +66,22 @@ def test_first_last_margin_skew_transfer_by_hand() -> None:
     assert inst.step.tolist() == [5]
 
 
+def test_overstay_is_the_time_in_a_collective_after_the_first_member_left() -> None:
+    # Rank 0 arrives last but leaves 300 ns after the others: its process was held there.
+    r = rows(
+        (0, 5, 0, 0, 300, 700),
+        (1, 5, 0, 0, 100, 400),
+        (2, 5, 0, 0, 200, 410),
+    )
+    m = match(r, {0: 3})
+    got = row_contributions(r, m)
+    assert got["overstay_ns"].tolist() == [300.0, 0.0, 10.0]
+    # Never more than the row's own transfer, and nothing before the instance completes.
+    assert np.all(got["overstay_ns"] <= got["exposed_transfer_ns"])
+    half = {k: v[1:] for k, v in r.items()}
+    assert row_contributions(half, match(half, {0: 3}))["overstay_ns"].tolist() == [0.0, 0.0]
+
+
 def test_ties_go_to_the_lowest_rank_and_give_zero_margin() -> None:
     r = rows(
         (2, 0, 0, 0, 500, 600),

@@ -36,9 +36,12 @@ def sync_job(
     gc: np.ndarray | None = None,
     cpu_share: np.ndarray | None = None,
     ranks_per_host: int = 4,
+    linger: np.ndarray | None = None,
 ):
     """A synchronous job: ``compute`` in a forward phase, ``gap`` between phases, then the
-    all-reduce: wait for the slowest rank, then ``TRANSFER``."""
+    all-reduce: wait for the slowest rank, then ``TRANSFER``. ``linger``: time a rank
+    stays in the all-reduce after the others have left it (its step ends that much later,
+    and it starts the next step that much late)."""
     rng = np.random.default_rng(seed)
     shape = (n_ranks, n_steps)
     compute = compute_ms * MS * (1 + noise * rng.standard_normal(shape))
@@ -50,11 +53,23 @@ def sync_job(
     if gc is not None:
         gap = gap + gc  # a stop-the-world pause between phases
     local = compute + gap
-    pace = local.max(axis=0)
-    wait = pace[None, :] - local
-    step = pace + TRANSFER
-    t_start = np.cumsum(np.r_[0.0, step[:-1]])[None, :].repeat(n_ranks, axis=0)
-    t_end = t_start + step[None, :]
+    if linger is None:
+        pace = local.max(axis=0)
+        wait = pace[None, :] - local
+        step = pace + TRANSFER
+        t_start = np.cumsum(np.r_[0.0, step[:-1]])[None, :].repeat(n_ranks, axis=0)
+        t_end = t_start + step[None, :]
+        stay = np.zeros(shape)
+    else:
+        stay = np.asarray(linger, dtype=float)
+        t_start, t_end, wait = (np.zeros(shape) for _ in range(3))
+        begin = np.zeros(n_ranks)
+        for s in range(n_steps):
+            ready = begin + local[:, s]
+            wait[:, s] = ready.max() - ready
+            t_start[:, s] = begin
+            t_end[:, s] = ready.max() + TRANSFER + stay[:, s]
+            begin = t_end[:, s]
     ranks = rank_layout(n_ranks, ranks_per_host=ranks_per_host, pp=pp)
     phase_cpu = None
     if cpu_share is not None:
@@ -68,7 +83,8 @@ def sync_job(
         coll={
             "n": np.ones(shape),
             "exposed_wait_ns": wait,
-            "exposed_transfer_ns": np.full(shape, TRANSFER),
+            "exposed_transfer_ns": TRANSFER + stay,
+            "overstay_ns": stay,
         },
         host=host,
         phase_cpu_ns=phase_cpu,
@@ -144,11 +160,34 @@ def test_a_moving_straggler_is_found_against_a_baseline_and_reported_without_one
     assert any("not judged" in c for c in alone.verdict.get("healthy").caveats)
 
 
-def test_a_baseline_with_the_same_straggler_is_not_a_regression():
+def test_a_rank_held_inside_its_collectives_is_the_straggler():
+    # Rank 6 leaves every all-reduce 20 ms after the others (its process not scheduled on
+    # the way out): none of its phases grow, the others wait for it at the next step.
+    linger = np.zeros((8, 30))
+    linger[6] = 20 * MS
+    d = diagnose(sync_job(n_ranks=8, linger=linger))
+    assert d.finding.material and d.finding.suspect.key == "6", d.finding
+    assert d.verdict.top.mechanism == "unexplained_straggler" and d.verdict.top.ranks == (6,)
+    assert d.finding.suspect.category == "exposed_comm"
+    # Without the overstay, the same time would be shared communication: no one's.
+    w = sync_job(n_ranks=8, linger=linger)
+    w.coll["overstay_ns"][:] = 0.0
+    assert not diagnose(w).finding.material
+
+
+def test_a_straggler_the_baseline_has_too_is_no_regression_but_still_named():
     gap = _per_rank(16, 30, 5, 20 * MS)
     base = sync_job(extra_gap=gap, seed=1)
     d = diagnose(sync_job(extra_gap=gap, seed=2), base)
-    assert not d.finding.material, d.finding
+    # The job waits for rank 5 in both runs: not healthy, and said to be in both.
+    assert d.finding.material and d.finding.suspect.key == "5", d.finding
+    assert d.finding.suspect.in_baseline
+    top = d.verdict.top
+    assert top.mechanism == "unexplained_straggler" and top.ranks == (5,)
+    assert any("baseline run too" in e for e in top.evidence), top.evidence
+    # A baseline whose rank 5 was not slow nets nothing away and marks nothing.
+    fresh = diagnose(sync_job(extra_gap=gap, seed=2), sync_job(seed=1))
+    assert fresh.finding.suspect.key == "5" and not fresh.finding.suspect.in_baseline
 
 
 def test_gc_pauses_on_varying_ranks_are_host_pause():

@@ -79,13 +79,13 @@ def test_plan_floors_water_fills_active_runs_then_keeps_idle_ones() -> None:
 
 def ring_budget(store: Store) -> int:
     cells = store.ring_cells()
-    # The grids behind the count: 85 bytes a cell, 8 more for each work, memory and phase
+    # The grids behind the count: 93 bytes a cell, 8 more for each work, memory and phase
     # grid (here tokens and forward, once the run has steps), 9 a slot.
     for rid, n in cells.items():
         run = store.run_state(rid)
         extra = len(run.work) + len(run.memory) + len(run.phases)
         assert extra == (2 if run.max_step is not None else 0)
-        assert store.ring_nbytes()[rid] == n * (85 + 8 * extra) + 9 * run.H
+        assert store.ring_nbytes()[rid] == n * (93 + 8 * extra) + 9 * run.H
     return sum(cells.values())
 
 

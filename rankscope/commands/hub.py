@@ -52,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=4_000_000,
         metavar="CELLS",
-        help="rank × step cells kept in memory for all runs together (~85 bytes each): a "
+        help="rank × step cells kept in memory for all runs together (~93 bytes each): a "
         "new run's history is sized from what is left; runs with no new step for "
         "--idle seconds give theirs up first, down to their floor (--floor-cells, at "
         "least 16 steps), newest steps kept [default: %(default)s]",
