@@ -117,7 +117,11 @@ def is_input_error(exc: BaseException) -> bool:
 
 
 def _fail(message: str) -> int:
-    print(f"rankscope: error: {message}", file=sys.stderr)
+    # Messages quote what the user or the telemetry gave (run ids, host names): shown,
+    # never obeyed by the terminal.
+    from rankscope.sanitize import terminal_text
+
+    print(f"rankscope: error: {terminal_text(message)}", file=sys.stderr)
     return 2
 
 

@@ -318,3 +318,13 @@ def test_viewer_snapshot_folder_name_is_safe(hostile, tmp_path) -> None:
     )
     assert bundle.folder.parent == tmp_path
     assert re.fullmatch(r"snapshot-_+Y_m_d-_H_M_S-evil-\d{8}-\d{6}", bundle.folder.name)
+
+
+def test_command_errors_show_escapes_instead_of_sending_them(tmp_path, capsys) -> None:
+    from rankscope.cli import main
+
+    bad = str(tmp_path / "no\x1b]2;pwned\x07such")
+    assert main(["inspect", bad]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rankscope: error:") and "\x1b" not in err and "\x07" not in err
+    assert "\\x1b]2;pwned" in err, err

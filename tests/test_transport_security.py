@@ -117,6 +117,18 @@ def test_a_collector_started_with_keys_in_the_environment_speaks_curve(
         runtime.close()
 
 
+def test_demo_sent_to_a_curve_hub_uses_the_client_keys(
+    keys: Path, curve_hub: Hub, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    from rankscope.cli import main
+
+    monkeypatch.setenv("RANKSCOPE_KEYS", str(keys))
+    argv = ["demo", "--hub", curve_hub.endpoint, "--ranks", "8", "--steps", "3"]
+    assert main([*argv, "--baseline-steps", "0", "--scenario", "healthy", "--json"]) == 0
+    capsys.readouterr()
+    assert wait_for(lambda: any(curve_hub.store.run_ids()))
+
+
 def test_a_collector_without_keys_trains_on_when_the_hub_requires_curve(
     curve_hub: Hub, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

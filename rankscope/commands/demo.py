@@ -30,6 +30,7 @@ from typing import Any, TextIO
 import numpy as np
 import zmq
 
+from rankscope.collector.security import client_curve_from_env
 from rankscope.hub.recording import RecordingError
 from rankscope.hub.server import Hub
 from rankscope.sim import RunInfo, Scenario, ScenarioError, ScopeSpec, list_scenarios, load_scenario
@@ -290,6 +291,9 @@ def start_demo(
         thread=None,  # type: ignore[arg-type]
         stop_event=stop,
     )
+    # A hub of one's own speaks plain ZeroMQ on loopback; another hub may require the
+    # client keys this process finds (`rankscope keys`), as a collector would use them.
+    curve = client_curve_from_env() if hub is not None else None
     twin = healthy_twin(scenario)
     if baseline_steps > 0 and twin is not scenario:
         try:
@@ -303,6 +307,7 @@ def start_demo(
                 stop=stop,
                 argv=argv,
                 stop_linger_s=stop_linger_s,
+                curve=curve,
             )
         except BaseException:
             if own is not None:
@@ -327,6 +332,7 @@ def start_demo(
                     on_step=on_step,
                     argv=argv,
                     stop_linger_s=stop_linger_s,
+                    curve=curve,
                 )
             )
         except BaseException as exc:  # reported by wait(); the view must not hang on it
