@@ -505,11 +505,26 @@ def _library_readers(path: Path, outcome: Outcome) -> list[tuple[str, Callable[[
         for run in f.store.run_ids():
             f.store.window(run, last=8).ranks.world_size  # noqa: B018
 
+    def viewer() -> None:
+        # What ``rankscope open --no-follow`` samples for its panels; the sampler turns a
+        # store's exception into Sample.error, which here is a failure all the same.
+        from rankscope.tui.sources import RecordingSource, sample
+
+        try:
+            src = RecordingSource(path, follow=False)
+        except RecordingError:
+            return
+        for run in [None, *src.store.run_ids()]:
+            got = sample(src, run, 8)
+            if got.error not in (None, "", "no runs yet", "no steps yet"):
+                raise AssertionError(f"the viewer's sample of {run!r} failed: {got.error}")
+
     return [
         ("read_frames", frames),
         ("load", store),
         ("inspect_recording", inspect),
         ("follow", follower),
+        ("open (sample)", viewer),
     ]
 
 
