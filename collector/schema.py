@@ -602,10 +602,16 @@ def decode(data: bytes, max_header_bytes: int = MAX_HEADER_BYTES) -> Message:
         _check_type(key, obj[key], typ)
     if obj["rank"] < 0:
         raise SchemaError("bad_header", f"rank {obj['rank']} < 0")
-    _check_int("rank", obj["rank"], 0, reason="bad_header")
-    _check_int("inc", obj["inc"], 0, reason="bad_header")
-    _check_name("job", obj["job"], empty=False, reason="bad_header")
-    _check_name("run", obj["run"], empty=False, reason="bad_header")
+    if not (
+        obj["rank"] <= INT32_MAX
+        and 0 <= obj["inc"] <= INT32_MAX
+        and 0 < len(obj["job"]) <= MAX_NAME_CHARS
+        and 0 < len(obj["run"]) <= MAX_NAME_CHARS
+    ):  # one test for the usual header; the checks below name what is wrong
+        _check_int("rank", obj["rank"], 0, reason="bad_header")
+        _check_int("inc", obj["inc"], 0, reason="bad_header")
+        _check_name("job", obj["job"], empty=False, reason="bad_header")
+        _check_name("run", obj["run"], empty=False, reason="bad_header")
     tables: dict[str, dict[str, np.ndarray]] = {}
     raw_tables = obj.pop("tables", None)
     if kind in ("steps", "samples"):

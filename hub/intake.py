@@ -103,8 +103,7 @@ class Intake:
             How many were (partly) accepted.
         """
         taken = 0
-        for i in range(0, len(batch), CHUNK):  # a chunk's messages stay in cache
-            chunk = batch[i : i + CHUNK]
+        for chunk in _chunks(batch):  # a chunk's messages stay in cache
             msgs = [self._decode(data) for data in chunk]
             small = [m is not None and m.kind == "steps" and _small(m) for m in msgs]
             try:
@@ -150,9 +149,12 @@ class Intake:
         return True
 
 
-CHUNK = 64
-"""Messages whose values `Intake.feed_many` checks together."""
-SMALL_ROWS = 512
+CHUNK = 256
+"""Most messages whose values `Intake.feed_many` checks together."""
+CHUNK_BYTES = 1 << 20
+"""Most bytes of messages checked together: their columns stay in cache between the
+decode, the check and the ingest."""
+SMALL_ROWS = 4096
 """Tables up to this many rows are checked in batches (`Intake.feed_many`): above it a
 message's own reductions cost little per row, and concatenating a batch of large tables
 would only stream them through the cache once more."""
@@ -160,3 +162,18 @@ would only stream them through the cache once more."""
 
 def _small(msg: schema.Message) -> bool:
     return all(t["step"].shape[0] <= SMALL_ROWS for t in msg.tables.values())
+
+
+def _chunks(batch: list[bytes]) -> list[list[bytes]]:
+    out: list[list[bytes]] = []
+    chunk: list[bytes] = []
+    size = 0
+    for data in batch:
+        if chunk and (len(chunk) >= CHUNK or size + len(data) > CHUNK_BYTES):
+            out.append(chunk)
+            chunk, size = [], 0
+        chunk.append(data)
+        size += len(data)
+    if chunk:
+        out.append(chunk)
+    return out

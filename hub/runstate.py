@@ -120,11 +120,13 @@ class RunState:
         """Rank -> its manifest, msgpack-packed (the store's identity budget counts it)."""
         self.started_ns: dict[int, int | None] = {}
         self.incarnation = np.full(R, -1, np.int64)
-        self.heard_ns = np.full(R, -1, np.int64)
+        # Python lists: one item is written per message, which a list does in a tenth of
+        # the time of a numpy array; the store's pass reads them as arrays.
+        self.heard_ns = [-1] * R
         """Hub clock (receive time) of each rank's latest accepted message; -1 never."""
-        self.newest_step = np.full(R, -1, np.int64)
+        self.newest_step = [-1] * R
         """Each rank's newest reported step; -1 none yet."""
-        self.stepped_ns = np.full(R, -1, np.int64)
+        self.stepped_ns = [-1] * R
         """Hub clock of each rank's latest steps message (the store's lag hold)."""
         self.identity_bytes = 0
         """Packed bytes of the identities and distinct manifests held (`Store` budget)."""

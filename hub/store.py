@@ -411,12 +411,12 @@ class Store:
         `LAG_HOLD_S`): instances stay open above the newest step of such a rank."""
         if run.max_step is None:
             return self.stale_steps
-        newest = run.newest_step
+        newest = np.array(run.newest_step, np.int64)
         lagging = (newest >= 0) & (newest < run.max_step - self.stale_steps)
         if not lagging.any():
             return self.stale_steps
-        now = int(run.heard_ns.max())
-        alive = lagging & (run.stepped_ns >= now - int(LAG_HOLD_S * 1e9))
+        now = max(run.heard_ns)
+        alive = lagging & (np.array(run.stepped_ns, np.int64) >= now - int(LAG_HOLD_S * 1e9))
         if not alive.any():
             return self.stale_steps
         return max(self.stale_steps, run.max_step - int(newest[alive].min()))

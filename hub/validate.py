@@ -332,7 +332,7 @@ def _check_hello(
             old = run.identities.get(rank, {})
             changed = [k for k in _WHO if old.get(k) != ident.get(k)]
             if changed or inc > latest:
-                heard = int(run.heard_ns[rank])
+                heard = run.heard_ns[rank]
                 quiet = int(limits.identity_quiet_s * 1e9)
                 if now_ns is not None and heard >= 0 and now_ns - heard < quiet:
                     what = ", ".join(f"{k} {old.get(k)!r} -> {ident.get(k)!r}" for k in changed)
