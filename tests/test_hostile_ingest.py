@@ -629,3 +629,23 @@ def test_a_batch_with_phases_builds_the_store_one_by_one_builds() -> None:
     i3 = Intake(fresh)
     i3.feed_many([*j.messages, msgpack.packb(d, use_bin_type=True)], 0)
     assert fresh.health["rejects"] == {"bad_phase": 1}
+
+
+def test_a_large_clock_frame_is_refused_before_it_is_unpacked() -> None:
+    ctx = zmq.Context()
+    try:
+        with Hub(limits=Limits(max_clock_frame_bytes=64)) as hub:
+            s = ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.RCVTIMEO, 5000)
+            s.connect(hub.clock_endpoint)
+            big = msgpack.packb({"v": 1, "t0": 5, "pad": "x" * 1000})
+            s.send(big)
+            s.send(msgpack.packb({"v": 1, "t0": 7}))
+            reply = msgpack.unpackb(s.recv())  # only the small ping is answered
+            assert reply["t0"] == 7
+            assert hub.transport_stats["clock_bad"] == 1
+            assert hub.transport_stats["clock_pings"] == 1
+            s.close()
+    finally:
+        ctx.term()
