@@ -31,8 +31,10 @@ repeated. Each failure is a `Reject` with a stable ``reason`` tag the hub counts
 ``store_full``          a new run whose ring floor no longer fits the store's cell budget
                         beside every other run's floor, or a hello whose identity and
                         manifest no longer fit ``Limits.max_identity_bytes``
-``too_large``           a message over ``Limits.max_message_bytes`` (also decode's cap), or
-                        a manifest over ``Limits.max_manifest_bytes`` (packed)
+``too_large``           a message over ``Limits.max_message_bytes`` (also decode's cap),
+                        one holding over ``Limits.max_header_bytes`` outside its tables
+                        (measured before decoding), or a manifest over
+                        ``Limits.max_manifest_bytes`` (packed)
 ``bad_time``            also: a time outside ``0..schema.MAX_TIME_NS`` or outside the
                         window of ``Limits.time_window_s`` around the hub's clock (the
                         receive time), a collective leaving before it entered, a device end
@@ -42,6 +44,11 @@ repeated. Each failure is a `Reject` with a stable ``reason`` tag the hub counts
 ``bad_nbytes``          a collective byte count below -1 (-1: unknown)
 ``bad_step``            a negative step id, or a collective ``seq`` or ``step`` below -1
 ``bad_group``           a collective row whose group id is negative
+``bad_groups``          a group that lists a rank twice, or no rank
+
+The values of the tables are checked without hub state (`check_values`); the live hub
+checks a batch's values together first (`values_plausible`) and asks message by message
+only when something is doubtful, so a reject always names its own message's column.
 
 ``decode`` (``collector.schema``) counts its own reasons: ``bad_msgpack``, ``bad_version``,
 ``bad_kind``, ``bad_header``, ``bad_type``, ``bad_table``, ``bad_size``, ``bad_hello``,
