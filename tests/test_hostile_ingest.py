@@ -371,7 +371,9 @@ IDENTITY_FIELDS = (*schema.HELLO_REQUIRED, *schema.HELLO_OPTIONAL)
 
 def _reader_safe(store: Store) -> None:
     """What every reader does with a run's identity and window: nothing may raise, and
-    every identity integer fits the int32 columns the readers use."""
+    every identity integer fits the int32 columns the readers use. A validation or
+    ingest bug shows as ``internal_error``: none may occur."""
+    assert "internal_error" not in rejects(store), rejects(store)
     for rid in store.run_ids():
         run = store.run_state(rid)
         info = rank_info(run.identities, run.world_size)
@@ -649,3 +651,53 @@ def test_a_large_clock_frame_is_refused_before_it_is_unpacked() -> None:
             s.close()
     finally:
         ctx.term()
+
+
+HEADER_VALUE = st.one_of(
+    ANY_VALUE,
+    st.sampled_from(["r1", "j", "", "x" * 300, "steps", "hello", "groups", "stats"]),
+    st.just(1),
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    top=st.dictionaries(
+        st.sampled_from(
+            [
+                "v",
+                "kind",
+                "job",
+                "run",
+                "rank",
+                "inc",
+                "batch",
+                "scope",
+                "parent_run",
+                "t_start_ns",
+                "manifest",
+                "phase_names",
+                "stats",
+                "groups",
+                "tables",
+            ]
+        ),
+        HEADER_VALUE,
+        max_size=10,
+    ),
+    kind=st.sampled_from(schema.KINDS),
+)
+def test_random_messages_never_raise_and_every_refusal_is_counted(top, kind) -> None:
+    store, intake = started()
+    before = sum(rejects(store).values())
+    msg = {**header("r1", 0), "v": 1, "kind": kind, **top}
+    if kind == "hello" and "identity" not in top:
+        msg["identity"] = identity(0, 4)
+    try:
+        data = msgpack.packb(msg, use_bin_type=True)
+    except (OverflowError, TypeError, ValueError):
+        return
+    accepted = intake.feed(data)
+    got = sum(rejects(store).values()) - before
+    assert accepted or got >= 1, (msg, rejects(store))
+    _reader_safe(store)
