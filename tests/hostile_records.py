@@ -461,7 +461,7 @@ def _cli(argv: list[str]) -> Callable[[], None]:
 def _library_readers(path: Path, outcome: Outcome) -> list[tuple[str, Callable[[], None]]]:
     from rankscope.hub import replay
     from rankscope.hub.inspection import inspect_recording
-    from rankscope.hub.recording import ReadReport, RecordingError, read_frames
+    from rankscope.hub.recording import RecordingError, read_frames
 
     def frames() -> None:
         try:
@@ -495,8 +495,10 @@ def _library_readers(path: Path, outcome: Outcome) -> list[tuple[str, Callable[[
     def follower() -> None:
         if not segments(path):
             return
-        want = ReadReport()
-        n = sum(1 for _ in read_frames(path, want))
+        try:
+            n = sum(1 for _ in read_frames(path))
+        except RecordingError:  # a newer format: the follower stops on it, with one line
+            n = 0
         f = replay.Follower(path, poll_s=0.01).start()
         deadline = time.monotonic() + 20
         while f.report.frames < n and time.monotonic() < deadline:
