@@ -701,3 +701,13 @@ def test_random_messages_never_raise_and_every_refusal_is_counted(top, kind) -> 
     got = sum(rejects(store).values()) - before
     assert accepted or got >= 1, (msg, rejects(store))
     _reader_safe(store)
+
+
+def test_rankscope_hub_takes_its_limits_from_flags_and_names_a_bad_one() -> None:
+    from rankscope.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = main(["hub", "--bind", "tcp://127.0.0.1:0", "--max-world", "0"])
+    assert rc == 2
+    assert "max_world_size" in err.getvalue() and "Traceback" not in err.getvalue()

@@ -20,6 +20,7 @@ from rankscope.errors import CommandError
 from rankscope.hub.recording import RecordingError
 from rankscope.hub.server import Hub
 from rankscope.hub.store import Store
+from rankscope.hub.validate import Limits
 
 HELP = "Receive, validate, store and record what the collectors send (until Ctrl-C)"
 
@@ -72,6 +73,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help="seconds without a new step (on the steps' own clock) after which a run is "
         "idle [default: %(default)s]",
+    )
+    p.add_argument(
+        "--time-window",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="refuse times more than S seconds from the hub's clock (bad_time); 86400 "
+        "suits a hub next to a real job (collectors align their clocks to it); 0: only "
+        "impossible times are refused [default: %(default)s]",
+    )
+    p.add_argument(
+        "--max-world",
+        type=int,
+        default=Limits.max_world_size,
+        metavar="RANKS",
+        help="most ranks a run may claim (world_too_large) [default: %(default)s]",
+    )
+    p.add_argument(
+        "--max-runs",
+        type=int,
+        default=Limits.max_runs,
+        metavar="N",
+        help="most runs held (too_many_runs) [default: %(default)s]",
+    )
+    p.add_argument(
+        "--max-runs-per-job",
+        type=int,
+        default=Limits.max_runs_per_job,
+        metavar="N",
+        help="most runs of one job: its full run and reruns (too_many_runs) [default: %(default)s]",
     )
     p.add_argument(
         "--no-resume",
@@ -140,6 +171,12 @@ def run(args: argparse.Namespace) -> int:
             ),
             resume=not args.no_resume,
             security=security,
+            limits=Limits(
+                time_window_s=args.time_window or None,
+                max_world_size=args.max_world,
+                max_runs=args.max_runs,
+                max_runs_per_job=args.max_runs_per_job,
+            ),
         )
         hub.start()
     except (ValueError, RecordingError, zmq.ZMQError) as exc:
