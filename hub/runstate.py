@@ -207,7 +207,9 @@ class RunState:
         ident = h["identity"]
         rank, inc = int(ident["rank"]), int(h["inc"])
         self.incarnation[rank] = max(inc, int(self.incarnation[rank]))
-        packed = msgpack.packb(dict(h.get("manifest") or {}), use_bin_type=True)
+        packed = h.get("_manifest_packed")  # validation packed it (`validate.PACKED_MANIFEST`)
+        if not isinstance(packed, bytes):
+            packed = msgpack.packb(dict(h.get("manifest") or {}), use_bin_type=True)
         self.identity_bytes += self.identity_cost(rank, ident, packed)
         self.identities[rank] = dict(ident)
         entry = self._manifest_pool.setdefault(packed, [packed, 0])

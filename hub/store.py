@@ -227,13 +227,12 @@ class Store:
         run: str,
         rank: int,
         identity: Mapping[str, Any],
-        manifest: Mapping[str, Any],
+        packed: bytes,
         max_bytes: int,
     ) -> tuple[str, str] | None:
-        """Whether a hello's identity and manifest fit the store's identity budget
-        (``max_bytes`` packed, over all runs): None, or ``(reason, detail)``."""
+        """Whether a hello's identity and manifest (``packed``) fit the store's identity
+        budget (``max_bytes`` packed, over all runs): None, or ``(reason, detail)``."""
         with self._lock:
-            packed = msgpack.packb(dict(manifest), use_bin_type=True)
             r = self._runs.get(run)
             if r is not None:
                 cost = r.identity_cost(rank, identity, packed)

@@ -273,9 +273,14 @@ _WHO = ("host", "pid")
 """Identity fields that say which process a rank is (see the module's identity rule)."""
 
 
-def _packed_size(value: Any) -> int:
+PACKED_MANIFEST = "_manifest_packed"
+"""Header key where validation leaves a hello's packed manifest for the store (packed once
+per hello: it is both what the limits measure and what the store holds)."""
+
+
+def _packed(value: Any) -> bytes:
     try:
-        return len(msgpack.packb(value, use_bin_type=True))
+        return msgpack.packb(value, use_bin_type=True)
     except Exception as exc:  # a value msgpack made cannot fail, but a caller's may
         raise Reject("bad_hello", f"manifest cannot be packed: {exc!r}") from None
 
@@ -297,7 +302,8 @@ def _check_hello(
             f"identity.world_size = {world} > Limits.max_world_size {limits.max_world_size}",
         )
     manifest = h.get("manifest") or {}
-    size = _packed_size(manifest)
+    packed = _packed(manifest)
+    size = len(packed)
     if size > limits.max_manifest_bytes:
         raise Reject(
             "too_large",
@@ -350,9 +356,10 @@ def _check_hello(
                         f"heard {(now_ns - heard) / 1e9:.1f} s ago "
                         f"(< Limits.identity_quiet_s {limits.identity_quiet_s})",
                     )
-    problem = store.admit_identity(h["run"], rank, ident, manifest, limits.max_identity_bytes)
+    problem = store.admit_identity(h["run"], rank, ident, packed, limits.max_identity_bytes)
     if problem is not None:
         raise Reject(*problem)
+    h[PACKED_MANIFEST] = packed
 
 
 def _in_bounds(where: str, col: np.ndarray, lo: int, hi: int, *, unknown: bool) -> None:
