@@ -5,8 +5,8 @@ replayed, is indistinguishable to everything downstream.
 
 A recording may hold records the current hub would refuse: written by an older hub, or by
 one with a validation gap. Every record goes through the hub's decode and validation and,
-before it, `reader_check` (what the readers cannot represent: identity integers outside
-32 bits, a mesh coordinate that is not an integer, a world too large to allocate). A
+a hello first through `reader_check` (what the readers cannot represent: identity integers
+outside 32 bits, a mesh coordinate that is not an integer, a world too large to allocate). A
 record refused by either is skipped and reported — a ``bad_record`` `Skip` in the read
 report (segment, offset, reason and detail), one warning line each for the first
 ``WARN_BAD_RECORDS`` — and the replay goes on with the next: one bad record never costs
