@@ -69,7 +69,7 @@ def detect(n_ranks: int, seed: int) -> Detection:
 
     window_steps = ViewSettings().window_steps
     scenario = load_scenario("slow-device", ranks=n_ranks, seed=seed, fault__onset=ONSET)
-    cluster = Cluster(scenario)
+    cluster = Cluster(scenario, t0_ns=time.time_ns())  # hub-clock times, as a live job sends
     (slow,) = cluster.truth["ranks"]
     sent: list[bytes] = []
 

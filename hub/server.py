@@ -219,7 +219,8 @@ class Hub:
     def _new_data_socket(self) -> zmq.Socket:
         assert self._ctx is not None
         s = self._ctx.socket(zmq.PULL)
-        s.setsockopt(zmq.MAXMSGSIZE, schema.MAX_MESSAGE_BYTES)
+        # A larger message resets its connection inside ZeroMQ, before it is ever held whole.
+        s.setsockopt(zmq.MAXMSGSIZE, min(schema.MAX_MESSAGE_BYTES, self.limits.max_message_bytes))
         s.setsockopt(zmq.RCVHWM, self.rcvhwm)
         s.setsockopt(zmq.LINGER, 0)
         if self.security is not None:
@@ -249,6 +250,8 @@ class Hub:
                 ) from None
             clock = self._ctx.socket(zmq.ROUTER)
             clock.setsockopt(zmq.LINGER, 0)
+            # A ping is a few dozen bytes: anything much larger is refused by ZeroMQ itself.
+            clock.setsockopt(zmq.MAXMSGSIZE, max(64, 4 * self.limits.max_clock_frame_bytes))
             if self.security is not None:
                 self.security.apply(clock)
             try:

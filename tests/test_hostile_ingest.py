@@ -635,20 +635,33 @@ def test_a_batch_with_phases_builds_the_store_one_by_one_builds() -> None:
 
 def test_a_large_clock_frame_is_refused_before_it_is_unpacked() -> None:
     ctx = zmq.Context()
+
+    def dealer(hub: Hub) -> zmq.Socket:
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.RCVTIMEO, 5000)
+        s.connect(hub.clock_endpoint)
+        return s
+
     try:
         with Hub(limits=Limits(max_clock_frame_bytes=64)) as hub:
-            s = ctx.socket(zmq.DEALER)
-            s.setsockopt(zmq.LINGER, 0)
-            s.setsockopt(zmq.RCVTIMEO, 5000)
-            s.connect(hub.clock_endpoint)
-            big = msgpack.packb({"v": 1, "t0": 5, "pad": "x" * 1000})
-            s.send(big)
+            # Over the limit but small: the hub counts it and answers the next ping.
+            s = dealer(hub)
+            s.send(msgpack.packb({"v": 1, "t0": 5, "pad": "x" * 100}))
             s.send(msgpack.packb({"v": 1, "t0": 7}))
-            reply = msgpack.unpackb(s.recv())  # only the small ping is answered
-            assert reply["t0"] == 7
+            assert msgpack.unpackb(s.recv())["t0"] == 7  # only the small ping is answered
             assert hub.transport_stats["clock_bad"] == 1
             assert hub.transport_stats["clock_pings"] == 1
-            s.close()
+            # Far over it: ZeroMQ resets the connection before the frame is held whole,
+            # and the hub goes on answering everyone else.
+            big = dealer(hub)
+            big.send(msgpack.packb({"v": 1, "t0": 9, "pad": "x" * 100_000}))
+            other = dealer(hub)
+            other.send(msgpack.packb({"v": 1, "t0": 11}))
+            assert msgpack.unpackb(other.recv())["t0"] == 11
+            assert hub.transport_stats["clock_bad"] == 1
+            for sock in (s, big, other):
+                sock.close()
     finally:
         ctx.term()
 
@@ -711,3 +724,34 @@ def test_rankscope_hub_takes_its_limits_from_flags_and_names_a_bad_one() -> None
         rc = main(["hub", "--bind", "tcp://127.0.0.1:0", "--max-world", "0"])
     assert rc == 2
     assert "max_world_size" in err.getvalue() and "Traceback" not in err.getvalue()
+
+
+def test_a_message_over_the_hubs_size_limit_never_reaches_python() -> None:
+    ctx = zmq.Context()
+
+    def rejected(hub: Hub, n: int) -> bool:
+        deadline = time.monotonic() + 30
+        while sum(hub.counters()["rejects"].values()) < n and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return sum(hub.counters()["rejects"].values()) == n
+
+    try:
+        with Hub(limits=Limits(max_message_bytes=1 << 20)) as hub:
+            small = ctx.socket(zmq.PUSH)
+            small.setsockopt(zmq.LINGER, 0)
+            small.connect(hub.endpoint)
+            small.send(b"not msgpack")  # a message the hub does see, and rejects
+            assert rejected(hub, 1), hub.counters()
+            big = ctx.socket(zmq.PUSH)
+            big.setsockopt(zmq.LINGER, 0)
+            big.connect(hub.endpoint)
+            big.send(b"\x00" * (2 << 20))  # reset by ZeroMQ: never a message to reject
+            deadline = time.monotonic() + 30
+            while hub.transport_stats["disconnects"] < 1 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert hub.transport_stats["disconnects"] >= 1
+            small.send(b"again")
+            assert rejected(hub, 2), hub.counters()  # only the two small ones
+            assert hub.counters()["rejects"] == {"bad_msgpack": 2}
+    finally:
+        ctx.destroy(linger=0)
