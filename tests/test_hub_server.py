@@ -8,22 +8,13 @@ import numpy as np
 import pytest
 import zmq
 from test_hub_job import assert_windows_equal, header, job
+from waiting import wait_for
 
 from rankscope.collector import schema
 from rankscope.hub.intake import Intake
 from rankscope.hub.replay import load
 from rankscope.hub.server import Hub, parse_bind
 from rankscope.hub.store import Store
-
-
-def wait_for(cond, timeout=20.0) -> bool:
-    """Poll ``cond`` until true (a wait, not a timing assertion)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
 
 
 @pytest.fixture

@@ -12,12 +12,12 @@ import os
 import stat
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from test_hub_job import header, identity
+from waiting import wait_for
 
 from rankscope.cli import main
 from rankscope.collector import runtime, schema
@@ -44,16 +44,6 @@ from rankscope.hub.security import (
 from rankscope.hub.server import Hub
 
 WAIT_S = 30.0
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = WAIT_S) -> bool:
-    """Poll ``cond`` until true (a wait, not a timing assertion)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
 
 
 def hello(run: str) -> bytes:
