@@ -150,7 +150,8 @@ def match_block(
         transfer = _median_of_nonnegative(row_transfer)
     else:
         transfer = block_nanmedian(row_transfer, overwrite=True)
-    first_exit = exit_.min(axis=0) if after else _nanmin_columns(exit_)
+    # fmin skips NaN (an unknown exit); a column of unknowns stays NaN.
+    first_exit = exit_.min(axis=0) if after else np.fmin.reduce(exit_, axis=0)
     device_transfer = np.full(k, np.nan)
     if flags is not None:
         dev = (flags & FLAG_DEVICE_TIMED) != 0
@@ -170,13 +171,6 @@ def match_block(
         first_exit=first_exit,
         exits_after_last=after,
     )
-
-
-def _nanmin_columns(values: np.ndarray) -> np.ndarray:
-    """Min of each column of a float (c, k) block ignoring NaN; NaN for a column without a
-    finite value."""
-    known = np.where(np.isnan(values), np.inf, values).min(axis=0) if values.size else values[0]
-    return np.where(np.isfinite(known), known, np.nan)
 
 
 def contributions(
