@@ -15,7 +15,9 @@ from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.render import measure
 from textual.widgets import DataTable, Static
+from textual.widgets._data_table import default_cell_formatter
 
 from rankscope.sanitize import for_markup, for_terminal
 from rankscope.tui.abbrev import Field, fit_fields, fit_words
@@ -116,23 +118,52 @@ def sync_table(
         str(k): tuple(for_markup(c) if isinstance(c, str) else c for c in cells)
         for k, cells in rows
     }
+    changed = False
     for row_key in list(table.rows):
         if row_key.value not in wanted:
             table.remove_row(row_key)
+            changed = True
     existing = {k.value for k in table.rows}
     for key, cells in wanted.items():
         if key in existing:
             for i, cell in enumerate(cells):
                 if table.get_cell(key, f"c{i}") != cell:
                     table.update_cell(key, f"c{i}", cell)
+                    changed = True
         else:
             table.add_row(*cells, key=key)
+            changed = True
+    if changed:
+        _fit_columns(table)
     if [r.key.value for r in table.ordered_rows] != list(wanted) and len(wanted) > 1:
         # The sort key sees cell values, not row keys; each row's cells are distinct
         # because its key is derived from them.
         # Rich texts are not hashable: rows are told apart by their plain text.
         position = {_plain(cells): i for i, cells in enumerate(wanted.values())}
         table.sort(key=lambda values: position.get(_plain(values), len(position)))
+
+
+def _fit_columns(table: DataTable) -> None:
+    """Size every auto-width column to the cells it holds now.
+
+    DataTable widens a column when a row is added but never narrows it when a cell is
+    updated or a row removed, so without this a column's width depends on which values it
+    happened to hold on earlier ticks: the same data would draw differently depending on
+    how it arrived.
+    """
+    console = table.app.console
+    for column in table.ordered_columns:
+        if not column.auto_width:
+            continue
+        width = measure(console, column.label, 1)
+        for value in table.get_column(column.key):
+            width = max(width, measure(console, default_cell_formatter(value), 1))
+        if width != column.content_width:
+            column.content_width = width
+            # The table's virtual size follows its column widths; DataTable recomputes
+            # it on its next idle when this flag is set (Textual is pinned exactly).
+            table._require_update_dimensions = True
+            table.refresh()
 
 
 class HeaderBar(Static):
