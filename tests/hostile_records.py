@@ -32,7 +32,7 @@ import numpy as np
 from test_hub_job import header, identity, job
 
 from rankscope.collector import schema
-from rankscope.hub.recording import RecordingWriter, segments
+from rankscope.hub.recording import FORMAT_VERSION, RecordingWriter, segments
 
 INT_EXTREMES = (
     0,
@@ -326,6 +326,8 @@ class Plan:
     """Cut the last segment at a random byte."""
     reruns: bool = False
     """Add a one-node rerun of the run (ladder and rerun have a child to read)."""
+    format_version: int = FORMAT_VERSION
+    """Recording format the writer writes (1: a raw message a frame; 2: compressed)."""
 
 
 def random_plan(rng: random.Random) -> Plan:
@@ -339,6 +341,7 @@ def random_plan(rng: random.Random) -> Plan:
         flips=rng.choice((0, 0, 0, 1, 3)),
         truncate=rng.random() < 0.2,
         reruns=rng.random() < 0.3,
+        format_version=rng.choice((1, 2, 2)),
     )
 
 
@@ -358,14 +361,21 @@ def plan_messages(plan: Plan) -> list[bytes]:
     return apply(messages, plan.mutations, plan.seed)
 
 
-def write_recording(path: Path, messages: Sequence[bytes], sessions: int = 1) -> None:
+def write_recording(
+    path: Path,
+    messages: Sequence[bytes],
+    sessions: int = 1,
+    format_version: int = FORMAT_VERSION,
+) -> None:
     """Write ``messages`` as the recording writer does, bypassing any validation, split
-    over ``sessions`` hub sessions (one segment each)."""
+    over ``sessions`` hub sessions (one segment each), in ``format_version``."""
     sessions = max(1, int(sessions))
     per = max(1, math.ceil(len(messages) / sessions))
     t = 1_700_000_000_000_000_000
     for s in range(sessions):
-        w = RecordingWriter(path, info={"endpoint": "tcp://127.0.0.1:1"})
+        w = RecordingWriter(
+            path, info={"endpoint": "tcp://127.0.0.1:1"}, format_version=format_version
+        )
         for m in messages[s * per : (s + 1) * per]:
             t += 1000
             w.append(m, t)
@@ -395,7 +405,7 @@ def damage(path: Path, flips: int, truncate: bool, rng: random.Random) -> None:
 def build(path: Path, plan: Plan) -> list[bytes]:
     """Write the recording of ``plan`` at ``path``; returns the messages written."""
     messages = plan_messages(plan)
-    write_recording(path, messages, plan.sessions)
+    write_recording(path, messages, plan.sessions, plan.format_version)
     damage(path, plan.flips, plan.truncate, random.Random(plan.seed))
     return messages
 

@@ -74,7 +74,7 @@ def test_rotation_by_size(tmp_path) -> None:
 
 def test_truncated_tail_keeps_everything_before_it(tmp_path) -> None:
     ps = payloads()
-    write(tmp_path, ps)
+    write(tmp_path, ps, format_version=1)  # offsets of format 1's frames
     seg = segments(tmp_path)[0]
     size = seg.stat().st_size
     os.truncate(seg, size - 5)
@@ -93,7 +93,7 @@ def test_truncated_tail_keeps_everything_before_it(tmp_path) -> None:
 
 def test_corrupt_frame_is_skipped_and_the_rest_read(tmp_path) -> None:
     ps = payloads()
-    write(tmp_path, ps)
+    write(tmp_path, ps, format_version=1)  # offsets of format 1's frames
     seg = segments(tmp_path)[0]
     data = bytearray(seg.read_bytes())
     third = HEADER + sum(FRAME + len(p) for p in ps[:2])
@@ -108,7 +108,7 @@ def test_corrupt_frame_is_skipped_and_the_rest_read(tmp_path) -> None:
 
 def test_garbage_between_frames_and_bad_length(tmp_path) -> None:
     ps = payloads(3)
-    write(tmp_path, ps)
+    write(tmp_path, ps, format_version=1)  # offsets of format 1's frames
     seg = segments(tmp_path)[0]
     data = bytearray(seg.read_bytes())
     second = HEADER + FRAME + len(ps[0])

@@ -69,13 +69,19 @@ REFUSED = (
 """The hand-written records every reader must refuse, whatever the hub's ingest checks."""
 
 
-def with_records(path: Path, names: list[str], world: int = 4, steps: int = 6) -> list[bytes]:
+def with_records(
+    path: Path,
+    names: list[str],
+    world: int = 4,
+    steps: int = 6,
+    format_version: int = recording.FORMAT_VERSION,
+) -> list[bytes]:
     """A clean job with the named bad records after its hellos; returns the bad payloads."""
     bad = hostile.bad_records()
     messages = list(job(world=world, steps=steps).messages)
     for name in names:
         messages.insert(2 * world, bad[name])
-    hostile.write_recording(path, messages)
+    hostile.write_recording(path, messages, format_version=format_version)
     return [bad[n] for n in names]
 
 
@@ -90,7 +96,7 @@ def offsets_of(path: Path, payloads: list[bytes]) -> list[tuple[str, int]]:
 def test_a_bad_record_is_skipped_reported_and_costs_nothing_else(tmp_path, name) -> None:
     clean = tmp_path / "clean"
     hostile.write_recording(clean, job(world=4, steps=6).messages)
-    bad = with_records(tmp_path / "bad", [name])
+    bad = with_records(tmp_path / "bad", [name], format_version=1)  # format 1's frame sizes
     store = replay.load(tmp_path / "bad")
     assert_windows_equal(store.window("r1"), replay.load(clean).window("r1"))
     rec = store.health["recording"]
@@ -142,7 +148,7 @@ def test_inspect_lists_each_bad_record_with_where_and_what(tmp_path) -> None:
 def test_past_the_bounds_bad_records_are_counted_not_listed(tmp_path, monkeypatch, caplog) -> None:
     monkeypatch.setattr(recording, "MAX_LISTED_BAD_RECORDS", 3)
     monkeypatch.setattr(replay, "WARN_BAD_RECORDS", 2)
-    with_records(tmp_path, ["garbage"] * 7)
+    with_records(tmp_path, ["garbage"] * 7, format_version=1)  # format 1's frame sizes
     with caplog.at_level(logging.WARNING, logger="rankscope.hub"):
         store = replay.load(tmp_path)
     rec = store.health["recording"]
@@ -294,7 +300,7 @@ def test_the_rank_table_reads_impossible_identity_values_as_unknown() -> None:
 def test_damage_and_bad_records_together_lose_only_themselves(tmp_path) -> None:
     """kill -9 mid-frame, flipped bytes and bad records in one recording: every good
     frame outside the damage is replayed."""
-    bad = with_records(tmp_path, ["hello_rail_big", "garbage"])
+    bad = with_records(tmp_path, ["hello_rail_big", "garbage"], format_version=1)
     seg = segments(tmp_path)[0]
     data = bytearray(seg.read_bytes())
     good = [f for f in read_frames(tmp_path) if f.payload not in bad]
