@@ -2,7 +2,8 @@
 
 ``--perfetto OUT.json`` writes a Chrome / Perfetto trace (open it at ui.perfetto.dev);
 ``--csv DIR`` writes per-rank-step and per-collective tables. Both read the last ``--steps``
-steps of one run of the recording.
+steps of one run of the recording. ``--parquet DIR`` streams the whole recording (every
+step; one run with ``--run``) into Parquet tables (`hub.export_parquet`; needs pyarrow).
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from rankscope.diagnosis.window import Window
 from rankscope.errors import CommandError
 from rankscope.sanitize import terminal_text
 
-HELP = "Export a recording as a Perfetto trace (--perfetto) or CSV tables (--csv)"
+HELP = (
+    "Export a recording as a Perfetto trace (--perfetto), CSV tables (--csv) or Parquet "
+    "tables of the whole recording (--parquet)"
+)
 DEFAULT_STEPS = 100
 
 
@@ -27,6 +31,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--perfetto", metavar="OUT.json", help="write a Chrome/Perfetto trace")
     p.add_argument("--csv", metavar="DIR", help="write CSV tables into DIR")
+    p.add_argument(
+        "--parquet",
+        metavar="DIR",
+        help=(
+            "write steps, phases, collectives and instances of the whole recording (every "
+            "step; --steps does not apply) as Parquet into DIR, streaming (needs pyarrow)"
+        ),
+    )
     add_run(p, "run id (default: the most recent run)")
     add_steps(p, DEFAULT_STEPS, "most recent steps to export")
     p.add_argument(
@@ -127,10 +139,38 @@ def recorded_phases(path: str, window: Window) -> tuple[dict[str, np.ndarray], l
     return table, names
 
 
+def _parquet(args: argparse.Namespace) -> None:
+    from rankscope.hub.export_parquet import ParquetUnavailable, write_parquet
+    from rankscope.hub.recording import RecordingError
+
+    try:
+        s = write_parquet(args.parquet, args.path, run=args.run)
+    except ParquetUnavailable as exc:
+        raise CommandError(f"export --parquet: {exc}") from None
+    except (ValueError, RecordingError) as exc:
+        raise CommandError(f"export --parquet: {exc}") from None
+    if args.run is not None and args.run not in s.runs:
+        known = ", ".join(s.runs) or "none"
+        raise CommandError(
+            f"export --parquet: run {args.run!r} is not in {args.path} (runs: {known})"
+        )
+    tables = ", ".join(f"{name} ({n} rows)" for name, n in s.rows.items())
+    left = f"; {s.undecodable} undecodable messages left out" if s.undecodable else ""
+    print(terminal_text(f"parquet: {s.folder}: {tables}{left}"))
+
+
 def run(args: argparse.Namespace) -> int:
-    if not args.perfetto and not args.csv:
-        raise CommandError("export: give --perfetto OUT.json and/or --csv DIR")
+    if not args.perfetto and not args.csv and not args.parquet:
+        raise CommandError("export: give --perfetto OUT.json, --csv DIR and/or --parquet DIR")
     args.path = recording_of(args.path)
+    if args.parquet:
+        from pathlib import Path
+
+        if not Path(args.path).exists():
+            raise CommandError(f"no recording at {args.path!r}")
+        _parquet(args)
+        if not args.perfetto and not args.csv:
+            return 0
     _, window = load_run(args.path, args.run, args.steps)
     try:
         # Checked before anything is written, even when only CSV is asked for.
