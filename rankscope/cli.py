@@ -39,6 +39,7 @@ COMMANDS: dict[str, str] = {
     "snapshot": "snapshot",
     "report": "report",
     "export": "export",
+    "import": "import_",
 }
 
 INPUT_ERRORS: tuple[tuple[str, str], ...] = (

@@ -16,7 +16,7 @@ from rankscope.cli import COMMANDS, build_parser, main
 from rankscope.commands.grammar import METAVARS, steps_count
 from rankscope.diagnosis.trends import Trend, describe_trend, series_trend
 
-PRODUCERS = {"demo", "eval"}
+PRODUCERS = {"demo", "eval", "import"}
 """Commands that make runs rather than read a recording: their ``--steps`` is how many
 steps to simulate, and they are owned by their own modules' grammar (demo: ``--run-id``,
 ``--baseline-steps``)."""
