@@ -73,6 +73,9 @@ class ImportReport:
     """Estimated cross-rank clock alignment error (ns), when the importer aligned ranks."""
     input_bytes: int = 0
     """Bytes of the input files as stored (compressed where they are)."""
+    details: dict[str, Any] = field(default_factory=dict)
+    """Kind-specific results kept with the source in ``meta.json`` (small: per rank and
+    step at most), e.g. the Kineto importer's GPU time breakdown."""
 
     def problem(self, file: str | Path, what: str) -> None:
         """Note that ``file`` was skipped or read in part, and why."""
@@ -97,6 +100,7 @@ class ImportReport:
             "lacks": list(self.lacks),
             "alignment_ns": self.alignment_ns,
             "input_bytes": self.input_bytes,
+            "details": self.details,
         }
 
 
@@ -247,6 +251,7 @@ def write_recording(
         source["lacks"] = list(rep.lacks)
         source["alignment_ns"] = rep.alignment_ns
         source["problems"] = [list(p) for p in rep.problems[:100]]
+        source.update(rep.details)
     finally:
         writer.close()
     return rep

@@ -1,0 +1,788 @@
+"""Import PyTorch profiler (Kineto) Chrome traces: one JSON (or ``.json.gz``) per rank.
+
+The ``traceEvents`` array is streamed (ijson's C parser): each event is looked at once and
+only the few numbers rankscope keeps are appended to flat lists, so a 1 GB trace never
+exists as Python objects. The metadata outside the array (``distributedInfo``,
+``baseTimeNanoseconds``) is read from the first and last MiB of the stream.
+
+What becomes what:
+
+rank
+    ``distributedInfo.rank``; else a number in the file name (``rank-3``, ``rank3``,
+    ``_3.json``); else the file's place in the sorted list. World size from
+    ``distributedInfo.world_size``, else the number of files.
+steps
+    ``ProfilerStep#N`` spans (host), step id N.
+phases (host spans, clipped to their step)
+    ``enumerate(DataLoader)#...`` -> input; ``## forward ##``, ``*.forward`` of
+    DistributedDataParallel / FullyShardedDataParallel -> forward; ``## backward ##``, or
+    else the first to last ``autograd::engine::evaluate_function`` op of the step ->
+    backward; ``## optimizer ##``, ``Optimizer.step#...``, ``Optimizer.zero_grad#...`` ->
+    optimizer. Time no rule covers is left to the decomposition's host-gap / other bucket.
+collectives
+    One row per NCCL kernel (``ncclKernel_*``, ``ncclDevKernel_*``): op, group and bytes
+    from the kernel's comm metadata (``Collective name``, ``In msg nelems``, ``dtype``,
+    ``Process Group Name`` / ``Ranks``, ``Seq``) or the host op that launched it
+    (``External id``: ``record_param_comms``, ``c10d::*``, ``nccl:*``), else the kernel
+    name. ``t_enter = t_start`` = kernel start (the rank's device joins the collective),
+    ``t_exit = t_end`` = kernel end, flagged device-timed. Without NCCL kernels (gloo,
+    CPU-only, world size 1) one row per ``c10d::*`` host op with host times. ``seq`` is
+    the metadata's sequence number, else the kernel's place in its group on that rank.
+    A group is the metadata's process group (name, ranks); without one, the kernel's
+    stream names the communicator and its members are taken to be the imported ranks.
+GPU time per step (``meta.json`` source entry and `gpu_breakdown`)
+    Over the device timeline inside each host step window: idle (no kernel), compute,
+    communication and memory-copy time, kernels classified as HolisticTraceAnalysis does.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from rankscope.collector import schema
+from rankscope.hub.importers import (
+    ImportReport,
+    header,
+    next_header,
+    open_binary,
+    source_manifest,
+)
+from rankscope.hub.importers.align import estimate_offsets
+
+KIND = "kineto"
+
+COMPUTE, COMM, MEMORY, OTHER = 0, 1, 2, 3
+"""Device event classes (HolisticTraceAnalysis' kernel types)."""
+CLASS_NAMES = ("compute", "communication", "memory", "other")
+
+_COMM_KERNEL = re.compile(r"^nccl.*Kernel")
+_MEMORY_KERNEL = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
+_NOT_COMPUTE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
+_STEP = re.compile(r"ProfilerStep\s*#\s*(\d+)")
+_RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)|[-_.](\d+)\.(?:pt\.trace\.)?json", re.I)
+_KERNEL_OP = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
+
+_OP_ALIASES = {
+    "allreduce": "all_reduce",
+    "all_reduce": "all_reduce",
+    "allreduce_coalesced": "all_reduce",
+    "allgather": "all_gather",
+    "all_gather": "all_gather",
+    "_allgather_base": "all_gather",
+    "_all_gather_base": "all_gather",
+    "allgather_into_tensor_coalesced": "all_gather",
+    "allgather_coalesced": "all_gather",
+    "reducescatter": "reduce_scatter",
+    "reduce_scatter": "reduce_scatter",
+    "_reduce_scatter_base": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    "alltoall": "all_to_all",
+    "all_to_all": "all_to_all",
+    "alltoall_base": "all_to_all",
+    "all_to_allv": "all_to_all",
+    "barrier": "barrier",
+    "send": "send",
+    "recv": "recv",
+    "gather": "gather",
+    "scatter": "scatter",
+    "sendrecv": "all_to_all",
+}
+_DTYPE_BYTES = {
+    "float": 4,
+    "float32": 4,
+    "half": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "double": 8,
+    "float64": 8,
+    "long": 8,
+    "int64": 8,
+    "int": 4,
+    "int32": 4,
+    "short": 2,
+    "int16": 2,
+    "byte": 1,
+    "char": 1,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}
+
+_PH_INPUT = schema.PHASE_INDEX["input"]
+_PH_FWD = schema.PHASE_INDEX["forward"]
+_PH_BWD = schema.PHASE_INDEX["backward"]
+_PH_OPT = schema.PHASE_INDEX["optimizer"]
+
+EDGE_BYTES = 1 << 20
+"""Bytes kept from each end of a trace to read the metadata outside ``traceEvents``."""
+STEPS_PER_MESSAGE = 256
+
+
+def op_name(name: str) -> str:
+    """A c10d / NCCL collective name (``allreduce``, ``nccl:_all_gather_base``,
+    ``c10d::alltoall_base_``, ``ncclDevKernel_AllGather_RING_LL``) as a `schema.OPS` name
+    (``other`` when unknown)."""
+    m = _KERNEL_OP.match(name)
+    base = m.group(1) if m else name.split("::")[-1].split(":")[-1]
+    key = base.strip("_").lower() if not base.startswith("_") else base.lower().rstrip("_")
+    op = _OP_ALIASES.get(key) or _OP_ALIASES.get(key.strip("_"))
+    return op if op is not None and op in schema.OP_INDEX else "other"
+
+
+def device_class(name: str, cat: str) -> int:
+    """HolisticTraceAnalysis' class of a device event: communication (``^nccl.*Kernel``),
+    memory (``^Memcpy``, ``^Memset``, ``^dma``), compute (anything else that is not a
+    copy, a set or a ``*Sync``), other."""
+    if _COMM_KERNEL.match(name):
+        return COMM
+    if _MEMORY_KERNEL.match(name):
+        return MEMORY
+    if not _NOT_COMPUTE.match(name):
+        return COMPUTE
+    return OTHER
+
+
+class _EdgeReader:
+    """A binary stream that keeps its first and last `EDGE_BYTES` bytes as they pass."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self.raw = raw
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.nbytes = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        self.nbytes += len(data)
+        if len(self.head) < EDGE_BYTES:
+            self.head += data[: EDGE_BYTES - len(self.head)]
+        self.tail += data
+        if len(self.tail) > 2 * EDGE_BYTES:
+            del self.tail[: len(self.tail) - EDGE_BYTES]
+        return data
+
+
+def _top_value(text: bytes, key: str) -> Any:
+    """The JSON value of a top-level ``"key":`` found in ``text`` (None when absent or cut)."""
+    pat = re.compile(rb'"' + re.escape(key.encode()) + rb'"\s*:\s*')
+    dec = json.JSONDecoder()
+    for m in pat.finditer(text):
+        try:
+            return dec.raw_decode(text[m.end() :].decode("utf-8", "replace"))[0]
+        except ValueError:
+            continue
+    return None
+
+
+@dataclass
+class RankTrace:
+    """What one rank's trace holds, as flat columns (times in ns on the rank's clock)."""
+
+    file: str
+    rank: int = -1
+    world_size: int = -1
+    info: dict[str, Any] = field(default_factory=dict)
+    steps: list[tuple[int, int, int]] = field(default_factory=list)
+    """(step, t0, t1)."""
+    spans: list[tuple[int, int, int]] = field(default_factory=list)
+    """(phase, t0, t1) from annotations."""
+    bwd: list[tuple[int, int]] = field(default_factory=list)
+    """(t0, t1) of autograd evaluate_function ops."""
+    has_bwd_annotation: bool = False
+    dev_t0: list[int] = field(default_factory=list)
+    dev_t1: list[int] = field(default_factory=list)
+    dev_cls: list[int] = field(default_factory=list)
+    dev_corr: list[int] = field(default_factory=list)
+    """Device events (kernels, copies, sets) with a stream."""
+    launch_corr: list[int] = field(default_factory=list)
+    launch_t0: list[int] = field(default_factory=list)
+    """Host runtime calls (correlation, start): what launched each device event."""
+    comm: list[tuple[int, int, int, int, str, dict[str, Any]]] = field(default_factory=list)
+    """NCCL kernels: (t0, t1, stream, external id, name, comm metadata)."""
+    host_comm: dict[int, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    """External id -> (name, comm metadata) of host collective ops."""
+    host_rows: list[tuple[int, int, str, dict[str, Any]]] = field(default_factory=list)
+    """``c10d::*`` host ops: (t0, t1, name, metadata), for traces without NCCL kernels."""
+    events: int = 0
+
+
+_META_KEYS = (
+    "Collective name",
+    "In msg nelems",
+    "Out msg nelems",
+    "dtype",
+    "Group size",
+    "Process Group Name",
+    "Process Group Ranks",
+    "Process Group Description",
+    "Seq",
+    "seq",
+)
+
+
+def _meta(args: dict[str, Any]) -> dict[str, Any]:
+    return {k: args[k] for k in _META_KEYS if k in args}
+
+
+def parse_file(path: Path, report: ImportReport) -> RankTrace | None:
+    """Stream one trace file into a `RankTrace`; None (and a problem) when unusable.
+
+    A file cut short keeps what was read before the cut, with a problem saying so.
+    """
+    import ijson
+
+    tr = RankTrace(file=str(path))
+    raw_ts: dict[str, list[Any]] = {}
+    try:
+        raw = open_binary(path)
+    except OSError as exc:
+        report.problem(path, f"cannot be read ({exc.strerror or exc})")
+        return None
+    edge = _EdgeReader(raw)
+    cut: str | None = None
+    scale = 1000.0
+    # ts are µs (floats or ints); kept as float µs until the base offset is known.
+    steps: list[tuple[int, float, float]] = []
+    spans: list[tuple[int, float, float]] = []
+    bwd: list[tuple[float, float]] = []
+    dev: list[tuple[float, float, int, int]] = []
+    launches: list[tuple[int, float]] = []
+    comm: list[tuple[float, float, int, int, str, dict[str, Any]]] = []
+    host_rows: list[tuple[float, float, str, dict[str, Any]]] = []
+    try:
+        for ev in ijson.items(edge, "traceEvents.item", use_float=True):
+            tr.events += 1
+            if ev.get("ph") != "X":
+                continue
+            cat = ev.get("cat")
+            name = ev.get("name")
+            ts = ev.get("ts")
+            if not isinstance(name, str) or not isinstance(ts, int | float):
+                continue
+            dur = ev.get("dur", 0.0)
+            if not isinstance(dur, int | float):
+                dur = 0.0
+            end = ts + dur
+            args = ev.get("args") or {}
+            if not isinstance(args, dict):
+                args = {}
+            if cat in ("kernel", "gpu_memcpy", "gpu_memset"):
+                corr = args.get("correlation", -1)
+                corr = corr if isinstance(corr, int) else -1
+                cls = device_class(name, cat)
+                dev.append((ts, end, cls, corr))
+                if cls == COMM:
+                    stream = args.get("stream", -1)
+                    ext = args.get("External id", -1)
+                    comm.append(
+                        (
+                            ts,
+                            end,
+                            stream if isinstance(stream, int) else -1,
+                            ext if isinstance(ext, int) else -1,
+                            name,
+                            _meta(args),
+                        )
+                    )
+            elif cat == "cuda_runtime" or cat == "cuda_driver":
+                corr = args.get("correlation", -1)
+                if isinstance(corr, int):
+                    launches.append((corr, ts))
+            elif cat in ("user_annotation", "cpu_op", "python_function"):
+                if name.startswith("ProfilerStep"):
+                    m = _STEP.match(name)
+                    if m:
+                        steps.append((int(m.group(1)), ts, end))
+                    continue
+                if name.startswith("autograd::engine::evaluate_function"):
+                    bwd.append((ts, end))
+                    continue
+                phase = _phase_of(name)
+                if phase is not None:
+                    if phase == _PH_BWD:
+                        tr.has_bwd_annotation = True
+                    spans.append((phase, ts, end))
+                    continue
+                ext = args.get("External id", -1)
+                if name == "record_param_comms" or name.startswith(("c10d::", "nccl:")):
+                    meta = _meta(args)
+                    if isinstance(ext, int):
+                        old = tr.host_comm.get(ext)
+                        if old is None or (meta and not old[1]):
+                            tr.host_comm[ext] = (name, meta)
+                    if name.startswith("c10d::"):
+                        host_rows.append((ts, end, name, meta))
+    except ijson.IncompleteJSONError as exc:
+        cut = f"ends early or is not JSON ({str(exc).splitlines()[0][:120]})"
+    except (OSError, EOFError) as exc:
+        cut = f"cannot be read to its end ({exc})"
+    finally:
+        raw.close()
+    text = bytes(edge.head) + b"\n" + bytes(edge.tail)
+    info = _top_value(text, "distributedInfo")
+    base = _top_value(text, "baseTimeNanoseconds")
+    if tr.events == 0 and not steps:
+        report.problem(path, cut or "holds no traceEvents")
+        return None
+    if cut is not None:
+        report.problem(path, f"{cut}; the {tr.events} events before were imported")
+    tr.info = info if isinstance(info, dict) else {}
+    base_ns = int(base) if isinstance(base, int) and base > 0 else 0
+
+    def ns(t: float) -> int:
+        return base_ns + round(t * scale)
+
+    tr.steps = [(s, ns(a), ns(b)) for s, a, b in steps]
+    tr.spans = [(p, ns(a), ns(b)) for p, a, b in spans]
+    tr.bwd = [(ns(a), ns(b)) for a, b in bwd]
+    tr.dev_t0 = [ns(d[0]) for d in dev]
+    tr.dev_t1 = [ns(d[1]) for d in dev]
+    tr.dev_cls = [d[2] for d in dev]
+    tr.dev_corr = [d[3] for d in dev]
+    tr.launch_corr = [c for c, _ in launches]
+    tr.launch_t0 = [ns(t) for _, t in launches]
+    tr.comm = [(ns(a), ns(b), s, e, n, m) for a, b, s, e, n, m in comm]
+    tr.host_rows = [(ns(a), ns(b), n, m) for a, b, n, m in host_rows]
+    del raw_ts
+    r = tr.info.get("rank")
+    tr.rank = r if isinstance(r, int) and not isinstance(r, bool) and r >= 0 else -1
+    w = tr.info.get("world_size")
+    tr.world_size = w if isinstance(w, int) and not isinstance(w, bool) and w > 0 else -1
+    return tr
+
+
+def _phase_of(name: str) -> int | None:
+    if name.startswith("enumerate(DataLoader)"):
+        return _PH_INPUT
+    if name.startswith("## forward") or name in (
+        "DistributedDataParallel.forward",
+        "FullyShardedDataParallel.forward",
+    ):
+        return _PH_FWD
+    if name.startswith("## backward"):
+        return _PH_BWD
+    if name.startswith(("## optimizer", "Optimizer.step#", "Optimizer.zero_grad#")):
+        return _PH_OPT
+    return None
+
+
+def _rank_from_name(path: str) -> int | None:
+    m = _RANK_IN_NAME.search(Path(path).name)
+    if not m:
+        return None
+    return int(m.group(1) or m.group(2))
+
+
+def _union(t0: np.ndarray, t1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merged intervals of ``[t0, t1)`` (sorted, disjoint)."""
+    if t0.shape[0] == 0:
+        return t0, t1
+    order = np.argsort(t0, kind="stable")
+    a, b = t0[order], t1[order]
+    run_end = np.maximum.accumulate(b)
+    new = np.r_[True, a[1:] > run_end[:-1]]
+    idx = np.flatnonzero(new)
+    starts = a[idx]
+    ends = np.maximum.reduceat(b, idx)
+    return starts, ends
+
+
+def _covered(s: np.ndarray, e: np.ndarray, lo: int, hi: int) -> int:
+    """Length of the union ``(s, e)`` (merged) inside ``[lo, hi]``."""
+    a = np.clip(s, lo, hi)
+    b = np.clip(e, lo, hi)
+    return int((b - a).sum())
+
+
+def _intersection(s1: np.ndarray, e1: np.ndarray, s2: np.ndarray, e2: np.ndarray) -> int:
+    """Length of the intersection of two merged interval sets."""
+    if not s1.shape[0] or not s2.shape[0]:
+        return 0
+    total = 0
+    j = 0
+    n2 = s2.shape[0]
+    for a, b in zip(s1.tolist(), e1.tolist()):
+        while j < n2 and e2[j] <= a:
+            j += 1
+        k = j
+        while k < n2 and s2[k] < b:
+            total += min(b, int(e2[k])) - max(a, int(s2[k]))
+            k += 1
+    return total
+
+
+def gpu_breakdown(
+    t0: np.ndarray, t1: np.ndarray, cls: np.ndarray, lo: int | None = None, hi: int | None = None
+) -> dict[str, int]:
+    """Device time of ``[lo, hi]`` (default: first start to last end) split into idle,
+    compute, communication, memory and other time, and the compute / communication
+    overlap, HolisticTraceAnalysis' way: ``idle`` = window minus the union of all device
+    events; ``compute`` = union of compute kernels; ``non_compute`` = the rest of the
+    busy time; ``communication`` / ``memory`` = union of those kernels (they may overlap
+    compute); ``overlap`` = time communication and compute kernels run together.
+
+    Returns:
+        ns per category, and ``window``.
+    """
+    t0 = np.asarray(t0, np.int64)
+    t1 = np.asarray(t1, np.int64)
+    cls = np.asarray(cls)
+    if t0.shape[0] == 0:
+        return {
+            k: 0
+            for k in (
+                "window",
+                "idle",
+                "compute",
+                "non_compute",
+                "communication",
+                "memory",
+                "overlap",
+            )
+        }
+    lo = int(t0.min()) if lo is None else lo
+    hi = int(t1.max()) if hi is None else hi
+    s, e = _union(t0, t1)
+    busy = _covered(s, e, lo, hi)
+    out: dict[str, int] = {"window": hi - lo, "idle": hi - lo - busy}
+    merged = {}
+    for c, nm in ((COMPUTE, "compute"), (COMM, "communication"), (MEMORY, "memory")):
+        sel = cls == c
+        ms, me = _union(t0[sel], t1[sel])
+        ms, me = np.clip(ms, lo, hi), np.clip(me, lo, hi)
+        merged[c] = (ms, me)
+        out[nm] = int((me - ms).sum())
+    out["non_compute"] = busy - out["compute"]
+    out["overlap"] = _intersection(*merged[COMPUTE], *merged[COMM])
+    return out
+
+
+@dataclass
+class _Group:
+    id: int
+    name: str
+    ranks: list[int] | None
+    desc: str
+
+
+def _parse_ranks(value: Any) -> list[int] | None:
+    if isinstance(value, list):
+        vals = value
+    elif isinstance(value, str):
+        try:
+            vals = json.loads(value)
+        except ValueError:
+            return None
+    else:
+        return None
+    if not isinstance(vals, list) or not all(isinstance(v, int) for v in vals):
+        return None
+    return [int(v) for v in vals]
+
+
+def _nbytes(meta: dict[str, Any]) -> int:
+    n = meta.get("In msg nelems")
+    dt = meta.get("dtype")
+    if not isinstance(n, int) or not isinstance(dt, str):
+        return -1
+    size = _DTYPE_BYTES.get(dt.lower().replace("torch.", ""))
+    return n * size if size else -1
+
+
+def messages(files: list[Path], report: ImportReport, *, job: str, run: str) -> Iterator[bytes]:
+    """Wire messages of a set of Kineto traces, one file per rank (module docstring)."""
+    traces: list[RankTrace] = []
+    for f in files:
+        if not (f.name.endswith((".json", ".json.gz"))):
+            report.problem(f, "not a .json or .json.gz trace; left out")
+            continue
+        tr = parse_file(f, report)
+        if tr is None:
+            continue
+        if not tr.steps:
+            report.problem(f, "holds no ProfilerStep#N span; left out")
+            continue
+        traces.append(tr)
+    if not traces:
+        return
+    _assign_ranks(traces, report)
+    world = max([t.world_size for t in traces] + [max(t.rank for t in traces) + 1, len(traces)])
+    imported = sorted(t.rank for t in traces)
+    groups: dict[tuple[str, str], _Group] = {}
+    rows_of: dict[int, dict[str, np.ndarray]] = {}
+    for tr in traces:
+        rows_of[tr.rank] = _coll_rows(tr, groups, imported)
+    # Clock alignment from matched device ends (one clock per rank's host).
+    all_rank = np.concatenate([np.full(rows_of[r]["t_end"].shape[0], r) for r in imported])
+    cat = {k: np.concatenate([rows_of[r][k] for r in imported]) for k in ("group", "seq", "t_exit")}
+    offsets = {r: 0 for r in imported}
+    if len(imported) > 1:
+        al = estimate_offsets(all_rank, cat["group"], cat["seq"], cat["t_exit"])
+        if al.max_error_ns is not None and (al.error_ns >= 0).sum() > 1:
+            # Profiler clocks are host wall clocks, already close: an offset is applied
+            # only where it is larger than its own error (it resolves something).
+            for i, r in enumerate(al.ranks.tolist()):
+                if 0 <= al.error_ns[i] < abs(int(al.offset_ns[i])):
+                    offsets[r] = int(al.offset_ns[i])
+            report.alignment_ns = al.max_error_ns
+            report.details["clock_offsets_ns"] = {str(r): offsets[r] for r in imported}
+        else:
+            report.lack("cross-rank clock alignment (too few matched collectives)")
+    report.lack("host collective completion times (t_exit is the kernel's end)")
+    report.lack("tokens and samples per step")
+    report.lack("device samples (clocks, power, throttling)")
+    if not any(t.comm for t in traces):
+        report.lack("NCCL kernels (collectives have host times only)")
+    group_list: list[dict[str, Any]] = [
+        {
+            "id": g.id,
+            "name": g.name[: schema.MAX_NAME_CHARS],
+            "ranks": g.ranks if g.ranks is not None else list(imported),
+            "backend": "nccl",
+            "desc": g.desc[: schema.MAX_NAME_CHARS],
+        }
+        for g in groups.values()
+    ]
+    for gd in group_list:
+        gd["ranks"] = [r for r in gd["ranks"] if 0 <= r < world] or list(imported)
+    report.files_read = [t.file for t in traces]
+    src = source_manifest(KIND, report.files_read, report.lacks)
+    src["alignment_ns"] = report.alignment_ns
+    headers = {t.rank: header(job, run, t.rank) for t in traces}
+    t_first = min(t.steps[0][1] for t in traces)
+    for tr in sorted(traces, key=lambda t: t.rank):
+        ident = {
+            "rank": tr.rank,
+            "world_size": world,
+            "local_rank": -1 if tr.rank < 0 else 0,
+            "host": str(tr.info.get("host", "unknown"))[: schema.MAX_NAME_CHARS],
+            "node_rank": -1,
+            "pid": 0,
+        }
+        ident["local_rank"] = 0
+        manifest = {
+            "source": src,
+            "nccl_version": str(tr.info.get("nccl_version", "")),
+            "backend": str(tr.info.get("backend", "")),
+            "trace_file": Path(tr.file).name,
+        }
+        yield schema.hello_message(
+            next_header(headers[tr.rank]),
+            ident,
+            manifest=manifest,
+            t_start_ns=max(0, t_first - offsets[tr.rank]),
+        )
+    first = min(headers)
+    yield schema.groups_message(next_header(headers[first]), group_list)
+    breakdown: dict[str, Any] = {}
+    for tr in sorted(traces, key=lambda t: t.rank):
+        off = offsets[tr.rank]
+        yield from _steps_messages(tr, rows_of[tr.rank], off, headers[tr.rank])
+        breakdown[str(tr.rank)] = step_breakdown(tr)
+    report.details["gpu_breakdown"] = breakdown
+
+
+def _assign_ranks(traces: list[RankTrace], report: ImportReport) -> None:
+    taken: set[int] = set()
+    for tr in traces:
+        if tr.rank >= 0 and tr.rank in taken:
+            report.problem(tr.file, f"rank {tr.rank} again; numbered from its file name")
+            tr.rank = -1
+        if tr.rank >= 0:
+            taken.add(tr.rank)
+    for tr in traces:
+        if tr.rank < 0:
+            r = _rank_from_name(tr.file)
+            if r is not None and r not in taken:
+                tr.rank = r
+                taken.add(r)
+    nxt = 0
+    for tr in traces:
+        if tr.rank < 0:
+            while nxt in taken:
+                nxt += 1
+            tr.rank = nxt
+            taken.add(nxt)
+
+
+def _group_of(meta: dict[str, Any], stream: int, groups: dict[tuple[str, str], _Group]) -> _Group:
+    pg = meta.get("Process Group Name")
+    if isinstance(pg, str | int):
+        key = ("pg", str(pg))
+        ranks = _parse_ranks(meta.get("Process Group Ranks"))
+        desc = str(meta.get("Process Group Description", "process group"))
+        name = f"pg{pg}"
+    else:
+        key = ("stream", str(stream))
+        ranks = None
+        desc = "communicator inferred from the CUDA stream"
+        name = f"stream{stream}"
+    g = groups.get(key)
+    if g is None:
+        g = _Group(len(groups), name, ranks, desc)
+        groups[key] = g
+    elif g.ranks is None and ranks is not None:
+        g.ranks = ranks
+    return g
+
+
+def _coll_rows(
+    tr: RankTrace, groups: dict[tuple[str, str], _Group], imported: list[int]
+) -> dict[str, np.ndarray]:
+    """The collective rows of one rank (times on its own clock), in start order."""
+    rows: list[tuple[int, int, int, int, int, int]] = []  # t0, t1, op, group, seq, nbytes
+    flags = schema.FLAG_DEVICE_TIMED
+    if tr.comm:
+        src = sorted(tr.comm, key=lambda c: c[0])
+        for t0, t1, stream, ext, name, meta in src:
+            host = tr.host_comm.get(ext)
+            m = dict(host[1]) if host else {}
+            m.update(meta)
+            cname = m.get("Collective name")
+            if isinstance(cname, str):
+                op = op_name(cname)
+            elif host is not None and op_name(host[0]) != "other":
+                op = op_name(host[0])
+            else:
+                op = op_name(name)
+            g = _group_of(m, stream, groups)
+            seq = m.get("Seq", m.get("seq", -1))
+            rows.append(
+                (t0, t1, schema.OP_INDEX[op], g.id, seq if isinstance(seq, int) else -1, _nbytes(m))
+            )
+    else:
+        flags = 0
+        for t0, t1, name, meta in sorted(tr.host_rows, key=lambda c: c[0]):
+            g = _group_of(meta, -1, groups)
+            seq = meta.get("Seq", meta.get("seq", -1))
+            rows.append(
+                (
+                    t0,
+                    t1,
+                    schema.OP_INDEX[op_name(name)],
+                    g.id,
+                    seq if isinstance(seq, int) else -1,
+                    _nbytes(meta),
+                )
+            )
+    n = len(rows)
+    arr = np.array(rows, dtype=np.int64).reshape(n, 6)
+    seq = arr[:, 4].copy()
+    missing = seq < 0
+    if missing.any():
+        # Place within its group on this rank, in start order.
+        for gid in np.unique(arr[missing, 3]):
+            sel = np.flatnonzero(arr[:, 3] == gid)
+            seq[sel] = np.arange(sel.shape[0])
+    steps = np.array([s for s, _, _ in tr.steps], np.int64)
+    s0 = np.array([a for _, a, _ in tr.steps], np.int64)
+    s1 = np.array([b for _, _, b in tr.steps], np.int64)
+    step = _step_of(arr[:, 0], steps, s0, s1)
+    return {
+        "step": step,
+        "op": arr[:, 2],
+        "group": arr[:, 3],
+        "seq": seq,
+        "nbytes": arr[:, 5],
+        "t_enter": arr[:, 0],
+        "t_start": arr[:, 0] if flags else np.full(n, schema.NO_TIME, np.int64),
+        "t_end": arr[:, 1] if flags else np.full(n, schema.NO_TIME, np.int64),
+        "t_exit": arr[:, 1],
+        "flags": np.full(n, flags, np.int32),
+    }
+
+
+def _step_of(t: np.ndarray, steps: np.ndarray, s0: np.ndarray, s1: np.ndarray) -> np.ndarray:
+    """The step whose span holds each time; a device time after its step's host span
+    belongs to the last step started before it (GPU work lags the host)."""
+    order = np.argsort(s0)
+    steps, s0 = steps[order], s0[order]
+    i = np.searchsorted(s0, t, side="right") - 1
+    out = np.where(i >= 0, steps[np.clip(i, 0, None)], -1)
+    return out.astype(np.int64)
+
+
+def _phase_rows(tr: RankTrace) -> list[tuple[int, int, int, int]]:
+    """(step, phase, t0, t1): annotation spans clipped to their step, backward inferred
+    from autograd ops where no annotation says it."""
+    out: list[tuple[int, int, int, int]] = []
+    bwd = np.array(tr.bwd, np.int64).reshape(-1, 2)
+    for step, a, b in tr.steps:
+        for phase, t0, t1 in tr.spans:
+            lo, hi = max(a, t0), min(b, t1)
+            if hi > lo and a <= t0 < b:
+                out.append((step, phase, lo, hi))
+        if not tr.has_bwd_annotation and bwd.shape[0]:
+            sel = (bwd[:, 0] >= a) & (bwd[:, 0] < b)
+            if sel.any():
+                out.append((step, _PH_BWD, int(bwd[sel, 0].min()), min(b, int(bwd[sel, 1].max()))))
+    return out
+
+
+def _steps_messages(
+    tr: RankTrace, colls: dict[str, np.ndarray], off: int, h: dict[str, Any]
+) -> Iterator[bytes]:
+    steps = sorted(tr.steps)
+    phases = _phase_rows(tr)
+    for i in range(0, len(steps), STEPS_PER_MESSAGE):
+        part = steps[i : i + STEPS_PER_MESSAGE]
+        ids = {s for s, _, _ in part}
+        st = schema.empty_table("steps", len(part))
+        st["step"] = np.array([s for s, _, _ in part], np.int64)
+        st["t_start"] = np.array([a for _, a, _ in part], np.int64) - off
+        st["t_end"] = np.array([b for _, _, b in part], np.int64) - off
+        ph = [p for p in phases if p[0] in ids]
+        pt = schema.empty_table("phases", len(ph))
+        if ph:
+            arr = np.array(ph, np.int64)
+            pt["step"], pt["phase"] = arr[:, 0], arr[:, 1].astype(np.int16)
+            pt["t0"], pt["t1"] = arr[:, 2] - off, arr[:, 3] - off
+        sel = np.isin(colls["step"], np.array(sorted(ids), np.int64))
+        if i == 0:
+            sel |= colls["step"] < 0
+        co = {k: v[sel] for k, v in colls.items()}
+        for k in ("t_enter", "t_start", "t_end", "t_exit"):
+            known = co[k] != schema.NO_TIME
+            co[k] = np.where(known, co[k] - off, co[k])
+        yield schema.steps_message(next_header(h), st, pt, co)
+
+
+def step_breakdown(tr: RankTrace) -> list[dict[str, int]]:
+    """GPU idle / compute / communication / memory ns inside each host step window."""
+    t0 = np.array(tr.dev_t0, np.int64)
+    t1 = np.array(tr.dev_t1, np.int64)
+    cls = np.array(tr.dev_cls, np.int8)
+    out = []
+    for step, a, b in sorted(tr.steps):
+        d = gpu_breakdown(t0, t1, cls, a, b)
+        d["step"] = step
+        out.append(d)
+    return out
+
+
+def hta_breakdown(tr: RankTrace) -> dict[str, int]:
+    """`gpu_breakdown` over the device events HolisticTraceAnalysis keeps for its temporal
+    breakdown: those launched (by correlation) before the start of the last profiler step,
+    from the first one's start to the last one's end."""
+    corr = np.array(tr.dev_corr, np.int64)
+    lc = np.array(tr.launch_corr, np.int64)
+    lt = np.array(tr.launch_t0, np.int64)
+    last = max(a for _, a, _ in tr.steps)
+    keep_corr = lc[lt < last]
+    sel = np.isin(corr, keep_corr)
+    return gpu_breakdown(
+        np.array(tr.dev_t0, np.int64)[sel],
+        np.array(tr.dev_t1, np.int64)[sel],
+        np.array(tr.dev_cls, np.int8)[sel],
+    )
