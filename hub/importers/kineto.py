@@ -341,7 +341,11 @@ def parse_file(path: Path, report: ImportReport) -> RankTrace | None:
     base_ns = int(base) if isinstance(base, int) and base > 0 else 0
 
     def ns(t: float) -> int:
-        return base_ns + round(t * scale)
+        # Integer µs exactly; a float µs since the epoch holds 1/4 µs at best (float64).
+        if isinstance(t, int):
+            return base_ns + t * 1000
+        whole = int(t)
+        return base_ns + whole * 1000 + round((t - whole) * scale)
 
     tr.steps = [(s, ns(a), ns(b)) for s, a, b in steps]
     tr.spans = [(p, ns(a), ns(b)) for p, a, b in spans]
@@ -585,6 +589,16 @@ def messages(files: list[Path], report: ImportReport, *, job: str, run: str) -> 
         )
     first = min(headers)
     yield schema.groups_message(next_header(headers[first]), group_list)
+    for r in sorted(headers):
+        # The alignment's error stands where a live collector's clock uncertainty does.
+        stats = {
+            "dropped_batches": 0,
+            "dropped_events": 0,
+            "errors": {},
+            "clock_offset_ns": int(offsets[r]),
+            "clock_error_ns": int(report.alignment_ns or 0),
+        }
+        yield schema.stats_message(next_header(headers[r]), stats)
     breakdown: dict[str, Any] = {}
     for tr in sorted(traces, key=lambda t: t.rank):
         off = offsets[tr.rank]
