@@ -197,3 +197,47 @@ def test_the_same_trace_gzipped_or_not_imports_the_same(tmp_path: Path) -> None:
         return out
 
     assert body(tmp_path / "a") == body(tmp_path / "b")
+
+
+def test_an_imported_pair_exports_as_one_perfetto_timeline(pair: Path, tmp_path: Path) -> None:
+    """Both ranks on one clock in one trace, a track each; loaded by Perfetto's own trace
+    processor where its binary can run (``RANKSCOPE_TRACE_PROCESSOR`` names a local one)."""
+    import os
+    import subprocess
+
+    out = tmp_path / "t.json"
+    assert main(["export", str(pair), "--perfetto", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    evs = doc["traceEvents"]
+    names = {e["tid"]: e["args"]["name"] for e in evs if e.get("name") == "thread_name"}
+    assert {"rank 0", "rank 1"} <= set(names.values())
+    msgs = _messages(pair)
+    t0 = min(int(m.tables["steps"]["t_start"].min()) for m in msgs if m.kind == "steps")
+    # Stream 203's first instance: each rank's slice starts at its own kernel start, on
+    # the one timeline (a shared origin), so the two overlap as they did on the GPUs.
+    starts = [_kernel_starts(f, 203)[0] for f in PAIR]
+    colls = [
+        e for e in evs if e.get("ph") == "X" and e.get("args", {}).get("group_name") == "stream203"
+    ]
+    by_rank: dict[str, list[float]] = {}
+    for e in colls:
+        by_rank.setdefault(f"rank {e['args']['rank']}", []).append(e["ts"])
+    origin = doc["otherData"]["t0_ns"]
+    assert origin == t0
+    for r, start in enumerate(starts):
+        assert min(by_rank[f"rank {r}"]) == pytest.approx((start - origin) / 1e3, abs=1e-3)
+    tp_mod = pytest.importorskip("perfetto.trace_processor", reason="perfetto not installed")
+    config = tp_mod.TraceProcessorConfig(bin_path=os.environ.get("RANKSCOPE_TRACE_PROCESSOR"))
+    try:
+        tp = tp_mod.TraceProcessor(trace=str(out), config=config)
+    except (subprocess.CalledProcessError, FileNotFoundError) as exc:
+        pytest.skip(
+            "perfetto's trace_processor_shell is downloaded on first use and this machine "
+            f"cannot fetch it ({type(exc).__name__}); set RANKSCOPE_TRACE_PROCESSOR to a local "
+            "binary to run this check"
+        )
+    try:
+        threads = {row.name for row in tp.query("select name from thread where name is not null")}
+    finally:
+        tp.close()
+    assert {"rank 0", "rank 1"} <= threads

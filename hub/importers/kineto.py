@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import re
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -197,16 +198,16 @@ class RankTrace:
     """(step, t0, t1)."""
     spans: list[tuple[int, int, int]] = field(default_factory=list)
     """(phase, t0, t1) from annotations."""
-    bwd: list[tuple[int, int]] = field(default_factory=list)
+    bwd: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64))
     """(t0, t1) of autograd evaluate_function ops."""
     has_bwd_annotation: bool = False
-    dev_t0: list[int] = field(default_factory=list)
-    dev_t1: list[int] = field(default_factory=list)
-    dev_cls: list[int] = field(default_factory=list)
-    dev_corr: list[int] = field(default_factory=list)
+    dev_t0: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    dev_t1: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    dev_cls: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int8))
+    dev_corr: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     """Device events (kernels, copies, sets) with a stream."""
-    launch_corr: list[int] = field(default_factory=list)
-    launch_t0: list[int] = field(default_factory=list)
+    launch_corr: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    launch_t0: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     """Host runtime calls (correlation, start): what launched each device event."""
     comm: list[tuple[int, int, int, int, str, dict[str, Any]]] = field(default_factory=list)
     """NCCL kernels: (t0, t1, stream, external id, name, comm metadata)."""
@@ -243,7 +244,6 @@ def parse_file(path: Path, report: ImportReport) -> RankTrace | None:
     import ijson
 
     tr = RankTrace(file=str(path))
-    raw_ts: dict[str, list[Any]] = {}
     try:
         raw = open_binary(path)
     except OSError as exc:
@@ -255,9 +255,10 @@ def parse_file(path: Path, report: ImportReport) -> RankTrace | None:
     # ts are µs (floats or ints); kept as float µs until the base offset is known.
     steps: list[tuple[int, float, float]] = []
     spans: list[tuple[int, float, float]] = []
-    bwd: list[tuple[float, float]] = []
-    dev: list[tuple[float, float, int, int]] = []
-    launches: list[tuple[int, float]] = []
+    # Per-event columns as typed arrays (8 bytes a value), never one object per event.
+    bwd_a, bwd_b = array("d"), array("d")
+    dev_a, dev_b, dev_c, dev_k = array("d"), array("d"), array("b"), array("q")
+    la_k, la_t = array("q"), array("d")
     comm: list[tuple[float, float, int, int, str, dict[str, Any]]] = []
     host_rows: list[tuple[float, float, str, dict[str, Any]]] = []
     try:
@@ -281,7 +282,10 @@ def parse_file(path: Path, report: ImportReport) -> RankTrace | None:
                 corr = args.get("correlation", -1)
                 corr = corr if isinstance(corr, int) else -1
                 cls = device_class(name, cat)
-                dev.append((ts, end, cls, corr))
+                dev_a.append(ts)
+                dev_b.append(end)
+                dev_c.append(cls)
+                dev_k.append(corr)
                 if cls == COMM:
                     stream = args.get("stream", -1)
                     ext = args.get("External id", -1)
@@ -298,7 +302,8 @@ def parse_file(path: Path, report: ImportReport) -> RankTrace | None:
             elif cat == "cuda_runtime" or cat == "cuda_driver":
                 corr = args.get("correlation", -1)
                 if isinstance(corr, int):
-                    launches.append((corr, ts))
+                    la_k.append(corr)
+                    la_t.append(ts)
             elif cat in ("user_annotation", "cpu_op", "python_function"):
                 if name.startswith("ProfilerStep"):
                     m = _STEP.match(name)
@@ -306,7 +311,8 @@ def parse_file(path: Path, report: ImportReport) -> RankTrace | None:
                         steps.append((int(m.group(1)), ts, end))
                     continue
                 if name.startswith("autograd::engine::evaluate_function"):
-                    bwd.append((ts, end))
+                    bwd_a.append(ts)
+                    bwd_b.append(end)
                     continue
                 phase = _phase_of(name)
                 if phase is not None:
@@ -349,21 +355,26 @@ def parse_file(path: Path, report: ImportReport) -> RankTrace | None:
 
     tr.steps = [(s, ns(a), ns(b)) for s, a, b in steps]
     tr.spans = [(p, ns(a), ns(b)) for p, a, b in spans]
-    tr.bwd = [(ns(a), ns(b)) for a, b in bwd]
-    tr.dev_t0 = [ns(d[0]) for d in dev]
-    tr.dev_t1 = [ns(d[1]) for d in dev]
-    tr.dev_cls = [d[2] for d in dev]
-    tr.dev_corr = [d[3] for d in dev]
-    tr.launch_corr = [c for c, _ in launches]
-    tr.launch_t0 = [ns(t) for _, t in launches]
+    tr.bwd = np.stack((_ns(bwd_a, base_ns), _ns(bwd_b, base_ns)), axis=1)
+    tr.dev_t0, tr.dev_t1 = _ns(dev_a, base_ns), _ns(dev_b, base_ns)
+    tr.dev_cls = np.frombuffer(dev_c, np.int8).copy()
+    tr.dev_corr = np.frombuffer(dev_k, np.int64).copy()
+    tr.launch_corr = np.frombuffer(la_k, np.int64).copy()
+    tr.launch_t0 = _ns(la_t, base_ns)
     tr.comm = [(ns(a), ns(b), s, e, n, m) for a, b, s, e, n, m in comm]
     tr.host_rows = [(ns(a), ns(b), n, m) for a, b, n, m in host_rows]
-    del raw_ts
     r = tr.info.get("rank")
     tr.rank = r if isinstance(r, int) and not isinstance(r, bool) and r >= 0 else -1
     w = tr.info.get("world_size")
     tr.world_size = w if isinstance(w, int) and not isinstance(w, bool) and w > 0 else -1
     return tr
+
+
+def _ns(us: array, base_ns: int) -> np.ndarray:
+    """µs (float64: integers below 2**53 exactly) as int64 ns after ``base_ns``."""
+    t = np.frombuffer(us, np.float64)
+    whole = np.floor(t)
+    return base_ns + whole.astype(np.int64) * 1000 + np.round((t - whole) * 1000).astype(np.int64)
 
 
 def _phase_of(name: str) -> int | None:
@@ -731,11 +742,20 @@ def _phase_rows(tr: RankTrace) -> list[tuple[int, int, int, int]]:
     """(step, phase, t0, t1): annotation spans clipped to their step, backward inferred
     from autograd ops where no annotation says it."""
     out: list[tuple[int, int, int, int]] = []
-    bwd = np.array(tr.bwd, np.int64).reshape(-1, 2)
+    bwd = tr.bwd
     for step, a, b in tr.steps:
+        mine: list[tuple[int, int, int]] = []
         for phase, t0, t1 in tr.spans:
             lo, hi = max(a, t0), min(b, t1)
             if hi > lo and a <= t0 < b:
+                mine.append((phase, lo, hi))
+        # Two annotations of one phase (``## forward ##`` around DDP's forward) are one
+        # span: their union.
+        mine.sort()
+        for phase, lo, hi in mine:
+            if out and out[-1][0] == step and out[-1][1] == phase and lo <= out[-1][3]:
+                out[-1] = (step, phase, out[-1][2], max(hi, out[-1][3]))
+            else:
                 out.append((step, phase, lo, hi))
         if not tr.has_bwd_annotation and bwd.shape[0]:
             sel = (bwd[:, 0] >= a) & (bwd[:, 0] < b)
@@ -774,9 +794,7 @@ def _steps_messages(
 
 def step_breakdown(tr: RankTrace) -> list[dict[str, int]]:
     """GPU idle / compute / communication / memory ns inside each host step window."""
-    t0 = np.array(tr.dev_t0, np.int64)
-    t1 = np.array(tr.dev_t1, np.int64)
-    cls = np.array(tr.dev_cls, np.int8)
+    t0, t1, cls = tr.dev_t0, tr.dev_t1, tr.dev_cls
     out = []
     for step, a, b in sorted(tr.steps):
         d = gpu_breakdown(t0, t1, cls, a, b)
@@ -789,14 +807,12 @@ def hta_breakdown(tr: RankTrace) -> dict[str, int]:
     """`gpu_breakdown` over the device events HolisticTraceAnalysis keeps for its temporal
     breakdown: those launched (by correlation) before the start of the last profiler step,
     from the first one's start to the last one's end."""
-    corr = np.array(tr.dev_corr, np.int64)
-    lc = np.array(tr.launch_corr, np.int64)
-    lt = np.array(tr.launch_t0, np.int64)
+    corr, lc, lt = tr.dev_corr, tr.launch_corr, tr.launch_t0
     last = max(a for _, a, _ in tr.steps)
     keep_corr = lc[lt < last]
     sel = np.isin(corr, keep_corr)
     return gpu_breakdown(
-        np.array(tr.dev_t0, np.int64)[sel],
-        np.array(tr.dev_t1, np.int64)[sel],
-        np.array(tr.dev_cls, np.int8)[sel],
+        tr.dev_t0[sel],
+        tr.dev_t1[sel],
+        tr.dev_cls[sel],
     )
