@@ -27,6 +27,7 @@ import zmq
 
 from rankscope.collector import nvml, schema
 from rankscope.collector.clock import ClockSync, clock_endpoint
+from rankscope.collector.heartbeat import Heartbeat
 from rankscope.collector.manifest import build_manifest
 from rankscope.collector.security import ClientCurve
 from rankscope.collector.sender import Sender
@@ -155,6 +156,8 @@ class Pump:
         self._thread: threading.Thread | None = None
         self._groups_sent = -1
         self._ctx: zmq.Context | None = None
+        self.heartbeat = Heartbeat(monitor, self)
+        """Beats on this thread, whatever the training loop does (`collector.heartbeat`)."""
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
@@ -305,6 +308,9 @@ class Pump:
                     clock.tick()
                 for task in self.tasks:
                     task()
+                beat = self.heartbeat
+                if not held and (stopping or now >= beat.next_ns):
+                    beat.beat(now, final=stopping)
                 if sampler is not None and (stopping or now >= next_sample):
                     self._sample(sampler)
                     next_sample = now + sample_ns
@@ -329,6 +335,7 @@ class Pump:
                 next_stats + self.idle_ns,
                 next_sample + sample_ns,
                 clock.next_due_ns(),
+                self.heartbeat.next_ns,
             )
             wait_ms = max(1, min(self.idle_ns, due - self._now()) // 1_000_000)
             if poller.sockets:
@@ -469,6 +476,7 @@ class Pump:
                 phase_names=mon._user_phase_names(),
             )
             self._send(data)
+            self.heartbeat.note_shipped(s["t_end"], c["t_exit"])
             self.sent_rows += ns + nc + np_
             mon._steps.consume(ns)
             mon._colls.consume(nc)

@@ -20,6 +20,11 @@ Message kinds (``"kind"``):
 ``stats``
     The collector's own health: drops, internal errors, clock offset and its uncertainty.
 
+``beat``
+    The heartbeat, from the collector's background thread about once a second: where the
+    training thread is (``pos``: last step begun and ended, the collective it is inside)
+    and, once per stuck episode, its Python stacks (``stacks``). See `beat_message`.
+
 All times are int64 nanoseconds on the hub-aligned clock (ARCHITECTURE §5). A device time
 that is not known is ``NO_TIME``.
 """
@@ -50,7 +55,7 @@ MAX_ROWS = 1_000_000
 NO_TIME = -1
 """Sentinel for a time that was not measured (e.g. device times without CUDA events)."""
 
-KINDS = ("hello", "groups", "steps", "samples", "stats")
+KINDS = ("hello", "groups", "steps", "samples", "stats", "beat")
 
 SCOPES = ("full", "two-node", "one-node", "one-rank", "custom")
 """Scope of a run (ARCHITECTURE §3)."""
@@ -254,7 +259,7 @@ class SchemaError(ValueError):
     """A message does not follow the wire schema. ``reason`` is a short stable tag that the
     hub counts (``bad_msgpack``, ``bad_version``, ``bad_kind``, ``bad_header``, ``bad_type``,
     ``bad_table``, ``bad_size``, ``bad_hello``, ``bad_identity``, ``bad_groups``,
-    ``bad_phase``, ``bad_time``, ``too_large``); ``detail`` names the field and its value."""
+    ``bad_phase``, ``bad_time``, ``bad_beat``, ``too_large``); ``detail`` names the field and its value."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
@@ -404,6 +409,88 @@ def stats_message(header: dict[str, Any], stats: dict[str, Any]) -> bytes:
     msg = dict(header)
     msg.update(kind="stats", stats=stats)
     return encode(msg)
+
+
+BEAT_POS_FIELDS = (
+    "t",
+    "step",
+    "step_t0",
+    "ended",
+    "ended_t",
+    "exit_t",
+    "group",
+    "seq",
+    "op",
+    "since",
+    "cpu_ns",
+)
+"""Int fields of a heartbeat's ``pos`` map, -1 when unknown: ``t`` when the beat was taken;
+``step``/``step_t0`` the open step and its start (-1 between steps); ``ended``/``ended_t``
+the newest step ended and its end; ``exit_t`` the latest collective exit; ``group``,
+``seq``, ``op`` (index into ``OPS``) and ``since`` the collective the training thread is
+inside now, and when it entered; ``cpu_ns`` the training thread's CPU clock. Times are
+hub-clock ns."""
+BEAT_STATES = ("run", "exit")
+"""``state`` of a heartbeat: running, or the last beat of a process that is closing."""
+MAX_STACK_CHARS = 64 * 1024
+"""Longest text of one stack a heartbeat may carry."""
+BEAT_STACK_KEYS = ("py", "native", "why")
+"""Keys of a heartbeat's ``stacks`` map: the Python stacks of every thread, native ones
+(py-spy) when taken, and why they were taken."""
+
+
+def beat_message(
+    header: dict[str, Any],
+    pos: dict[str, int],
+    *,
+    state: str = "run",
+    stacks: dict[str, str] | None = None,
+    error: str | None = None,
+) -> bytes:
+    """Build a ``beat``: this rank is alive, and where its training thread is.
+
+    Args:
+        header: ``job``, ``run``, ``rank``, ``inc``, ``batch``.
+        pos: ``BEAT_POS_FIELDS`` ints (-1 unknown).
+        state: one of ``BEAT_STATES``.
+        stacks: ``BEAT_STACK_KEYS`` texts, at most ``MAX_STACK_CHARS`` each.
+        error: on the closing beat of a process ended by an exception, what it was (at
+            most ``MAX_NAME_CHARS``).
+    """
+    msg = dict(header)
+    msg.update(kind="beat", pos=pos, state=state)
+    if stacks:
+        msg["stacks"] = stacks
+    if error:
+        msg["error"] = error[:MAX_NAME_CHARS]
+    return encode(msg)
+
+
+def _check_beat(obj: dict[str, Any]) -> None:
+    pos = obj.get("pos")
+    if not isinstance(pos, dict) or len(pos) > 2 * len(BEAT_POS_FIELDS):
+        raise SchemaError("bad_beat", "beat without a pos map of at most 22 fields")
+    for key in BEAT_POS_FIELDS:
+        value = pos.get(key, -1)
+        _check_int(f"pos.{key}", value, -1, MAX_TIME_NS, reason="bad_beat")
+    for key in [k for k in pos if k not in BEAT_POS_FIELDS]:
+        del pos[key]  # a newer collector's extra fields are dropped, not refused
+    if not -1 <= pos.get("op", -1) < len(OPS):
+        raise SchemaError("bad_beat", f"pos.op = {pos['op']} is not an index into OPS")
+    if obj.get("state", "run") not in BEAT_STATES:
+        raise SchemaError("bad_beat", f"unknown beat state {obj.get('state')!r}")
+    if obj.get("error") is not None:
+        _check_name("error", obj["error"], reason="bad_beat")
+    stacks = obj.get("stacks")
+    if stacks is not None:
+        if not isinstance(stacks, dict) or not set(stacks) <= set(BEAT_STACK_KEYS):
+            raise SchemaError("bad_beat", f"stacks must be a map with keys in {BEAT_STACK_KEYS}")
+        for key, text in stacks.items():
+            _check_type(f"stacks.{key}", text, str)
+            if len(text) > MAX_STACK_CHARS:
+                raise SchemaError(
+                    "bad_beat", f"stacks.{key} has {len(text)} characters (max {MAX_STACK_CHARS})"
+                )
 
 
 @dataclass
@@ -663,6 +750,8 @@ def decode(data: bytes, max_header_bytes: int = MAX_HEADER_BYTES) -> Message:
                 )
             for name in names:
                 _check_name("phase name", name, empty=False, reason="bad_phase")
+    if kind == "beat":
+        _check_beat(obj)
     if "batch" in obj and obj["batch"] is not None:
         _check_type("batch", obj["batch"], int)
     return Message(kind=kind, header=obj, tables=tables, nbytes=len(data))

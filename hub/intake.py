@@ -143,6 +143,11 @@ class Intake:
                 self._reject("record_error", repr(exc))
         try:
             self.store.ingest(msg, verdict.keep_steps, now)
+            if msg.kind == "beat":
+                h = msg.header
+                run = self.store.run_state(h["run"])
+                if run is not None:
+                    run.beats.add(h["rank"], h, now)
         except Exception as exc:
             self._reject("internal_error", f"ingesting {msg.kind}: {exc!r}")
             return False

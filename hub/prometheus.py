@@ -51,6 +51,9 @@ RANK_LABELS = (*RUN_LABELS, "rank", "host")
 GROUP_LABELS = (*RUN_LABELS, "group", "group_name", "op")
 
 WindowSource = Callable[[], Iterable[Window]]
+HangSource = Callable[[], Iterable[tuple[tuple[str, str, str], Any]]]
+"""Returns ``((job, run, scope), diagnosis.stall.Hang)`` of every run with heartbeats."""
+CULPRIT_LABELS = (*RUN_LABELS, "rank", "host", "case", "group", "op", "seq")
 """Returns the latest window of every run to expose; called once per scrape."""
 
 
@@ -156,8 +159,9 @@ class WindowCollector(Collector):
         source: returns the windows to expose (one per run); called once per scrape.
     """
 
-    def __init__(self, source: WindowSource) -> None:
+    def __init__(self, source: WindowSource, hangs: HangSource | None = None) -> None:
         self._source = source
+        self._hangs = hangs
         self._errors = 0
         self._lock = threading.Lock()
         self._logged = False
@@ -234,14 +238,51 @@ class WindowCollector(Collector):
         yield last_step
         yield world
         yield steps
+        yield from self._stall_metrics()
         errors = CounterMetricFamily(
             "rankscope_exporter_errors", "Scrapes that failed to read a window."
         )
         errors.add_metric((), float(self._errors))
         yield errors
 
+    def _stall_metrics(self) -> Iterator[Metric]:
+        if self._hangs is None:
+            return
+        stalled = GaugeMetricFamily(
+            "rankscope_stalled",
+            "1 while no rank of the run progresses (a hang).",
+            labels=RUN_LABELS,
+        )
+        idle = GaugeMetricFamily(
+            "rankscope_stall_idle_seconds", "Seconds since any rank progressed.", labels=RUN_LABELS
+        )
+        culprit = GaugeMetricFamily(
+            "rankscope_stall_culprit",
+            "1 for each rank named as holding a stalled run.",
+            labels=CULPRIT_LABELS,
+        )
+        try:
+            hangs = list(self._hangs())
+        except Exception as exc:
+            with self._lock:
+                self._errors += 1
+            log.warning("prometheus: judging stalls failed: %r", exc)
+            hangs = []
+        for run, hang in hangs:
+            stalled.add_metric(run, 1.0 if hang.stalled else 0.0)
+            if hang.idle_s == hang.idle_s:
+                idle.add_metric(run, float(hang.idle_s))
+            for c in hang.culprits:
+                labels = [*run, str(c.rank), c.host, c.case, str(c.group), c.op, str(c.seq)]
+                culprit.add_metric(labels, 1.0)
+        yield stalled
+        yield idle
+        yield culprit
 
-def make_registry(source: WindowSource) -> tuple[CollectorRegistry, WindowCollector]:
+
+def make_registry(
+    source: WindowSource, hangs: HangSource | None = None
+) -> tuple[CollectorRegistry, WindowCollector]:
     """A registry holding only the rankscope collector (no process or GC metrics).
 
     Args:
@@ -251,7 +292,7 @@ def make_registry(source: WindowSource) -> tuple[CollectorRegistry, WindowCollec
         The registry and its collector.
     """
     registry = CollectorRegistry(auto_describe=False)
-    collector = WindowCollector(source)
+    collector = WindowCollector(source, hangs)
     registry.register(collector)
     return registry, collector
 
@@ -275,6 +316,26 @@ def store_source(store: Any, last: int = 100) -> WindowSource:
                 yield w
 
     return windows
+
+
+def store_hangs(store: Any, watch: Any = None) -> HangSource:
+    """A hang source over the hub's live store: the latest judgement of each run that
+    has heartbeats (the `hub.hang.HangWatch`'s when given, else judged at the scrape)."""
+
+    def hangs() -> Iterator[tuple[tuple[str, str, str], Any]]:
+        import time
+
+        from rankscope.hub.hang import judge_run
+
+        for run_id in list(store.run_ids()):
+            run = store.run_state(run_id)
+            if run is None or not run.beats.count:
+                continue
+            rec = watch.records.get(run_id) if watch is not None else None
+            hang = rec.hang if rec is not None else judge_run(store, run_id, time.time_ns())
+            yield (run.job, run_id, run.scope), hang
+
+    return hangs
 
 
 def parse_listen(spec: str | int) -> tuple[str, int]:
@@ -314,8 +375,14 @@ class PrometheusEndpoint:
         addr: interface to bind.
     """
 
-    def __init__(self, source: WindowSource, port: int, addr: str = "127.0.0.1") -> None:
-        self.registry, self.collector = make_registry(source)
+    def __init__(
+        self,
+        source: WindowSource,
+        port: int,
+        addr: str = "127.0.0.1",
+        hangs: HangSource | None = None,
+    ) -> None:
+        self.registry, self.collector = make_registry(source, hangs)
         self.addr = addr
         self.port = port
         self._server: Any = None

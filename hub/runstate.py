@@ -189,6 +189,8 @@ class RunState:
         self.life_late = np.zeros(R, np.float64)
         self.life_complete = 0
         self.life_incomplete = 0
+        self.beats = Beats(R)
+        """Each rank's latest heartbeat (`collector.heartbeat`)."""
 
     # -- identity ---------------------------------------------------------------------
 
@@ -772,3 +774,67 @@ class RunState:
             steps_complete=complete,
             ring_steps=self.H,
         )
+
+
+MAX_STACK_RANKS = 64
+"""Ranks whose latest stacks are held (the most recent senders): at most ~12 MiB."""
+BEAT_STATE_CODES = {"run": 1, "exit": 2}
+"""``Beats.state`` codes; 0 is no beat yet."""
+
+
+class Beats:
+    """Each rank's latest heartbeat as dense columns, and the latest stacks each sent.
+
+    Written by the hub's intake (one row per beat), read by the stall judge: a reader takes
+    `copy`, so the judge never sees a row half written.
+    """
+
+    def __init__(self, world_size: int) -> None:
+        R = int(world_size)
+        self.heard_ns = np.full(R, -1, np.int64)
+        """Hub receive time of each rank's latest beat; -1 none."""
+        self.pos = np.full((R, len(schema.BEAT_POS_FIELDS)), -1, np.int64)
+        """``schema.BEAT_POS_FIELDS`` of each rank's latest beat."""
+        self.state = np.zeros(R, np.int8)
+        self.run_group = np.full(R, -1, np.int64)
+        """The group each rank was inside at its latest running beat (a closing beat's
+        position does not replace it: a rank that left a collective by an error was in it)."""
+        self.error = np.zeros(R, np.int8)
+        """1 where a rank's closing beat says an exception ended its process."""
+        self.errors: dict[int, str] = {}
+        self.stacks: dict[int, dict[str, Any]] = {}
+        """Rank -> its latest stacks: the ``stacks`` map plus ``t`` (hub receive ns)."""
+        self.count = 0
+
+    def add(self, rank: int, header: Mapping[str, Any], heard_ns: int) -> None:
+        """Take one validated beat of ``rank`` received at ``heard_ns``."""
+        pos = header["pos"]
+        self.pos[rank] = [int(pos.get(k, -1)) for k in schema.BEAT_POS_FIELDS]
+        self.heard_ns[rank] = heard_ns
+        self.state[rank] = code = BEAT_STATE_CODES.get(header.get("state", "run"), 1)
+        if code == 1:
+            self.run_group[rank] = int(pos.get("group", -1))
+        err = header.get("error")
+        self.error[rank] = 1 if err else 0
+        if err and (rank in self.errors or len(self.errors) < MAX_STACK_RANKS):
+            self.errors[rank] = str(err)
+        stacks = header.get("stacks")
+        if stacks:
+            self.stacks.pop(rank, None)
+            self.stacks[rank] = {**stacks, "t": int(heard_ns)}
+            while len(self.stacks) > MAX_STACK_RANKS:  # a hostile world cannot fill memory
+                del self.stacks[next(iter(self.stacks))]
+        self.count += 1
+
+    def copy(self) -> dict[str, np.ndarray]:
+        """Plain columns: ``heard_ns``, ``state``, ``run_group``, ``error`` and one per ``BEAT_POS_FIELDS`` entry."""
+        out: dict[str, np.ndarray] = {
+            "heard_ns": self.heard_ns.copy(),
+            "state": self.state.copy(),
+            "run_group": self.run_group.copy(),
+            "error": self.error.copy(),
+        }
+        pos = self.pos.copy()
+        for i, k in enumerate(schema.BEAT_POS_FIELDS):
+            out[k] = pos[:, i]
+        return out

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from rankscope.commands.grammar import (
     add_baseline,
@@ -51,9 +52,49 @@ def run(args: argparse.Namespace) -> int:
     store, window = load_run(args.path, args.run, args.steps)
     baseline = baseline_window(args, store, args.path)
     diag = diagnose(window, baseline)
+    hang = _hang(store, window.run, args.path)
     if args.json:
-        json.dump(to_dict(diag), sys.stdout, indent=2)
+        out = to_dict(diag)
+        if hang is not None:
+            stall = out.setdefault("stall", {})
+            stall["hang"] = hang.to_dict()
+            if hang.stalled:
+                stall["stalled"] = True
+                stall["culprits"] = [c.rank for c in hang.culprits]
+        json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(terminal_text(render_text(diag)))
+        text = render_text(diag)
+        if hang is not None and hang.stalled:
+            text = _hang_text(hang) + text
+        sys.stdout.write(terminal_text(text))
     return 0
+
+
+def _hang(store: Any, run_id: str, path: Any) -> Any:
+    """The heartbeat judge's verdict on the run, or None for a run without heartbeats
+    (older collectors and recordings). A live recording is judged now; a finished one at
+    its last heartbeat."""
+    import time
+
+    from rankscope.hub.hang import judge_run
+    from rankscope.hub.recording import session_liveness
+
+    run = store.run_state(run_id)
+    if run is None or not run.beats.count:
+        return None
+    live = session_liveness(path).live
+    now = time.time_ns() if live else int(run.beats.heard_ns.max())
+    return judge_run(store, run_id, now)
+
+
+def _hang_text(hang: Any) -> str:
+    lines = [f"STALLED: no rank progressed for {hang.idle_s:.1f} s ({hang.case})"]
+    for c in hang.culprits[:8]:
+        lines.append(
+            f"  culprit rank {c.rank} on {c.host or '?'}: {c.case} in "
+            f"{c.group_name or '-'}:{c.op or '-'}#{c.seq} — {c.detail}"
+        )
+    for w in hang.waiting[:16]:
+        lines.append(f"  rank {w.rank}: {w.where}")
+    return "\n".join(lines) + "\n\n"

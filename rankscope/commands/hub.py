@@ -35,6 +35,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_transport_options(p)
     p.add_argument("--record", metavar="DIR", default=None, help="write the recording here")
     p.add_argument(
+        "--on-stall",
+        metavar="CMD",
+        default=None,
+        help="run CMD with the hang bundle's path as its last argument when a run stalls "
+        "(split like a shell would, never run by one)",
+    )
+    p.add_argument(
+        "--stall-s",
+        type=float,
+        default=None,
+        help="floor of the stall threshold in seconds (default 6; at least twice the "
+        "longest recent step)",
+    )
+    p.add_argument(
+        "--bundles",
+        metavar="DIR",
+        default=None,
+        help="where hang bundles go (default: DIR of --record, else the current directory)",
+    )
+    p.add_argument(
         "--status-every",
         type=float,
         default=5.0,
@@ -181,15 +201,39 @@ def run(args: argparse.Namespace) -> int:
         hub.start()
     except (ValueError, RecordingError, zmq.ZMQError) as exc:
         raise CommandError(str(exc)) from None
+    from rankscope.diagnosis.stall import STALL_S
+    from rankscope.hub.hang import HangWatch
+
+    if args.stall_s is not None and not args.stall_s > 0:
+        hub.stop()
+        raise CommandError(f"--stall-s must be > 0, got {args.stall_s}")
+    try:
+        watch = HangWatch(
+            hub.store,
+            args.bundles or args.record or ".",
+            on_stall=args.on_stall,
+            stall_s=args.stall_s or STALL_S,
+        ).start()
+    except ValueError as exc:  # an --on-stall with unbalanced quotes
+        hub.stop()
+        raise CommandError(f"--on-stall {args.on_stall!r}: {exc}") from None
     endpoint = None
     if args.prometheus:
-        from rankscope.hub.prometheus import PrometheusEndpoint, parse_listen, store_source
+        from rankscope.hub.prometheus import (
+            PrometheusEndpoint,
+            parse_listen,
+            store_hangs,
+            store_source,
+        )
 
         try:
             addr, port = parse_listen(args.prometheus)
-            endpoint = PrometheusEndpoint(store_source(hub.store), port, addr)
+            endpoint = PrometheusEndpoint(
+                store_source(hub.store), port, addr, hangs=store_hangs(hub.store, watch)
+            )
             print(f"prometheus metrics on http://{addr}:{endpoint.start()}/metrics", flush=True)
         except (ValueError, OSError) as exc:
+            watch.stop()
             hub.stop()
             raise CommandError(f"--prometheus {args.prometheus}: {exc}") from None
     stop = threading.Event()
@@ -214,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
         if endpoint is not None:
             endpoint.close()
+        watch.stop()
         hub.stop()
         print("stopped: " + status_line(hub.health, hub.store), flush=True)
     return 0

@@ -1,0 +1,212 @@
+"""Real hung jobs (torchrun, gloo, CPU): the hub names the rank that holds each one.
+
+Six two-rank jobs run at once against one hub with a `HangWatch` (they mostly sleep):
+
+- ``sleep``: rank 1 sleeps for ever before a collective — ``not_entered``;
+- ``stop``: rank 1 SIGSTOPs itself before a collective — ``gone`` (no heartbeat);
+- ``exit``: rank 1 leaves the loop and exits cleanly (torchrun waits for rank 0) — ``gone``;
+- ``skip``: rank 1 skips a collective on one group and enters the next on another —
+  ``mismatch``;
+- ``long``: one step of rank 1 takes 20 times the others — no stall;
+- ``slow``: steps of 20 s — no stall.
+
+gloo's timeout is 10 minutes, so no watchdog fires first. Every process is killed at the
+end (its process group gets SIGKILL, which also ends a stopped one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+if shutil.which("torchrun") is None:
+    pytest.skip("torchrun is not installed", allow_module_level=True)
+
+from rankscope.hub.hang import HangWatch
+from rankscope.hub.server import Hub
+
+pytestmark = pytest.mark.torch
+
+JOB = r"""
+import os, signal, sys, time
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+import rankscope
+
+def hang_here_for_ever():
+    while True:
+        time.sleep(3600)
+
+mode, steps, step_s, at = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+torch.set_num_threads(1)
+dist.init_process_group("gloo", timeout=timedelta(seconds=600))
+rank = dist.get_rank()
+mon = rankscope.start(job="hang-" + mode)
+side = dist.new_group([0, 1])
+groups = [None, side]
+x = torch.ones(256)
+for step in range(steps):
+    with mon.step(step):
+        late = mode == "long" and rank == 1 and step == at
+        time.sleep(step_s * (20 if late else 1))
+        culprit = rank == 1 and step == at
+        if culprit and mode == "sleep":
+            hang_here_for_ever()
+        if culprit and mode == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        if culprit and mode == "exit":
+            break
+        if culprit and mode == "skip" and step % 2 == 0:
+            continue
+        dist.all_reduce(x, group=groups[step % 2])
+if not (mode == "exit" and rank == 1):
+    dist.barrier()
+mon.close()
+"""
+
+CASES = {
+    # mode: (steps, step seconds, culprit's step, expected case or None)
+    "sleep": (40, 0.1, 4, "not_entered"),
+    "stop": (40, 0.1, 4, "gone"),
+    "exit": (40, 0.1, 4, "gone"),
+    "skip": (40, 0.1, 4, "mismatch"),
+    "long": (10, 0.2, 4, None),
+    "slow": (2, 20.0, 99, None),
+}
+DEADLINE_S = 240.0
+"""Only catches a hang of the test itself: a loaded machine may start torch slowly."""
+
+
+def _launch(tmp: Path, hub: Hub, mode: str) -> subprocess.Popen:
+    steps, step_s, at, _ = CASES[mode]
+    env = dict(os.environ)
+    env.update(
+        RANKSCOPE_HUB=hub.endpoint,
+        RANKSCOPE_RUN=f"hang-{mode}",
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+    )
+    log = open(tmp / f"{mode}.log", "wb")  # noqa: SIM115 - closed with the process
+    argv = [
+        "torchrun", "--standalone", "--nproc-per-node", "2", "--monitor-interval", "1",
+        str(tmp / "job.py"), mode, str(steps), str(step_s), str(at),
+    ]  # fmt: skip
+    return subprocess.Popen(
+        argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+@pytest.fixture(scope="module")
+def hangs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hangs")
+    (tmp / "job.py").write_text(JOB)
+    hub = Hub(record_dir=str(tmp / "rec")).start()
+    marker = tmp / "hook.txt"
+    hook = f"{sys.executable} -c \"import sys; open({str(marker)!r}, 'a').write(sys.argv[1] + chr(10))\""
+    watch = HangWatch(hub.store, tmp / "bundles", on_stall=hook, every_s=0.5).start()
+    procs = {mode: _launch(tmp, hub, mode) for mode in CASES}
+    named: dict[str, dict] = {}
+    stalls: dict[str, list] = {m: [] for m in CASES}
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            for mode in CASES:
+                rec = watch.records.get(f"hang-{mode}")
+                if rec is not None and rec.hang.stalled:
+                    stalls[mode].append(rec.hang)
+                    if mode not in named and rec.bundle is not None:
+                        named[mode] = {"hang": rec.hang, "bundle": Path(rec.bundle)}
+            hung = [m for m, c in CASES.items() if c[3] is not None]
+            healthy_done = all(
+                procs[m].poll() is not None for m, c in CASES.items() if c[3] is None
+            )
+            if all(m in named for m in hung) and healthy_done:
+                break
+        time.sleep(1.0)  # the hook is a separate process
+        yield {
+            "named": named,
+            "stalls": stalls,
+            "procs": procs,
+            "tmp": tmp,
+            "marker": marker,
+            "hub": hub,
+        }
+    finally:
+        for proc in procs.values():
+            _kill(proc)
+        watch.stop()
+        hub.stop()
+
+
+@pytest.mark.parametrize("mode", [m for m, c in CASES.items() if c[3] is not None])
+def test_hung_job_names_the_rank_and_case(hangs, mode):
+    got = hangs["named"].get(mode)
+    assert got is not None, (hangs["tmp"] / f"{mode}.log").read_text()[-3000:]
+    hang = got["hang"]
+    assert [c.rank for c in hang.culprits] == [1], hang
+    assert hang.case == CASES[mode][3], hang
+    culprit = hang.culprits[0]
+    assert culprit.host
+    waiting0 = next(w for w in hang.waiting if w.rank == 0)
+    if mode == "exit":
+        # gloo ends rank 0's all_reduce with an error once rank 1's connection closes.
+        assert "exited" in culprit.detail and waiting0.where == "exited", hang
+        return
+    if mode != "skip":
+        assert culprit.group == 0 and culprit.op == "all_reduce" and culprit.seq >= 0, culprit
+    assert waiting0.where.startswith("in ") and waiting0.op == "all_reduce", waiting0
+
+
+@pytest.mark.parametrize("mode", [m for m, c in CASES.items() if c[3] is not None])
+def test_bundle_holds_the_evidence(hangs, mode):
+    got = hangs["named"][mode]
+    part = got["bundle"] / "hang"
+    verdict = json.loads((part / "verdict.json").read_text())
+    assert verdict["stalled"] and [c["rank"] for c in verdict["culprits"]] == [1]
+    assert (got["bundle"] / "manifest.json").exists() and (got["bundle"] / "steps.json").exists()
+    if mode == "exit":  # both processes are gone: their last positions are the evidence
+        assert "exited" in json.dumps(verdict["culprits"][0])
+        assert "gone" in (part / "proc-r1.txt").read_text()
+    else:
+        waiting = (part / "stacks-r0.txt").read_text()
+        assert "all_reduce" in waiting, waiting[:2000]
+    if mode in ("sleep", "skip"):
+        culprit = (part / "stacks-r1.txt").read_text()
+        assert ("hang_here_for_ever" if mode == "sleep" else "all_reduce") in culprit
+    if mode == "stop":
+        status = (part / "proc-r1.txt").read_text()
+        assert "T (stopped)" in status, status
+        if shutil.which("py-spy"):
+            assert (part / "native-r1.txt").read_text().strip()
+    assert str(got["bundle"]) in hangs["marker"].read_text().splitlines()
+
+
+@pytest.mark.parametrize("mode", [m for m, c in CASES.items() if c[3] is None])
+def test_healthy_job_never_stalls(hangs, mode):
+    proc = hangs["procs"][mode]
+    assert proc.poll() == 0, (hangs["tmp"] / f"{mode}.log").read_text()[-3000:]
+    assert hangs["stalls"][mode] == []
+    run = hangs["hub"].store.run_state(f"hang-{mode}")
+    assert run is not None and run.beats.count >= 2
