@@ -241,3 +241,21 @@ def test_an_imported_pair_exports_as_one_perfetto_timeline(pair: Path, tmp_path:
     finally:
         tp.close()
     assert {"rank 0", "rank 1"} <= threads
+
+
+def test_the_chunked_fast_path_and_the_ijson_stream_read_the_same(monkeypatch) -> None:
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", 64 << 10)  # many chunks even in a small file
+    fast = kineto.parse_file(DATA / NCCL, ImportReport())
+    # The fast path does read this file (it raises rather than fall back when called alone).
+    from rankscope.hub.importers import open_binary
+
+    with open_binary(DATA / NCCL) as f:
+        fast_events = sum(1 for _ in kineto._fast_events(kineto._EdgeReader(f)))
+    monkeypatch.setattr(kineto, "_orjson", lambda: None)
+    slow = kineto.parse_file(DATA / NCCL, ImportReport())
+    assert fast is not None and slow is not None
+    assert fast_events == fast.events == slow.events > 10_000
+    for name in ("dev_t0", "dev_t1", "dev_cls", "dev_corr", "launch_corr", "launch_t0", "bwd"):
+        assert np.array_equal(getattr(fast, name), getattr(slow, name)), name
+    assert (fast.steps, fast.spans, fast.comm) == (slow.steps, slow.spans, slow.comm)
+    assert (fast.rank, fast.world_size, fast.info) == (slow.rank, slow.world_size, slow.info)

@@ -243,98 +243,109 @@ def parse_file(path: Path, report: ImportReport) -> RankTrace | None:
     """
     import ijson
 
-    tr = RankTrace(file=str(path))
-    try:
-        raw = open_binary(path)
-    except OSError as exc:
-        report.problem(path, f"cannot be read ({exc.strerror or exc})")
-        return None
-    edge = _EdgeReader(raw)
-    cut: str | None = None
-    scale = 1000.0
-    # ts are µs (floats or ints); kept as float µs until the base offset is known.
-    steps: list[tuple[int, float, float]] = []
-    spans: list[tuple[int, float, float]] = []
-    # Per-event columns as typed arrays (8 bytes a value), never one object per event.
-    bwd_a, bwd_b = array("d"), array("d")
-    dev_a, dev_b, dev_c, dev_k = array("d"), array("d"), array("b"), array("q")
-    la_k, la_t = array("q"), array("d")
-    comm: list[tuple[float, float, int, int, str, dict[str, Any]]] = []
-    host_rows: list[tuple[float, float, str, dict[str, Any]]] = []
-    try:
-        for ev in ijson.items(edge, "traceEvents.item", use_float=True):
-            tr.events += 1
-            if ev.get("ph") != "X":
-                continue
-            cat = ev.get("cat")
-            name = ev.get("name")
-            ts = ev.get("ts")
-            if not isinstance(name, str) or not isinstance(ts, int | float):
-                continue
-            dur = ev.get("dur", 0.0)
-            if not isinstance(dur, int | float):
-                dur = 0.0
-            end = ts + dur
-            args = ev.get("args") or {}
-            if not isinstance(args, dict):
-                args = {}
-            if cat in ("kernel", "gpu_memcpy", "gpu_memset"):
-                corr = args.get("correlation", -1)
-                corr = corr if isinstance(corr, int) else -1
-                cls = device_class(name, cat)
-                dev_a.append(ts)
-                dev_b.append(end)
-                dev_c.append(cls)
-                dev_k.append(corr)
-                if cls == COMM:
-                    stream = args.get("stream", -1)
-                    ext = args.get("External id", -1)
-                    comm.append(
-                        (
-                            ts,
-                            end,
-                            stream if isinstance(stream, int) else -1,
-                            ext if isinstance(ext, int) else -1,
-                            name,
-                            _meta(args),
+    modes = ["fast", "ijson"] if _orjson() is not None else ["ijson"]
+    for mode in modes:
+        tr = RankTrace(file=str(path))
+        try:
+            raw = open_binary(path)
+        except OSError as exc:
+            report.problem(path, f"cannot be read ({exc.strerror or exc})")
+            return None
+        edge = _EdgeReader(raw)
+        cut: str | None = None
+        scale = 1000.0
+        # ts are µs (floats or ints); kept as float µs until the base offset is known.
+        steps: list[tuple[int, float, float]] = []
+        spans: list[tuple[int, float, float]] = []
+        # Per-event columns as typed arrays (8 bytes a value), never one object per event.
+        bwd_a, bwd_b = array("d"), array("d")
+        dev_a, dev_b, dev_c, dev_k = array("d"), array("d"), array("b"), array("q")
+        la_k, la_t = array("q"), array("d")
+        comm: list[tuple[float, float, int, int, str, dict[str, Any]]] = []
+        host_rows: list[tuple[float, float, str, dict[str, Any]]] = []
+        try:
+            if mode == "fast":
+                evs: Iterator[Any] = _fast_events(edge)
+            else:
+                evs = ijson.items(edge, "traceEvents.item", use_float=True)
+            for ev in evs:
+                tr.events += 1
+                if ev.get("ph") != "X":
+                    continue
+                cat = ev.get("cat")
+                name = ev.get("name")
+                ts = ev.get("ts")
+                if not isinstance(name, str) or not isinstance(ts, int | float):
+                    continue
+                dur = ev.get("dur", 0.0)
+                if not isinstance(dur, int | float):
+                    dur = 0.0
+                end = ts + dur
+                args = ev.get("args") or {}
+                if not isinstance(args, dict):
+                    args = {}
+                if cat in ("kernel", "gpu_memcpy", "gpu_memset"):
+                    corr = args.get("correlation", -1)
+                    corr = corr if isinstance(corr, int) else -1
+                    cls = device_class(name, cat)
+                    dev_a.append(ts)
+                    dev_b.append(end)
+                    dev_c.append(cls)
+                    dev_k.append(corr)
+                    if cls == COMM:
+                        stream = args.get("stream", -1)
+                        ext = args.get("External id", -1)
+                        comm.append(
+                            (
+                                ts,
+                                end,
+                                stream if isinstance(stream, int) else -1,
+                                ext if isinstance(ext, int) else -1,
+                                name,
+                                _meta(args),
+                            )
                         )
-                    )
-            elif cat == "cuda_runtime" or cat == "cuda_driver":
-                corr = args.get("correlation", -1)
-                if isinstance(corr, int):
-                    la_k.append(corr)
-                    la_t.append(ts)
-            elif cat in ("user_annotation", "cpu_op", "python_function"):
-                if name.startswith("ProfilerStep"):
-                    m = _STEP.match(name)
-                    if m:
-                        steps.append((int(m.group(1)), ts, end))
-                    continue
-                if name.startswith("autograd::engine::evaluate_function"):
-                    bwd_a.append(ts)
-                    bwd_b.append(end)
-                    continue
-                phase = _phase_of(name)
-                if phase is not None:
-                    if phase == _PH_BWD:
-                        tr.has_bwd_annotation = True
-                    spans.append((phase, ts, end))
-                    continue
-                ext = args.get("External id", -1)
-                if name == "record_param_comms" or name.startswith(("c10d::", "nccl:")):
-                    meta = _meta(args)
-                    if isinstance(ext, int):
-                        old = tr.host_comm.get(ext)
-                        if old is None or (meta and not old[1]):
-                            tr.host_comm[ext] = (name, meta)
-                    if name.startswith("c10d::"):
-                        host_rows.append((ts, end, name, meta))
-    except ijson.IncompleteJSONError as exc:
-        cut = f"ends early or is not JSON ({str(exc).splitlines()[0][:120]})"
-    except (OSError, EOFError) as exc:
-        cut = f"cannot be read to its end ({exc})"
-    finally:
-        raw.close()
+                elif cat == "cuda_runtime" or cat == "cuda_driver":
+                    corr = args.get("correlation", -1)
+                    if isinstance(corr, int):
+                        la_k.append(corr)
+                        la_t.append(ts)
+                elif cat in ("user_annotation", "cpu_op", "python_function"):
+                    if name.startswith("ProfilerStep"):
+                        m = _STEP.match(name)
+                        if m:
+                            steps.append((int(m.group(1)), ts, end))
+                        continue
+                    if name.startswith("autograd::engine::evaluate_function"):
+                        bwd_a.append(ts)
+                        bwd_b.append(end)
+                        continue
+                    phase = _phase_of(name)
+                    if phase is not None:
+                        if phase == _PH_BWD:
+                            tr.has_bwd_annotation = True
+                        spans.append((phase, ts, end))
+                        continue
+                    ext = args.get("External id", -1)
+                    if name == "record_param_comms" or name.startswith(("c10d::", "nccl:")):
+                        meta = _meta(args)
+                        if isinstance(ext, int):
+                            old = tr.host_comm.get(ext)
+                            if old is None or (meta and not old[1]):
+                                tr.host_comm[ext] = (name, meta)
+                        if name.startswith("c10d::"):
+                            host_rows.append((ts, end, name, meta))
+        except _Fallback:
+            cut = _FALLBACK
+        except ijson.IncompleteJSONError as exc:
+            cut = f"ends early or is not JSON ({str(exc).splitlines()[0][:120]})"
+        except (OSError, EOFError) as exc:
+            cut = f"cannot be read to its end ({exc})"
+        finally:
+            raw.close()
+        if cut == _FALLBACK and mode != modes[-1]:
+            continue
+        break
     text = bytes(edge.head) + b"\n" + bytes(edge.tail)
     info = _top_value(text, "distributedInfo")
     base = _top_value(text, "baseTimeNanoseconds")
@@ -368,6 +379,81 @@ def parse_file(path: Path, report: ImportReport) -> RankTrace | None:
     w = tr.info.get("world_size")
     tr.world_size = w if isinstance(w, int) and not isinstance(w, bool) and w > 0 else -1
     return tr
+
+
+_FALLBACK = "fallback"
+CHUNK_BYTES = 2 << 20
+"""Bytes of the traceEvents array parsed at a time on the fast path."""
+
+
+class _Fallback(Exception):
+    """The fast path cannot split this file: parse it again with ijson."""
+
+
+def _orjson() -> Any:
+    try:
+        import orjson
+    except ImportError:
+        return None
+    return orjson
+
+
+def _fast_events(edge: _EdgeReader) -> Iterator[Any]:
+    """The events of ``traceEvents``, parsed a chunk of `CHUNK_BYTES` at a time by orjson.
+
+    A chunk is cut after a ``},`` and kept only when ``[`` + chunk + ``]`` parses: a cut
+    inside an event leaves its braces unbalanced (JSON strings hold no raw newline or
+    unbalanced text that could make it parse), so a chunk that parses ends on an event.
+    When no cut parses, or the array's end cannot be found, `_Fallback` is raised and the
+    file is read again by ijson, which also says where a damaged file breaks.
+    """
+    orjson = _orjson()
+    buf = b""
+    while True:  # find the array
+        data = edge.read(1 << 16)
+        if not data:
+            raise _Fallback
+        buf += data
+        m = re.search(rb'"traceEvents"\s*:\s*\[', buf)
+        if m:
+            buf = buf[m.end() :]
+            break
+        if len(buf) > 64 << 20:
+            raise _Fallback
+    eof = False
+    while not eof:
+        data = edge.read(CHUNK_BYTES)
+        eof = not data
+        buf += data
+        if eof:
+            break
+        pos = len(buf)
+        for _ in range(64):
+            pos = buf.rfind(b"},", 0, pos)
+            if pos < 0:
+                break
+            try:
+                events = orjson.loads(b"[" + buf[: pos + 1] + b"]")
+            except orjson.JSONDecodeError:
+                continue
+            yield from events
+            buf = buf[pos + 2 :]
+            break
+        else:
+            raise _Fallback
+    # The last events, up to the ``]`` that closes the array.
+    pos = len(buf)
+    for _ in range(4096):
+        pos = buf.rfind(b"]", 0, pos)
+        if pos < 0:
+            break
+        try:
+            events = orjson.loads(b"[" + buf[:pos] + b"]")
+        except orjson.JSONDecodeError:
+            continue
+        yield from events
+        return
+    raise _Fallback
 
 
 def _ns(us: array, base_ns: int) -> np.ndarray:
