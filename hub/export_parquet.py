@@ -68,8 +68,10 @@ time, time per phase, mean lateness per rank (a join with the instances), and wh
 last how often, with the median skew."""
 
 FILES = ("steps.parquet", "phases.parquet", "collectives.parquet", "instances.parquet")
-BATCH_ROWS = 1 << 20
+BATCH_ROWS = 1 << 18
 """Rows of one table gathered before they are written as a row group."""
+COMPACT_PARTS = 2048
+"""Parts (a message's rows each) a table gathers before joining them into one."""
 LAG_STEPS = 8
 """Steps a run moves past an instance before it is written incomplete."""
 
@@ -128,31 +130,42 @@ class _Table:
         self.pending += n
         if self.pending >= self.batch_rows:
             self.flush()
+        elif len(self.parts[self.schema.names[0]]) >= COMPACT_PARTS:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Join the gathered parts into one per column: a part per message costs far more
+        than its rows where messages hold a row or two (the steps table)."""
+        for f in self.schema:
+            parts = self.parts[f.name]
+            if self.pa.types.is_dictionary(f.type):
+                # (codes, names) parts: one dictionary for all of them.
+                at: dict[str, int] = {}
+                codes = []
+                for c, dictionary in parts:
+                    remap = np.array([at.setdefault(s, len(at)) for s in dictionary], np.int32)
+                    codes.append(remap[c] if remap.size else np.zeros(0, np.int32))
+                self.parts[f.name] = [(np.concatenate(codes), list(at))]
+            else:
+                self.parts[f.name] = [np.concatenate(parts)]
 
     def flush(self) -> None:
         if not self.pending:
             return
         pa = self.pa
+        self._compact()
         arrays = []
         for f in self.schema:
-            parts = self.parts[f.name]
+            (part,) = self.parts[f.name]
             if pa.types.is_dictionary(f.type):
-                # (codes, names) parts: one dictionary for the row group.
-                names: list[str] = []
-                at: dict[str, int] = {}
-                codes = []
-                for c, dictionary in parts:
-                    remap = np.array([at.setdefault(s, len(at)) for s in dictionary], np.int32)
-                    names = list(at)
-                    codes.append(remap[c] if remap.size else np.zeros(0, np.int32))
+                codes, names = part
                 arrays.append(
                     pa.DictionaryArray.from_arrays(
-                        pa.array(np.concatenate(codes), pa.int32()),
-                        pa.array(names, pa.string()),
+                        pa.array(codes, pa.int32()), pa.array(names, pa.string())
                     )
                 )
             else:
-                arrays.append(pa.array(np.concatenate(parts), f.type))
+                arrays.append(pa.array(part, f.type))
         self.writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema))
         self.rows += self.pending
         self.groups += 1

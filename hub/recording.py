@@ -811,6 +811,9 @@ class _SegmentCursor:
         self.at_eof = False
         self.version = 1
         self._decoder: Any = None
+        self.held = False
+        """The last `poll` stopped at its budget of decoded bytes with frames left in
+        ``buf``: the next one parses them before it reads more."""
 
     def close(self) -> None:
         self.f.close()
@@ -869,11 +872,17 @@ class _SegmentCursor:
         if self.dead:
             self.at_eof = True
             return []
-        more = self.f.read(_CHUNK)
-        self.at_eof = len(more) < _CHUNK
-        if more:
-            self.buf += more
+        if self.held:
+            # The last call stopped at its budget: what it left is parsed before reading on.
+            self.held = False
+            self.at_eof = False
+        else:
+            more = self.f.read(_CHUNK)
+            self.at_eof = len(more) < _CHUNK
+            if more:
+                self.buf += more
         final = final and self.at_eof
+        budget = _CHUNK
         if not self.header_checked:
             if len(self.buf) < _FILE_HEADER.size:
                 if final:
@@ -912,8 +921,13 @@ class _SegmentCursor:
             state, frame, nxt = self._frame_at(i)
             if state == "ok":
                 assert frame is not None
-                out.extend(self._messages(frame, nxt - i))
+                got = self._messages(frame, nxt - i)
+                out.extend(got)
                 i = nxt
+                budget -= sum(len(f.payload) for f in got)
+                if budget <= 0:  # a format-2 chunk inflates tenfold: hand these out first
+                    self.held = True
+                    break
                 continue
             if state == "bad" or final:
                 j = self._resync(i)

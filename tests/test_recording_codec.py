@@ -294,3 +294,31 @@ def test_every_reader_reads_a_hostile_compressed_recording(tmp_path, seed) -> No
     hostile.build(tmp_path, plan)
     outcome = hostile.run_readers(tmp_path, commands=False)
     assert outcome.failures == []
+
+
+def test_a_reader_hands_out_a_chunks_messages_within_its_budget(tmp_path, monkeypatch) -> None:
+    """A format-2 chunk inflates about tenfold: a reader stops decoding at its budget and
+    goes on from there, so it never holds a chunk's worth of messages many times over."""
+    j = job(world=4, steps=12)
+    w = RecordingWriter(tmp_path, flush_s=3600)
+    for i in range(0, len(j.messages), 4):
+        for payload, t in _timed(j.messages[i : i + 4]):
+            w.append(payload, t)
+        w.flush()
+    w.close()
+    monkeypatch.setattr(recording, "_CHUNK", 4096)
+    cur = recording._SegmentCursor(segments(tmp_path)[0], ReadReport())
+    got, polls = [], []
+    try:
+        while True:
+            frames = cur.poll(final=True)
+            got += [f.payload for f in frames]
+            polls.append(sum(len(f.payload) for f in frames))
+            if cur.at_eof and not frames:
+                break
+    finally:
+        cur.close()
+    assert got == j.messages
+    biggest = max(len(m) for m in j.messages) * 4  # one block's messages
+    assert max(polls) <= 4096 + biggest
+    assert [f.payload for f in read_frames(tmp_path)] == j.messages
