@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 BEAT_EVERY_S = 1.0
 """Seconds between two beats."""
-STACKS_AFTER_S = 4.0
+STACKS_AFTER_S = 3.0
 """The training thread's position unchanged this long sends its stacks (once per episode)."""
 _WRAPPERS = ("wrapper", "tensor_wrapper")
 _NEVER = -(1 << 62)

@@ -45,6 +45,9 @@ log = logging.getLogger("rankscope.hub")
 
 WATCH_EVERY_S = 1.0
 """Seconds between two judgements of every run."""
+BUNDLE_GRACE_S = 10.0
+"""After a stall is flagged, the bundle waits at most this long for the stacks of the ranks
+it holds (collectors send them a few seconds into a stuck episode)."""
 HOOK_TIMEOUT_S = 300.0
 """Longest the ``--on-stall`` hook may run before it is killed."""
 
@@ -151,9 +154,12 @@ class HangWatch:
                     rec.first_named_ns = -1
                     continue
                 if rec.bundle is None:
-                    rec.first_named_ns = now
-                    rec.bundle = str(self.write_bundle(run_id, hang))
-                    self._run_hook(rec.bundle)
+                    if rec.first_named_ns < 0:
+                        rec.first_named_ns = now
+                    waited = (now - rec.first_named_ns) / 1e9
+                    if waited >= BUNDLE_GRACE_S or _stacks_in(run, hang):
+                        rec.bundle = str(self.write_bundle(run_id, hang))
+                        self._run_hook(rec.bundle)
             except Exception as exc:  # one bad run must not stop the watch
                 self.errors += 1
                 if self.errors == 1:
@@ -220,6 +226,25 @@ class HangWatch:
         (root / "steps.json").write_text(json.dumps(steps) + "\n")
         (root / "manifest.json").write_text(json.dumps(run.manifest(), indent=2, default=str))
         return root
+
+
+def _evidence_ranks(hang: Hang) -> list[int]:
+    """The culprits (at most four) and one rank waiting inside a collective."""
+    ranks = [c.rank for c in hang.culprits[:4]]
+    waiter = next((w.rank for w in hang.waiting if w.rank not in ranks and w.group >= 0), None)
+    if waiter is not None:
+        ranks.append(waiter)
+    return ranks
+
+
+def _stacks_in(run: Any, hang: Hang) -> bool:
+    """Whether every live rank of the evidence sent stacks in this stuck episode."""
+    gone = {c.rank for c in hang.culprits if c.case == "gone"}
+    for r in _evidence_ranks(hang):
+        got = run.beats.stacks.get(r)
+        if r not in gone and (got is None or got["t"] < hang.last_progress_ns):
+            return False
+    return True
 
 
 def _plain(a: np.ndarray) -> list[list[float | None]]:

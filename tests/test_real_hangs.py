@@ -210,3 +210,42 @@ def test_healthy_job_never_stalls(hangs, mode):
     assert hangs["stalls"][mode] == []
     run = hangs["hub"].store.run_state(f"hang-{mode}")
     assert run is not None and run.beats.count >= 2
+
+
+def test_diagnose_json_says_it_on_the_growing_recording(hangs):
+    # The jobs still hang and the hub still records: the command reads the file it writes.
+    rec = hangs["tmp"] / "rec"
+    argv = [
+        sys.executable,
+        "-m",
+        "rankscope",
+        "diagnose",
+        str(rec),
+        "--run",
+        "hang-sleep",
+        "--json",
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    stall = json.loads(done.stdout)["stall"]
+    assert stall["stalled"] is True and stall["culprits"] == [1], stall
+    assert stall["hang"]["case"] == "not_entered"
+    assert stall["hang"]["culprits"][0]["op"] == "all_reduce"
+
+
+def test_prometheus_carries_the_stall(hangs):
+    from prometheus_client import generate_latest
+
+    from rankscope.hub.prometheus import make_registry, store_hangs, store_source
+
+    store = hangs["hub"].store
+    registry, _ = make_registry(store_source(store, last=8), store_hangs(store))
+    text = generate_latest(registry).decode()
+    stalled = [line for line in text.splitlines() if line.startswith("rankscope_stalled{")]
+    assert any('run="hang-sleep"' in line and line.endswith(" 1.0") for line in stalled), stalled
+    assert any('run="hang-slow"' in line and line.endswith(" 0.0") for line in stalled), stalled
+    culprit = [line for line in text.splitlines() if line.startswith("rankscope_stall_culprit{")]
+    assert any(
+        'run="hang-skip"' in line and 'case="mismatch"' in line and 'rank="1"' in line
+        for line in culprit
+    )

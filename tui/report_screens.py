@@ -4,7 +4,8 @@ manifest diff and the stall view."""
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+import time
+from typing import Any, ClassVar
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -189,6 +190,23 @@ class StallScreen(ReportScreen):
     TITLE_TEXT = "STALLED: no step is completing"
     COLUMNS = ("group", "op", "seq", "entered", "missing ranks", "waiting")
 
+    def _hang(self, run: str) -> Any:
+        """The heartbeat judge's verdict on ``run`` from the app's source, when its store
+        holds heartbeats (a live hub, or a followed recording); None otherwise."""
+        source = getattr(self.app, "source", None)
+        store = getattr(source, "store", None)
+        try:
+            state = store.run_state(run) if store is not None else None
+            if state is None or not state.beats.count:
+                return None
+            from rankscope.hub.hang import judge_run
+
+            live = bool(getattr(source, "live", True))
+            now = time.time_ns() if live else int(state.beats.heard_ns.max())
+            return judge_run(store, run, now)
+        except Exception:  # a view of the data must not fail on it
+            return None
+
     def rows(self, analysis: AnalysisView) -> tuple[list, Text]:
         stall = analysis.stall
         if stall is None:
@@ -213,8 +231,27 @@ class StallScreen(ReportScreen):
                 )
             )
         note = Text()
+        hang = self._hang(analysis.run)
+        if hang is not None and hang.stalled:
+            # The heartbeats name the culprit and the case: lead with them.
+            for c in hang.culprits[:4]:
+                note.append(f"r{c.rank}", style="bold red")
+                note.append(f" on {for_terminal(c.host or '?')}: ", style="bold")
+                note.append(f"{c.case.replace('_', ' ')}", style="bold red")
+                where = f"{c.group_name}:{c.op}#{c.seq}" if c.group >= 0 else "no collective"
+                note.append(f" ({for_terminal(where)}) — {for_terminal(c.detail)}\n")
+            waits = [
+                f"r{w.rank} {w.where}"
+                for w in hang.waiting
+                if w.rank not in {c.rank for c in hang.culprits}
+            ][:6]
+            if waits:
+                note.append("waiting: " + for_terminal("; ".join(waits)) + "\n")
+            note.append(
+                f"no rank progressed for {hang.idle_s:.1f} s (threshold {hang.threshold_s:.1f} s)\n"
+            )
         culprits = stall.culprits()
-        if culprits:
+        if culprits and (hang is None or not hang.stalled):
             note.append("likely holding the job: ", style="bold")
             note.append(", ".join(f"r{r}" for r in culprits), style="bold red")
             note.append("  (missing from the most pending collectives: attach py-spy there)\n")
