@@ -159,6 +159,8 @@ def test_write_recording_keeps_problems_and_the_report(monkeypatch, tmp_path: Pa
     assert isinstance(rep, ImportReport)
     assert (rep.ranks, rep.steps, rep.messages) == (1, 1, 2)
     assert rep.to_dict()["files_read"] == [str(tmp_path / "a")]
+    rep.alignment = 1500.0
+    assert rep.alignment_ns == 1500 and rep.to_dict()["alignment_ns"] == 1500
 
 
 def test_a_truncated_kineto_file_is_named_and_the_others_imported(capsys, tmp_path: Path) -> None:

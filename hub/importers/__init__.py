@@ -77,6 +77,15 @@ class ImportReport:
     """Kind-specific results kept with the source in ``meta.json`` (small: per rank and
     step at most), e.g. the Kineto importer's GPU time breakdown."""
 
+    @property
+    def alignment(self) -> int | None:
+        """The cross-rank clock alignment error in ns (``alignment_ns``)."""
+        return self.alignment_ns
+
+    @alignment.setter
+    def alignment(self, ns: int | None) -> None:
+        self.alignment_ns = None if ns is None else int(ns)
+
     def problem(self, file: str | Path, what: str) -> None:
         """Note that ``file`` was skipped or read in part, and why."""
         self.problems.append((str(file), " ".join(str(what).split())))
