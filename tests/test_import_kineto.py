@@ -259,3 +259,34 @@ def test_the_chunked_fast_path_and_the_ijson_stream_read_the_same(monkeypatch) -
         assert np.array_equal(getattr(fast, name), getattr(slow, name)), name
     assert (fast.steps, fast.spans, fast.comm) == (slow.steps, slow.spans, slow.comm)
     assert (fast.rank, fast.world_size, fast.info) == (slow.rank, slow.world_size, slow.info)
+
+
+def test_traces_of_two_hosts_export_as_two_host_processes_on_one_clock(tmp_path: Path) -> None:
+    # The names tensorboard_trace_handler writes: {hostname}_{pid}.{time}.pt.trace.json.gz
+    names = ["node-a_4037.1682725898.pt.trace.json.gz", "node-b_4100.1682725898.pt.trace.json.gz"]
+    for src, dst in zip(PAIR, names):
+        shutil.copy(DATA / src, tmp_path / dst)
+    rec = tmp_path / "rec"
+    write_recording("kineto", [tmp_path / n for n in names], rec, run="two-hosts")
+    hellos = [m.header for m in _messages(rec) if m.kind == "hello"]
+    assert [(h["identity"]["host"], h["identity"]["pid"]) for h in hellos] == [
+        ("node-a", 4037),
+        ("node-b", 4100),
+    ]
+    out = tmp_path / "t.json"
+    assert main(["export", str(rec), "--perfetto", str(out)]) == 0
+    evs = json.loads(out.read_text())["traceEvents"]
+    procs = {e["pid"]: e["args"]["name"] for e in evs if e.get("name") == "process_name"}
+    threads = {
+        e["tid"]: (procs[e["pid"]], e["args"]["name"])
+        for e in evs
+        if e.get("name") == "thread_name"
+    }
+    assert ("node-a", "rank 0") in threads.values() and ("node-b", "rank 1") in threads.values()
+    # One timeline: the ranks' steps start where the traces say, from one origin.
+    steps = sorted((e["args"]["rank"], e["ts"]) for e in evs if e.get("cat") == "step")
+    raw = [json.loads(gzip.decompress((DATA / f).read_bytes()))["traceEvents"] for f in PAIR]
+    first = [min(e["ts"] for e in ev if e.get("name", "").startswith("ProfilerStep")) for ev in raw]
+    assert steps[0][1] == 0.0
+    r1 = min(ts for r, ts in steps if r == 1)
+    assert r1 == pytest.approx(first[1] - first[0], abs=1e-3)

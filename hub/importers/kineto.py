@@ -10,7 +10,9 @@ What becomes what:
 rank
     ``distributedInfo.rank``; else a number in the file name (``rank-3``, ``rank3``,
     ``_3.json``); else the file's place in the sorted list. World size from
-    ``distributedInfo.world_size``, else the number of files.
+    ``distributedInfo.world_size``, else the number of files. Host and pid from the
+    file name ``tensorboard_trace_handler`` writes (``{hostname}_{pid}.{time}.pt.trace.json``),
+    else ``unknown``.
 steps
     ``ProfilerStep#N`` spans (host), step id N.
 phases (host spans, clipped to their step)
@@ -478,6 +480,21 @@ def _phase_of(name: str) -> int | None:
     return None
 
 
+_WORKER = re.compile(r"^(.+)_(\d+)$")
+
+
+def worker_of(path: str) -> tuple[str, int]:
+    """``(host, pid)`` from a file name the profiler's ``tensorboard_trace_handler`` wrote
+    (``{worker}.{time}.pt.trace.json``, the worker ``{hostname}_{pid}`` by default);
+    ``("unknown", 0)`` when the name does not say."""
+    worker = Path(path).name.split(".")[0]
+    m = _WORKER.match(worker)
+    if not m or worker.lower().startswith(("rank", "sampled_rank")):
+        return "unknown", 0
+    pid = int(m.group(2))
+    return m.group(1), pid if pid <= 2**31 - 1 else 0
+
+
 def _rank_from_name(path: str) -> int | None:
     m = _RANK_IN_NAME.search(Path(path).name)
     if not m:
@@ -663,15 +680,15 @@ def messages(files: list[Path], report: ImportReport, *, job: str, run: str) -> 
     headers = {t.rank: header(job, run, t.rank) for t in traces}
     t_first = min(t.steps[0][1] for t in traces)
     for tr in sorted(traces, key=lambda t: t.rank):
+        host, pid = worker_of(tr.file)
         ident = {
             "rank": tr.rank,
             "world_size": world,
-            "local_rank": -1 if tr.rank < 0 else 0,
-            "host": str(tr.info.get("host", "unknown"))[: schema.MAX_NAME_CHARS],
+            "local_rank": 0,
+            "host": str(tr.info.get("host") or host)[: schema.MAX_NAME_CHARS],
             "node_rank": -1,
-            "pid": 0,
+            "pid": pid,
         }
-        ident["local_rank"] = 0
         manifest = {
             "source": src,
             "nccl_version": str(tr.info.get("nccl_version", "")),
