@@ -16,8 +16,8 @@ the evidence of a hang is sent before any watchdog can end the process, without 
 having to ask for it — a hub that must ask needs a request channel to every rank and a
 round trip while the job may be dying. A stuck episode sends them once; progress re-arms.
 
-Wire cost: one beat is ~190 bytes of msgpack (measured by ``tests/test_stall_heartbeat.py``),
-so ~190 B/s per rank; stacks add at most 2 × ``schema.MAX_STACK_CHARS`` once per stuck
+Wire cost: one beat is ~196 bytes of msgpack (``benchmarks/bench_hangs.py``),
+so ~196 B/s per rank; stacks add at most 2 × ``schema.MAX_STACK_CHARS`` once per stuck
 episode.
 """
 

@@ -499,7 +499,9 @@ def values_plausible(msgs: list[schema.Message], limits: Limits) -> bool:
     t0, t1, step = np.concatenate(s0), np.concatenate(s1), np.concatenate(ss)
     d = t1 - t0  # an unknown end or start makes it fail: the precise checks decide
     T = schema.MAX_TIME_NS
-    if d.min() < 0 or d.max() > span or t0.min() < 0 or t1.max() > T or step.min() < 0:
+    if t0.size and (
+        d.min() < 0 or d.max() > span or t0.min() < 0 or t1.max() > T or step.min() < 0
+    ):
         return False
     if p[0]:
         code, a0, a1, pstep = (np.concatenate(part) for part in p)
