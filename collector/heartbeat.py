@@ -11,7 +11,8 @@ torch collective wrapper holds the op, the group and the entry time in its local
 group's next sequence number is the instance it is waiting in.
 
 When the training thread's position has not changed for ``STACKS_AFTER_S`` seconds, the
-beat carries its Python stacks once (and py-spy's native ones where py-spy is installed):
+beat carries its Python stacks once (py-spy's native ones too with
+``RANKSCOPE_NATIVE_STACKS=1`` where py-spy is installed):
 the evidence of a hang is sent before any watchdog can end the process, without the hub
 having to ask for it — a hub that must ask needs a request channel to every rank and a
 round trip while the job may be dying. A stuck episode sends them once; progress re-arms.
@@ -23,6 +24,7 @@ episode.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -39,6 +41,10 @@ BEAT_EVERY_S = 1.0
 """Seconds between two beats."""
 STACKS_AFTER_S = 3.0
 """The training thread's position unchanged this long sends its stacks (once per episode)."""
+SELF_NATIVE = os.environ.get("RANKSCOPE_NATIVE_STACKS") == "1"
+"""Also run py-spy on this process for native frames when stuck (off by default: py-spy
+pauses the process while it reads native stacks, which on a loaded host can outlast the
+hub's heartbeat timeout; the hub takes them itself of the processes on its host)."""
 _WRAPPERS = ("wrapper", "tensor_wrapper")
 _NEVER = -(1 << 62)
 
@@ -172,9 +178,10 @@ class Heartbeat:
             self._stacks_done = True
             stuck = (now - self._pos_since) / 1e9
             stacks = {"py": python_stacks(first=tid), "why": f"no progress for {stuck:.1f} s"}
-            native = native_stacks()
-            if native is not None:
-                stacks["native"] = native
+            if SELF_NATIVE:
+                native = native_stacks(timeout_s=3.0)
+                if native is not None:
+                    stacks["native"] = native
             self.stacks_sent += 1
         to_hub = self.pump.clock.to_hub
         for key_t in ("t", "step_t0", "ended_t", "exit_t", "since"):

@@ -3,8 +3,8 @@
 ``python_stacks`` formats ``sys._current_frames()``: the training thread is not stopped or
 touched (the background thread holds the GIL for the few microseconds a walk takes, as any
 Python thread does between bytecodes). ``native_stacks`` runs py-spy on this process when it
-is installed, with ``--nonblocking`` so the process is never paused; without py-spy it says
-so and returns None.
+is installed (native frames; it pauses the process for the few milliseconds of a dump, and
+falls back to a non-pausing dump of Python frames); without py-spy it returns None.
 """
 
 from __future__ import annotations
@@ -72,12 +72,20 @@ def native_stacks(
     if exe is None:
         return None
     target = os.getpid() if pid is None else int(pid)
-    argv = [exe, "dump", "--pid", str(target), "--native", "--nonblocking"]
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"py-spy failed: {type(exc).__name__}: {exc}"
-    text = done.stdout if done.returncode == 0 else f"py-spy exit {done.returncode}: "
-    if done.returncode != 0:
-        text += (done.stderr or done.stdout).strip()[:2000]
+    # Native frames need py-spy to pause the process for the few ms of the dump (a stuck
+    # or stopped one loses nothing); where it cannot, a non-pausing dump of Python frames.
+    text = ""
+    for extra in (["--native"], ["--nonblocking"]):
+        argv = [exe, "dump", "--pid", str(target), *extra]
+        try:
+            done = subprocess.run(
+                argv, capture_output=True, text=True, timeout=timeout_s, check=False
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            text += f"py-spy {' '.join(extra)} failed: {type(exc).__name__}: {exc}\n"
+            continue
+        if done.returncode == 0:
+            return (text + done.stdout)[:limit]
+        err = " | ".join((done.stderr or done.stdout).strip().splitlines()[:3])[:500]
+        text += f"py-spy {' '.join(extra)} exit {done.returncode}: {err}\n"
     return text[:limit]

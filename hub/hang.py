@@ -204,7 +204,7 @@ class HangWatch:
             if ident.get("host") == here and isinstance(pid, int) and pid > 0:
                 (part / f"proc-r{r}.txt").write_text(_proc_status(pid))
                 if not (part / f"native-r{r}.txt").exists():
-                    native = native_stacks(pid)
+                    native = native_stacks(pid, timeout_s=5.0)
                     if native is not None:
                         (part / f"native-r{r}.txt").write_text(native)
         (part / "flight_recorder").write_text(
