@@ -202,19 +202,19 @@ def messages(files: list[Path], report: ImportReport, *, job: str, run: str) -> 
     )
     # Instances: per table row, out-of-place then in-place, one after the other.
     rows: list[tuple[int, int, int, int, int, int]] = []  # step, op, group, nbytes, t0, t1
-    t = 0
+    now = 0
     step = 0
     for _, tab in tables:
         op = schema.OP_INDEX[tab.op]
         nt = max(len(tab.hosts), 1)
-        for r in tab.rows:
-            per_rank = r[0] // nt if tab.op in _GATHER_LIKE else r[0]
-            for g, us in ((0, r[2]), (1, r[5])):
+        for row in tab.rows:
+            per_rank = row[0] // nt if tab.op in _GATHER_LIKE else row[0]
+            for g, us in ((0, row[2]), (1, row[5])):
                 if not np.isfinite(us) or us <= 0:
                     continue
                 d = round(us * 1000)
-                rows.append((step, op, g, per_rank, t, t + d))
-                t += d + GAP_NS
+                rows.append((step, op, g, per_rank, now, now + d))
+                now += d + GAP_NS
             step += 1
     arr = np.array(rows, np.int64).reshape(len(rows), 6)
     seq = np.zeros(arr.shape[0], np.int64)
