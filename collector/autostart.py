@@ -4,9 +4,10 @@
 :func:`install` in every Python process the command starts. ``install`` only registers an
 import watcher — nothing else happens in a process that never imports
 ``torch.distributed`` (tools, the torchrun agent's helpers, data workers). When
-``torch.distributed`` is imported, ``init_process_group`` is wrapped; when it returns, a
-``Monitor`` starts with settings from the ``RANKSCOPE_*`` environment and the torch hooks
-are installed. Any failure is logged once and training continues unobserved.
+``torch.distributed`` is imported, ``init_process_group`` is wrapped and
+``DeviceMesh.__init__`` watched (so a mesh is seen whatever name the script bound); when
+``init_process_group`` returns, a ``Monitor`` starts with settings from the
+``RANKSCOPE_*`` environment and the torch hooks are installed. Any failure is logged once and training continues unobserved.
 """
 
 from __future__ import annotations
@@ -62,13 +63,34 @@ def patch_torch_distributed(dist: ModuleType) -> None:
     """
     if not getattr(dist, "is_available", lambda: False)():
         return
-    owners: list[Any] = [dist, getattr(dist, "distributed_c10d", None)]
+    # device_mesh binds its own name at import: a mesh made before any process group
+    # initialises the default one through it.
+    owners: list[Any] = [
+        dist,
+        getattr(dist, "distributed_c10d", None),
+        sys.modules.get("torch.distributed.device_mesh"),
+    ]
     for owner in owners:
         fn = getattr(owner, "init_process_group", None)
         if owner is not None and fn is not None:
             owner.init_process_group = _wrap_init(fn)
+    _watch_meshes()
     if dist.is_initialized():  # imported and initialised before we could see it
         _start_monitor()
+
+
+def _watch_meshes() -> None:
+    """Note every ``DeviceMesh`` from now on, before the script binds any of torch's names
+    (a mesh is usually built before or while the process group initialises)."""
+    device_mesh = sys.modules.get("torch.distributed.device_mesh")
+    if device_mesh is None:
+        return
+    try:
+        from rankscope.collector import torch_mesh
+
+        torch_mesh.watch(device_mesh)
+    except Exception as exc:
+        log.warning("rankscope: device meshes go unseen: %s: %s", type(exc).__name__, exc)
 
 
 class _Loader(importlib.abc.Loader):

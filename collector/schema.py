@@ -131,6 +131,31 @@ FLAG_DDP_TAIL = 1 << 5
 backward finished (its last bucket launched), exit when every bucket was reduced. A
 blocking row: the rank waits for it."""
 
+# Pipeline ids in the flags column: stage + 1 in bits 24..30 and micro-batch + 1 in bits
+# 12..23, 0 meaning "not known" (rows of older collectors read as no pipeline row). Bits
+# 6..11 stay free for flags.
+PP_STAGE_SHIFT = 24
+PP_STAGE_MASK = 0x7F
+PP_MICRO_SHIFT = 12
+PP_MICRO_MASK = 0xFFF
+
+
+def pp_flags(stage: int, micro: int) -> int:
+    """Flag bits naming a pipeline row's stage and micro-batch (-1, or an id past the
+    field's width, leaves that field unknown)."""
+    s = stage + 1 if 0 <= stage < PP_STAGE_MASK else 0
+    m = micro + 1 if 0 <= micro < PP_MICRO_MASK else 0
+    return (s << PP_STAGE_SHIFT) | (m << PP_MICRO_SHIFT)
+
+
+def pp_ids(flags: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(stage, micro_batch)`` columns of a flags column, -1 where unknown."""
+    f = np.asarray(flags).astype(np.int64)
+    stage = ((f >> PP_STAGE_SHIFT) & PP_STAGE_MASK) - 1
+    micro = ((f >> PP_MICRO_SHIFT) & PP_MICRO_MASK) - 1
+    return stage, micro
+
+
 STEP_COLUMNS: dict[str, np.dtype] = {
     "step": np.dtype("<i8"),
     "t_start": np.dtype("<i8"),

@@ -25,6 +25,7 @@ from typing import Any
 from rankscope.collector import schema
 from rankscope.collector.monitor import Monitor
 from rankscope.collector.pump import FLAG_PENDING
+from rankscope.collector.torch_mesh import state as _mesh
 
 NO_TIME = schema.NO_TIME
 _T, _LIST, _NONE = 0, 1, 2
@@ -57,6 +58,7 @@ _ALL_REDUCE = schema.OP_INDEX["all_reduce"]
 _ASYNC = schema.FLAG_ASYNC
 _BUCKET = schema.FLAG_DDP_BUCKET
 _DEV = FLAG_PENDING
+_WAIT = schema.PHASE_INDEX["pp_wait"]
 
 
 class _State:
@@ -82,6 +84,12 @@ class _State:
         self.backend = ""
         self.generation = 1
         """Bumped by ``uninstall``: models instrumented before get their hooks again."""
+        self.links: dict[int, list[int]] = {}
+        """Point-to-point group -> [step, messages so far in it] (explicit pipelines)."""
+        self.routed: dict[Any, list[int]] = {}
+        """Group -> the split sizes this rank last received on it (all-to-all)."""
+        self.setup = True
+        """Look for new meshes, groups and a pipelining import at the next step boundary."""
 
 
 _state = _State()
@@ -244,6 +252,7 @@ def _wrap(fn: Any, op: str, in_name: str | None, kind: int) -> Any:
                 gid = _group_id(group)
             if gid < 0:
                 return out
+            pp = 0
             if p2p:
                 peer = _p2p_peer(is_send, args, kwargs, peer_pos, gpeer_pos, group, out)
                 if peer is None:
@@ -254,6 +263,10 @@ def _wrap(fn: Any, op: str, in_name: str | None, kind: int) -> Any:
                 gid = gids.get(("p2p", src, dst)) or _p2p_group(src, dst, state.backend)
                 if gid < 0:
                     return out
+                if peer in _mesh.pp_ranks:
+                    pp = _pipeline_flags(mon, gid)
+                    if out is None or type(out) is int:
+                        mon._rec_phase(_WAIT, t0, t1, -1)  # blocked on the next stage
             if kind == _T:
                 x = kwargs[in_name] if in_name in kwargs else args[in_pos]
                 nbytes = x.nbytes
@@ -264,13 +277,13 @@ def _wrap(fn: Any, op: str, in_name: str | None, kind: int) -> Any:
                 nbytes = 0
             if out is None or type(out) is int:
                 if ev0 is None:
-                    mon._rec_coll(op_i, gid, nbytes, t0, t1, 0)
+                    mon._rec_coll(op_i, gid, nbytes, t0, t1, pp)
                 else:
-                    row = mon._rec_coll(op_i, gid, nbytes, t0, t1, _DEV)
+                    row = mon._rec_coll(op_i, gid, nbytes, t0, t1, _DEV | pp)
                     if row >= 0:
                         state.timer.track(row, ev0, state.timer.event())
             else:
-                row = mon._rec_coll(op_i, gid, nbytes, t0, NO_TIME, _ASYNC | _DEV)
+                row = mon._rec_coll(op_i, gid, nbytes, t0, NO_TIME, _ASYNC | _DEV | pp)
                 if row >= 0:
                     _on_done(mon, out, row, ev0)
         except Exception as exc:  # never let bookkeeping break the training step
@@ -278,6 +291,8 @@ def _wrap(fn: Any, op: str, in_name: str | None, kind: int) -> Any:
         return out
 
     wrapper.__rankscope_original__ = fn  # type: ignore[attr-defined]
+    if op == "all_to_all":
+        return _route(fn.__name__, fn, wrapper)
     if kind != _T or p2p:
         return wrapper
     general = wrapper
@@ -319,6 +334,69 @@ def _wrap(fn: Any, op: str, in_name: str | None, kind: int) -> Any:
 
     tensor_wrapper.__rankscope_original__ = fn  # type: ignore[attr-defined]
     return tensor_wrapper
+
+
+def _pipeline_flags(mon: Monitor, gid: int) -> int:
+    """Stage (this rank's ``pp`` coordinate) and micro-batch (the message's index on this
+    link within the step) of an explicit pipeline send/recv, as flag bits."""
+    step = mon._step
+    link = _state.links.get(gid)
+    if link is None or link[0] != step:
+        link = _state.links[gid] = [step, 0]
+    micro = link[1]
+    link[1] = micro + 1
+    return schema.pp_flags(mon.identity.mesh.get("pp", -1), micro)
+
+
+def _split_sizes(sizes: Any, tensors: Any) -> list[int] | None:
+    if sizes is not None:
+        return [int(n) for n in sizes]
+    if tensors is not None and isinstance(tensors, (list, tuple)):
+        return [int(t.shape[0]) if t.dim() else 1 for t in tensors]
+    return None
+
+
+def _route(name: str, fn: Any, inner: Any) -> Any:
+    """An all-to-all wrapper that also counts the rows this rank receives as
+    ``expert_tokens``: with per-destination split sizes (``all_to_all_single``'s
+    ``output_split_sizes``, or the sizes of ``all_to_all``'s output tensors) the rows each
+    rank's experts get. The reverse exchange that returns expert outputs (its input splits
+    are the splits received before on the same group) is not counted again."""
+    params = list(inspect.signature(fn).parameters)
+    if name == "all_to_all_single":
+        out_name, in_name, tensors = "output_split_sizes", "input_split_sizes", False
+    else:
+        out_name, in_name, tensors = "output_tensor_list", "input_tensor_list", True
+    out_pos, in_pos = params.index(out_name), params.index(in_name)
+    g_pos = params.index("group")
+
+    def arg(args: tuple, kwargs: dict, key: str, pos: int) -> Any:
+        return kwargs[key] if key in kwargs else (args[pos] if len(args) > pos else None)
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        out = inner(*args, **kwargs)
+        mon = _state.mon
+        if mon is None:
+            return out
+        try:
+            got_raw = arg(args, kwargs, out_name, out_pos)
+            sent_raw = arg(args, kwargs, in_name, in_pos)
+            got = _split_sizes(None, got_raw) if tensors else _split_sizes(got_raw, None)
+            if got is not None:
+                sent = _split_sizes(None, sent_raw) if tensors else _split_sizes(sent_raw, None)
+                group = arg(args, kwargs, "group", g_pos)
+                if sent is not None and _state.routed.get(group) == sent:
+                    _state.routed.pop(group, None)  # the combine: these rows came back
+                else:
+                    _state.routed[group] = got
+                    mon.work(expert_tokens=sum(got))
+        except Exception as exc:
+            mon._error("all_to_all_splits", exc)
+        return out
+
+    wrapper.__rankscope_original__ = fn  # type: ignore[attr-defined]
+    return wrapper
 
 
 def _on_done(mon: Monitor, work: Any, row: int, ev0: Any) -> None:

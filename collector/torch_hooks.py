@@ -12,7 +12,11 @@ What is captured, and how (torch is imported only when this module is used):
 - Input waits: the DataLoader iterator's ``__next__`` is the ``input`` phase.
 - Forward: DDP's ``forward`` (patched on the class, so the module keeps torch's fast call
   path), or forward pre/post hooks on other ``instrument``-ed models.
-- Process groups and their ranks; mesh coordinates from ``init_device_mesh``.
+- Process groups and their ranks, however they were made, and mesh coordinates, however
+  the mesh was built (``torch_mesh``); read at install and at step boundaries.
+- Pipeline schedules (``torch.distributed.pipelining``) and explicit pipelines: stage and
+  micro-batch ids, per-micro-batch phases, ``pp_wait`` bubbles (``torch_pipeline``).
+- All-to-all split sizes as ``expert_tokens`` (``torch_collectives``).
 - The CPU time of the thread running each of these phases (``cpu_ns``), from
   ``time.thread_time_ns`` at both ends; a backward that ends on another thread than it
   began (autograd's device threads) reports it unknown.
@@ -28,26 +32,16 @@ import time
 from time import thread_time_ns
 from typing import Any
 
-from rankscope.collector import schema, torch_ddp
+from rankscope.collector import schema, torch_ddp, torch_mesh, torch_pipeline
 from rankscope.collector.monitor import Monitor
 from rankscope.collector.torch_collectives import (
     COLLECTIVES,
     _group_id,
-    _name_group,
     _state,
     _wrap,
 )
 
-MESH_ALIASES = {
-    "dp_replicate": "dp",
-    "dp_shard": "dp",
-    "data": "dp",
-    "tensor": "tp",
-    "pipeline": "pp",
-    "context": "cp",
-    "expert": "ep",
-}
-"""DeviceMesh dimension names mapped onto ``schema.MESH_DIMS``."""
+MESH_ALIASES = torch_mesh.MESH_ALIASES
 
 
 _BACKWARD = schema.PHASE_INDEX["backward"]
@@ -211,6 +205,12 @@ def _optimizer_hooks(torch: Any) -> None:
             if state.step_optimizer is not None:
                 return
             state.step_optimizer = id(optimizer)
+        if state.setup:
+            state.setup = False
+            try:
+                _step_boundary(mon)
+            except Exception as exc:
+                mon._error("step_boundary", exc)
         state.opt_t0 = mono()
         state.opt_c0 = thread_time_ns()
         if not mon._open:
@@ -225,6 +225,7 @@ def _optimizer_hooks(torch: Any) -> None:
             mon._optimizer_end(opt_phase, state.opt_t0, mono(), state.opt_c0, c)
         except Exception as exc:
             mon._error("optimizer_hook", exc)
+        state.setup = torch_mesh.dirty() or not torch_pipeline.pipe.schedules_patched
 
     from torch.optim.optimizer import (
         register_optimizer_step_post_hook,
@@ -313,31 +314,10 @@ def _ddp_patches(torch: Any) -> None:
     _patch(DDP, "_register_builtin_comm_hook", _register_builtin_comm_hook)
 
 
-def _mesh_patch(torch: Any) -> None:
-    try:
-        from torch.distributed import device_mesh
-    except Exception:
-        return
-    orig = device_mesh.init_device_mesh
-
-    @functools.wraps(orig)
-    def init_device_mesh(*args: Any, **kwargs: Any) -> Any:
-        mesh = orig(*args, **kwargs)
-        try:
-            note_device_mesh(mesh)
-        except Exception as exc:
-            if _state.mon is not None:
-                _state.mon._error("device_mesh", exc)
-        return mesh
-
-    _patch(device_mesh, "init_device_mesh", init_device_mesh)
-    dist = sys.modules["torch.distributed"]
-    if getattr(dist, "init_device_mesh", None) is orig:
-        _patch(dist, "init_device_mesh", init_device_mesh)
-
-
 def note_device_mesh(mesh: Any) -> None:
-    """Take mesh coordinates and per-dimension groups from a ``DeviceMesh``.
+    """Take mesh coordinates and per-dimension groups from a ``DeviceMesh`` now (meshes
+    built while the hooks are installed, or after the zero-code bootstrap, are taken at
+    the next step boundary without this call).
 
     Args:
         mesh: a ``torch.distributed.device_mesh.DeviceMesh``.
@@ -345,20 +325,16 @@ def note_device_mesh(mesh: Any) -> None:
     mon = _state.mon
     if mon is None:
         return
-    names = mesh.mesh_dim_names or ()
-    coord = mesh.get_coordinate()
-    if coord is None:
-        return
-    coords = dict(mon.identity.mesh)
-    for i, name in enumerate(names):
-        dim = name if name in schema.MESH_DIMS else MESH_ALIASES.get(name)
-        if dim is not None and dim not in coords:
-            coords[dim] = int(coord[i])
-        try:
-            _name_group(mesh.get_group(name), name)
-        except Exception as exc:
-            mon._error("device_mesh", exc)
-    mon.update_identity(mesh=coords)
+    torch_mesh.state.pending.append(mesh)
+    torch_mesh.refresh(mon)
+
+
+def _step_boundary(mon: Monitor) -> None:
+    """Set-up the program did since the last step: meshes, groups, a pipelining import."""
+    if torch_mesh.dirty():
+        torch_mesh.refresh(mon)
+    if not torch_pipeline.pipe.schedules_patched:
+        torch_pipeline.maybe_patch_schedules()
 
 
 def _memory_probe(torch: Any) -> Any:
@@ -429,7 +405,14 @@ def install(monitor: Monitor) -> None:
     _optimizer_hooks(torch)
     _dataloader_hook(torch)
     _ddp_patches(torch)
-    _mesh_patch(torch)
+    device_mesh = sys.modules.get("torch.distributed.device_mesh")
+    if device_mesh is not None:
+        torch_mesh.watch(device_mesh)
+    try:
+        torch_pipeline.install(dist)
+    except Exception as exc:
+        monitor._error("pipeline_install", exc)
+    torch_mesh.refresh(monitor)
     try:
         if torch.cuda.is_available():
             from rankscope.collector.cuda_events import DeviceTimer
@@ -461,3 +444,8 @@ def uninstall() -> None:
         _state.timer = None
         _state.cuda = False
         _state.generation += 1
+        _state.setup = True
+        _state.links.clear()
+        _state.routed.clear()
+    torch_mesh.reset()
+    torch_pipeline.reset()

@@ -1,0 +1,126 @@
+"""Zero-code capture of mesh coordinates, groups and pipeline ids, on a script written the
+way torch's documentation writes it (``init_device_mesh`` bound at the top, before any
+rankscope hook exists), run as 4 real gloo ranks under ``rankscope run``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rankscope.collector import schema
+
+SCRIPT = """
+import json
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+dist.init_process_group("gloo")
+mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "pp"))
+pp = mesh["pp"].get_local_rank()
+peer = dist.get_global_rank(mesh["pp"].get_group(), 1 - pp)
+extra = dist.new_group([0, 1, 2, 3])
+w = torch.nn.Linear(8, 8)
+opt = torch.optim.SGD(w.parameters(), lr=0.1)
+for step in range(3):
+    x = torch.randn(4, 8)
+    for m in range(2):
+        if pp == 0:
+            dist.send(w(x).detach(), peer)
+        else:
+            buf = torch.empty(4, 8)
+            dist.recv(buf, peer)
+    w(x).sum().backward()
+    for p in w.parameters():
+        dist.all_reduce(p.grad, group=mesh.get_group("dp"))
+    opt.step()
+    opt.zero_grad()
+# Test epilogue (not part of the form under test): what the collector captured.
+from rankscope.collector import runtime, schema
+mon = runtime.current()
+c = mon._colls.unread()
+st, mb = schema.pp_ids(c["flags"])
+print("RESULT", json.dumps({"rank": dist.get_rank(), "mesh": mon.identity.mesh,
+  "groups": sorted((g["name"], g["ranks"]) for g in mon._groups_snapshot()[1]),
+  "pp": sorted({(int(s), int(m)) for s, m in zip(st, mb) if s >= 0}),
+  "pp_wait": int((mon._phases.unread()["phase"] == schema.PHASE_INDEX["pp_wait"]).sum())}))
+dist.destroy_process_group()
+"""
+
+
+def test_pp_flag_bits_round_trip() -> None:
+    flags = np.array(
+        [
+            schema.pp_flags(0, 0),
+            schema.pp_flags(3, 17) | schema.FLAG_ASYNC,
+            0,
+            schema.pp_flags(-1, 2),
+        ],
+        dtype=np.int32,
+    )
+    stage, micro = schema.pp_ids(flags)
+    assert stage.tolist() == [0, 3, -1, -1] and micro.tolist() == [0, 17, -1, 2]
+    assert flags[1] & schema.FLAG_ASYNC and flags.min() >= 0
+
+
+@pytest.fixture(scope="module")
+def top_import_job(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict]:
+    pytest.importorskip("torch")
+    script = Path(tmp_path_factory.mktemp("forms")) / "form_top.py"
+    script.write_text(SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RANKSCOPE_")}
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rankscope",
+            "run",
+            "--job",
+            "forms",
+            "--",
+            "torchrun",
+            "--standalone",
+            "--nproc_per_node=4",
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = [
+        json.loads(line.split(" ", 1)[1])
+        for line in out.stdout.splitlines()
+        if line.startswith("RESULT ")
+    ]
+    return {r["rank"]: r for r in got}
+
+
+@pytest.mark.torch
+def test_mesh_bound_before_the_hooks_gives_every_coordinate_and_group(top_import_job) -> None:
+    assert sorted(top_import_job) == [0, 1, 2, 3]
+    for rank, r in top_import_job.items():
+        # Mesh [[0, 1], [2, 3]] over (dp, pp): dp is the row, pp the column.
+        assert r["mesh"] == {"dp": rank // 2, "pp": rank % 2}
+        names = {name: ranks for name, ranks in r["groups"]}
+        assert names["dp"] == [rank % 2, rank % 2 + 2]
+        assert names["pp"] == [rank - rank % 2, rank - rank % 2 + 1]
+        # The plain new_group is in the table too, with no mesh name.
+        assert any(ranks == [0, 1, 2, 3] and name != "world" for name, ranks in r["groups"])
+
+
+@pytest.mark.torch
+def test_explicit_pipeline_rows_carry_stage_and_micro_batch(top_import_job) -> None:
+    for rank, r in top_import_job.items():
+        stage = rank % 2
+        # Rows the sender already shipped are not in the ring any more: what is left of the
+        # last step(s) still names this stage and micro-batches 0 and 1 only.
+        assert r["pp"] and {tuple(x) for x in r["pp"]} <= {(stage, 0), (stage, 1)}
+        assert 1 <= r["pp_wait"] <= 6  # 2 blocking send/recv a step, 3 steps
