@@ -37,16 +37,17 @@ class Claim:
 def fits(claim: Claim, found: Finding) -> bool:
     """Whether a mechanism's claim is about the straggler localisation found.
 
-    A claim naming ranks fits a fixed suspect it shares a rank with; a claim naming no
-    ranks fits when its mechanism's loss lands in the suspect's category, or when the
-    straggler moves and the mechanism is one that moves (`judges.Judge.moving`).
+    A claim naming ranks fits a fixed suspect naming ranks when they share one; when
+    either names none (a mechanism judged by group, a link known by its hosts), the claim
+    fits when its mechanism's loss lands in the suspect's category; and when the straggler
+    moves, when the mechanism is one that moves (`judges.Judge.moving`).
     """
     judge = JUDGES.get(claim.mechanism)
     if judge is None:
         return False
     s = found.suspect
     if s is not None:
-        if claim.ranks:
+        if claim.ranks and s.ranks:
             return bool(set(claim.ranks) & set(s.ranks))
         return s.category in judge.categories
     return judge.moving
