@@ -34,7 +34,7 @@ if shutil.which("torchrun") is None:
 from rankscope.hub.hang import HangWatch
 from rankscope.hub.server import Hub
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 JOB = r"""
 import os, signal, sys, time

@@ -31,7 +31,7 @@ import incidents  # noqa: E402
 # of 156 steps took ~90 s on two cores with a load of ~3, ~290 s with a load of ~7 (the
 # default limit of 300 s stopped it on a slower machine). Two runs now; the limit only
 # catches a hang.
-pytestmark = [pytest.mark.torch, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.torch, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ __all__ = ["two_nodes"]  # the fixture, imported for pytest
 # The degraded fixture (two runs across the namespaces and a one-node rerun) took ~30 s
 # on two cores with a load of ~3 and ~70 s with a load of ~7; the limit only catches a
 # hang.
-pytestmark = [pytest.mark.netns, pytest.mark.torch, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.netns, pytest.mark.torch, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_two_nodes_harness_connects_and_shapes(two_nodes) -> None:
