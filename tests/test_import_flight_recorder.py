@@ -31,6 +31,10 @@ WORKER = textwrap.dedent(
     dist.all_gather_into_tensor(torch.empty(512), t)
     if rank == 0:
         work = dist.all_reduce(t, async_op=True)  # rank 1 never enters this one
+    import time
+    # Dumped past the stall judge's floor (6 s without progress), as a watchdog dumps at
+    # its timeout: a dump taken at once shows no stall yet.
+    time.sleep(7)
     import torch._C._distributed_c10d as c
     with open(os.path.join(out, f"rank_{rank}.pkl"), "wb") as f:
         f.write(c._dump_fr_trace())

@@ -10,9 +10,12 @@ an imported one unchanged.
 Contract of an importer module (one per kind, named in `IMPORTERS`)::
 
     def messages(files: list[Path], report: ImportReport, *, job: str, run: str)
-        -> Iterator[bytes]
+        -> Iterator[bytes | tuple[bytes, int]]
 
-It yields encoded messages in sending order (a rank's hello before its data), notes every
+It yields encoded messages in sending order (a rank's hello before its data); a message
+the source dates itself (a heartbeat that says where a rank stood when a dump was written)
+comes as ``(message, time_ns)`` and is recorded as received at that time on the aligned
+clock, every other one at the time of the import. It notes every
 file it could not use, or used in part, in ``report.problems`` as ``(file, what was
 wrong)`` and carries on with the rest; what the source cannot provide goes in
 ``report.lacks`` (e.g. ``"device times"``, ``"tokens"``), and the cross-rank clock
@@ -240,7 +243,8 @@ def write_recording(
     ranks: set[int] = set()
     try:
         now = time.time_ns()
-        for data in mod.messages(files, rep, job=job, run=run_id):
+        for item in mod.messages(files, rep, job=job, run=run_id):
+            data, t_recv = item if isinstance(item, tuple) else (item, now)
             try:
                 msg = schema.decode(data)
             except schema.SchemaError as exc:
@@ -253,7 +257,7 @@ def write_recording(
                 co = msg.tables.get("colls")
                 if co is not None:
                     rep.colls += int(co["step"].shape[0])
-            writer.append(data, now)
+            writer.append(data, t_recv)
             count_message(rep, data)
         rep.ranks = len(ranks)
         source["files"] = list(rep.files_read)

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import pickle
 import re
 from collections.abc import Iterator
@@ -60,7 +61,7 @@ from rankscope.hub.importers import (
     source_manifest,
 )
 from rankscope.hub.importers.align import estimate_offsets
-from rankscope.hub.importers.kineto import _DTYPE_BYTES, op_name
+from rankscope.hub.importers.kineto import DTYPE_BYTES, op_name
 
 KIND = "flight-recorder"
 
@@ -167,7 +168,7 @@ def _nbytes(sizes: Any, dtypes: Any) -> int:
         return -1
     total = 0
     for shape, dt in zip(sizes, dtypes):
-        size = _DTYPE_BYTES.get(str(dt).lower().replace("torch.", ""))
+        size = DTYPE_BYTES.get(str(dt).lower().replace("torch.", ""))
         if size is None or not isinstance(shape, list):
             return -1
         n = 1
@@ -291,7 +292,9 @@ def _assign_ranks(dumps: list[RankDump], report: ImportReport) -> None:
             taken.add(nxt)
 
 
-def messages(files: list[Path], report: ImportReport, *, job: str, run: str) -> Iterator[bytes]:
+def messages(
+    files: list[Path], report: ImportReport, *, job: str, run: str
+) -> Iterator[bytes | tuple[bytes, int]]:
     """Wire messages of a set of Flight Recorder dumps, one file per rank (module docstring)."""
     dumps: list[RankDump] = []
     for f in files:
@@ -333,9 +336,7 @@ def messages(files: list[Path], report: ImportReport, *, job: str, run: str) -> 
     cat = {k: np.concatenate([d.cols[k] for d in dumps]) for k in ("group", "seq", "t_exit")}
     al = estimate_offsets(all_rank, cat["group"], cat["seq"], cat["t_exit"])
     if len(imported) > 1 and al.max_error_ns is not None and (al.error_ns >= 0).sum() > 1:
-        for i, r in enumerate(al.ranks.tolist()):
-            if 0 <= al.error_ns[i] < abs(int(al.offset_ns[i])):
-                offsets[r] = int(al.offset_ns[i])
+        offsets.update(al.resolved())
         report.alignment_ns = al.max_error_ns
         report.details["clock_offsets_ns"] = {str(r): offsets[r] for r in imported}
     elif len(imported) > 1:
@@ -411,7 +412,7 @@ def messages(files: list[Path], report: ImportReport, *, job: str, run: str) -> 
         }
         yield schema.stats_message(next_header(headers[d.rank]), stats)
     for d in dumps:
-        yield from _rank_messages(d, headers[d.rank])
+        yield from _rank_messages(d, headers[d.rank], offsets[d.rank])
 
 
 def _steps_of(cols: dict[str, np.ndarray], clock: int) -> np.ndarray:
@@ -428,7 +429,9 @@ def _steps_of(cols: dict[str, np.ndarray], clock: int) -> np.ndarray:
     return np.where(idx >= 0, step[np.clip(idx, 0, None)], first)
 
 
-def _rank_messages(d: RankDump, h: dict[str, Any]) -> Iterator[bytes]:
+def _rank_messages(
+    d: RankDump, h: dict[str, Any], offset_ns: int
+) -> Iterator[bytes | tuple[bytes, int]]:
     c = d.cols
     n = c["seq"].shape[0]
     known_end = np.where(c["t_exit"] >= 0, c["t_exit"], c["t_enter"])
@@ -469,7 +472,11 @@ def _rank_messages(d: RankDump, h: dict[str, Any]) -> Iterator[bytes]:
         pos["step_t0"] = int(c["t_enter"][c["step"] == s].min())
         pos["group"], pos["seq"], pos["op"] = int(c["group"][i]), int(c["seq"][i]), int(c["op"][i])
         pos["since"] = int(c["t_enter"][i])
-    yield schema.beat_message(next_header(h), pos)
+    # The position holds when the dump was written (by the watchdog at its timeout, or on
+    # request): that instant, on the aligned clock, is when this beat was heard, so the
+    # stall judge measures the idle time the job had, not the time until the import.
+    written = os.stat(d.file).st_mtime_ns - offset_ns
+    yield schema.beat_message(next_header(h), pos), max(int(written), pos["t"])
 
 
 def hang_summary(

@@ -99,7 +99,7 @@ _OP_ALIASES = {
     "scatter": "scatter",
     "sendrecv": "all_to_all",
 }
-_DTYPE_BYTES = {
+DTYPE_BYTES = {
     "float": 4,
     "float32": 4,
     "half": 2,
@@ -614,7 +614,7 @@ def _nbytes(meta: dict[str, Any]) -> int:
     dt = meta.get("dtype")
     if not isinstance(n, int) or not isinstance(dt, str):
         return -1
-    size = _DTYPE_BYTES.get(dt.lower().replace("torch.", ""))
+    size = DTYPE_BYTES.get(dt.lower().replace("torch.", ""))
     return n * size if size else -1
 
 
@@ -648,11 +648,7 @@ def messages(files: list[Path], report: ImportReport, *, job: str, run: str) -> 
     if len(imported) > 1:
         al = estimate_offsets(all_rank, cat["group"], cat["seq"], cat["t_exit"])
         if al.max_error_ns is not None and (al.error_ns >= 0).sum() > 1:
-            # Profiler clocks are host wall clocks, already close: an offset is applied
-            # only where it is larger than its own error (it resolves something).
-            for i, r in enumerate(al.ranks.tolist()):
-                if 0 <= al.error_ns[i] < abs(int(al.offset_ns[i])):
-                    offsets[r] = int(al.offset_ns[i])
+            offsets.update(al.resolved())
             report.alignment_ns = al.max_error_ns
             report.details["clock_offsets_ns"] = {str(r): offsets[r] for r in imported}
         else:

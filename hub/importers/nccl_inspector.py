@@ -254,9 +254,7 @@ def messages(files: list[Path], report: ImportReport, *, job: str, run: str) -> 
             np.concatenate([c["t_end"] for *_, c in ranked]),
         )
         if al.max_error_ns is not None and (al.error_ns >= 0).sum() > 1:
-            for i, r in enumerate(al.ranks.tolist()):
-                if 0 <= al.error_ns[i] < abs(int(al.offset_ns[i])):
-                    offsets[r] = int(al.offset_ns[i])
+            offsets.update(al.resolved())
             report.alignment_ns = al.max_error_ns
             report.details["clock_offsets_ns"] = {str(r): offsets[r] for r in imported}
     if not verbose:
