@@ -46,7 +46,10 @@ from rankscope.collector import runtime, schema
 mon = runtime.current()
 c = mon._colls.unread()
 st, mb = schema.pp_ids(c["flags"])
-print("RESULT", json.dumps({"rank": dist.get_rank(), "mesh": mon.identity.mesh,
+# One file per rank: lines printed by four processes into one pipe can interleave.
+import os, pathlib
+pathlib.Path(os.environ["FORMS_OUT"], f"rank{dist.get_rank()}.json").write_text(json.dumps({
+  "rank": dist.get_rank(), "mesh": mon.identity.mesh,
   "groups": sorted((g["name"], g["ranks"]) for g in mon._groups_snapshot()[1]),
   "pp": sorted({(int(s), int(m)) for s, m in zip(st, mb) if s >= 0}),
   "pp_wait": int((mon._phases.unread()["phase"] == schema.PHASE_INDEX["pp_wait"]).sum())}))
@@ -72,9 +75,11 @@ def test_pp_flag_bits_round_trip() -> None:
 @pytest.fixture(scope="module")
 def top_import_job(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict]:
     pytest.importorskip("torch")
-    script = Path(tmp_path_factory.mktemp("forms")) / "form_top.py"
+    folder = Path(tmp_path_factory.mktemp("forms"))
+    script = folder / "form_top.py"
     script.write_text(SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RANKSCOPE_")}
+    env["FORMS_OUT"] = str(folder)
     out = subprocess.run(
         [
             sys.executable,
@@ -95,11 +100,8 @@ def top_import_job(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict]:
         env=env,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    got = [
-        json.loads(line.split(" ", 1)[1])
-        for line in out.stdout.splitlines()
-        if line.startswith("RESULT ")
-    ]
+    got = [json.loads(f.read_text()) for f in sorted(folder.glob("rank*.json"))]
+    assert len(got) == 4, out.stdout[-2000:] + out.stderr[-2000:]
     return {r["rank"]: r for r in got}
 
 
