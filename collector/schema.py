@@ -57,8 +57,10 @@ NO_TIME = -1
 
 KINDS = ("hello", "groups", "steps", "samples", "stats", "beat")
 
-SCOPES = ("full", "two-node", "one-node", "one-rank", "custom")
-"""Scope of a run (ARCHITECTURE §3)."""
+SCOPES = ("full", "two-node", "one-node", "one-rank", "custom", "sweep")
+"""Scope of a run (ARCHITECTURE §3). ``sweep`` is a run of the application's collectives
+repeated outside the application (``rankscope sweep``), with the run it measures as its
+``parent_run``; appended last so the index of every older scope stays the same."""
 
 OPS = (
     "all_reduce",
