@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "diagnose": "diagnose",
     "eval": "eval_",
     "rerun": "rerun",
+    "sweep": "sweep",
     "ladder": "ladder",
     "experiment": "experiment",
     "snapshot": "snapshot",
