@@ -56,7 +56,9 @@ def simulate_sweep(
     Returns:
         A result file's data (``plan``, ``backend``, ``points``, ``pairs``).
     """
-    lay = build_layout(scenario, ScopeSpec("full", swap_placement=tuple(swap_placement)))
+    # Only a placement swap needs the keyword, so a plain sweep runs on any ScopeSpec.
+    scope = ScopeSpec("full", swap_placement=tuple(swap_placement)) if swap_placement else "full"
+    lay = build_layout(scenario, scope)
     hw = build_hardware(scenario)
     topo, noise, fault = scenario.topology, scenario.noise, scenario.fault
     a_in, a_x = topo.alpha_intra_us * 1e3, topo.alpha_inter_us * 1e3
