@@ -367,3 +367,53 @@ def test_worker_busbw_matches_an_independent_loop_on_gloo(tmp_path: Path) -> Non
     ratio = statistics.median(sweep) / statistics.median(plain)
     print(f"gloo loopback 1 MiB all_reduce busbw: sweep {sweep}, plain {plain}, ratio {ratio:.3f}")
     assert 0.9 <= ratio <= 1.1, (sweep, plain)
+
+
+# -- the whole path on a real gloo job ----------------------------------------------------
+
+
+def _wait_run(hub: Any, pred: Any, steps: int, timeout: float = 90.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runs = [r for r in hub.store.runs() if pred(r)]
+        if runs and runs[0].steps_complete >= steps:
+            return runs[0]
+        time.sleep(0.1)
+    raise AssertionError(f"no matching run with {steps} steps: {hub.store.runs()}")
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.timeout(600)
+def test_a_gloo_job_is_swept_through_torchrun_and_reported_as_a_sweep_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+
+    from ports import free_port_pair
+
+    from rankscope.hub.server import Hub
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "tiny_ddp.py"
+    rec = tmp_path / "rec"
+    with Hub(record_dir=str(rec)) as hub:
+        parent = [sys.executable, "-m", "rankscope", "run", "--hub", hub.endpoint]
+        parent += ["--job", "tiny", "--run", "tiny-full", "--", "torchrun"]
+        parent += ["--nproc-per-node=2", f"--master-port={free_port_pair()}", str(script)]
+        done = subprocess.run([*parent, "--steps=6"], capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stderr[-2000:]
+        _wait_run(hub, lambda r: r.run == "tiny-full", 6)
+        time.sleep(1.0)
+        argv = ["sweep", str(rec), "--scope", "full", "--launcher", "torchrun", "--backend=gloo"]
+        argv += ["--sizes", "64K", "1M", "--master-port", str(free_port_pair())]
+        code = main([*argv, "--yes", "--json"])
+        res = json.loads(capsys.readouterr().out)
+        assert code == 0, res
+        child = _wait_run(hub, lambda r: r.parent_run == "tiny-full", 1)
+    assert child.scope == "sweep" and child.run == res["run"]
+    assert res["backend"] == "gloo" and res["points"]
+    assert {p["nbytes"] for p in res["points"]} == {1 << 16, 1 << 20}
+    assert all(p["busbw_gbps"] > 0 for p in res["points"])
+    assert Path(res["result"]).parent == rec / "sweeps"
