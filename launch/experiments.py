@@ -29,11 +29,13 @@ __all__ = [
     "ExperimentError",
     "ExperimentRecord",
     "evaluate_experiment",
+    "evaluate_swap",
     "experiments_dir",
     "list_experiments",
     "load_experiment",
     "record_experiment",
     "save_evaluation",
+    "swap_from_argv",
 ]
 
 DIRECTIONS = ("down", "up")
@@ -317,3 +319,141 @@ def evaluate_experiment(
     return save_evaluation(
         record, id, before_run=before.run, after_run=after.run, evaluation=data, now_ns=now_ns
     )
+
+
+SWAP_OUTCOMES = {
+    "shards": ("follows the shard", "stays with the device", "neither"),
+    "placement": ("follows the device", "stays with the rank", "moves with the placement"),
+}
+"""The three outcomes of a swap: the slowness moved with what was swapped, stayed with what
+was kept, or left the pair (for a placement swap: the groups' placement, topology)."""
+SWAP_MEANS = {
+    "follows the shard": "data",
+    "stays with the device": "hardware",
+    "neither": "neither data nor device alone",
+    "follows the device": "hardware",
+    "stays with the rank": "data or role",
+    "moves with the placement": "topology",
+}
+SWAP_MIN_GAP = 0.02
+"""The two ranks must differ by this fraction of the median busy time before the swap for
+the swap to say anything."""
+
+
+def swap_from_argv(argv: Any) -> tuple[str, tuple[int, int]] | None:
+    """The swap a run was launched with, read from its recorded command line.
+
+    Args:
+        argv: the run manifest's ``argv`` (the simulated launcher writes ``--swap-shards=R1,R2``).
+
+    Returns:
+        ``(kind, (r1, r2))`` or None.
+    """
+    if not isinstance(argv, (list, tuple)):
+        return None
+    for kind in ("shards", "placement"):
+        flag = f"--swap-{kind}="
+        for a in argv:
+            if isinstance(a, str) and a.startswith(flag) and a[len(flag) :]:
+                try:
+                    r1, r2 = (int(x) for x in a[len(flag) :].split(","))
+                except ValueError:
+                    return None
+                return kind, (r1, r2)
+    return None
+
+
+WARMUP_FACTOR = 1.1
+"""Steps whose median busy time (over ranks) exceeds this multiple of the window's median are
+warm-up and left out of a swap's judgement (they are slow on every rank for the device's
+reasons, not the data's)."""
+
+
+def _busy_by_step(window: Window) -> dict[int, np.ndarray]:
+    from rankscope.diagnosis.critical import busy_ns
+    from rankscope.launch.ladder import decomposition
+
+    busy = np.where(window.present, busy_ns(window, decomposition(window)), np.nan)
+    return {int(k): busy[:, j] for j, k in enumerate(window.steps)}
+
+
+def _mean_busy_ns(window: Window) -> np.ndarray:
+    by_step = _busy_by_step(window)
+    busy = np.stack(list(by_step.values()), axis=1) if by_step else np.zeros((0, 0))
+    out = np.full(window.world_size, np.nan)
+    seen = np.isfinite(busy).any(axis=1) if busy.size else np.zeros(window.world_size, bool)
+    out[seen] = np.nanmean(busy[seen], axis=1)
+    return out
+
+
+def evaluate_swap(
+    before: Window, after: Window, kind: str, ranks: tuple[int, int]
+) -> dict[str, Any]:
+    """Say where the slowness of a swapped pair went.
+
+    The rerun replays the parent's seed and steps, so step by step the two ranks' gap in
+    busy time (step time minus waiting) after the swap is regressed on their gap before it
+    (warm-up steps left out): a coefficient near +1 means the gap stayed with the ranks'
+    devices, near -1 that it followed what was swapped, near 0 that it left the pair.
+    A data imbalance moves from step to step between ranks, so a step-aligned comparison
+    sees it where a mean over the window would average it away.
+
+    Args:
+        before: the run without the swap (same rank numbering as ``after``).
+        after: the rerun with the swap.
+        kind: ``shards`` or ``placement``.
+        ranks: the two swapped ranks.
+
+    Returns:
+        Plain data: ``outcome``, ``means`` (data / hardware / topology...), ``verdict``,
+        ``slow_rank`` before (over the window), the rms gaps (ns), the ``ratio`` and the
+        ``steps`` compared.
+
+    Raises:
+        ValueError: unknown kind, ranks outside either run, too few common steps, or no
+            gap to follow.
+    """
+    if kind not in SWAP_OUTCOMES:
+        raise ValueError(f"unknown swap {kind!r}")
+    a, b = (int(r) for r in ranks)
+    for w in (before, after):
+        if not (0 <= a < w.world_size and 0 <= b < w.world_size) or a == b:
+            raise ValueError(f"ranks {a},{b} are not two ranks of run {w.run!r}")
+    s0, s1 = _busy_by_step(before), _busy_by_step(after)
+    common = sorted(set(s0) & set(s1))
+    common = [k for k in common if np.isfinite([s0[k][[a, b]], s1[k][[a, b]]]).all()]
+    if common:
+        med = np.array([np.nanmedian(s0[k]) for k in common])
+        common = [k for k, m in zip(common, med) if m <= WARMUP_FACTOR * np.median(med)]
+    if len(common) < 3:
+        raise ValueError(
+            f"runs {before.run!r} and {after.run!r} share {len(common)} steady steps where "
+            f"ranks {a} and {b} both reported; the rerun must replay the parent's steps"
+        )
+    g0 = np.array([s0[k][a] - s0[k][b] for k in common])
+    g1 = np.array([s1[k][a] - s1[k][b] for k in common])
+    scale = float(np.median([np.nanmedian(s0[k]) for k in common]))
+    rms0 = float(np.sqrt(np.mean(g0**2)))
+    if rms0 < SWAP_MIN_GAP * scale:
+        raise ValueError(
+            f"ranks {a} and {b} differ by {rms0 / 1e6:.2f} ms of busy time before the swap "
+            f"(under {SWAP_MIN_GAP:.0%} of {scale / 1e6:.1f} ms): nothing to follow; swap the "
+            "slow rank with a healthy one"
+        )
+    ratio = float(np.sum(g0 * g1) / np.sum(g0**2))
+    moved, stayed, other = SWAP_OUTCOMES[kind]
+    outcome = stayed if ratio > 0.5 else moved if ratio < -0.5 else other
+    return {
+        "swap": kind,
+        "ranks": [a, b],
+        "before_run": before.run,
+        "after_run": after.run,
+        "slow_rank": a if float(np.mean(g0)) >= 0 else b,
+        "gap_before_ns": rms0,
+        "gap_after_ns": float(np.sqrt(np.mean(g1**2))),
+        "ratio": ratio,
+        "steps": common,
+        "outcome": outcome,
+        "means": SWAP_MEANS[outcome],
+        "verdict": f"{outcome} → {SWAP_MEANS[outcome]}",
+    }

@@ -42,6 +42,7 @@ __all__ = [
     "Expectation",
     "RerunPlan",
     "Suspect",
+    "Swap",
     "busy_ns",
     "job_config",
     "propose",
@@ -109,6 +110,84 @@ class Expectation:
     if_absent: str
 
 
+SWAP_KINDS = ("shards", "placement")
+
+
+@dataclass(frozen=True)
+class Swap:
+    """Two ranks that exchange their data shards or their devices in a rerun, and what each
+    outcome would mean. A swap keeps every group's members and shape: only the shard a rank
+    reads, or the host and GPU it runs on, changes hands."""
+
+    kind: str
+    """``shards`` or ``placement``."""
+    ranks: tuple[int, int]
+    """The two ranks, in the rerun's numbering."""
+    predictions: tuple[tuple[str, str], ...]
+    """(outcome, what it means), one per hypothesis the swap separates."""
+
+
+def swap_of(kind: str, pair: Sequence[int], world: int) -> Swap:
+    """The swap of two ranks of a rerun of ``world`` ranks, with its predictions.
+
+    Args:
+        kind: ``shards`` or ``placement``.
+        pair: two different ranks in ``[0, world)``.
+        world: ranks of the rerun.
+
+    Returns:
+        The swap.
+
+    Raises:
+        ValueError: unknown kind, not two different ranks, or a rank outside the rerun.
+    """
+    if kind not in SWAP_KINDS:
+        raise ValueError(f"unknown swap {kind!r}; expected one of {', '.join(SWAP_KINDS)}")
+    ranks = tuple(int(r) for r in pair)
+    if len(ranks) != 2 or ranks[0] == ranks[1]:
+        raise ValueError(f"--swap-{kind} takes two different ranks R1,R2, got {list(ranks)}")
+    for r in ranks:
+        if not 0 <= r < world:
+            raise ValueError(f"--swap-{kind}: rank {r} is outside the rerun's {world} ranks")
+    a, b = ranks
+    if kind == "shards":
+        predictions = (
+            (
+                "follows the shard",
+                f"data: the slowness moves to the rank that now reads the "
+                f"slow rank's shard (rank {a} <-> rank {b})",
+            ),
+            (
+                "stays with the device",
+                "hardware: the slowness stays on the same GPU/host "
+                "(slow device, host, or its links)",
+            ),
+            (
+                "neither",
+                "the two ranks no longer differ: neither their data nor their device "
+                "alone; look at the schedule or the interaction",
+            ),
+        )
+    else:
+        predictions = (
+            (
+                "follows the device",
+                f"hardware: the slowness moves with the GPU/host that rank "
+                f"{a} and rank {b} exchanged",
+            ),
+            (
+                "stays with the rank",
+                "data or role: the slowness stays with the rank's shard and groups, not the device",
+            ),
+            (
+                "moves with the placement",
+                "topology: the groups' new placement changes which "
+                "ranks are slow (links the groups cross, not one device)",
+            ),
+        )
+    return Swap(kind, (a, b), predictions)
+
+
 @dataclass(frozen=True)
 class RerunPlan:
     """A proposed reduced-scope rerun of one run."""
@@ -137,6 +216,8 @@ class RerunPlan:
     batch: dict[str, int] = field(default_factory=dict)
     """``micro_batch``, ``grad_accum``, ``global_batch`` of the rerun, where known."""
     warnings: tuple[str, ...] = ()
+    swap: Swap | None = None
+    """A controlled swap the rerun makes (``--swap-shards`` / ``--swap-placement``)."""
 
     @property
     def nnodes(self) -> int:

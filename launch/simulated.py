@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
 from rankscope.launch.safety import UnsafeValueError, check_value
 
@@ -47,6 +48,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--parent-run", required=True)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--pace", default="fast", help="fast, realtime, or seconds per step")
+    p.add_argument(
+        "--swap-shards", default="", help="two ranks of the rerun that exchange data shards"
+    )
+    p.add_argument(
+        "--swap-placement", default="", help="two ranks of the rerun that exchange devices"
+    )
     return p.parse_args(argv)
 
 
@@ -64,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         hosts = _list("hosts", args.hosts, "host")
         ranks = [int(r) for r in _list("ranks", args.ranks, "int")]
         gpus = [int(g) for g in _list("gpus", args.gpus, "int")]
+        swap_shards = tuple(int(r) for r in _list("swap_shards", args.swap_shards, "int"))
+        swap_placement = tuple(int(r) for r in _list("swap_placement", args.swap_placement, "int"))
         check_value("run", args.run, "name")
         check_value("parent_run", args.parent_run, "name")
     except UnsafeValueError as exc:
@@ -84,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = ScopeSpec(args.scope, hosts=tuple(hosts), gpus=tuple(gpus))
     else:
         spec = ScopeSpec("full")
+    spec = replace(spec, swap_shards=swap_shards, swap_placement=swap_placement)
     pace: str | float = args.pace
     if pace not in ("fast", "realtime"):
         pace = float(pace)

@@ -25,6 +25,7 @@ exactly where their mechanisms reach.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -38,7 +39,7 @@ from rankscope.sim.identity import identities, manifest, truth
 from rankscope.sim.spec import Scenario
 from rankscope.sim.tables import StepTables, assemble
 from rankscope.sim.topology import ScopeSpec, build_layout, group_links
-from rankscope.sim.workload import effective_workload, pack_step
+from rankscope.sim.workload import Work, effective_workload, pack_step
 
 _PH = schema.PHASE_INDEX
 _OP_AR, _OP_SEND, _OP_RECV, _OP_BARRIER, _OP_A2A = (
@@ -278,6 +279,10 @@ class Cluster:
         pp, dp, tp = self.shape
         seed = sc.seed & 0xFFFFFFFF
         work = pack_step(wl, np.random.default_rng([seed, k, 1]), dp, self.attn_weight)
+        perm = lay.shard_of_dp
+        if perm.size and (perm != np.arange(dp)).any():
+            # A shard swap: data-parallel index d reads the shard d' = perm[d] would have.
+            work = Work(*(getattr(work, f.name)[perm] for f in dataclasses.fields(Work)))
         rng = np.random.default_rng([seed, k, 2])
         speed = self.speed * (1.0 + noise.step_sigma * rng.standard_normal(self.shape))
         jit = 1.0 + noise.chunk_sigma * rng.standard_normal((prog.n_compute, pp, dp, tp))

@@ -59,7 +59,9 @@ def identities(scenario: Scenario, layout: Layout) -> list[dict[str, Any]]:
                 "rail": g,
                 "rack": rack_name(h // topo.hosts_per_rack),
                 "mesh": mesh(dp_i[r], tp_i[r], pp_i[r]),
-                "shard": int(dp_i[r]),
+                "shard": int(layout.shard_of_dp[dp_i[r]])
+                if layout.shard_of_dp.size
+                else int(dp_i[r]),
             }
         )
     return out

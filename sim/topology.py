@@ -47,6 +47,12 @@ class ScopeSpec:
     hosts: tuple[str | int, ...] = ()
     ranks: tuple[int, ...] = ()
     gpus: tuple[int, ...] = ()
+    swap_shards: tuple[int, ...] = ()
+    """Two ranks of this run that exchange their data shards (a controlled swap: the slowness
+    that follows the shard is the data's)."""
+    swap_placement: tuple[int, ...] = ()
+    """Two ranks of this run that exchange their devices (host and GPU), every group keeping
+    its members: the slowness that follows the device is the hardware's or its links'."""
 
     @classmethod
     def coerce(cls, scope: ScopeSpec | str | None) -> ScopeSpec:
@@ -90,6 +96,9 @@ class Layout:
     """Expert-parallel degree (1: none)."""
     ep_gid: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0, 0), np.int32))
     """int32 (pp, tp, dp // ep) group id of each expert-parallel group (ep > 1)."""
+    shard_of_dp: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    """int64 (dp,) data shard each data-parallel index reads (identity unless a shard swap
+    exchanged two); empty means identity."""
 
     @property
     def world_size(self) -> int:
@@ -197,6 +206,20 @@ def build_layout(scenario: Scenario, scope: ScopeSpec | str | None = None) -> La
     world = int(device.shape[0])
     tp, pp, dp, ep = _degrees(scenario, world)
     moved = _apply_placement_fault(scenario, device, tp)
+    _check_swap("swap_placement", spec.swap_placement, world)
+    if spec.swap_placement:
+        a, b = spec.swap_placement
+        device[a], device[b] = device[b], device[a]
+    shard_of_dp = np.arange(dp, dtype=np.int64)
+    _check_swap("swap_shards", spec.swap_shards, world)
+    if spec.swap_shards:
+        d_a, d_b = ((r // tp) % dp for r in spec.swap_shards)
+        if d_a == d_b:
+            raise ValueError(
+                f"ranks {spec.swap_shards[0]} and {spec.swap_shards[1]} read the same data shard "
+                "(same data-parallel index): swapping their shards changes nothing"
+            )
+        shard_of_dp[[d_a, d_b]] = shard_of_dp[[d_b, d_a]]
     gph = scenario.topology.gpus_per_host
     host, gpu = device // gph, device % gph
     hosts = tuple(dict.fromkeys(int(h) for h in host))
@@ -260,7 +283,18 @@ def build_layout(scenario: Scenario, scope: ScopeSpec | str | None = None) -> La
         moved=moved,
         ep=ep,
         ep_gid=ep_gid,
+        shard_of_dp=shard_of_dp,
     )
+
+
+def _check_swap(name: str, pair: tuple[int, ...], world: int) -> None:
+    if not pair:
+        return
+    if len(pair) != 2 or pair[0] == pair[1]:
+        raise ValueError(f"{name} takes two different ranks, got {list(pair)}")
+    for r in pair:
+        if not 0 <= int(r) < world:
+            raise ValueError(f"{name}: rank {r} is outside this run's {world} ranks")
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_steps(ev, DEFAULT_STEPS, "most recent steps of each run", old=("--last",))
     ev.add_argument("--json", action="store_true")
 
+    sw = sub.add_parser("swap", help="say where a swapped pair's slowness went (data/hardware)")
+    sw.add_argument("path", metavar="PATH", help="recording directory")
+    sw.add_argument("--before", metavar="ID", required=True, help="run without the swap")
+    sw.add_argument("--after", metavar="ID", required=True, help="rerun with the swap")
+    sw.add_argument(
+        "--swap-shards", metavar="R1,R2", default=None, help="the swap (default: the rerun's argv)"
+    )
+    sw.add_argument("--swap-placement", metavar="R1,R2", default=None, help="the swap")
+    add_steps(sw, DEFAULT_STEPS, "most recent steps of each run", old=("--last",))
+    sw.add_argument("--json", action="store_true")
+
     ls = sub.add_parser("list", help="list the experiments of a recording")
     ls.add_argument("path", metavar="PATH", help="recording directory")
     ls.add_argument("--json", action="store_true")
@@ -79,6 +90,44 @@ def _print_record(rec, as_json: bool) -> None:
         print("  warning: the prediction was recorded after the after-run had started")
     for note in ev.get("notes") or ():
         print(f"  note: {note}")
+
+
+def _swap(args: argparse.Namespace, store: object) -> int:
+    from rankscope.commands.rerun import swap_pair
+    from rankscope.launch.experiments import evaluate_swap, swap_from_argv
+
+    before = window_of(store, args.path, args.before, args.steps)
+    after = window_of(store, args.path, args.after, args.steps)
+    if args.swap_shards and args.swap_placement:
+        raise CommandError("give one of --swap-shards and --swap-placement")
+    if args.swap_shards or args.swap_placement:
+        kind = "shards" if args.swap_shards else "placement"
+        pair = swap_pair(f"--swap-{kind}", args.swap_shards or args.swap_placement)
+    else:
+        launcher = after.manifest.get("launcher")
+        argv = launcher.get("argv") if isinstance(launcher, dict) else after.manifest.get("argv")
+        found = swap_from_argv(argv)
+        if found is None:
+            raise CommandError(
+                f"run {args.after!r} records no swap; pass --swap-shards or --swap-placement"
+            )
+        kind, pair = found
+    try:
+        out = evaluate_swap(before, after, kind, pair)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    if args.json:
+        print(json.dumps(out, indent=2, allow_nan=False))
+        return 0
+    a, b = out["ranks"]
+    print(f"swap of {kind} between ranks {a} and {b}: {args.before} -> {args.after}")
+    print(
+        f"  slow rank before: {out['slow_rank']}; rms busy gap {out['gap_before_ns'] / 1e6:.1f} ms "
+        f"-> {out['gap_after_ns'] / 1e6:.1f} ms over {len(out['steps'])} steps; after/before "
+        f"{out['ratio']:+.2f}"
+    )
+    print(f"  verdict: {out['verdict']}")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,6 +164,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{r.id:<28} {r.status:<15} {r.hypothesis}: {r.metric} {r.direction}{runs}")
         return 0
     store = read_store(args.path, args.steps)
+    if args.action == "swap":
+        return _swap(args, store)
     rec = evaluate_experiment(
         args.path,
         args.id,

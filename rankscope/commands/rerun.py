@@ -109,7 +109,81 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "./rankscope.toml, the user config dir)",
     )
     p.add_argument("--detach", action="store_true", help="with --yes: do not wait for the end")
+    p.add_argument(
+        "--swap-shards",
+        metavar="R1,R2",
+        default=None,
+        help="two ranks of the rerun exchange their data shards (slowness that follows the "
+        "shard is data; that stays is hardware)",
+    )
+    p.add_argument(
+        "--swap-placement",
+        metavar="R1,R2",
+        default=None,
+        help="two ranks of the rerun exchange their hosts/GPUs, every group keeping its shape "
+        "(simulated launcher only)",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+SWAP_ENV = "RANKSCOPE_SWAP_SHARDS"
+"""Set to ``R1,R2`` in a real rerun's environment by ``--swap-shards``: the workload reads
+it and gives rank R1 the shard of R2 and R2 the shard of R1."""
+
+
+def swap_pair(flag: str, text: str) -> tuple[int, int]:
+    """Read ``R1,R2`` of a swap flag.
+
+    Raises:
+        CommandError: not two different non-negative integers.
+    """
+    parts = [p.strip() for p in str(text).split(",")]
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise CommandError(f"{flag} takes two ranks R1,R2 (e.g. {flag} 3,5), got {text!r}")
+    a, b = int(parts[0]), int(parts[1])
+    if a == b:
+        raise CommandError(f"{flag} takes two different ranks, got {text!r}")
+    return a, b
+
+
+def _swap(args: argparse.Namespace, world: int) -> Any:
+    from rankscope.launch.plan import swap_of
+
+    given = [(k, v) for k, v in (("shards", args.swap_shards), ("placement", args.swap_placement))]
+    given = [(k, v) for k, v in given if v is not None]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise CommandError("one swap per rerun: give --swap-shards or --swap-placement")
+    kind, text = given[0]
+    pair = swap_pair(f"--swap-{kind}", text)
+    try:
+        return swap_of(kind, pair, world)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _apply_swap(launch: Any, swap: Any) -> Any:
+    # The simulated launcher takes the swap as its own flag; a real workload reads it from
+    # its environment (SWAP_ENV). Templates do not know swaps, so the launch is amended here.
+    flag = f"--swap-{swap.kind}={swap.ranks[0]},{swap.ranks[1]}"
+    commands = []
+    for c in launch.commands:
+        if "rankscope.launch.simulated" in c.argv:
+            commands.append(replace(c, argv=(*c.argv, flag)))
+        elif swap.kind == "placement":
+            raise CommandError(
+                f"--swap-placement is not supported by the {launch.launcher} template yet "
+                "(it needs a rank-order change); use the simulated launcher or reorder hosts"
+            )
+        elif c.host is not None:
+            raise CommandError(
+                f"--swap-shards on the remote host {c.host} is not supported by the "
+                f"{launch.launcher} template yet (set {SWAP_ENV} there)"
+            )
+        else:
+            commands.append(replace(c, env={**c.env, SWAP_ENV: f"{swap.ranks[0]},{swap.ranks[1]}"}))
+    return replace(launch, commands=tuple(commands), plan=replace(launch.plan, swap=swap))
 
 
 def load_store(path: str | Path, last: int) -> Any:
@@ -217,6 +291,7 @@ def _prepare(args: argparse.Namespace, launching: bool) -> tuple[Any, Any]:
         )
     except ValueError as exc:  # the run cannot be reduced to this scope
         raise CommandError(str(exc)) from None
+    swap = _swap(args, plan.world_size)
     hub, warning = _report_hub(args, launching)
     settings = LaunchSettings(
         hub=hub,
@@ -229,6 +304,8 @@ def _prepare(args: argparse.Namespace, launching: bool) -> tuple[Any, Any]:
     launch = prepare(plan, template, settings, record=args.path, manifest=window.manifest)
     if warning is not None:
         launch = replace(launch, warnings=(warning, *launch.warnings))
+    if swap is not None:
+        launch = _apply_swap(launch, swap)
     return launch, verdict
 
 
@@ -284,6 +361,12 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
     else:
         print(terminal_text("\n".join(launch_text(launch))))
+        swap = launch.plan.swap
+        if swap is not None:
+            a, b = swap.ranks
+            print(terminal_text(f"swap of {swap.kind} between ranks {a} and {b}; predictions:"))
+            for outcome, means in swap.predictions:
+                print(terminal_text(f"  {outcome}: {means}"))
     if refused is not None:
         raise CommandError(refused)
     if not go:
