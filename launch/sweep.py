@@ -73,6 +73,9 @@ REPRODUCES = 1.5
 times the application's at the same size (not much faster alone than inside the job)."""
 SLOW = 0.5
 """A link or rail is slow below this share of the best of its kind."""
+BELOW = 0.8
+"""An application curve is slow below this share of the baseline's busbw (median over its
+sizes)."""
 
 
 @dataclass(frozen=True)
@@ -776,6 +779,8 @@ class SweepComparison:
     app_slow: bool | None
     """The application's curve is below the baseline's (None: no baseline)."""
     conclusion: str
+    slow_groups: tuple[str, ...] = ()
+    """Groups whose application curve is below `BELOW` of the baseline's, slowest first."""
     convention: str = CONVENTION
     notes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -800,6 +805,10 @@ def compare(
     library. When the primitive alone is much faster, the application's own schedule or
     arrival (overlap, contention with its compute, late ranks) makes its curve slow.
 
+    With a baseline, each (group, op) whose application curve is below `BELOW` of the
+    baseline's is slow, and the primitive is judged on those groups only (a fault slows
+    the groups that cross it); with none slow there is no slow curve to explain.
+
     Args:
         result: the sweep's result file data.
         window: the recorded run the sweep repeats.
@@ -811,16 +820,17 @@ def compare(
     app = _app_rows(window)
     base = _app_rows(baseline) if baseline is not None else {}
     rows = []
-    ratios, slow_flags = [], []
+    ratios: dict[tuple[str, str], list[float]] = {}
+    shares: dict[tuple[str, str], list[float]] = {}
     for p in sweep_points(result):
         key = (p.group, p.op, p.bucket)
         a = app.get(key, float("nan"))
         b = base.get(key, float("nan"))
         rows.append(CurveRow(p.group, p.op, p.bucket, bucket_label(p.bucket), p.busbw_gbps, a, b))
         if np.isfinite(a) and a > 0:
-            ratios.append(p.busbw_gbps / a)
+            ratios.setdefault((p.group, p.op), []).append(p.busbw_gbps / a)
             if np.isfinite(b) and b > 0:
-                slow_flags.append(a < SLOW * b)
+                shares.setdefault((p.group, p.op), []).append(a / b)
     if not ratios:
         return SweepComparison(
             tuple(rows),
@@ -829,22 +839,33 @@ def compare(
             None,
             "no swept size matches a size the application issued: nothing to compare",
         )
-    ratio = float(np.median(ratios))
+    # A fault slows the groups that cross it, not all of them: each (group, op) is judged
+    # against the baseline alone, and the primitive is compared where the job is slow.
+    slow = sorted(
+        (float(np.median(v)), g, o) for (g, o), v in shares.items() if np.median(v) < BELOW
+    )
+    app_slow = bool(slow) if shares else None
+    judged = [(g, o) for _, g, o in slow] if slow else list(ratios)
+    ratio = float(np.median([r for k in judged for r in ratios.get(k, [])]))
     reproduces = ratio <= REPRODUCES
-    app_slow = bool(np.mean(slow_flags) > 0.5) if slow_flags else None
-    if reproduces:
+    slow_groups = tuple(dict.fromkeys(g for _, g, _ in slow))
+    where = f" on {', '.join(slow_groups)}" if slow_groups else ""
+    if app_slow is False:
         text = (
-            f"the primitive path alone reproduces the application's curve (busbw x{ratio:.2f} "
-            "of the application's): the fabric or the collective library"
+            "the application's curve is not below the baseline's, and the primitive path "
+            f"alone runs at x{ratio:.2f} of it: no slow curve for the fabric to explain"
+        )
+    elif reproduces:
+        text = (
+            f"the primitive path alone reproduces the application's slow curve{where} (busbw "
+            f"x{ratio:.2f} of the application's): the fabric or the collective library"
         )
     else:
         text = (
-            f"the primitive path alone is x{ratio:.2f} faster than inside the application: "
-            "not the fabric — the application's schedule or arrival (overlap, contention, "
-            "late ranks)"
+            f"the primitive path alone is x{ratio:.2f} faster than inside the application"
+            f"{where}: not the fabric — the application's schedule or arrival (overlap, "
+            "contention, late ranks)"
         )
-    if app_slow is False:
-        text += "; the application's curve is not below the baseline's"
-    elif app_slow is None:
+    if app_slow is None:
         text += " (no baseline says whether the application's curve is slow)"
-    return SweepComparison(tuple(rows), reproduces, ratio, app_slow, text)
+    return SweepComparison(tuple(rows), reproduces, ratio, app_slow, text, slow_groups=slow_groups)

@@ -32,6 +32,7 @@ from rankscope.launch.sweep import (
     sweep_points,
 )
 from rankscope.sim import load_scenario
+from rankscope.sim.spec import build_scenario
 
 RANKS = 16
 STEPS = 8
@@ -222,6 +223,8 @@ def test_pairwise_sweep_finds_the_slow_rail(
     assert int(window.ranks.rail[a]) == int(window.ranks.rail[b]) == rail
     assert window.ranks.host[a] != window.ranks.host[b]
     assert truth["fault"]["mechanism"] == "network_rail"
+    sim = window.manifest["sim"]
+    assert rail == build_scenario(sim["spec"], name=sim["scenario"]).fault.rail
     written = json.loads(Path(res["result"]).read_text())
     assert Path(res["result"]).parent == rail_rec / "sweeps"
     assert written["scope"] == "sweep" and written["analysis"]["found"]["rail"] == rail
@@ -247,6 +250,49 @@ def test_pairwise_sweep_of_a_healthy_run_finds_nothing(
     assert code == 0
     assert res["found"]["finding"] == "healthy"
     assert res["found"]["pair"] is None and res["found"]["rail"] is None
+
+
+def test_full_sweep_against_a_baseline_names_the_slow_group(
+    rail_rec: Path, healthy_rec: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rankscope.launch.sweep import compare
+
+    argv = (str(rail_rec), "--scope", "full", "--launcher", "simulated", "--yes", "--json")
+    code, out, _ = _sweep(capsys, *argv, "--baseline", str(healthy_rec))
+    res = json.loads(out)
+    assert code == 0 and res["comparison"]["app_slow"] is True
+    assert res["found"]["finding"] == "primitive" and res["reproduces"] is True
+    window = replay.load(rail_rec).window("parent")
+    # The slow group is the one on the degraded rail (the scenario's drawn rail).
+    sim = window.manifest["sim"]
+    fault = build_scenario(sim["spec"], name=sim["scenario"]).fault
+    group = next(g for g in window.groups.values() if g.name == res["found"]["group"])
+    assert {int(window.ranks.rail[r]) for r in group.ranks} == {fault.rail}
+    assert len({int(window.ranks.host[r]) for r in group.ranks}) > 1
+    # The same sweep five times faster than the job: the primitive path is not what is
+    # slow, the application's schedule or arrival is.
+    result = json.loads(Path(res["result"]).read_text())
+    for row in result["points"]:
+        row["time_ns"] /= 5
+    baseline = replay.load(healthy_rec).window("parent")
+    comp = compare(result, window, baseline)
+    assert comp.reproduces is False and comp.ratio > 4
+    assert "schedule or arrival" in comp.conclusion
+    # A healthy run against the faulty one as its baseline has no slow curve.
+    code, out, _ = _sweep(
+        capsys,
+        str(healthy_rec),
+        "--scope",
+        "full",
+        "--launcher",
+        "simulated",
+        "--baseline",
+        str(rail_rec),
+        "--yes",
+        "--json",
+    )
+    res = json.loads(out)
+    assert res["comparison"]["app_slow"] is False and res["found"]["finding"] == "healthy"
 
 
 @pytest.mark.parametrize(
@@ -280,8 +326,8 @@ def test_missing_recording_is_one_clean_line(
 
 NBYTES = 1 << 20
 ITERS = 20
-REPEATS = 5
-ROUNDS = 3
+REPEATS = 7
+ROUNDS = 7
 
 
 def _independent_busbw(rank: int, port: int) -> float:
@@ -327,6 +373,8 @@ def _rank_main(rank: int, ports: list[int], plan: str, folder: str) -> None:
         (Path(folder) / "plain.json").write_text(json.dumps(plain))
 
 
+@pytest.mark.slow  # timing of two loops on a shared machine: the slow tier, run unloaded
+@pytest.mark.torch
 def test_worker_busbw_matches_an_independent_loop_on_gloo(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     from ports import free_port_pair
@@ -364,9 +412,13 @@ def test_worker_busbw_matches_an_independent_loop_on_gloo(tmp_path: Path) -> Non
         assert point.op == "all_reduce" and point.n == 2 and point.nbytes == NBYTES
         sweep.append(point.busbw_gbps)
     plain = json.loads((tmp_path / "plain.json").read_text())
-    ratio = statistics.median(sweep) / statistics.median(plain)
+    # Paired by round (the two loops ran back to back, under the same load), then the
+    # median over rounds.
+    ratio = statistics.median(s / p for s, p in zip(sweep, plain, strict=True))
     print(f"gloo loopback 1 MiB all_reduce busbw: sweep {sweep}, plain {plain}, ratio {ratio:.3f}")
-    assert 0.9 <= ratio <= 1.1, (sweep, plain)
+    # A convention error (bits for bytes, algbw for busbw at n > 2, a time unit) is a
+    # factor of 2 or more; the band leaves room for the noise of a shared machine.
+    assert 0.75 <= ratio <= 1.33, (sweep, plain)
 
 
 # -- the whole path on a real gloo job ----------------------------------------------------

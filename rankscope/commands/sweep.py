@@ -248,10 +248,11 @@ def _analyse(result: dict[str, Any], plan: Any, window: Any, baseline: Any) -> d
         out["comparison"] = asdict(comp)
         out["reproduces"] = comp.reproduces
         out["conclusion"] = comp.conclusion
-        rows = [r for r in comp.rows if r.app_busbw_gbps == r.app_busbw_gbps]
-        if comp.reproduces and rows:
-            found["group"] = min(rows, key=lambda r: r.sweep_busbw_gbps).group
-        found["finding"] = "primitive" if comp.reproduces else "application"
+        found["group"] = comp.slow_groups[0] if comp.slow_groups else None
+        if comp.app_slow is False:
+            found["finding"] = "healthy"
+        else:
+            found["finding"] = "primitive" if comp.reproduces else "application"
     out["found"] = found
     return out
 
