@@ -94,14 +94,30 @@ def _pair(rec: Path) -> tuple[int, int]:
     return slow, int(other[np.nanargmin(busy[other])])
 
 
-def _swap_verdict(rec: Path, pair: tuple[int, int], capsys: pytest.CaptureFixture[str]) -> dict:
+def _peer_across_hosts(rec: Path) -> tuple[int, int]:
+    # The slowest rank, and the rank with the same GPU index on another host.
+    from rankscope.commands.grammar import read_store, window_of
+    from rankscope.launch.experiments import _mean_busy_ns
+
+    window = window_of(read_store(str(rec), STEPS), str(rec), "p", STEPS)
+    slow = int(np.nanargmax(_mean_busy_ns(window)))
+    info = window.ranks
+    peers = np.flatnonzero(
+        (info.host != info.host[slow]) & (info.gpu_index == info.gpu_index[slow])
+    )
+    return slow, int(peers[0])
+
+
+def _swap_verdict(
+    rec: Path, pair: tuple[int, int], capsys: pytest.CaptureFixture[str], kind: str = "shards"
+) -> dict:
     with Hub(record_dir=str(rec)) as hub:
         seen = hub.health["messages"]
         argv = ["rerun", str(rec), "--scope", "full", "--run", "p", "--launcher", "simulated"]
         argv += ["--hub", hub.endpoint, "--yes", "--rerun-steps", str(STEPS), "--new-run", "sw"]
-        assert main([*argv, "--swap-shards", f"{pair[0]},{pair[1]}", "--json"]) == 0
+        assert main([*argv, f"--swap-{kind}", f"{pair[0]},{pair[1]}", "--json"]) == 0
         plan = json.loads(capsys.readouterr().out)["plan"]
-        assert plan["swap"]["kind"] == "shards" and plan["swap"]["ranks"] == list(pair)
+        assert plan["swap"]["kind"] == kind and plan["swap"]["ranks"] == list(pair)
         deadline = time.monotonic() + 30
         while hub.health["messages"] <= seen and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -130,11 +146,37 @@ def test_slow_device_stays_with_the_device(
     assert out["verdict"] == "stays with the device → hardware"
 
 
+def test_slow_device_follows_the_device_in_a_placement_swap(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rec = tmp_path / "rec"
+    _record(rec, "slow-device")
+    out = _swap_verdict(rec, _peer_across_hosts(rec), capsys, "placement")
+    assert out["verdict"] == "follows the device → hardware", out
+
+
+def test_misplaced_group_moves_with_the_placement(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Swapping a rank of a group split across two hosts with its twin on a healthy host
+    # changes which groups cross hosts: the pair's gap goes, it was the placement.
+    rec = tmp_path / "rec"
+    _record(rec, "placement")
+    out = _swap_verdict(rec, _peer_across_hosts(rec), capsys, "placement")
+    assert out["verdict"] == "moves with the placement → topology", out
+
+
 # -- CLI -----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("value", "match"), [("3", "two ranks R1,R2"), ("1,99", "outside the rerun's 16 ranks")]
+    ("value", "match"),
+    [
+        ("3", "two ranks R1,R2"),
+        ("1,99", "outside the rerun's 16 ranks"),
+        ("a,b", "two ranks R1,R2"),
+        ("2,2", "two different ranks"),
+    ],
 )
 def test_rerun_bad_swap_is_one_clean_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str, match: str
@@ -146,3 +188,21 @@ def test_rerun_bad_swap_is_one_clean_error(
     assert main([*argv, "--swap-shards", value]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and match in err[0], err
+
+
+def test_torchrun_gets_the_shard_swap_in_its_environment_and_refuses_a_placement_swap(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rec = tmp_path / "rec"
+    _record(rec, "healthy")
+    capsys.readouterr()
+    argv = ["rerun", str(rec), "--scope", "one-node", "--script", "train.py", "--json"]
+    assert main([*argv, "--swap-shards", "0,1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    # One node over ssh: the variable travels in the remote command line's environment.
+    (cmd,) = out["commands"]
+    assert cmd["host"] is not None
+    assert "env RANKSCOPE_SWAP_SHARDS=0,1 " in cmd["argv"][-1], cmd["argv"]
+    assert main([*argv, "--swap-placement", "0,1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not supported by the torchrun template" in err[0], err

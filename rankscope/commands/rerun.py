@@ -163,10 +163,27 @@ def _swap(args: argparse.Namespace, world: int) -> Any:
         raise CommandError(str(exc)) from None
 
 
+def _remote_env(launcher: str, command: Any, assign: str) -> Any:
+    # ssh and sbatch --wrap carry the environment inside the command line, as a leading
+    # ``env NAME=value ...`` (`rankscope.launch.safety.shell_join`): the swap joins it there.
+    argv = list(command.argv)
+    for i, token in enumerate(argv):
+        for lead in ("env ", "--wrap=env "):
+            if token.startswith(lead):
+                argv[i] = f"{lead}{assign} {token[len(lead) :]}"
+                return replace(command, argv=tuple(argv))
+    raise CommandError(
+        f"--swap-shards on the remote host {command.host} is not supported by the {launcher} "
+        f"template (no environment in its command line); set {assign} there"
+    )
+
+
 def _apply_swap(launch: Any, swap: Any) -> Any:
     # The simulated launcher takes the swap as its own flag; a real workload reads it from
     # its environment (SWAP_ENV). Templates do not know swaps, so the launch is amended here.
-    flag = f"--swap-{swap.kind}={swap.ranks[0]},{swap.ranks[1]}"
+    pair = f"{swap.ranks[0]},{swap.ranks[1]}"
+    flag = f"--swap-{swap.kind}={pair}"
+    assign = f"{SWAP_ENV}={pair}"
     commands = []
     for c in launch.commands:
         if "rankscope.launch.simulated" in c.argv:
@@ -177,12 +194,9 @@ def _apply_swap(launch: Any, swap: Any) -> Any:
                 "(it needs a rank-order change); use the simulated launcher or reorder hosts"
             )
         elif c.host is not None:
-            raise CommandError(
-                f"--swap-shards on the remote host {c.host} is not supported by the "
-                f"{launch.launcher} template yet (set {SWAP_ENV} there)"
-            )
+            commands.append(_remote_env(launch.launcher, c, assign))
         else:
-            commands.append(replace(c, env={**c.env, SWAP_ENV: f"{swap.ranks[0]},{swap.ranks[1]}"}))
+            commands.append(replace(c, env={**c.env, SWAP_ENV: pair}))
     return replace(launch, commands=tuple(commands), plan=replace(launch.plan, swap=swap))
 
 
