@@ -62,6 +62,7 @@ def _missing_cases(missing: str, out: Path) -> list[list[str]]:
         ["experiment", "evaluate", missing, "--id", "x", "--before", "a", "--after", "b"],
         ["experiment", "record", missing, *record, "--rejection", "r"],
         ["open", missing],
+        ["sweep", missing, "--scope", "pairwise"],
     ]
 
 
@@ -167,11 +168,19 @@ def test_shared_options_take_the_same_kind_of_value_everywhere() -> None:
         for a in positional:
             assert a.metavar == "PATH", name
     assert (
-        seen["--baseline"] == seen["--baseline-run"] == {"diagnose", "snapshot", "ladder", "rerun"}
+        seen["--baseline"]
+        == seen["--baseline-run"]
+        == {"diagnose", "snapshot", "ladder", "rerun", "sweep"}
     )
-    assert {"diagnose", "export", "snapshot", "ladder", "rerun", "experiment evaluate"} <= seen[
-        "--steps"
-    ]
+    assert {
+        "diagnose",
+        "export",
+        "snapshot",
+        "ladder",
+        "rerun",
+        "sweep",
+        "experiment evaluate",
+    } <= seen["--steps"]
     assert {
         "diagnose",
         "export",
