@@ -31,13 +31,21 @@ The **first scope** is the smallest scope of ``one-rank, one-node, two-node, ful
 regressing rung. A clean rung at a scope eliminates every mechanism that would have shown
 there (`rankscope.launch.scopes`). A numerator change (more work on every rank) is only
 visible against a baseline run; with the parent as reference it cannot be told apart.
+
+**Sweeps** of the parent (``rankscope sweep``: its collectives repeated outside it, results
+in ``PATH/sweeps/<run>.json``) are listed beside the rungs (`read_sweeps`): they are not a
+scope of the job, so they take no part in the rule, but each says what the primitive path
+alone showed (the slow pair, rail or host, or whether it reproduces the slow curve).
 """
 
 from __future__ import annotations
 
+import json
 import re
+import textwrap
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -62,10 +70,13 @@ __all__ = [
     "CommCheck",
     "Ladder",
     "Rung",
+    "SweepEntry",
     "Tolerances",
     "build_ladder",
     "decomposition",
     "local_ns",
+    "read_sweeps",
+    "sweeps_text",
 ]
 
 MIN_POINT_COUNT = 2
@@ -146,6 +157,121 @@ class Rung:
 
 
 @dataclass(frozen=True)
+class SweepEntry:
+    """One sweep of the parent run, as its result file says."""
+
+    run: str
+    """The sweep's run id (``scope=sweep``)."""
+    scope: str
+    """What it swept: ``pairwise``, ``one-node``, ``two-node`` or ``full``."""
+    backend: str | None
+    """``gloo``, ``nccl`` or ``simulated``."""
+    finding: str | None
+    """``healthy``, ``primitive`` or ``application`` (a group sweep), or the pairwise
+    finding (the slow pair, rail, host...)."""
+    found: dict[str, Any] = field(default_factory=dict)
+    """What it named: ``pair``, ``rail``, ``host``, ``rank``, ``group`` (null where not)."""
+    conclusion: str = ""
+    """The sweep's conclusion, one sentence."""
+    reproduces: bool | None = None
+    """Whether the primitive path alone reproduced the slow curve (null for pairwise)."""
+    file: str = ""
+    """The result file, relative to the recording (``sweeps/<run>.json``)."""
+
+
+SWEEPS_DIR = "sweeps"
+"""Folder of a recording that holds its sweeps (``rankscope sweep``)."""
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _sweep_entry(path: Path, data: Mapping[str, Any]) -> SweepEntry:
+    analysis = _map(data.get("analysis"))
+    found = _map(analysis.get("found"))
+    plan = _map(data.get("plan"))
+    scope = analysis.get("sweep_scope") or plan.get("scope") or "?"
+    finding = found.get("finding")
+    reproduces = analysis.get("reproduces")
+    return SweepEntry(
+        run=str(data.get("run") or path.stem),
+        scope=str(scope),
+        backend=None if data.get("backend") is None else str(data.get("backend")),
+        finding=None if finding is None else str(finding),
+        found={str(k): v for k, v in found.items() if k != "finding"},
+        conclusion=str(analysis.get("conclusion") or ""),
+        reproduces=reproduces if isinstance(reproduces, bool) else None,
+        file=f"{SWEEPS_DIR}/{path.name}",
+    )
+
+
+def read_sweeps(record: str | Path, parent_run: str) -> tuple[SweepEntry, ...]:
+    """The sweeps of one run in a recording, from ``<record>/sweeps/<run>.json``.
+
+    Plans (``*.plan.json``), files that are not a finished sweep result (no ``analysis``,
+    unreadable) and sweeps of other runs are left out.
+
+    Args:
+        record: recording directory.
+        parent_run: the run the sweeps repeat.
+
+    Returns:
+        The entries, by sweep run id.
+    """
+    folder = Path(record) / SWEEPS_DIR
+    if not folder.is_dir():
+        return ()
+    out = []
+    for path in sorted(folder.glob("*.json")):
+        if path.name.endswith(".plan.json"):
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict) or not isinstance(data.get("analysis"), Mapping):
+            continue
+        if data.get("parent_run") != parent_run:
+            continue
+        out.append(_sweep_entry(path, data))
+    return tuple(sorted(out, key=lambda e: e.run))
+
+
+def _found_text(entry: SweepEntry) -> str:
+    named = [
+        f"{k} {v}" for k, v in entry.found.items() if v not in (None, [], "") and k != "slow_pairs"
+    ]
+    head = entry.finding or "?"
+    return f"{head} ({', '.join(named)})" if named else head
+
+
+def sweeps_text(entries: Sequence[SweepEntry], width: int = 80) -> list[str]:
+    """The ladder's sweeps section: one entry per sweep, its scope, what it found and its
+    conclusion, wrapped to ``width`` columns.
+
+    Args:
+        entries: the parent's sweeps (`read_sweeps`).
+        width: columns (at least 40).
+
+    Returns:
+        Lines; ``["sweeps: none"]`` when there are none.
+    """
+    width = max(width, 40)
+    if not entries:
+        return ["sweeps: none"]
+    lines = ["sweeps:"]
+    for e in entries:
+        text = f"{e.run} {e.scope} ({e.backend or '?'}): found {_found_text(e)}"
+        if e.conclusion:
+            text += f" — {e.conclusion}"
+        lines += textwrap.wrap(
+            text, width, initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False
+        ) or ["  " + e.run]
+    return lines
+
+
+@dataclass(frozen=True)
 class Ladder:
     """Rungs in scope order and what the first regressing scope means."""
 
@@ -171,6 +297,8 @@ class Ladder:
     """Scopes below ``first_scope`` with no run: the regression may first appear there, so
     ``first_scope`` is only the smallest *measured* scope and the mechanisms of these
     scopes stay implicated."""
+    sweeps: tuple[SweepEntry, ...] = ()
+    """Sweeps of the parent run, beside the rungs (not part of the rule)."""
 
 
 def decomposition(window: Window) -> Decomposition:
@@ -314,6 +442,7 @@ def build_ladder(
     baseline: Window | None = None,
     verdicts: Mapping[str, Any] | None = None,
     tolerances: Tolerances | None = None,
+    sweeps: Sequence[SweepEntry] = (),
 ) -> Ladder:
     """Line up a run and its reruns and find the first scope where the regression appears.
 
@@ -324,6 +453,7 @@ def build_ladder(
         baseline: a healthy run of the same job, when there is one.
         verdicts: run id -> the diagnosis verdict of that run (optional, shown per rung).
         tolerances: how far a rung may stray from healthy (default `Tolerances()`).
+        sweeps: the parent's sweeps (`read_sweeps`), listed beside the rungs.
 
     Returns:
         The ladder (rule in the module docstring).
@@ -396,4 +526,5 @@ def build_ladder(
         missing=tuple(s for s in LADDER if s not in present),
         tolerances=tol,
         unmeasured_below=unmeasured,
+        sweeps=tuple(sweeps),
     )

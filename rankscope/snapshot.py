@@ -10,6 +10,7 @@ A bundle is a folder (optionally also one ``.tar.gz``)::
       window/          raw recording of the window's steps: ``rankscope open DIR``
       manifest.json    the snapshot's run manifest
       manifests/       one ``<run>.json`` per run involved (the run, baseline, ladder rungs)
+      sweeps/          the run's sweep results (``rankscope sweep``), copied from the recording
 
 ``snapshot.json``, schema ``rankscope.snapshot/1``:
 
@@ -37,6 +38,9 @@ A bundle is a folder (optionally also one ``.tar.gz``)::
                     experiments, numerator, decomposition, critical path, correlations,
                     curves, distributions, trends, fabric, stall
 ``ladder``          ``rankscope ladder --json`` of the run and its reruns, or null
+``sweeps``          the run's sweeps [{``run``, ``scope``, ``backend``, ``finding``, ``found``,
+                    ``conclusion``, ``reproduces``, ``file``}] (``launch.ladder.SweepEntry``;
+                    ``file`` is the result's copy in the bundle, ``sweeps/<run>.json``)
 ``experiments``     experiment records of the recording (``launch.experiments``)
 ``view``            ``run``, ``metric``, ``group_by``, ``pins``, ``baseline_run``,
                     ``filter``, ``zoom``: what ``rankscope open DIR`` restores
@@ -172,6 +176,7 @@ def build_content(
     baseline: Window | None = None,
     ladder: dict[str, Any] | None = None,
     experiments: Iterable[dict[str, Any]] = (),
+    sweeps: Iterable[dict[str, Any]] = (),
     view: View | None = None,
     source: dict[str, Any] | None = None,
     created_ns: int | None = None,
@@ -184,6 +189,7 @@ def build_content(
         baseline: the baseline window, when there is one.
         ladder: the ladder as plain data (``launch.report.ladder_dict``), when reruns exist.
         experiments: experiment records as plain data.
+        sweeps: the run's sweeps as plain data (``asdict`` of `SweepEntry`).
         view: the view to restore (default: the run with default metric and grouping).
         source: where the data came from (``kind``, ``path``).
         created_ns: when the snapshot was taken (default: now).
@@ -238,6 +244,7 @@ def build_content(
         "diagnosis": diagnosis,
         "ladder": ladder,
         "experiments": list(experiments),
+        "sweeps": list(sweeps),
         "view": view.to_dict(),
         "files": {},
         "reopen": None,
@@ -259,14 +266,14 @@ def take_snapshot(
     created_ns: int | None = None,
     flush: Callable[[], None] | None = None,
 ) -> Bundle:
-    """Diagnose (unless given), line up the ladder, and write the bundle: the one call
-    behind ``rankscope snapshot`` and the TUI's ``ctrl+s``.
+    """Diagnose (unless given), line up the ladder and the run's sweeps, and write the
+    bundle: the one call behind ``rankscope snapshot`` and the TUI's ``ctrl+s``.
 
     Args:
         out: bundle folder (must not exist or be empty).
         window: the run's window.
-        recording: the recording the window came from (for ``window/`` and experiments);
-            None for a hub that is not recording.
+        recording: the recording the window came from (for ``window/``, experiments and
+            sweeps); None for a hub that is not recording.
         baseline: the healthy run's window.
         baseline_recording: where the baseline was recorded (default: ``recording``).
         diagnosis: the diagnosis already computed, as ``serialize.to_dict`` data.
@@ -295,13 +302,16 @@ def take_snapshot(
         from rankscope.diagnosis.serialize import to_dict
 
         diagnosis = to_dict(diagnose(window, baseline))
+    from rankscope.launch.ladder import read_sweeps
+
     reruns = [w for w in reruns if w.parent_run == window.run]
+    sweeps = read_sweeps(recording, window.run) if recording is not None else ()
     ladder = None
     if reruns:
         from rankscope.launch.ladder import build_ladder
         from rankscope.launch.report import ladder_dict
 
-        ladder = ladder_dict(build_ladder(window, reruns, baseline=baseline))
+        ladder = ladder_dict(build_ladder(window, reruns, baseline=baseline, sweeps=sweeps))
     experiments: list[dict[str, Any]] = []
     if recording is not None:
         from rankscope.launch.experiments import ExperimentError, list_experiments
@@ -319,10 +329,13 @@ def take_snapshot(
         baseline=baseline,
         ladder=ladder,
         experiments=experiments,
+        sweeps=[asdict(e) for e in sweeps],
         view=view,
         source=source,
         created_ns=created_ns,
     )
+    # A sweep's result keeps its name under the bundle, so ``file`` reads the same in both.
+    copies = {f"sweep:{e.run}": (e.file, Path(str(recording), e.file)) for e in sweeps}
     manifests = {window.run: window.manifest}
     if baseline is not None:
         manifests[baseline.run] = baseline.manifest
@@ -342,6 +355,7 @@ def take_snapshot(
         manifests=manifests,
         frames=frames() if recording is not None else None,
         window_note=None if recording is not None else "the hub was not recording",
+        copies=copies,
         screen_svg=screen_svg,
         tar=tar,
     )

@@ -116,6 +116,7 @@ def write_bundle(
     manifests: Mapping[str, Mapping[str, Any]],
     frames: Iterable[tuple[bytes, int]] | None = None,
     window_note: str | None = None,
+    copies: Mapping[str, tuple[str, Path]] | None = None,
     screen_svg: str | Callable[[dict[str, Any]], str] | None = None,
     tar: bool = False,
 ) -> Bundle:
@@ -130,6 +131,8 @@ def write_bundle(
         manifests: run id -> manifest, for every run involved (the first is the snapshot's).
         frames: recorded messages for ``window/`` (see `window_frames`), or None.
         window_note: why there is no ``window/`` when ``frames`` is None.
+        copies: ``files`` key -> (path inside the bundle, source file) of files carried as
+            they are (a run's sweep results); one that cannot be read is left out.
         screen_svg: the screen as SVG text, or a function drawing it from the content.
         tar: also write ``<folder>.tar.gz``.
 
@@ -177,6 +180,16 @@ def write_bundle(
             name = f"manifests/{_safe_name(run)}.json"
             (work / name).write_text(json.dumps(man, indent=1, default=str) + "\n")
             files[f"manifest:{run}"] = name
+        for key, (rel, src) in (copies or {}).items():
+            dest = work / rel
+            if not dest.resolve().is_relative_to(work.resolve()):
+                raise SnapshotError(f"refusing to copy {src} to {rel!r}, outside the bundle")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                shutil.copyfile(src, dest)
+            except OSError:
+                continue  # removed since it was read: the content still says what it found
+            files[key] = rel
         if callable(screen_svg):
             screen_svg = screen_svg(content)
         if screen_svg is not None:

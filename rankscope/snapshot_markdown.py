@@ -38,6 +38,14 @@ def _cell(v: Any) -> str:
     return _md(v)
 
 
+def _found(sweep: dict[str, Any]) -> str:
+    # "rail (pair [0, 1], rail 1)": what the sweep concluded and what it named.
+    found = sweep.get("found") or {}
+    named = [f"{k} {v}" for k, v in found.items() if k != "slow_pairs" and v not in (None, [], "")]
+    head = str(sweep.get("finding") or "–")
+    return f"{head} ({', '.join(named)})" if named else head
+
+
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
@@ -278,6 +286,25 @@ def render_markdown(content: dict[str, Any]) -> str:
         lines += [f"First scope: **{first}** — {_md(lad.get('meaning'))}", ""]
     else:
         lines += ["No reduced-scope rerun yet.", ""]
+    lines += ["## Sweeps", ""]
+    sweeps = c.get("sweeps") or []
+    lines += (
+        _table(
+            ["run", "scope", "backend", "found", "conclusion"],
+            [
+                [
+                    s.get("run"),
+                    s.get("scope"),
+                    s.get("backend"),
+                    _found(s),
+                    s.get("conclusion"),
+                ]
+                for s in sweeps
+            ],
+        )
+        if sweeps
+        else ["No sweep of this run.", ""]
+    )
     lines += ["## Experiments", ""]
     lines += (
         _table(

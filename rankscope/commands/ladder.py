@@ -1,6 +1,7 @@
 """``rankscope ladder PATH``: a run and its reduced-scope reruns side by side — each scope's
 step distribution, decomposition and verdict — and the first scope where the regression
-appears, with what that eliminates (rule: `rankscope.launch.ladder`)."""
+appears, with what that eliminates (rule: `rankscope.launch.ladder`); then the run's
+sweeps (``PATH/sweeps/*.json``) and what each found."""
 
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rankscope.diagnosis.engine import diagnose
-    from rankscope.launch.ladder import Tolerances, build_ladder
-    from rankscope.launch.report import ladder_dict, ladder_text
+    from rankscope.launch.ladder import Tolerances, build_ladder, read_sweeps, sweeps_text
+    from rankscope.launch.report import LADDER_WIDTH, ladder_dict, ladder_text
 
     try:
         given = {
@@ -66,9 +67,13 @@ def run(args: argparse.Namespace) -> int:
         baseline=baseline,
         verdicts=verdicts,
         tolerances=tolerances,
+        sweeps=read_sweeps(args.path, parent.run),
     )
     if args.json:
         print(json.dumps(ladder_dict(ladder), indent=2, allow_nan=False))
     else:
-        print(terminal_text("\n".join(ladder_text(ladder))))
+        lines = ladder_text(ladder)
+        if ladder.sweeps:
+            lines += ["", *sweeps_text(ladder.sweeps, LADDER_WIDTH)]
+        print(terminal_text("\n".join(lines)))
     return 0
