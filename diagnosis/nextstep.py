@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rankscope.diagnosis.controlled import Perturbation
+
 
 @dataclass(frozen=True)
 class NextExperiment:
@@ -24,6 +26,9 @@ class NextExperiment:
     """``down`` or ``up``."""
     supports: str
     rejects: str
+    perturbation: Perturbation | None = None
+    """The controlled swap or sweep that separates the mechanism from its rivals, with its
+    ranks chosen from the data (`controlled.perturbation`); None where none does."""
 
 
 def _list(items: tuple | list, limit: int = 4) -> str:

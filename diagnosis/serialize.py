@@ -28,8 +28,16 @@ Schema ``rankscope.diagnosis/1`` — top-level keys:
     `verdict.MECHANISMS`), ``score`` (0..1), ``impact`` (share of step time), ``strength``,
     ``ranks``, ``hosts``, ``rails``, ``groups``, ``evidence`` (strings with numbers),
     ``caveats``, ``next_experiment`` {``scope``, ``change``, ``metric``, ``direction``,
-    ``supports``, ``rejects``} and ``category`` (where the implicated ranks' time goes,
-    for ``unexplained_straggler``; else null).
+    ``supports``, ``rejects``, ``perturbation``, ``command``, ``then``, ``notes``} and
+    ``category`` (where the implicated ranks' time goes, for ``unexplained_straggler``;
+    else null). ``perturbation`` is null, or the controlled experiment that separates the
+    mechanism from its rivals: ``kind`` (``swap_shards``, ``swap_placement``,
+    ``sweep_pairwise``), ``ranks`` (the pair, slow rank first), ``separates``, ``why``,
+    ``outcomes`` [[observed, mechanism]]. ``command`` is its argv (a list of strings; it
+    shows its plan, ``--yes`` launches it) and ``then`` the argv of each follow-up (the
+    swap's evaluation), written for the recording path ``rankscope diagnose`` was given;
+    null and [] without one, or where the command line would refuse them (the reason in
+    ``notes``).
 ``numerator``
     Work per step against the baseline: ``fields`` [{``name``, ``current``, ``baseline``,
     ``ratio``, ``z``, ``changed``}], ``numerator_changed``, ``executed_ratio``.
@@ -59,11 +67,13 @@ Times are ns; NaN becomes null.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from rankscope.collector.schema import OPS
+from rankscope.diagnosis.controlled import Commands
 from rankscope.diagnosis.curves import bucket_label
 from rankscope.diagnosis.decomposition import CATEGORIES, COMPUTE_RULE
 from rankscope.diagnosis.engine import Diagnosis
@@ -108,11 +118,22 @@ def _group_name(diag: Diagnosis, gid: int) -> str:
     return g.name if g is not None else f"group{gid}"
 
 
-def to_dict(diag: Diagnosis) -> dict[str, Any]:
+def _hypothesis(h: Any, cmds: Commands | None) -> dict[str, Any]:
+    out = plain(h)
+    nx = out["next_experiment"]
+    nx["command"] = list(cmds.command) if cmds is not None and cmds.command else None
+    nx["then"] = [list(t) for t in cmds.then] if cmds is not None else []
+    nx["notes"] = list(cmds.notes) if cmds is not None else []
+    return out
+
+
+def to_dict(diag: Diagnosis, commands: Mapping[str, Commands] | None = None) -> dict[str, Any]:
     """The documented JSON form of a diagnosis (see the module docstring).
 
     Args:
         diag: the diagnosis.
+        commands: the checked command lines of each mechanism's next experiment
+            (``rankscope diagnose`` writes them for the recording path it was given).
 
     Returns:
         A JSON-ready map.
@@ -136,7 +157,9 @@ def to_dict(diag: Diagnosis) -> dict[str, Any]:
         "localisation": _localisation(diag),
         "verdict": {
             "top": diag.verdict.top.mechanism,
-            "hypotheses": [plain(h) for h in diag.verdict.hypotheses],
+            "hypotheses": [
+                _hypothesis(h, (commands or {}).get(h.mechanism)) for h in diag.verdict.hypotheses
+            ],
         },
         "numerator": {
             "has_baseline": diag.numerator.has_baseline,

@@ -7,9 +7,13 @@ distributions, time, and the hang view. Plain text only: snapshots paste it into
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Mapping
+
 import numpy as np
 
 from rankscope.collector.schema import OPS
+from rankscope.diagnosis.controlled import Commands, Perturbation
 from rankscope.diagnosis.curves import bucket_label
 from rankscope.diagnosis.decomposition import CATEGORIES, COMPUTE_RULE
 from rankscope.diagnosis.engine import Diagnosis
@@ -31,12 +35,17 @@ def _ratio(x: float) -> str:
     return f"{x:.2f}" if np.isfinite(x) else "n/a (not recorded)"
 
 
-def render_text(diag: Diagnosis, hypotheses: int = 4) -> str:
+def render_text(
+    diag: Diagnosis, hypotheses: int = 4, commands: Mapping[str, Commands] | None = None
+) -> str:
     """Render a diagnosis as text.
 
     Args:
         diag: the diagnosis.
         hypotheses: how many ranked hypotheses to show in full.
+        commands: the checked command lines of each mechanism's next experiment
+            (``rankscope diagnose`` writes them for the recording path it was given); the
+            top one's are shown as ``run:`` and ``then:`` lines.
 
     Returns:
         The report, lines joined by newlines.
@@ -79,8 +88,10 @@ def render_text(diag: Diagnosis, hypotheses: int = 4) -> str:
         f"  watch {nx.metric} ({nx.direction})",
         f"  supports: {nx.supports}",
         f"  rejects:  {nx.rejects}",
-        "",
     ]
+    if nx.perturbation is not None:
+        out += _controlled(nx.perturbation, (commands or {}).get(top.mechanism))
+    out.append("")
     out += _localisation(diag)
     out += _numerator(diag)
     out += _decomposition(diag)
@@ -91,6 +102,31 @@ def render_text(diag: Diagnosis, hypotheses: int = 4) -> str:
     if diag.stall.stalled or diag.stall.pending:
         out += _stall(diag)
     return "\n".join(out).rstrip() + "\n"
+
+
+_DOES = {
+    "swap_shards": "swap the data shards of ranks {a} and {b}",
+    "swap_placement": "swap the devices of ranks {a} and {b}, every group keeping its members",
+    "sweep_pairwise": "sweep each link of the suspect group alone",
+}
+
+
+def _controlled(p: Perturbation, cmds: Commands | None) -> list[str]:
+    """The controlled experiment of the next-experiment block: what it changes, why these
+    ranks, the command lines and how to read the outcome."""
+    a, b = (*p.ranks, -1, -1)[:2]
+    out = [
+        f"  controlled: {_DOES[p.kind].format(a=a, b=b)}; separates {p.separates}",
+        f"    {p.why}",
+    ]
+    if cmds is not None and cmds.command:
+        out.append(f"  run:  {shlex.join(cmds.command)}")
+        out += [f"  then: {shlex.join(t)}" for t in cmds.then]
+    reads = "; ".join(f"{seen} -> {means}" for seen, means in p.outcomes)
+    out.append(f"  reads: {reads}")
+    if cmds is not None:
+        out += [f"  note: {n}" for n in cmds.notes]
+    return out
 
 
 def headline(diag: Diagnosis) -> str:

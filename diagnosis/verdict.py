@@ -21,12 +21,13 @@ lead in order of impact (`rank`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from rankscope.collector.schema import MECHANISMS
 from rankscope.diagnosis.candidate import hosts_of, ms, pct
+from rankscope.diagnosis.controlled import Busy, perturbation
 from rankscope.diagnosis.evidence import Evidence
 from rankscope.diagnosis.judges import candidates
 from rankscope.diagnosis.localise import (
@@ -177,6 +178,7 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
             "collective time counts as other"
         )
     slower, share = regressed(ev), regression_share(ev)
+    busy = Busy.of(ev.window, ev.decomp)
     hyps = []
     for mech, c in cur.items():
         impact = c.impact
@@ -202,8 +204,11 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
                 groups=c.groups,
                 evidence=c.evidence,
                 caveats=tuple(caveats),
-                next_experiment=next_experiment(
-                    mech, ranks=c.ranks, hosts=c.hosts, rails=c.rails, groups=c.groups
+                next_experiment=replace(
+                    next_experiment(
+                        mech, ranks=c.ranks, hosts=c.hosts, rails=c.rails, groups=c.groups
+                    ),
+                    perturbation=perturbation(mech, ev.window, busy, c.ranks, c.hosts),
                 ),
             )
         )
@@ -225,11 +230,20 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
             groups=(),
             evidence=open_world.evidence,
             caveats=tuple(shared),
-            next_experiment=next_experiment(
-                MECHANISM,
-                ranks=open_world.ranks,
-                hosts=hosts_of(ev, open_world.ranks),
-                category=category,
+            next_experiment=replace(
+                next_experiment(
+                    MECHANISM,
+                    ranks=open_world.ranks,
+                    hosts=hosts_of(ev, open_world.ranks),
+                    category=category,
+                ),
+                perturbation=perturbation(
+                    MECHANISM,
+                    ev.window,
+                    busy,
+                    open_world.ranks,
+                    hosts_of(ev, open_world.ranks),
+                ),
             ),
             category=category,
         )

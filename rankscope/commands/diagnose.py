@@ -7,6 +7,13 @@ compared with a healthy run: numerator, decomposition deltas, distributions, man
 and message-size curves. ``--json`` prints the documented schema of
 `rankscope.diagnosis.serialize` (hypotheses with ``mechanism``, ``score``, ``ranks``,
 ``hosts``, ``evidence``, ``next_experiment``).
+
+Where a swap or a sweep separates a hypothesis from its rivals, its next experiment carries
+the command lines for PATH, checked against the planning of the command that runs them
+(`rankscope.commands.proposed`): ``run:`` (``rankscope rerun ... --swap-shards SLOW,PEER``,
+``--swap-placement A,B`` or ``rankscope sweep ... --scope pairwise``; each shows its plan
+and launches with ``--yes``) and ``then:`` (``rankscope experiment swap``), in the JSON as
+``next_experiment.command`` and ``next_experiment.then``.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rankscope.commands.proposed import propose_commands
     from rankscope.diagnosis.engine import diagnose
     from rankscope.diagnosis.serialize import to_dict
     from rankscope.diagnosis.text import render_text
@@ -52,9 +60,10 @@ def run(args: argparse.Namespace) -> int:
     store, window = load_run(args.path, args.run, args.steps)
     baseline = baseline_window(args, store, args.path)
     diag = diagnose(window, baseline)
+    commands = propose_commands(diag, args.path, [r.run for r in store.runs()])
     hang = _hang(store, window.run, args.path)
     if args.json:
-        out = to_dict(diag)
+        out = to_dict(diag, commands)
         if hang is not None:
             stall = out.setdefault("stall", {})
             stall["hang"] = hang.to_dict()
@@ -64,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        text = render_text(diag)
+        text = render_text(diag, commands=commands)
         if hang is not None and hang.stalled:
             text = _hang_text(hang) + text
         sys.stdout.write(terminal_text(text))
