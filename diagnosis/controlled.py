@@ -225,13 +225,25 @@ def _placement_swap(
     )
 
 
-def _sweep(window: Window) -> Perturbation:
+def _sweep(rails: tuple[int, ...], hosts: tuple[str, ...]) -> Perturbation:
+    if rails:
+        why = (
+            "the job's collective runs alone, at its message sizes, on every link between two "
+            f"hosts that rail {', '.join(map(str, rails))} crosses: the suspect rail's links "
+            "beside the healthy rails'"
+        )
+    else:
+        named = ", ".join(hosts[:4]) + (" ..." if len(hosts) > 4 else "")
+        why = (
+            "the job's collective runs alone, at its message sizes, on every link of the "
+            f"suspect group ({named or 'the verdict names it'}): its cross-host links beside "
+            "its links inside a host"
+        )
     return Perturbation(
         kind="sweep_pairwise",
         ranks=(),
         separates="a slow rail (network_rail) from a healthy fabric under the job's placement",
-        why="each link of the suspect group runs the job's collective alone at its message "
-        f"sizes ({window.world_size}-rank run)",
+        why=why,
         outcomes=(
             ("found network_rail", "network_rail, on the rail it names"),
             ("found placement", "placement: healthy links under a group that crosses hosts"),
@@ -246,6 +258,7 @@ def perturbation(
     busy: Busy,
     ranks: tuple[int, ...] = (),
     hosts: tuple[str, ...] = (),
+    rails: tuple[int, ...] = (),
 ) -> Perturbation | None:
     """The controlled perturbation that separates ``mechanism`` from its rivals.
 
@@ -255,6 +268,7 @@ def perturbation(
         busy: its busy time per rank (`Busy.of`).
         ranks: the ranks the hypothesis implicates (the slow rank is the busiest of them).
         hosts: the hosts it implicates (a placement swap's peer sits elsewhere).
+        rails: the rails it implicates (named in a sweep's reason).
 
     Returns:
         The perturbation, or None where no swap or sweep separates the mechanism, or the
@@ -264,7 +278,7 @@ def perturbation(
         return None
     simulated = is_simulated(window)
     if mechanism in SWEEP or (mechanism in PLACEMENT_SWAP and not simulated):
-        return _sweep(window)
+        return _sweep(rails, hosts)
     if mechanism not in SHARD_SWAP | PLACEMENT_SWAP:
         return None
     slow = _slowest(busy.mean, ranks)

@@ -208,7 +208,7 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
                     next_experiment(
                         mech, ranks=c.ranks, hosts=c.hosts, rails=c.rails, groups=c.groups
                     ),
-                    perturbation=perturbation(mech, ev.window, busy, c.ranks, c.hosts),
+                    perturbation=perturbation(mech, ev.window, busy, c.ranks, c.hosts, c.rails),
                 ),
             )
         )

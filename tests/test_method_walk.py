@@ -11,6 +11,7 @@ injected fault, not against the diagnosis, which the experiment is there to test
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -29,11 +30,12 @@ STEPS = 12
 WALKS = [
     # scenario, ranks, what the final evaluation must name
     pytest.param("slow-device", 16, "hardware", id="slow-device"),
-    pytest.param("data-imbalance", 16, "data", id="data-imbalance", marks=pytest.mark.slow),
-    pytest.param("network-rail", 16, "rail", id="network-rail", marks=pytest.mark.slow),
+    pytest.param("data-imbalance", 16, "data", id="data-imbalance"),
+    pytest.param("network-rail", 16, "rail", id="network-rail"),
     # At 16 ranks (four hosts of four GPUs) the scenario splits two of the four
     # tensor-parallel groups: with no majority of intra-host groups to compare them with,
-    # no diagnosis can call them misplaced. At 32 ranks two of eight are split.
+    # no diagnosis can call them misplaced. At 32 ranks two of eight are split (twice the
+    # ranks: the slow tier).
     pytest.param("placement", 32, "topology", id="placement", marks=pytest.mark.slow),
 ]
 
@@ -118,22 +120,50 @@ def test_the_proposed_experiment_names_the_injected_mechanism(
     assert verdict["ranks"] == [slow, peer]
 
 
+@pytest.fixture(scope="module")
+def spaced(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    rec = tmp_path_factory.mktemp("walk") / "my rec"
+    _record(rec, "slow-device", 16)
+    return rec
+
+
 def test_a_path_the_launchers_refuse_gets_no_command(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    spaced: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # A space in the recording path fails the launcher templates' path check: the
     # perturbation is still described, but no command line is shown for it.
-    rec = tmp_path / "my rec"
-    _record(rec, "slow-device", 16)
-    diag = _json(capsys, ["diagnose", str(rec), "--json"])
+    diag = _json(capsys, ["diagnose", str(spaced), "--json"])
     nx = diag["verdict"]["hypotheses"][0]["next_experiment"]
     assert nx["perturbation"]["kind"] == "swap_shards"
     assert nx["command"] is None and nx["then"] == []
     assert any(n.startswith("no command:") and "recording" in n for n in nx["notes"]), nx
-    assert main(["diagnose", str(rec)]) == 0
+    assert main(["diagnose", str(spaced)]) == 0
     text = capsys.readouterr().out
     assert "  controlled: swap the data shards" in text
     assert "  run:  " not in text and "  note: no command:" in text
+
+
+def test_a_placement_swap_is_proposed_only_where_the_launcher_applies_it(spaced: Path) -> None:
+    from rankscope.diagnosis.controlled import Busy, perturbation
+    from rankscope.hub import replay
+    from rankscope.launch.ladder import decomposition
+
+    window = replay.load(spaced).window("p")
+    busy = Busy.of(window, decomposition(window))
+    slow = window.manifest["sim"]["truth"]["ranks"][0]
+    sim = perturbation("placement", window, busy)
+    assert sim is not None and sim.kind == "swap_placement"
+    a, b = sim.ranks
+    info = window.ranks
+    assert a == slow and info.gpu_index[a] == info.gpu_index[b] and info.host[a] != info.host[b]
+    # A real run's launchers cannot exchange devices: the pairwise sweep stands in.
+    real = dataclasses.replace(window, manifest={})
+    swept = perturbation("placement", real, busy)
+    assert swept is not None and swept.kind == "sweep_pairwise" and swept.ranks == ()
+    shards = perturbation("slow_device", real, busy)
+    assert shards is not None and shards.kind == "swap_shards" and shards.ranks[0] == slow
+    assert info.shard[shards.ranks[0]] != info.shard[shards.ranks[1]]
+    assert perturbation("checkpoint", window, busy) is None
 
 
 def test_a_rerun_id_the_recording_holds_is_not_reused() -> None:
