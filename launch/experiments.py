@@ -6,6 +6,18 @@ prediction cannot be fitted to the result. Each record is one JSON file beside t
 recording, ``<record>/experiments/<id>.json``. After the run, the evaluation (computed by
 `rankscope.diagnosis.experiment`) is added to the same file; the prediction fields are
 never rewritten.
+
+**Validation over time.** A record may state the recurrence ``interval`` (steps) of the
+original regression: a periodic stall's period, a drift's time scale. The evaluation then
+compares the step-time distributions (p50, p99, max and tail stalls, as the ladder defines
+them: `rankscope.diagnosis.baseline.distribution` of `job_step_ns`), flags "mean better,
+tails worse" beyond `TAIL_P99_TOLERANCE` / `TAIL_STALL_TOLERANCE`, and calls an after-run
+with fewer than ``COVER_INTERVALS`` × the interval steady steps too short to validate
+(verdict ``too_short``; the measured verdict is kept as ``measured_verdict``). Two
+intervals, not one: a window of one period holds a single occurrence of a periodic event
+(none, when the period is not a whole number of steps or the first one falls in the
+warm-up), so a rate or a tail read from it is a sample of one; two periods show at least
+one recurrence, and a drift its continuation.
 """
 
 from __future__ import annotations
@@ -25,17 +37,25 @@ from rankscope.diagnosis.window import Window
 from rankscope.launch.safety import UnsafeValueError, check_value
 
 __all__ = [
+    "COVER_INTERVALS",
     "DIRECTIONS",
+    "TAIL_P99_TOLERANCE",
+    "TAIL_RULE",
+    "TAIL_STALL_TOLERANCE",
     "ExperimentError",
     "ExperimentRecord",
+    "distribution_dict",
     "evaluate_experiment",
     "evaluate_swap",
     "experiments_dir",
+    "interval_coverage",
     "list_experiments",
     "load_experiment",
     "record_experiment",
     "save_evaluation",
+    "save_stages",
     "swap_from_argv",
+    "tail_change",
 ]
 
 DIRECTIONS = ("down", "up")
@@ -74,6 +94,11 @@ class ExperimentRecord:
     evaluation: dict[str, Any] | None = None
     """The evaluation's plain-data form (verdict, distributions, accounting)."""
     evaluated: str | None = None
+    interval: int | None = None
+    """Recurrence interval (steps) of the original regression that the after-run must
+    cover (periodic stall period, drift time scale); None: not stated."""
+    stages: list[dict[str, Any]] | None = None
+    """Staged scale-up attempts (`rankscope.launch.stage`), oldest first."""
 
     @property
     def status(self) -> str:
@@ -124,6 +149,7 @@ def record_experiment(
     id: str | None = None,
     parent_run: str | None = None,
     scope: str | None = None,
+    interval: int | None = None,
     now_ns: int | None = None,
 ) -> ExperimentRecord:
     """Write a new experiment record before its run.
@@ -138,14 +164,15 @@ def record_experiment(
         id: record id (default ``NNN-<hypothesis>``, numbered after the existing ones).
         parent_run: the run the experiment starts from.
         scope: scope the experiment runs at.
+        interval: recurrence interval (steps) of the regression the after-run must cover.
         now_ns: creation time (default: now), epoch ns.
 
     Returns:
         The stored record.
 
     Raises:
-        ExperimentError: empty fields, a bad direction or id, or an id already taken (a
-            recorded prediction is never overwritten).
+        ExperimentError: empty fields, a bad direction, id or interval, or an id already
+            taken (a recorded prediction is never overwritten).
     """
     for name, value in (
         ("hypothesis", hypothesis),
@@ -162,6 +189,10 @@ def record_experiment(
         raise ExperimentError(
             f"unknown metric {metric!r}; measurable: {', '.join(sorted(METRICS))}"
         )
+    if interval is not None and (
+        not isinstance(interval, int) or isinstance(interval, bool) or interval < 1
+    ):
+        raise ExperimentError(f"interval {interval!r}: expected a whole number of steps >= 1")
     folder = experiments_dir(record)
     folder.mkdir(parents=True, exist_ok=True)
     if id is None:
@@ -187,6 +218,7 @@ def record_experiment(
         created_ns=t,
         parent_run=parent_run,
         scope=scope,
+        interval=interval,
     )
     # O_EXCL: two recorders racing for the same id cannot both win.
     try:
@@ -277,6 +309,127 @@ def save_evaluation(
     return rec
 
 
+def save_stages(record: str | Path, id: str, attempt: dict[str, Any]) -> ExperimentRecord:
+    """Add one staged scale-up attempt to a record; the prediction and the evaluation stay
+    as they are.
+
+    Args:
+        record: the recording folder.
+        id: the record id.
+        attempt: plain data (JSON-serialisable) from `rankscope.launch.stage`.
+
+    Returns:
+        The updated record.
+    """
+    rec = load_experiment(record, id)
+    json.dumps(attempt, allow_nan=False)  # refuse what cannot be stored before touching the file
+    rec = replace(rec, stages=[*(rec.stages or []), attempt])
+    _write(experiments_dir(record) / f"{id}.json", rec)
+    return rec
+
+
+COVER_INTERVALS = 2
+"""An after-run validates a change only when it holds at least this many recurrence
+intervals of steady steps (module docstring: why two, not one)."""
+TAIL_P99_TOLERANCE = 0.10
+"""The after-run's p99 step may exceed the before-run's by this fraction before the tail
+counts as worse (a p99 of a few dozen steps is close to their maximum, and noisy)."""
+TAIL_STALL_TOLERANCE = 0.10
+"""Tail stalls count as worse when the after-run has more than the before-run's stall rate,
+scaled to the after-run's length, × (1 + this), plus `TAIL_STALL_SLACK`."""
+TAIL_STALL_SLACK = 1
+"""Stalls beyond the scaled expectation that still count as noise."""
+TAIL_RULE = (
+    f"tails worse = p99 > (1 + {TAIL_P99_TOLERANCE:g}) x before's p99, or tail stalls (steps > "
+    f"2 x before's p50) > before's stall rate x after's steps x (1 + {TAIL_STALL_TOLERANCE:g}) "
+    f"+ {TAIL_STALL_SLACK}"
+)
+
+
+def _get(d: Any, name: str) -> float:
+    v = d.get(name) if isinstance(d, dict) else getattr(d, name, None)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else float("nan")
+
+
+def distribution_dict(d: Any) -> dict[str, Any]:
+    """The step-time summary an evaluation shows: ``n``, ``mean``, ``p50``, ``p90``,
+    ``p99``, ``max`` (ns) and ``tail_stalls``.
+
+    Args:
+        d: a `rankscope.diagnosis.baseline.Distribution` or its plain-data form.
+
+    Returns:
+        Plain data (None for a value that is not finite).
+    """
+    out: dict[str, Any] = {}
+    for k in ("n", "mean", "p50", "p90", "p99", "max", "tail_stalls"):
+        v = _get(d, k)
+        out[k] = None if not np.isfinite(v) else (int(v) if k in ("n", "tail_stalls") else v)
+    return out
+
+
+def tail_change(before: Any, after: Any) -> dict[str, Any]:
+    """Whether the tail of the step-time distribution got worse beyond tolerance
+    (`TAIL_RULE`), and whether the mean got better.
+
+    Args:
+        before: distribution of the reference run (its p50 defines a stall for both).
+        after: distribution of the changed run, computed with ``reference_p50=before.p50``
+            (`Distribution` or plain data).
+
+    Returns:
+        Plain data: ``mean_better``, ``p99_ratio``, ``p99_worse``, ``stalls_before``,
+        ``stalls_after``, ``stalls_expected`` (before's rate at after's length),
+        ``stalls_worse``, ``worse`` (p99 or stalls) and the ``rule``.
+    """
+    n_b, n_a = _get(before, "n"), _get(after, "n")
+    p99_b, p99_a = _get(before, "p99"), _get(after, "p99")
+    st_b, st_a = _get(before, "tail_stalls"), _get(after, "tail_stalls")
+    ratio = p99_a / p99_b if np.isfinite(p99_b) and p99_b > 0 else float("nan")
+    p99_worse = bool(np.isfinite(ratio) and ratio > 1.0 + TAIL_P99_TOLERANCE)
+    expected = st_b / n_b * n_a if n_b > 0 and np.isfinite(n_a) else float("nan")
+    stalls_worse = bool(
+        np.isfinite(expected) and st_a > expected * (1.0 + TAIL_STALL_TOLERANCE) + TAIL_STALL_SLACK
+    )
+    m_b, m_a = _get(before, "mean"), _get(after, "mean")
+    return {
+        "mean_better": bool(np.isfinite(m_b) and np.isfinite(m_a) and m_a < m_b),
+        "p99_ratio": ratio if np.isfinite(ratio) else None,
+        "p99_worse": p99_worse,
+        "stalls_before": int(st_b) if np.isfinite(st_b) else None,
+        "stalls_after": int(st_a) if np.isfinite(st_a) else None,
+        "stalls_expected": float(expected) if np.isfinite(expected) else None,
+        "stalls_worse": stalls_worse,
+        "worse": p99_worse or stalls_worse,
+        "rule": TAIL_RULE,
+    }
+
+
+def interval_coverage(interval: int | None, before_steps: int, after_steps: int) -> dict[str, Any]:
+    """Whether a before/after pair is long enough for a recurrence interval.
+
+    Args:
+        interval: the record's interval (steps), or None.
+        before_steps: steady steps of the before-run that were analysed.
+        after_steps: steady steps of the after-run that were analysed.
+
+    Returns:
+        Plain data: ``interval``, ``required_steps`` (`COVER_INTERVALS` × interval),
+        ``before_steps``, ``after_steps``, ``covered`` (the after-run holds the required
+        steps; None without an interval), ``before_covered`` and the ``rule``.
+    """
+    need = None if interval is None else COVER_INTERVALS * int(interval)
+    return {
+        "interval": interval,
+        "required_steps": need,
+        "before_steps": int(before_steps),
+        "after_steps": int(after_steps),
+        "covered": None if need is None else bool(after_steps >= need),
+        "before_covered": None if need is None else bool(before_steps >= need),
+        "rule": f"the after-run holds at least {COVER_INTERVALS} x the interval in steady steps",
+    }
+
+
 def _first_step_ns(window: Window) -> int | None:
     t = np.where(window.present, window.t_start, np.nan)
     if not np.isfinite(t).any():
@@ -291,8 +444,17 @@ def evaluate_experiment(
 
     The judgement is `rankscope.diagnosis.experiment.evaluate` (verdict supported /
     rejected / improved_other, distributions, closed accounting). Added here:
-    ``recorded_before_after_run`` — whether the prediction was written before the first
-    step of the after-run that was analysed, so a prediction fitted to its result shows.
+
+    - ``recorded_before_after_run``: whether the prediction was written before the first
+      step of the after-run that was analysed, so a prediction fitted to its result shows;
+    - ``distribution`` {``before``, ``after``}: the steady step-time distributions (p50,
+      p90, p99, max, tail stalls; `distribution_dict`), ``tails`` (`tail_change`) and
+      ``tails_worse``: the mean got better while p99 or the tail stalls got worse beyond
+      tolerance ("mean better, tails worse");
+    - ``covers_interval`` and ``interval_check`` (`interval_coverage`): with a recorded
+      interval, an after-run shorter than `COVER_INTERVALS` intervals is too short to
+      validate: ``verdict`` becomes ``too_short`` and the measured one is kept as
+      ``measured_verdict``.
 
     Args:
         record: the recording folder.
@@ -316,6 +478,40 @@ def evaluate_experiment(
     first = _first_step_ns(after)
     data["recorded_before_after_run"] = None if first is None else bool(rec.created_ns < first)
     data["after_first_step_ns"] = first
+    sb, sa = result.step_before, result.step_after
+    data["distribution"] = {"before": distribution_dict(sb), "after": distribution_dict(sa)}
+    tails = tail_change(sb, sa)
+    data["tails"] = tails
+    data["tails_worse"] = bool(tails["mean_better"] and tails["worse"])
+    notes = list(data.get("notes") or ())
+    if data["tails_worse"]:
+        what = []
+        if tails["p99_worse"]:
+            what.append(f"p99 {tails['p99_ratio']:.2f}x")
+        if tails["stalls_worse"]:
+            what.append(f"tail stalls {tails['stalls_before']} -> {tails['stalls_after']}")
+        notes.append(
+            f"mean better, tails worse: {', '.join(what)} (tolerance: p99 "
+            f"+{TAIL_P99_TOLERANCE:.0%}, stalls +{TAIL_STALL_TOLERANCE:.0%} + {TAIL_STALL_SLACK})"
+        )
+    cover = interval_coverage(rec.interval, sb.n, sa.n)
+    data["interval_check"] = cover
+    data["covers_interval"] = cover["covered"]
+    if cover["covered"] is False:
+        data["measured_verdict"] = data["verdict"]
+        data["verdict"] = "too_short"
+        notes.append(
+            f"too short to validate: the after-run has {sa.n} steady steps, the recorded "
+            f"interval of {rec.interval} steps needs {cover['required_steps']} "
+            f"({COVER_INTERVALS} intervals); measured verdict {data['measured_verdict']}, "
+            "not called supported"
+        )
+    elif cover["before_covered"] is False:
+        notes.append(
+            f"the before-run has {sb.n} steady steps, under {cover['required_steps']} "
+            f"({COVER_INTERVALS} x the interval): its tail may miss the recurrence"
+        )
+    data["notes"] = notes
     return save_evaluation(
         record, id, before_run=before.run, after_run=after.run, evaluation=data, now_ns=now_ns
     )
