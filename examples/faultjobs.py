@@ -26,7 +26,17 @@ optimizer hooks), and the pipeline marks its phases and its ``pp_wait`` itself. 
   recorded as ``pp_wait``.
 - ``warmup``: a healthy job whose first ``--warmup-steps`` steps run ``--warmup-ms`` more
   compute in every rank's forward pass (as compilation or allocator warm-up would).
+- ``data``: the data shard numbered R holds ``--shard-scale`` times as many samples per
+  batch (as a shard of longer documents would), so whichever rank reads it does that much
+  more forward and backward work and the others wait for it.
 - ``none``: the healthy job.
+
+Data shards: rank r reads shard ``rankscope.shard_of(r)``, which is r itself unless the run
+swaps two ranks' shards (``RANKSCOPE_SWAP_SHARDS=R1,R2``, set by ``rankscope rerun
+--swap-shards R1,R2``). Shard s is ``--batch`` random samples per step from a generator
+seeded by s, and the ``data`` fault belongs to a shard, not a rank: after a swap of the
+slow rank with a peer, the peer is slow (``rankscope experiment swap`` says "follows the
+shard"). The ``throttle`` fault belongs to the process, and stays.
 """
 
 from __future__ import annotations
@@ -45,7 +55,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 
-FAULTS = ("none", "gap", "throttle", "gc", "pipeline", "warmup")
+from rankscope.collector.shards import shard_of
+
+FAULTS = ("none", "gap", "throttle", "gc", "pipeline", "warmup", "data")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -67,6 +79,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--light-layers", type=int, default=1)
     p.add_argument("--warmup-steps", type=int, default=4)
     p.add_argument("--warmup-ms", type=float, default=100.0)
+    p.add_argument(
+        "--shard-scale", type=float, default=3.0, help="samples per batch of the data fault's shard"
+    )
     p.add_argument("--rankscope", action="store_true", help="instrument with the explicit API")
     p.add_argument("--job", default="faultjobs")
     p.add_argument("--log-every", type=int, default=0)
@@ -117,7 +132,7 @@ def join_throttle(args: argparse.Namespace, rank: int) -> None:
         raise SystemExit("--fault throttle needs --throttle-cgroup or --throttle-core")
 
 
-def start_monitor(args: argparse.Namespace, rank: int, world: int):
+def start_monitor(args: argparse.Namespace, rank: int, world: int, shard: int):
     if not args.rankscope:
         return None
     import rankscope
@@ -136,7 +151,10 @@ def start_monitor(args: argparse.Namespace, rank: int, world: int):
         cfg["micro_batch"] = args.batch // args.microbatches
         cfg["microbatches"] = args.microbatches
         mesh = {"pp": rank}
-    return rankscope.start(job=args.job, job_config=cfg, mesh=mesh)
+    # The shard read is part of the rank's identity (as the simulated cluster records it);
+    # under `rankscope run` the monitor started already and keeps its own identity, but the
+    # swap is in the manifest either way (its env records RANKSCOPE_SWAP_SHARDS).
+    return rankscope.start(job=args.job, job_config=cfg, mesh=mesh, shard=shard)
 
 
 class _NoPhase:
@@ -151,7 +169,14 @@ def _phase(mon, name: str):
     return mon.phase(name) if mon is not None else _NoPhase()
 
 
-def train_ddp(args: argparse.Namespace, mon, rank: int, world: int) -> None:
+def shard_rows(args: argparse.Namespace, shard: int) -> int:
+    """Samples per batch of one data shard: ``--batch``, scaled for the data fault's shard."""
+    if args.fault == "data" and shard == args.fault_rank:
+        return max(1, round(args.batch * args.shard_scale))
+    return args.batch
+
+
+def train_ddp(args: argparse.Namespace, mon, rank: int, world: int, shard: int) -> None:
     model = Stack(args.hidden, args.layers, out=16)
     ddp = DDP(model)
     if mon is not None:
@@ -159,10 +184,12 @@ def train_ddp(args: argparse.Namespace, mon, rank: int, world: int) -> None:
 
         rankscope.instrument(ddp)
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
-    n = args.batch * (args.steps + 1)
-    g = torch.Generator().manual_seed(rank)
+    # This rank's data shard: its own, or its swap partner's (RANKSCOPE_SWAP_SHARDS).
+    rows = shard_rows(args, shard)
+    n = rows * (args.steps + 1)
+    g = torch.Generator().manual_seed(shard)
     data = TensorDataset(torch.randn(n, args.hidden, generator=g), torch.randn(n, 16, generator=g))
-    it = iter(DataLoader(data, batch_size=args.batch, shuffle=False))
+    it = iter(DataLoader(data, batch_size=rows, shuffle=False))
     at_fault = rank == args.fault_rank
     live: list[list[int]] = []
     if args.fault == "gc" and at_fault:
@@ -256,16 +283,20 @@ def train_pipeline(args: argparse.Namespace, mon, rank: int, world: int) -> None
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
+    try:
+        shard = shard_of(rank, int(os.environ.get("WORLD_SIZE", "0")) or None)
+    except ValueError as exc:  # a malformed swap: stop rather than run unswapped
+        raise SystemExit(f"faultjobs.py: {exc}") from None
     join_throttle(args, rank)
     torch.set_num_threads(1)
     torch.manual_seed(0)
     dist.init_process_group("gloo")
     world = dist.get_world_size()
-    mon = start_monitor(args, rank, world)
+    mon = start_monitor(args, rank, world, shard)
     if args.fault == "pipeline":
         train_pipeline(args, mon, rank, world)
     else:
-        train_ddp(args, mon, rank, world)
+        train_ddp(args, mon, rank, world, shard)
     if mon is not None:
         mon.close()  # before the barrier, which would open a step of its own
     dist.barrier()

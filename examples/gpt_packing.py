@@ -23,6 +23,11 @@ Fault knobs, one per incident of the README:
   per step under the same model name (a numerator change, not a systems loss).
 - ``--grad-sync hier``: gradients reduced inside each node, then across nodes, through
   explicit collectives, so intra-node and cross-node groups can be told apart.
+
+Rank r reads the packed buffer of ``rankscope.shard_of(r)``: its own, unless the run swaps
+two ranks' shards (``RANKSCOPE_SWAP_SHARDS=R1,R2``, from ``rankscope rerun --swap-shards``).
+The packing is a property of the data (it follows the swap); ``--slow-rank`` is a property
+of the rank (it stays).
 """
 
 from __future__ import annotations
@@ -336,8 +341,16 @@ def train(args: argparse.Namespace) -> int:
         if args.precision == "bf16"
         else contextlib.nullcontext()
     )
+    # The packed buffer this rank reads: its own, or its swap partner's under a shard swap
+    # (RANKSCOPE_SWAP_SHARDS, set by `rankscope rerun --swap-shards R1,R2`).
+    from rankscope.collector.shards import shard_of
+
+    try:
+        shard = shard_of(rank, world)
+    except ValueError as exc:
+        raise SystemExit(f"gpt_packing.py: {exc}") from None
     loader = torch.utils.data.DataLoader(
-        PackedBatches(args, rank, world), batch_size=None, num_workers=0
+        PackedBatches(args, shard, world), batch_size=None, num_workers=0
     )
     profiler = None
     if args.profile and not args.profile_blocks:

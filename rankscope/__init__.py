@@ -22,6 +22,7 @@ from rankscope.version import __version__
 if TYPE_CHECKING:
     from rankscope.collector.monitor import Monitor
     from rankscope.collector.runtime import close, current, instrument, start
+    from rankscope.collector.shards import shard_of
 
 _LAZY = {
     "start": "rankscope.collector.runtime",
@@ -29,9 +30,10 @@ _LAZY = {
     "current": "rankscope.collector.runtime",
     "instrument": "rankscope.collector.runtime",
     "Monitor": "rankscope.collector.monitor",
+    "shard_of": "rankscope.collector.shards",
 }
 
-__all__ = ["Monitor", "__version__", "close", "current", "instrument", "start"]
+__all__ = ["Monitor", "__version__", "close", "current", "instrument", "shard_of", "start"]
 
 
 def __getattr__(name: str) -> Any:
