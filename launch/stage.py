@@ -661,6 +661,8 @@ def run_stages(
             attempt["stopped_at"] = stage.scope
             attempt["failed_check"] = failed.name
             attempt["rollback"] = rollback_text(experiment, stage.scope, failed, passed)
+            if not change.applied:
+                attempt["rollback"] += " (no change was applied: these runs rerun the parent)"
             return attempt
         passed.append(stage.scope)
     attempt["passed"] = True

@@ -232,3 +232,39 @@ def test_a_run_that_fails_stops_the_staging_like_a_failed_check(tmp_path: Path) 
     assert attempt["stopped_at"] == "one-node"
     assert "exited with code 2" in attempt["rollback"]
     json.dumps(attempt, allow_nan=False)
+
+
+def test_rarer_longer_checkpoints_fail_the_tail_check_at_the_first_stage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Checkpointing every 20 steps for 2.5 s instead of every 5 for 1 s: fewer stalls, a
+    # worse p99. The stage says so before the change reaches the full job.
+    rec = tmp_path / "rec"
+    scenario = load_scenario(
+        "checkpoint", ranks=RANKS, topology__gpus_per_host=4, fault__every=5, fault__magnitude=1.0
+    )
+    handles = start_demo(scenario, 40, pace="fast", record_dir=str(rec), run_id="p")
+    handles.wait(timeout=120)
+    assert handles.wait_ingested()
+    handles.stop()
+    record_experiment(
+        rec,
+        hypothesis="checkpoint",
+        change="checkpoint every 20 steps",
+        metric="step_time",
+        direction="down",
+        rejection="checkpoint stalls cost as much or more",
+        id="e1",
+        parent_run="p",
+        interval=5,
+    )
+    capsys.readouterr()
+    with Hub(record_dir=str(rec)) as hub:
+        argv = ["experiment", "stage", str(rec), "--id", "e1", "--launcher", "simulated"]
+        argv += ["--sim-set", "fault.every=20", "--sim-set", "fault.magnitude=2.5"]
+        assert main([*argv, "--rerun-steps", "40", "--hub", hub.endpoint, "--yes"]) == 1
+    attempt = (load_experiment(rec, "e1").stages or [])[-1]
+    assert attempt["stopped_at"] == "one-node" and attempt["failed_check"] == "tails", attempt
+    tails = next(c for c in attempt["results"][0]["checks"] if c["name"] == "tails")
+    assert tails["tails"]["p99_worse"] is True and tails["covers_interval"] is True
+    assert "rollback:" in capsys.readouterr().out

@@ -18,6 +18,7 @@ import argparse
 import json
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from rankscope.commands.grammar import add_run, add_steps, read_store, steps_count, window_of
 from rankscope.commands.rerun import DEFAULT_STEPS
@@ -267,35 +268,39 @@ def _expected_steps(template: object, settings: object) -> int | None:
     return int(steps) if isinstance(steps, int) else None
 
 
-def _wait_recorded(path: str, run: str, expected: int | None, hub: str) -> None:
-    """Until the recording holds ``run`` to its last step (or, length unknown, its step
-    count stops growing)."""
+def _recorded_window(path: str, run: str, expected: int | None, hub: str, steps: int) -> Any:
+    """The window of a finished stage run once the recording holds it to its last step
+    (or, length unknown, once its step count stops growing).
+
+    Replaying a recording costs seconds when it holds many runs, so it is read once the
+    hub has had two flush intervals to write what the run sent, and again only if needed.
+    """
     import time
 
     from rankscope.hub import replay
     from rankscope.hub.recording import RecordingError
+    from rankscope.launch.stage import StageLaunchError
 
     deadline = time.monotonic() + RECORDING_WAIT_S
     last: int | None = None
-    while time.monotonic() < deadline:
+    while True:
+        time.sleep(1.0)  # the hub flushes every 0.5 s
         try:
-            summary = next((r for r in replay.load(path).runs() if r.run == run), None)
+            store = replay.load(path, history_steps=steps, raw_steps=steps)
+            summary = next((r for r in store.runs() if r.run == run), None)
         except RecordingError:
             summary = None
         if summary is not None and summary.last_step is not None:
-            if expected is not None and summary.steps_complete >= expected:
-                return
+            if expected is not None and summary.steps_complete >= min(expected, steps):
+                return store.window(run, last=steps)
             if expected is None and summary.last_step == last:
-                return
+                return store.window(run, last=steps)
             last = summary.last_step
-        # Past the hub's flush interval (0.5 s), so an unchanged count means no more steps.
-        time.sleep(0.6 if expected is None else 0.2)
-    from rankscope.launch.stage import StageLaunchError
-
-    raise StageLaunchError(
-        f"run {run!r} did not reach the recording {path} within {RECORDING_WAIT_S:.0f} s of its "
-        f"end: is the hub at {hub} recording {path}?"
-    )
+        if time.monotonic() > deadline:
+            raise StageLaunchError(
+                f"run {run!r} did not reach the recording {path} within "
+                f"{RECORDING_WAIT_S:.0f} s of its end: is the hub at {hub} recording {path}?"
+            )
 
 
 def _stage(args: argparse.Namespace) -> int:
@@ -409,8 +414,7 @@ def _stage(args: argparse.Namespace) -> int:
             raise
         if code != 0:
             raise StageLaunchError(f"{running.run} exited with code {code}; log: {launch.log}")
-        _wait_recorded(args.path, running.run, expected, hub)
-        return window_of(read_store(args.path, args.steps), args.path, running.run, args.steps)
+        return _recorded_window(args.path, running.run, expected, hub, args.steps)
 
     def recorded(run: str):  # type: ignore[no-untyped-def]
         return window_of(store, args.path, run, args.steps)
