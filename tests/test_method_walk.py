@@ -166,6 +166,30 @@ def test_a_placement_swap_is_proposed_only_where_the_launcher_applies_it(spaced:
     assert perturbation("checkpoint", window, busy) is None
 
 
+def test_a_real_run_gets_the_torchrun_rerun_only_when_its_script_is_known(spaced: Path) -> None:
+    # Without the simulated scenario in its manifest, the run is a real job: the rerun goes
+    # through the default torchrun template, which needs the script the ranks ran.
+    from rankscope.commands.proposed import propose_commands
+    from rankscope.diagnosis.engine import diagnose
+    from rankscope.hub import replay
+
+    window = replay.load(spaced).window("p")
+    for manifest, runs in (({}, False), ({"argv": ["train.py", "--lr=3e-4"]}, True)):
+        real = dataclasses.replace(window, manifest=manifest)
+        diag = diagnose(real)
+        top = diag.verdict.top
+        p = top.next_experiment.perturbation
+        assert p is not None and p.kind == "swap_shards"
+        cmds = propose_commands(diag, "rec", ["p"])[top.mechanism]
+        if not runs:
+            assert cmds.command == () and cmds.then == ()
+            assert "needs {script}" in cmds.notes[0], cmds.notes
+            continue
+        assert "--launcher" not in cmds.command and "--rerun-steps" not in cmds.command
+        assert cmds.command[:7] == ("rankscope", "rerun", "rec", "--scope", "full", "--run", "p")
+        build_parser(only="rerun").parse_args(list(cmds.command[1:]))
+
+
 def test_a_rerun_id_the_recording_holds_is_not_reused() -> None:
     p = Perturbation("swap_shards", (3, 9), "", "", ())
     cmds = command_lines(p, "rec", "p", simulated=True, steps=40, taken={"p-swap-shards"})
