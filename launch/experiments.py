@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from rankscope.collector.shards import SWAP_ENV
 from rankscope.diagnosis.experiment import METRICS, evaluate
 from rankscope.diagnosis.window import Window
 from rankscope.launch.safety import UnsafeValueError, check_value
@@ -536,26 +537,32 @@ SWAP_MIN_GAP = 0.02
 the swap to say anything."""
 
 
-def swap_from_argv(argv: Any) -> tuple[str, tuple[int, int]] | None:
-    """The swap a run was launched with, read from its recorded command line.
+def swap_from_argv(argv: Any, env: Any = None) -> tuple[str, tuple[int, int]] | None:
+    """The swap a run was launched with, read from its recorded command line or, for a
+    real workload, its environment.
 
     Args:
         argv: the run manifest's ``argv`` (the simulated launcher writes ``--swap-shards=R1,R2``).
+        env: the run manifest's ``env`` (a real rerun's ``RANKSCOPE_SWAP_SHARDS=R1,R2``).
 
     Returns:
         ``(kind, (r1, r2))`` or None.
     """
-    if not isinstance(argv, (list, tuple)):
-        return None
-    for kind in ("shards", "placement"):
-        flag = f"--swap-{kind}="
-        for a in argv:
-            if isinstance(a, str) and a.startswith(flag) and a[len(flag) :]:
-                try:
-                    r1, r2 = (int(x) for x in a[len(flag) :].split(","))
-                except ValueError:
-                    return None
-                return kind, (r1, r2)
+    given: list[tuple[str, Any]] = []
+    if isinstance(argv, (list, tuple)):
+        for kind in ("shards", "placement"):
+            flag = f"--swap-{kind}="
+            given += [
+                (kind, a[len(flag) :]) for a in argv if isinstance(a, str) and a.startswith(flag)
+            ]
+    if isinstance(env, dict) and env.get(SWAP_ENV):
+        given.append(("shards", env[SWAP_ENV]))
+    for kind, text in given:
+        try:
+            r1, r2 = (int(x) for x in str(text).split(","))
+        except ValueError:
+            return None
+        return kind, (r1, r2)
     return None
 
 

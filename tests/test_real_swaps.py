@@ -6,10 +6,8 @@ to a real hub, then rerun through the rerun command (``rankscope rerun PATH --sw
 R1,R2 --yes``), whose environment carries ``RANKSCOPE_SWAP_SHARDS`` to the workload
 (`rankscope.collector.shards.shard_of`), and judged by ``rankscope experiment swap``.
 
-The rerun goes through `HERE_TEMPLATE`, the shipped ``torchrun`` template as one command on
-this machine (``per_host = false``): the shipped one renders one command per host, each
-naming its host (this machine's name here), and ``rerun --swap-shards`` treats every
-command that names a host as remote and refuses it ("no environment in its command line").
+The rerun goes through the shipped ``torchrun`` template: on this machine its command
+names this host, and the swap travels in the command's environment.
 """
 
 from __future__ import annotations
@@ -42,32 +40,11 @@ pytestmark = [pytest.mark.torch, pytest.mark.slow]
 STEPS = 14
 """Steps per run; the swap judge leaves warm-up steps out on its own."""
 RUN_TIMEOUT_S = 240.0
-HERE_TEMPLATE = """\
-description = "torchrun via `rankscope run` on this machine, one command"
-command = [
-  "{python}", "-m", "rankscope", "run", "--",
-  "torchrun",
-  "--nnodes={nnodes}",
-  "--nproc-per-node={nproc_per_node}",
-  "--master-addr={master_addr}",
-  "--master-port={master_port}",
-  "{script}", "{script_args}",
-]
-
-[env]
-RANKSCOPE_HUB = "{hub}"
-RANKSCOPE_JOB = "{job}"
-RANKSCOPE_RUN = "{run}"
-RANKSCOPE_PARENT_RUN = "{parent_run}"
-RANKSCOPE_SCOPE = "{scope}"
-"""
 
 
 @pytest.fixture(scope="module")
 def swap_hub(tmp_path_factory: pytest.TempPathFactory):
     rec = tmp_path_factory.mktemp("real-swaps") / "record"
-    Path(rec.parent, "launchers").mkdir()
-    Path(rec.parent, "launchers", "torchrun-here.toml").write_text(HERE_TEMPLATE)
     with faultcases.local_hub(rec) as hub:
         yield hub, rec
 
@@ -97,7 +74,7 @@ def _swap_rerun(hub, rec: Path, run: str, pair: str, capsys) -> tuple[str, dict]
     plan's JSON."""
     new = f"{run}-swapped"
     argv = ["rerun", str(rec), "--run", run, "--scope", "one-node"]
-    argv += ["--launcher", "torchrun-here", "--launchers", str(rec.parent / "launchers")]
+    argv += ["--launcher", "torchrun"]
     # The parent's script comes from its manifest (telemetry): naming it confirms it.
     argv += ["--script", str(faultcases.WORKLOAD), "--swap-shards", pair, "--new-run", new]
     argv += ["--hub", hub.endpoint, "--master-port", str(free_port_pair()), "--yes", "--json"]

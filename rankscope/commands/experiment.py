@@ -217,7 +217,7 @@ def _swap(args: argparse.Namespace, store: object) -> int:
     else:
         launcher = after.manifest.get("launcher")
         argv = launcher.get("argv") if isinstance(launcher, dict) else after.manifest.get("argv")
-        found = swap_from_argv(argv)
+        found = swap_from_argv(argv, after.manifest.get("env"))
         if found is None:
             raise CommandError(
                 f"run {args.after!r} records no swap; pass --swap-shards or --swap-placement"

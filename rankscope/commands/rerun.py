@@ -24,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from rankscope.collector.shards import SWAP_ENV  # set in a real rerun by --swap-shards
 from rankscope.commands.grammar import (
     add_baseline,
     add_run,
@@ -35,6 +36,7 @@ from rankscope.commands.grammar import (
 )
 from rankscope.errors import CommandError
 from rankscope.launch.scopes import LADDER
+from rankscope.launch.templates import is_local_host
 from rankscope.sanitize import for_terminal, terminal_text
 
 HELP = "Propose (and with --yes launch) a one-rank/one-node/two-node/full rerun of a run"
@@ -126,11 +128,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
-SWAP_ENV = "RANKSCOPE_SWAP_SHARDS"
-"""Set to ``R1,R2`` in a real rerun's environment by ``--swap-shards``: the workload reads
-it and gives rank R1 the shard of R2 and R2 the shard of R1."""
-
-
 def swap_pair(flag: str, text: str) -> tuple[int, int]:
     """Read ``R1,R2`` of a swap flag.
 
@@ -193,7 +190,7 @@ def _apply_swap(launch: Any, swap: Any) -> Any:
                 f"--swap-placement is not supported by the {launch.launcher} template yet "
                 "(it needs a rank-order change); use the simulated launcher or reorder hosts"
             )
-        elif c.host is not None:
+        elif c.host is not None and not is_local_host(c.host):
             commands.append(_remote_env(launch.launcher, c, assign))
         else:
             commands.append(replace(c, env={**c.env, SWAP_ENV: pair}))
