@@ -54,8 +54,7 @@ PLACEMENT_SWAP = frozenset({"placement"})
 
 MIN_GAP = 0.02
 """The pair must differ by this share of the median busy time, step by step (rms), for a
-swap to have a gap to follow (`rankscope.launch.experiments.SWAP_MIN_GAP`, which the
-evaluation refuses below)."""
+swap to have a gap to follow; `rankscope experiment swap` refuses to judge below it."""
 
 KINDS = ("swap_shards", "swap_placement", "sweep_pairwise")
 

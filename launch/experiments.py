@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from rankscope.collector.shards import SWAP_ENV
+from rankscope.diagnosis.controlled import MIN_GAP
 from rankscope.diagnosis.experiment import METRICS, evaluate
 from rankscope.diagnosis.window import Window
 from rankscope.launch.safety import UnsafeValueError, check_value
@@ -532,9 +533,9 @@ SWAP_MEANS = {
     "stays with the rank": "data or role",
     "moves with the placement": "topology",
 }
-SWAP_MIN_GAP = 0.02
+SWAP_MIN_GAP = MIN_GAP
 """The two ranks must differ by this fraction of the median busy time before the swap for
-the swap to say anything."""
+the swap to say anything (the diagnosis proposes a swap only above it)."""
 
 
 def swap_from_argv(argv: Any, env: Any = None) -> tuple[str, tuple[int, int]] | None:

@@ -65,3 +65,21 @@ def no_hub() -> Iterator[str]:
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         yield f"tcp://127.0.0.1:{held.getsockname()[1]}"
+
+
+# Tests that read the session-wide real runs above: one xdist worker makes them once.
+_SHARED_RUNS = {"real_hub", "packing_baseline"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Group the tests for ``pytest-xdist --dist loadgroup`` (the suite's default): each
+    module runs on one worker, so its module fixtures (most of them real or simulated runs)
+    are made once; the tests reading the session's shared real runs run on one worker
+    together. Without xdist the marks do nothing."""
+    for item in items:
+        if _SHARED_RUNS & set(getattr(item, "fixturenames", ())):
+            group = "shared-real-runs"
+        else:
+            group = item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))

@@ -118,7 +118,9 @@ def check_straggler(window, delayed: int = 2, delay_ms: float = DELAY_MS) -> Non
     assert len(window.steps) >= STEPS
 
 
-@pytest.mark.parametrize("mode", ["zero-code", "explicit"])
+# The zero-code path is also the real instrumentation tests' (test_real_instrumentation):
+# here it runs in the slower tier.
+@pytest.mark.parametrize("mode", [pytest.param("zero-code", marks=pytest.mark.slow), "explicit"])
 def test_straggler_named_by_the_hub(tmp_path: Path, mode: str) -> None:
     record = tmp_path / "rec"
     # Port 0: the hub binds a free pair itself and reports it; nothing to race for.
@@ -277,6 +279,7 @@ def test_hub_killed_and_restarted_mid_run(tmp_path: Path) -> None:
     assert len(complete) > len(steps_before)
 
 
+@pytest.mark.slow  # the restart itself is test_hub_killed_and_restarted_mid_run's
 @pytest.mark.timeout(600)  # as test_hub_killed_and_restarted_mid_run
 def test_fresh_hub_without_recording_learns_the_ranks_again(tmp_path: Path) -> None:
     """A hub process killed, and a new one on the same port that knows nothing (no

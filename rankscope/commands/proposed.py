@@ -32,7 +32,7 @@ def _refusal(
     """Why the command line would refuse ``cmds``, or None when it would accept them: the
     values its launcher template takes, the sweep's plan, or the rerun's plan, swap and
     commands rendered through the template (as ``rankscope rerun`` renders its dry run)."""
-    from rankscope.commands.rerun import _apply_swap
+    from rankscope.commands.rerun import apply_swap
     from rankscope.launch.plan import propose, swap_of
     from rankscope.launch.runner import LaunchSettings, prepare
     from rankscope.launch.safety import UnsafeValueError, check_value
@@ -50,7 +50,7 @@ def _refusal(
         swap = swap_of(p.kind.removeprefix("swap_"), p.ranks, plan.world_size)
         settings = LaunchSettings(hub=hub, steps=steps if "--rerun-steps" in cmds.command else None)
         template = find_launcher(_launcher(cmds.command))
-        launch = _apply_swap(
+        launch = apply_swap(
             prepare(plan, template, settings, record=path, manifest=window.manifest), swap
         )
     except (UnsafeValueError, ValueError, CommandError) as exc:

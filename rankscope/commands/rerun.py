@@ -175,9 +175,18 @@ def _remote_env(launcher: str, command: Any, assign: str) -> Any:
     )
 
 
-def _apply_swap(launch: Any, swap: Any) -> Any:
-    # The simulated launcher takes the swap as its own flag; a real workload reads it from
-    # its environment (SWAP_ENV). Templates do not know swaps, so the launch is amended here.
+def apply_swap(launch: Any, swap: Any) -> Any:
+    """The launch with a swap applied, as ``rerun --swap-*`` runs it.
+
+    The simulated launcher takes the swap as its own flag; a real workload reads a shard
+    swap from its environment (`SWAP_ENV`), in the command's env on this machine and in
+    the remote command line's ``env`` prefix on another. Templates do not know swaps, so
+    the rendered launch is amended here.
+
+    Raises:
+        CommandError: a placement swap on a real launcher, or a remote command with no
+            environment in its command line.
+    """
     pair = f"{swap.ranks[0]},{swap.ranks[1]}"
     flag = f"--swap-{swap.kind}={pair}"
     assign = f"{SWAP_ENV}={pair}"
@@ -316,7 +325,7 @@ def _prepare(args: argparse.Namespace, launching: bool) -> tuple[Any, Any]:
     if warning is not None:
         launch = replace(launch, warnings=(warning, *launch.warnings))
     if swap is not None:
-        launch = _apply_swap(launch, swap)
+        launch = apply_swap(launch, swap)
     return launch, verdict
 
 
