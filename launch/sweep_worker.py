@@ -8,15 +8,17 @@ training script::
 
 Every rank creates every group of the plan (torch requires all ranks to call
 ``new_group`` in the same order), then each row — one (group, op, size), or one link of a
-pairwise sweep — runs in turn: a barrier on the whole world, ``warmup`` untimed operations
-on the group, a barrier on the group, ``iters`` timed operations (synchronised with the
-device on CUDA), nccl-tests style. Ranks outside the row's group only wait. The time of a
-row is the slowest member's mean; rank 0 writes them (`rankscope.launch.sweep.RESULT_KEYS`).
+pairwise sweep — runs in turn: ``warmup`` untimed operations on the group, a barrier on
+the group, ``iters`` timed operations (synchronised with the device on CUDA), nccl-tests
+style, then a barrier on the whole world that closes the row. Ranks outside the row's group
+only wait in that barrier. The time of a row is the slowest member's mean; rank 0 writes
+them (`rankscope.launch.sweep.RESULT_KEYS`).
 
 With gloo the rank binds the interface the parent's rank reported (``GLOO_SOCKET_IFNAME``,
 when that interface exists here), so the sweep takes the application's network path. Under
 ``rankscope run`` the collector reports the sweep as a run of its own (scope ``sweep``,
-``parent_run``): one step per row.
+``parent_run``): one step per row, on every rank (a pairwise row's step is complete
+although only its pair works in it).
 """
 
 from __future__ import annotations
@@ -130,28 +132,30 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError(f"sweep cannot repeat {op!r}")
 
     times = torch.zeros(len(rows), dtype=torch.float64)
+    dist.barrier()
     for k, (_, op, members, nbytes, (_, g)) in enumerate(rows):
-        dist.barrier()
-        if rank not in members:
-            continue
+        # Every rank marks every row as a step, which the world barrier closes: a row of a
+        # pairwise sweep, where two ranks work and the others wait, is still a complete
+        # step of the sweep run in the hub, and its step time is the same on every rank.
         if mon is not None:
             mon.begin_step(k)
-        run = one_op(op, g, members, nbytes)
-        for _ in range(plan.warmup):
-            run()
-        sync()
-        dist.barrier(group=g)
-        means = []
-        for _ in range(max(plan.repeats, 1)):
-            t0 = time.perf_counter_ns()
-            for _ in range(plan.iters):
+        if rank in members:
+            run = one_op(op, g, members, nbytes)
+            for _ in range(plan.warmup):
                 run()
             sync()
-            means.append((time.perf_counter_ns() - t0) / plan.iters)
-        times[k] = float(statistics.median(means))
+            dist.barrier(group=g)
+            means = []
+            for _ in range(max(plan.repeats, 1)):
+                t0 = time.perf_counter_ns()
+                for _ in range(plan.iters):
+                    run()
+                sync()
+                means.append((time.perf_counter_ns() - t0) / plan.iters)
+            times[k] = float(statistics.median(means))
+        dist.barrier()
         if mon is not None:
             mon.end_step()
-    dist.barrier()
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
     if rank == 0:
         points, pairs = [], []
