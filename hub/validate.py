@@ -52,8 +52,10 @@ only when something is doubtful, so a reject always names its own message's colu
 
 ``decode`` (``collector.schema``) counts its own reasons: ``bad_msgpack``, ``bad_version``,
 ``bad_kind``, ``bad_header``, ``bad_type``, ``bad_table``, ``bad_size``, ``bad_hello``,
-``bad_identity``, ``bad_groups``, ``bad_phase``, ``bad_time``, ``too_large``. Every reject's
-detail names the field and the value.
+``bad_identity``, ``bad_groups``, ``bad_phase``, ``bad_time``, ``bad_beat`` (a heartbeat's
+position, state or stacks), ``bad_fr`` (a heartbeat's Flight Recorder dump that is not a
+string, is longer than ``schema.MAX_FR_CHARS`` or is not a JSON object), ``too_large``.
+Every reject's detail names the field and the value.
 
 Identity rule (no per-rank credentials yet; CURVE authentication is separate): a hello for
 a rank the run knows may repeat its identity (collectors resend hello every 30 s and after
@@ -266,7 +268,7 @@ def check(
         if values:
             check_values(msg, now_ns, limits)
         return _ACCEPT
-    if kind == "beat":  # field types and sizes were checked in decoding (``bad_beat``)
+    if kind == "beat":  # field types and sizes were checked in decoding (bad_beat, bad_fr)
         return _ACCEPT
     return _check_steps(msg, run, values, now_ns, limits)
 
@@ -507,7 +509,7 @@ def values_plausible(msgs: list[schema.Message], limits: Limits) -> bool:
         code, a0, a1, pstep = (np.concatenate(part) for part in p)
         top = np.repeat(np.array(tops, np.int64), [x.shape[0] for x in p[0]])
         pd = a1 - a0
-        if (
+        if code.size and (
             code.min() < 0
             or (code >= top).any()
             or pd.min() < 0
@@ -520,6 +522,8 @@ def values_plausible(msgs: list[schema.Message], limits: Limits) -> bool:
     if not c[0]:
         return True
     te, tx, ds, de, nb, seq, cstep, group, op = (np.concatenate(part) for part in c)
+    if not te.size:  # empty tables (a step with no collective yet): nothing to check
+        return True
     dt = tx - te
     return bool(
         te.min() >= 0

@@ -609,6 +609,35 @@ def test_a_batch_checks_values_together_and_still_names_each_culprit() -> None:
     assert rejects(many)["bad_time"] == 2
 
 
+def test_a_batch_with_empty_tables_is_checked_together(caplog: pytest.LogCaptureFixture) -> None:
+    """Steps whose collective table is present but empty (a step with no collective yet)
+    are plausible: the batch check takes them without falling back, and says nothing."""
+    empty = [schema.empty_table("colls", 0)]
+    batch = [
+        schema.steps_message(
+            header("r1", r),
+            _one_step(s),
+            colls=empty[0],
+        )
+        for s in range(2)
+        for r in range(4)
+    ]
+    store, intake = started()
+    with caplog.at_level("WARNING", logger="rankscope.hub"):
+        assert intake.feed_many(batch, 0) == 8
+    assert "batch value check failed" not in caplog.text
+    assert rejects(store) == {}
+    assert store.window("r1").steps.tolist() == [0, 1]
+
+
+def _one_step(s: int) -> dict:
+    st_ = schema.empty_table("steps", 1)
+    st_["step"][:] = [s]
+    st_["t_start"][:] = [BASE + s * STEP_NS]
+    st_["t_end"][:] = [BASE + s * STEP_NS + STEP_NS // 2]
+    return st_
+
+
 def test_a_batch_with_phases_builds_the_store_one_by_one_builds() -> None:
     j = job(world=4, steps=6)
     one, many = Store(), Store()
