@@ -294,10 +294,28 @@ class RankscopeApp(Clocks, App[int]):
             idle >= self.settings.refresh.stall_s
             and not self._stall_dismissed
             and isinstance(self._top(), MainScreen)
+            and not self._beats_say_no_stall(model.header.run)
         ):
             self._stall_dismissed = True
             self.push_screen(StallScreen())
             self.diagnosis_tick(force=True)
+
+    def _beats_say_no_stall(self, run: str) -> bool:
+        """Whether the heartbeat judge (`rankscope.hub.hang.judge_run`, the hub's own)
+        finds ``run`` not stalled: every rank exited cleanly, or all are busy outside
+        collectives in a long step, or the idle time is within what its recent steps make
+        plausible. False where the source holds no beats (a simulated job, an old
+        recording): there, no progress for ``stall_s`` is all the view knows."""
+        store = getattr(self.source, "store", None)
+        try:
+            state = store.run_state(run) if store is not None else None
+            if state is None or not state.beats.count:
+                return False
+            from rankscope.hub.hang import judge_run
+
+            return not judge_run(store, run, time.time_ns()).stalled
+        except Exception:  # a view of the data must not fail on it
+            return False
 
     # ----------------------------------------------------------------- view state
 
