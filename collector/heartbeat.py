@@ -12,14 +12,16 @@ group's next sequence number is the instance it is waiting in.
 
 When the training thread's position has not changed for ``STACKS_AFTER_S`` seconds, the
 beat carries its Python stacks once (py-spy's native ones too with
-``RANKSCOPE_NATIVE_STACKS=1`` where py-spy is installed):
+``RANKSCOPE_NATIVE_STACKS=1`` where py-spy is installed), and the JSON dump of torch's
+Flight Recorder where the job enabled one (``TORCH_FR_BUFFER_SIZE``; the collector never
+enables it, and waits at most ``stacks.FR_TIMEOUT_S`` for the dump):
 the evidence of a hang is sent before any watchdog can end the process, without the hub
 having to ask for it — a hub that must ask needs a request channel to every rank and a
 round trip while the job may be dying. A stuck episode sends them once; progress re-arms.
 
 Wire cost: one beat is ~196 bytes of msgpack (``benchmarks/bench_hangs.py``),
-so ~196 B/s per rank; stacks add at most 2 × ``schema.MAX_STACK_CHARS`` once per stuck
-episode.
+so ~196 B/s per rank; stacks add at most 2 × ``schema.MAX_STACK_CHARS`` and a Flight
+Recorder dump at most ``schema.MAX_FR_CHARS`` once per stuck episode.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from rankscope.collector import schema
-from rankscope.collector.stacks import native_stacks, python_stacks
+from rankscope.collector.stacks import flight_recorder_dump, native_stacks, python_stacks
 
 if TYPE_CHECKING:
     from rankscope.collector.monitor import Monitor
@@ -109,6 +111,8 @@ class Heartbeat:
         self.bytes = 0
         """Beats sent and their bytes (the wire cost)."""
         self.stacks_sent = 0
+        self.fr_sent = 0
+        """Flight Recorder dumps sent (one per stuck episode where one is enabled)."""
         self.exit_t = -1
         """Latest collective exit shipped (local ns; `note_shipped`)."""
         self.ended_t = -1
@@ -182,6 +186,10 @@ class Heartbeat:
                 native = native_stacks(timeout_s=3.0)
                 if native is not None:
                     stacks["native"] = native
+            fr = flight_recorder_dump()
+            if fr is not None:
+                stacks["fr"] = fr
+                self.fr_sent += 1
             self.stacks_sent += 1
         to_hub = self.pump.clock.to_hub
         for key_t in ("t", "step_t0", "ended_t", "exit_t", "since"):

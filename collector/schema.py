@@ -23,7 +23,8 @@ Message kinds (``"kind"``):
 ``beat``
     The heartbeat, from the collector's background thread about once a second: where the
     training thread is (``pos``: last step begun and ended, the collective it is inside)
-    and, once per stuck episode, its Python stacks (``stacks``). See `beat_message`.
+    and, once per stuck episode, its Python stacks (``stacks``) and, where torch's Flight
+    Recorder is enabled, its dump (``stacks.fr``). See `beat_message`.
 
 All times are int64 nanoseconds on the hub-aligned clock (ARCHITECTURE §5). A device time
 that is not known is ``NO_TIME``.
@@ -286,7 +287,7 @@ class SchemaError(ValueError):
     """A message does not follow the wire schema. ``reason`` is a short stable tag that the
     hub counts (``bad_msgpack``, ``bad_version``, ``bad_kind``, ``bad_header``, ``bad_type``,
     ``bad_table``, ``bad_size``, ``bad_hello``, ``bad_identity``, ``bad_groups``,
-    ``bad_phase``, ``bad_time``, ``bad_beat``, ``too_large``); ``detail`` names the field and its value."""
+    ``bad_phase``, ``bad_time``, ``bad_beat``, ``bad_fr``, ``too_large``); ``detail`` names the field and its value."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
@@ -461,9 +462,14 @@ BEAT_STATES = ("run", "exit")
 """``state`` of a heartbeat: running, or the last beat of a process that is closing."""
 MAX_STACK_CHARS = 64 * 1024
 """Longest text of one stack a heartbeat may carry."""
-BEAT_STACK_KEYS = ("py", "native", "why")
+MAX_FR_CHARS = 256 * 1024
+"""Longest Flight Recorder dump a heartbeat may carry (``stacks.fr``; a collector cuts a
+longer one to its newest entries and says so in the dump's ``rankscope_note``)."""
+BEAT_STACK_KEYS = ("py", "native", "why", "fr")
 """Keys of a heartbeat's ``stacks`` map: the Python stacks of every thread, native ones
-(py-spy) when taken, and why they were taken."""
+(py-spy) when taken, why they were taken, and the process's Flight Recorder dump (torch's
+``_dump_fr_trace_json`` text: a JSON object) where one is enabled. A bad ``fr`` is
+refused as ``bad_fr``, the rest as ``bad_beat``."""
 
 
 def beat_message(
@@ -513,11 +519,25 @@ def _check_beat(obj: dict[str, Any]) -> None:
         if not isinstance(stacks, dict) or not set(stacks) <= set(BEAT_STACK_KEYS):
             raise SchemaError("bad_beat", f"stacks must be a map with keys in {BEAT_STACK_KEYS}")
         for key, text in stacks.items():
+            if key == "fr":
+                _check_fr(text)
+                continue
             _check_type(f"stacks.{key}", text, str)
             if len(text) > MAX_STACK_CHARS:
                 raise SchemaError(
                     "bad_beat", f"stacks.{key} has {len(text)} characters (max {MAX_STACK_CHARS})"
                 )
+
+
+def _check_fr(text: Any) -> None:
+    # Its JSON is parsed only when a bundle is written (once per stall, off the ingest
+    # path): a beat could carry one every second.
+    if not isinstance(text, str):
+        raise SchemaError("bad_fr", f"stacks.fr must be str, got {type(text).__name__}")
+    if len(text) > MAX_FR_CHARS:
+        raise SchemaError("bad_fr", f"stacks.fr has {len(text)} characters (max {MAX_FR_CHARS})")
+    if not text.lstrip().startswith("{"):
+        raise SchemaError("bad_fr", f"stacks.fr is not a JSON object: {text[:40]!r}")
 
 
 @dataclass

@@ -11,6 +11,8 @@ A bundle is a folder (optionally also one ``.tar.gz``)::
       manifest.json    the snapshot's run manifest
       manifests/       one ``<run>.json`` per run involved (the run, baseline, ladder rungs)
       sweeps/          the run's sweep results (``rankscope sweep``), copied from the recording
+      hang/            a stall's evidence, in the bundle the hub writes when a run hangs
+                       (``rankscope.hub.hang``): verdict, stacks, Flight Recorder dumps
 
 ``snapshot.json``, schema ``rankscope.snapshot/1``:
 
@@ -42,6 +44,11 @@ A bundle is a folder (optionally also one ``.tar.gz``)::
                     ``conclusion``, ``reproduces``, ``file``}] (``launch.ladder.SweepEntry``;
                     ``file`` is the result's copy in the bundle, ``sweeps/<run>.json``)
 ``experiments``     experiment records of the recording (``launch.experiments``)
+``hang``            null, or in a stall bundle: ``verdict`` (``diagnosis.stall.Hang``:
+                    ``stalled``, ``case``, ``culprits``, ``waiting``...), ``files`` (what
+                    ``hang/`` holds: name -> path), ``flight_recorder`` (``dumps`` rank ->
+                    path, ``note``), ``diagnosis_note`` (why the diagnosis is missing or
+                    partial, else null), ``written_s`` (seconds the evidence took)
 ``view``            ``run``, ``metric``, ``group_by``, ``pins``, ``baseline_run``,
                     ``filter``, ``zoom``: what ``rankscope open DIR`` restores
 ``files``           name -> relative path of every file written; ``png_note`` when no PNG
@@ -180,6 +187,7 @@ def build_content(
     view: View | None = None,
     source: dict[str, Any] | None = None,
     created_ns: int | None = None,
+    hang: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Assemble ``snapshot.json`` (the module docstring documents every key).
 
@@ -193,6 +201,7 @@ def build_content(
         view: the view to restore (default: the run with default metric and grouping).
         source: where the data came from (``kind``, ``path``).
         created_ns: when the snapshot was taken (default: now).
+        hang: a stall bundle's ``hang`` section (module docstring), or None.
 
     Returns:
         The content; ``window`` and ``files`` are completed by `write_bundle`.
@@ -245,6 +254,7 @@ def build_content(
         "ladder": ladder,
         "experiments": list(experiments),
         "sweeps": list(sweeps),
+        "hang": hang,
         "view": view.to_dict(),
         "files": {},
         "reopen": None,
@@ -265,6 +275,8 @@ def take_snapshot(
     tar: bool = False,
     created_ns: int | None = None,
     flush: Callable[[], None] | None = None,
+    hang: dict[str, Any] | None = None,
+    part: dict[str, str] | None = None,
 ) -> Bundle:
     """Diagnose (unless given), line up the ladder and the run's sweeps, and write the
     bundle: the one call behind ``rankscope snapshot`` and the TUI's ``ctrl+s``.
@@ -285,6 +297,9 @@ def take_snapshot(
         flush: called before the recording is copied. A live hub buffers what it records
             for a moment; pass ``hub.recorder.flush`` (after taking ``window``) so
             ``window/`` holds every step the window shows.
+        hang: a stall bundle's ``hang`` section (the hub's `HangWatch`).
+        part: files already in ``out`` that the bundle keeps (``files`` key -> path): the
+            ``hang/`` evidence, written before the snapshot.
 
     Returns:
         The bundle.
@@ -333,6 +348,7 @@ def take_snapshot(
         view=view,
         source=source,
         created_ns=created_ns,
+        hang=hang,
     )
     # A sweep's result keeps its name under the bundle, so ``file`` reads the same in both.
     copies = {f"sweep:{e.run}": (e.file, Path(str(recording), e.file)) for e in sweeps}
@@ -358,6 +374,7 @@ def take_snapshot(
         copies=copies,
         screen_svg=screen_svg,
         tar=tar,
+        part=part,
     )
 
 

@@ -119,11 +119,14 @@ def write_bundle(
     copies: Mapping[str, tuple[str, Path]] | None = None,
     screen_svg: str | Callable[[dict[str, Any]], str] | None = None,
     tar: bool = False,
+    part: Mapping[str, str] | None = None,
 ) -> Bundle:
     """Write a bundle folder (and optionally ``<folder>.tar.gz``).
 
     The folder is assembled under a temporary name beside it and renamed at the end, so a
-    failed snapshot never leaves half a bundle under the asked name.
+    failed snapshot never leaves half a bundle under the asked name. A folder that already
+    holds a ``part`` (a hang bundle's ``hang/``, written first so the evidence exists
+    whatever happens next) receives the rest beside it instead.
 
     Args:
         out: the bundle folder; it must not exist yet (or be empty).
@@ -135,24 +138,30 @@ def write_bundle(
             they are (a run's sweep results); one that cannot be read is left out.
         screen_svg: the screen as SVG text, or a function drawing it from the content.
         tar: also write ``<folder>.tar.gz``.
+        part: ``files`` key -> path inside the folder of files already there, kept as
+            they are; the folder may hold nothing else.
 
     Returns:
         The bundle.
 
     Raises:
-        SnapshotError: the folder exists and is not empty, or cannot be written.
+        SnapshotError: the folder exists and holds anything but ``part``, or cannot be
+            written.
     """
     from rankscope.hub.recording import RecordingWriter
     from rankscope.snapshot_markdown import render_markdown
 
     folder = Path(out)
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+    kept = {Path(rel).parts[0] for rel in (part or {}).values() if Path(rel).parts}
+    if folder.exists() and (
+        not folder.is_dir() or any(p.name not in kept for p in folder.iterdir())
+    ):
         raise SnapshotError(f"snapshot folder {str(folder)!r} exists and is not empty")
     folder.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     content["reopen"] = f"rankscope open {folder}"
     try:
-        files: dict[str, str] = {}
+        files: dict[str, str] = dict(part or {})
         win = content["window"]
         if frames is not None:
             writer = RecordingWriter(work / "window", info={"snapshot_of": content["run"]})
@@ -211,10 +220,15 @@ def write_bundle(
             json.dumps(content, indent=1, allow_nan=False, default=str) + "\n"
         )
         (work / "snapshot.md").write_text(render_markdown(content), encoding="utf-8")
-        if folder.exists():
-            folder.rmdir()
         work.chmod(0o755)  # mkdtemp makes it private; a bundle is meant to be shared
-        work.rename(folder)
+        if folder.exists() and any(folder.iterdir()):
+            for item in work.iterdir():  # beside the part already there
+                item.rename(folder / item.name)
+            work.rmdir()
+        else:
+            if folder.exists():
+                folder.rmdir()
+            work.rename(folder)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise

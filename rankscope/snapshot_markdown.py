@@ -11,6 +11,7 @@ never as HTML, an image, a link or a broken table.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from rankscope.sanitize import for_markdown, for_markdown_code
@@ -141,6 +142,94 @@ def _what_if_md(diag: dict[str, Any]) -> list[str]:
     return out
 
 
+_PART_PATH = re.compile(r"hang/[A-Za-z0-9_.\-/]+")
+
+
+def _link(rel: Any) -> _Md:
+    """A link to a file of the bundle's ``hang/`` part; any other path is shown as code."""
+    text = str(rel)
+    if _PART_PATH.fullmatch(text) and ".." not in text.split("/"):
+        return _Md(f"[{text.split('/')[-1]}]({text})")
+    return _code(text, table=True)
+
+
+def stall_md(hang: dict[str, Any]) -> list[str]:
+    """The stall a hang bundle was written for: the culprit and the case first, what every
+    other rank waits in, and links to the evidence in ``hang/``.
+
+    Args:
+        hang: the ``hang`` section of ``snapshot.json``.
+
+    Returns:
+        Markdown lines (a ``## Stall`` section).
+    """
+    v = hang.get("verdict") or {}
+    files = hang.get("files") or {}
+    culprits = v.get("culprits") or []
+    idle = v.get("idle_s")
+    out = ["## Stall", ""]
+    head = "**STALLED**" if v.get("stalled") else "**stall over**"
+    if idle is not None:
+        head += f" — no rank progressed for {idle:.1f} s (threshold {v.get('threshold_s')} s)"
+    if culprits:
+        c = culprits[0]
+        head += (
+            f"; culprit **rank {_md(c.get('rank'))}** on {_md(c.get('host') or '?')}, "
+            f"case **{_md(c.get('case'))}**"
+        )
+        if c.get("op") and int(c.get("seq", -1)) >= 0:
+            head += f", in {_md(c.get('group_name'))}:{_md(c.get('op'))}#{_md(c.get('seq'))}"
+    out += [head + ".", ""]
+
+    def stacks(rank: Any) -> Any:
+        rel = files.get(f"stacks:r{rank}")
+        return _link(rel) if rel else "–"
+
+    if culprits:
+        out += _table(
+            ["culprit", "host", "case", "group", "op", "seq", "detail", "stacks"],
+            [
+                [
+                    c.get("rank"),
+                    c.get("host"),
+                    c.get("case"),
+                    c.get("group_name"),
+                    c.get("op"),
+                    c.get("seq"),
+                    c.get("detail"),
+                    stacks(c.get("rank")),
+                ]
+                for c in culprits[:8]
+            ],
+        )
+    held = {c.get("rank") for c in culprits}
+    waiting = [w for w in v.get("waiting") or [] if w.get("rank") not in held]
+    if waiting:
+        out += ["What the other ranks wait in:", ""]
+        out += _table(
+            ["rank", "where", "stacks"],
+            [[w.get("rank"), w.get("where"), stacks(w.get("rank"))] for w in waiting[:16]],
+        )
+        if len(waiting) > 16:
+            out += [f"... and {len(waiting) - 16} more ranks (`hang/verdict.json`).", ""]
+    fr = hang.get("flight_recorder") or {}
+    dumps = fr.get("dumps") or {}
+    if dumps:
+        listed = ", ".join(f"rank {_md(r)}: {_link(rel)}" for r, rel in dumps.items())
+        out += [
+            f"- **Flight Recorder:** {listed} (`rankscope import flight-recorder "
+            "DIR/hang/flight_recorder --record REC`)"
+        ]
+    if fr.get("note"):
+        out += [f"- **Flight Recorder:** {_md(fr['note'])}"]
+    evidence = [_link(rel) for key, rel in files.items() if not key.startswith("fr:")]
+    if evidence:
+        out += ["- **Evidence:** " + ", ".join(evidence)]
+    if hang.get("diagnosis_note"):
+        out += [f"- **Diagnosis:** {_md(hang['diagnosis_note'])}"]
+    return [*out, ""]
+
+
 def render_markdown(content: dict[str, Any]) -> str:
     """``snapshot.md``: the snapshot as a ticket comment.
 
@@ -165,6 +254,8 @@ def render_markdown(content: dict[str, Any]) -> str:
         f"- **Baseline:** {_md(base['run']) + ' (' + _md(base['scope']) + ')' if base else 'none'}",
         "",
     ]
+    if c.get("hang"):
+        lines += stall_md(c["hang"])
     lines += ["## Verdict", "", *_what_if_md(diag), *_verdict_md(diag)]
     dist = diag.get("distributions", {})
     cur, ref = dist.get("current") or {}, dist.get("baseline") or {}

@@ -23,7 +23,9 @@ def window_frames(path: str | Path, run: str, steps: Iterable[int]) -> Iterator[
 
     ``hello``, ``groups`` and ``stats`` messages are kept whole; ``steps`` messages keep
     the rows of the wanted steps (re-encoded only when some rows go); ``samples`` keep the
-    samples taken between the first wanted step's start and the last one's end.
+    samples taken between the first wanted step's start and the last one's end; of the
+    heartbeats (``beat``) each rank's latest is kept, last, so the stall judge reads of
+    the window what it read of the run.
 
     Args:
         path: recording directory.
@@ -37,6 +39,7 @@ def window_frames(path: str | Path, run: str, steps: Iterable[int]) -> Iterator[
 
     wanted = np.asarray(sorted(set(int(s) for s in steps)), dtype=np.int64)
     held: list[tuple[schema.Message, int]] = []
+    beats: dict[int, tuple[bytes, int]] = {}
     t_lo, t_hi = None, None
     for frame in read_frames(path):
         try:
@@ -51,7 +54,13 @@ def window_frames(path: str | Path, run: str, steps: Iterable[int]) -> Iterator[
         if msg.kind == "samples":
             held.append((msg, frame.t_recv_ns))  # judged once the window's time span is known
             continue
+        if msg.kind == "beat":
+            beats.pop(int(msg.header["rank"]), None)
+            beats[int(msg.header["rank"])] = (frame.payload, frame.t_recv_ns)
+            continue
         tables = msg.tables
+        if "steps" not in tables:
+            continue  # a kind this copy does not know how to cut
         keep = np.isin(tables["steps"]["step"], wanted)
         if not keep.any():
             continue
@@ -90,3 +99,4 @@ def window_frames(path: str | Path, run: str, steps: Iterable[int]) -> Iterator[
         if keep.any():
             header = {k: v for k, v in msg.header.items() if k not in ("kind", "v")}
             yield schema.samples_message(header, _slice_table(s, keep)), t_recv
+    yield from sorted(beats.values(), key=lambda b: b[1])

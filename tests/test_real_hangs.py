@@ -2,7 +2,8 @@
 
 Six two-rank jobs run at once against one hub with a `HangWatch` (they mostly sleep):
 
-- ``sleep``: rank 1 sleeps for ever before a collective — ``not_entered``;
+- ``sleep``: rank 1 sleeps for ever before a collective — ``not_entered`` (this job runs
+  with torch's Flight Recorder enabled: its bundle holds both ranks' dumps);
 - ``stop``: rank 1 SIGSTOPs itself before a collective — ``gone`` (no heartbeat);
 - ``exit``: rank 1 leaves the loop and exits cleanly (torchrun waits for rank 0) — ``gone``;
 - ``skip``: rank 1 skips a collective on one group and enters the next on another —
@@ -10,6 +11,7 @@ Six two-rank jobs run at once against one hub with a `HangWatch` (they mostly sl
 - ``long``: one step of rank 1 takes 20 times the others — no stall;
 - ``slow``: steps of 20 s — no stall.
 
+Each bundle is a snapshot bundle (``rankscope report`` reads it) with a ``hang/`` part.
 gloo's timeout is 10 minutes, so no watchdog fires first. Every process is killed at the
 end (its process group gets SIGKILL, which also ends a stopped one).
 """
@@ -31,6 +33,7 @@ pytest.importorskip("torch")
 if shutil.which("torchrun") is None:
     pytest.skip("torchrun is not installed", allow_module_level=True)
 
+from rankscope.collector.stacks import FR_ENV
 from rankscope.hub.hang import HangWatch
 from rankscope.hub.server import Hub
 
@@ -96,6 +99,10 @@ def _launch(tmp: Path, hub: Hub, mode: str) -> subprocess.Popen:
         OMP_NUM_THREADS="1",
         PYTHONUNBUFFERED="1",
     )
+    for name in FR_ENV:
+        env.pop(name, None)
+    if mode == "sleep":
+        env[FR_ENV[0]] = "200"
     log = open(tmp / f"{mode}.log", "wb")  # noqa: SIM115 - closed with the process
     argv = [
         "torchrun", "--standalone", "--nproc-per-node", "2", "--monitor-interval", "1",
@@ -124,7 +131,14 @@ def hangs(tmp_path_factory):
     hub = Hub(record_dir=str(tmp / "rec")).start()
     marker = tmp / "hook.txt"
     hook = f"{sys.executable} -c \"import sys; open({str(marker)!r}, 'a').write(sys.argv[1] + chr(10))\""
-    watch = HangWatch(hub.store, tmp / "bundles", on_stall=hook, every_s=0.5).start()
+    watch = HangWatch(
+        hub.store,
+        tmp / "bundles",
+        on_stall=hook,
+        every_s=0.5,
+        recording=hub.record_dir,
+        flush=hub.recorder.flush if hub.recorder is not None else None,
+    ).start()
     procs = {mode: _launch(tmp, hub, mode) for mode in CASES}
     named: dict[str, dict] = {}
     stalls: dict[str, list] = {m: [] for m in CASES}
@@ -185,7 +199,12 @@ def test_bundle_holds_the_evidence(hangs, mode):
     part = got["bundle"] / "hang"
     verdict = json.loads((part / "verdict.json").read_text())
     assert verdict["stalled"] and [c["rank"] for c in verdict["culprits"]] == [1]
-    assert (got["bundle"] / "manifest.json").exists() and (got["bundle"] / "steps.json").exists()
+    assert (got["bundle"] / "manifest.json").exists() and (part / "steps.json").exists()
+    content = json.loads((got["bundle"] / "snapshot.json").read_text())
+    assert [c["rank"] for c in content["hang"]["verdict"]["culprits"]] == [1]
+    assert content["window"]["path"] == "window" and content["view"]["pins"] == [1]
+    md = (got["bundle"] / "snapshot.md").read_text()
+    assert md.index("## Stall") < md.index("## Verdict") and "culprit **rank 1**" in md
     if mode == "exit":  # both processes are gone: their last positions are the evidence
         assert "exited" in json.dumps(verdict["culprits"][0])
         assert "gone" in (part / "proc-r1.txt").read_text()
@@ -201,6 +220,34 @@ def test_bundle_holds_the_evidence(hangs, mode):
         if shutil.which("py-spy"):
             assert "MainThread" in (part / "native-r1.txt").read_text()
     assert str(got["bundle"]) in hangs["marker"].read_text().splitlines()
+    if mode != "sleep":  # no Flight Recorder enabled: the text says how
+        assert "TORCH_FR_BUFFER_SIZE" in (part / "flight_recorder").read_text()
+
+
+def test_report_reads_the_bundle(hangs):
+    got = hangs["named"]["skip"]
+    argv = [sys.executable, "-m", "rankscope", "report", str(got["bundle"]), "--width", "160"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "STALLED" in done.stdout and "culprit rank 1" in done.stdout, done.stdout[:3000]
+
+
+def test_flight_recorder_dumps_name_the_rank_that_never_entered(hangs):
+    from rankscope.hub.importers.flight_recorder import load_dump
+
+    folder = hangs["named"]["sleep"]["bundle"] / "hang" / "flight_recorder"
+    assert folder.is_dir(), (folder.parent / "flight_recorder").read_text()
+    assert sorted(p.name for p in folder.iterdir()) == ["rank_0.json", "rank_1.json"]
+    waiting = load_dump(folder / "rank_0.json")["entries"]
+    assert waiting[-1]["profiling_name"] == "gloo:all_reduce" and not waiting[-1]["retired"]
+    rec = hangs["tmp"] / "fr-import"
+    argv = [sys.executable, "-m", "rankscope", "import", "flight-recorder", str(folder)]
+    argv += ["--record", str(rec), "--json"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    hang = json.loads(done.stdout)["details"]["hang"]
+    assert [h["never_entered"] for h in hang] == [[1]], hang
+    assert hang[0]["entered_not_finished"] == [0]
 
 
 @pytest.mark.parametrize("mode", [m for m, c in CASES.items() if c[3] is None])

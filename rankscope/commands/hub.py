@@ -213,6 +213,8 @@ def run(args: argparse.Namespace) -> int:
             args.bundles or args.record or ".",
             on_stall=args.on_stall,
             stall_s=args.stall_s or STALL_S,
+            recording=args.record,
+            flush=hub.recorder.flush if hub.recorder is not None else None,
         ).start()
     except ValueError as exc:  # an --on-stall with unbalanced quotes
         hub.stop()

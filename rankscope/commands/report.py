@@ -60,6 +60,41 @@ def _header(c: dict[str, Any]) -> Panel:
     return Panel(lines, title="rankscope snapshot", title_align="left")
 
 
+def _stall(hang: dict[str, Any]) -> Panel:
+    """A hang bundle's stall: the culprit and the case first, then what the others wait in."""
+    v = hang.get("verdict") or {}
+    body = Text()
+    idle = v.get("idle_s")
+    body.append("STALLED" if v.get("stalled") else "stall over", style="bold red")
+    if idle is not None:
+        body.append(f"  no rank progressed for {idle:.1f} s (threshold {v.get('threshold_s')} s)")
+    culprits = v.get("culprits") or []
+    for c in culprits[:8]:
+        where = f" in {c.get('group_name')}:{c.get('op')}#{c.get('seq')}" if c.get("op") else ""
+        body.append(f"\nculprit rank {c.get('rank')} on {c.get('host') or '?'}: ", style="bold")
+        body.append(f"{c.get('case')}{where} — {c.get('detail')}")
+    held = {c.get("rank") for c in culprits}
+    waiting = [w for w in v.get("waiting") or [] if w.get("rank") not in held]
+    for w in waiting[:8]:
+        body.append(f"\nrank {w.get('rank')}: {w.get('where')}")
+    if len(waiting) > 8:
+        body.append(f"\n... and {len(waiting) - 8} more ranks")
+    files = hang.get("files") or {}
+    stacks = [rel for key, rel in files.items() if key.startswith("stacks:")]
+    if stacks:
+        body.append("\nstacks: " + ", ".join(map(str, stacks)), style="dim")
+    fr = hang.get("flight_recorder") or {}
+    dumps = fr.get("dumps") or {}
+    body.append(
+        "\nflight recorder: "
+        + (", ".join(map(str, dumps.values())) if dumps else str(fr.get("note") or "none")),
+        style="dim",
+    )
+    if hang.get("diagnosis_note"):
+        body.append(f"\ndiagnosis: {hang['diagnosis_note']}", style="italic")
+    return Panel(body, title="stall", title_align="left")
+
+
 def _verdict(diag: dict[str, Any]) -> Panel:
     hyps = diag.get("verdict", {}).get("hypotheses", [])
     if not hyps:
@@ -102,7 +137,10 @@ def renderables(c: dict[str, Any]) -> list[RenderableType]:
     """
     c = clean_data(c)
     diag = c.get("diagnosis") or {}
-    out: list[RenderableType] = [_header(c), _verdict(diag)]
+    out: list[RenderableType] = [_header(c)]
+    if c.get("hang"):
+        out.append(_stall(c["hang"]))
+    out.append(_verdict(diag))
     dist = diag.get("distributions", {})
     cur, ref = dist.get("current") or {}, dist.get("baseline") or {}
     rows: list[list[Any]] = []
