@@ -8,12 +8,11 @@ Three perturbations separate the verdict's families (seed: "controlled experimen
   (``slow_device``, and the host-side mechanisms ``slow_host_input``, ``host_pause``,
   ``cpu_contention``, or an ``unexplained_straggler``). The slowness follows the shard
   (data) or stays with the device (hardware); ``rankscope experiment swap`` judges it.
-- a **pairwise sweep** (``rankscope sweep PATH --scope pairwise``) for a rail
-  (``network_rail``): the primitive alone on each link of the suspect group names the slow
-  rail, or finds the links healthy under a group placed across hosts (then the placement,
-  not the fabric). The sweep judges itself. Not for ``local_fabric``: the pairwise plan
-  sweeps the suspect host's own links, which are all slow alike, and with no healthy link
-  beside them it finds nothing.
+- a **pairwise sweep** (``rankscope sweep PATH --scope pairwise``) for a rail or a host's
+  fabric (``network_rail``, ``local_fabric``): the primitive alone on each link of two
+  hosts, the suspect's first, names the slow rail or the host whose own links are slow
+  beside a healthy host's, or finds the links healthy under a group placed across hosts
+  (then the placement, not the fabric). The sweep judges itself.
 - a **placement swap** (``rankscope rerun PATH --scope full --swap-placement A,B``) for
   ``placement``: two ranks exchange devices, every group keeping its members; a gap that
   leaves the pair moved with the placement (topology), one that follows the device is
@@ -47,7 +46,7 @@ SHARD_SWAP = frozenset(
     }
 )
 """Mechanisms a shard swap separates: does the slowness follow the data or the rank?"""
-SWEEP = frozenset({"network_rail"})
+SWEEP = frozenset({"network_rail", "local_fabric"})
 """Mechanisms a pairwise sweep separates: is the primitive itself slow, and on which link?"""
 PLACEMENT_SWAP = frozenset({"placement"})
 """Mechanisms a placement swap separates (simulated cluster; else a pairwise sweep)."""

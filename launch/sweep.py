@@ -300,9 +300,10 @@ def _pairwise_members(window: Window, group: str | None, top: Any) -> tuple[np.n
         return np.array(g.ranks, dtype=np.int64), f"the links of group {g.name} (--group)"
     mech = getattr(top, "mechanism", "") if top is not None else ""
     if mech in ("network_rail", "local_fabric", "intermittent_congestion"):
-        # A fabric fault is judged against its peers: every rail (or every local link) of
-        # the hosts the hypothesis names, so the slow one has healthy ones beside it.
-        want = 1 if mech == "local_fabric" else 2
+        # A fabric fault is judged against its peers: every rail and every local link of
+        # two hosts, those the hypothesis names first, so the slow one has healthy ones of
+        # its kind beside it (a host's own links are all slow alike when its fabric is).
+        want = 2
         named = [info.hosts.index(h) for h in getattr(top, "hosts", ()) if h in info.hosts]
         hosts = list(dict.fromkeys(named))[:want]
         for h in range(len(info.hosts)):
@@ -319,12 +320,22 @@ def _pairwise_members(window: Window, group: str | None, top: Any) -> tuple[np.n
     candidates = [g for g in window.groups.values() if 2 <= len(g.ranks) < window.world_size]
     for r in suspects:
         for g in sorted(candidates, key=lambda g: (not g.crosses_hosts, len(g.ranks))):
-            if r in g.ranks:
+            if r not in g.ranks:
+                continue
+            if len(g.ranks) > 2:
                 return (
                     np.array(g.ranks, dtype=np.int64),
                     f"the links of {g.name}, the group of rank {r} that {mech or 'the verdict'} "
                     "names",
                 )
+            # One link alone has nothing to be slow against: every link of its hosts.
+            hosts = sorted({int(info.host[m]) for m in g.ranks})
+            names = ", ".join(info.hosts[h] for h in hosts)
+            return (
+                np.flatnonzero(np.isin(info.host, hosts)),
+                f"every link between the ranks of {names}, the hosts of {g.name} (rank {r}'s "
+                f"group that {mech or 'the verdict'} names)",
+            )
     return np.arange(window.world_size), "every rank of the run (no suspect group)"
 
 

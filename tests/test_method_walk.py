@@ -32,6 +32,9 @@ WALKS = [
     pytest.param("slow-device", 16, "hardware", id="slow-device"),
     pytest.param("data-imbalance", 16, "data", id="data-imbalance"),
     pytest.param("network-rail", 16, "rail", id="network-rail"),
+    # At 16 ranks the scenario's slow host fabric is within the healthy spread; at 64 the
+    # diagnosis names it.
+    pytest.param("local-fabric", 64, "host", id="local-fabric"),
     # At 16 ranks (four hosts of four GPUs) the scenario splits two of the four
     # tensor-parallel groups: with no majority of intra-host groups to compare them with,
     # no diagnosis can call them misplaced. At 32 ranks two of eight are split (twice the
@@ -102,6 +105,10 @@ def test_the_proposed_experiment_names_the_injected_mechanism(
             # A sweep judges itself: its finding is the answer.
             assert nx["then"] == []
             found = _json(capsys, [*nx["command"][1:], "--yes", "--json"])["found"]
+            if names == "host":
+                assert found["finding"] == "local_fabric", found
+                assert [found["host"]] == truth["hosts"], (found, truth)
+                return
             assert names == "rail"
             assert found["finding"] == "network_rail", found
             assert found["rail"] == truth["rails"][0], (found, truth)
