@@ -70,16 +70,42 @@ def no_hub() -> Iterator[str]:
 # Tests that read the session-wide real runs above: one xdist worker makes them once.
 _SHARED_RUNS = {"real_hub", "packing_baseline"}
 
+# The groups that take longest (real torch jobs, many simulated runs), longest first, as
+# measured on a loaded 2-core machine: xdist hands out groups in collection order, so
+# these go first and the short ones fill the gaps at the end (longest first is close to
+# the best split). A group missing here only runs later.
+_LONGEST_FIRST = (
+    "tests/test_torch_e2e.py",
+    "shared-real-runs",
+    "tests/test_real_faults.py",
+    "tests/test_demo_command.py",
+    "tests/test_launch_torch.py",
+    "tests/test_ladder_tui.py",
+    "tests/test_capture_forms.py",
+    "tests/test_real_workload.py",
+    "tests/test_tui_discoverable.py",
+    "tests/test_import_flight_recorder.py",
+    "tests/test_stage.py",
+    "tests/test_method_walk.py",
+    "tests/test_tui_app.py",
+)
+
+
+def _group(item: pytest.Item) -> str:
+    if _SHARED_RUNS & set(getattr(item, "fixturenames", ())):
+        return "shared-real-runs"
+    return item.nodeid.split("::", 1)[0]
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Group the tests for ``pytest-xdist --dist loadgroup`` (the suite's default): each
     module runs on one worker, so its module fixtures (most of them real or simulated runs)
     are made once; the tests reading the session's shared real runs run on one worker
-    together. Without xdist the marks do nothing."""
+    together; the longest groups are handed out first. Without xdist the marks do nothing
+    and only the order changes (modules stay whole)."""
+    rank = {g: i for i, g in enumerate(_LONGEST_FIRST)}
+    groups = {id(item): _group(item) for item in items}
     for item in items:
-        if _SHARED_RUNS & set(getattr(item, "fixturenames", ())):
-            group = "shared-real-runs"
-        else:
-            group = item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(pytest.mark.xdist_group(groups[id(item)]))
+    items.sort(key=lambda item: rank.get(groups[id(item)], len(rank)))
