@@ -314,10 +314,10 @@ class HangWatch:
         except (KeyError, ValueError) as exc:
             _write_bare(root, run, section, f"no window of steps to snapshot: {exc!r}")
             return
-        if not window.steps.size:
-            _write_bare(root, run, section, "the run has no step yet: no window to snapshot")
-            return
-        diagnosis, note = _diagnose(window, self.diagnosis_budget_s)
+        if window.steps.size:
+            diagnosis, note = _diagnose(window, self.diagnosis_budget_s)
+        else:  # hung in its first step: the snapshot holds the ranks and their last beats
+            diagnosis, note = {}, "no step was complete: nothing to diagnose but the stall"
         section["diagnosis_note"] = note
         pins = tuple(c.rank for c in hang.culprits[:8] if 0 <= c.rank < window.world_size)
         take_snapshot(

@@ -444,3 +444,38 @@ def test_no_flight_recorder_dump_unless_the_job_enabled_one(monkeypatch):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["None", "False"], out.stderr
+
+
+def test_a_run_hung_in_its_first_step_still_gets_a_snapshot_bundle(tmp_path):
+    from rankscope.commands.report import renderables
+    from rankscope.hub import replay
+    from rankscope.hub.hang import HangWatch, judge_run
+    from rankscope.hub.recording import RecordingWriter
+    from rankscope.snapshot import load_snapshot
+
+    store = Store()
+    rec = RecordingWriter(tmp_path / "rec")
+    intake = Intake(store, rec)
+    now = 1_700_000_000 * S
+    for r in range(2):
+        assert intake.feed(_hello(r), t_recv_ns=now - 60 * S)
+    world = [{"id": 0, "name": "world", "ranks": [0, 1], "backend": "gloo"}]
+    assert intake.feed(schema.groups_message(HEADER, world), t_recv_ns=now - 60 * S)
+    for r in range(2):
+        inside = r == 0
+        pos = {**POS, "t": now - S, "step": 0, "step_t0": now - 40 * S,
+               "group": 0 if inside else -1, "seq": 1 if inside else -1,
+               "op": 0 if inside else -1, "since": now - 30 * S if inside else -1}  # fmt: skip
+        beat = schema.beat_message({**HEADER, "rank": r}, pos, stacks={"py": f"r{r}", "why": "y"})
+        assert intake.feed(beat, t_recv_ns=now - S)
+    rec.flush()
+    watch = HangWatch(store, tmp_path / "b", clock=lambda: now, recording=tmp_path / "rec")
+    got = watch.check()["r"]
+    assert [c.rank for c in got.hang.culprits] == [1] and watch.errors == 0
+    content, folder = load_snapshot(got.bundle)
+    assert content["window"]["n_steps"] == 0 and "no step was complete" in str(
+        content["hang"]["diagnosis_note"]
+    )
+    assert renderables(content)
+    again = replay.load(folder / "window")
+    assert judge_run(again, "r", now).culprits[0].rank == 1
