@@ -56,17 +56,30 @@ class RankscopeApp(Clocks, App[int]):
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("question_mark", "help", "Help", tooltip="This list of keys (every screen's)"),
-        Binding("r", "rerun", "Rerun", tooltip="Plan and launch a reduced-scope rerun"),
+        Binding(
+            "r",
+            "rerun",
+            "Rerun",
+            tooltip="Plan and launch a rerun, or the swap/sweep the verdict proposes",
+        ),
         Binding("q", "quit", "Quit", tooltip="Quit (the hub and recording are not affected)"),
         Binding(
             "p", "pause", "Pause", show=False, tooltip="Freeze the view (data keeps being recorded)"
         ),
         Binding("b", "baseline", "Baseline", show=False, tooltip="Choose the baseline run"),
         Binding(
-            "L", "ladder", "Ladder", show=False, tooltip="Each scope's rerun next to the full run"
+            "L",
+            "ladder",
+            "Ladder",
+            show=False,
+            tooltip="Each scope's rerun next to the full run; the run's sweeps",
         ),
         Binding(
-            "e", "experiment", "Experiment", show=False, tooltip="Record or judge an experiment"
+            "e",
+            "experiment",
+            "Experiment",
+            show=False,
+            tooltip="Record, judge or stage an experiment",
         ),
         Binding(
             "ctrl+s",
@@ -83,9 +96,9 @@ class RankscopeApp(Clocks, App[int]):
     | ? | The list of keys. |
     | p | Pause or resume the view; data keeps being received and recorded. |
     | b | Choose the baseline run. |
-    | r | Reduced-scope rerun menu: `1` one-rank, `n` one-node, `2` two-node, `f` full. |
+    | r | Rerun menu: `1` one-rank, `n` one-node, `2` two-node, `f` full; `s` the swap or sweep the verdict proposes. |
     | L | The ladder: each scope's rerun next to the full run, and the first scope that regresses. |
-    | e | Experiments: record hypothesis, change, prediction and rejection condition; judge them. |
+    | e | Experiments: record hypothesis, change, prediction and rejection condition; judge them; stage a supported one (`ctrl+t`). |
     | ctrl+s | Write a snapshot bundle (Markdown, JSON, screen, raw window) in the current folder. |
     """
 
@@ -592,12 +605,17 @@ class RankscopeApp(Clocks, App[int]):
         from rankscope.tui.experiment_screen import ExperimentScreen
         from rankscope.tui.ladder_screen import LadderScreen
         from rankscope.tui.rerun_screen import RerunScreen
+        from rankscope.tui.stage_screen import StageScreen
 
         return [
             ("Rerun menu (r)", list(RerunScreen.BINDINGS)),
             (
                 "Ladder (L)",
-                [("up,down,pageup,pagedown", "", "Scroll the ladder"), *LadderScreen.BINDINGS],
+                [
+                    ("up,down", "", "Scroll the ladder and its sweeps a line"),
+                    ("pageup,pagedown", "", "Scroll a page"),
+                    *LadderScreen.BINDINGS,
+                ],
             ),
             (
                 "Experiments (e)",
@@ -605,6 +623,15 @@ class RankscopeApp(Clocks, App[int]):
                     ("tab", "", "Next field"),
                     ("enter", "", "On a record: judge it against the run on screen"),
                     *ExperimentScreen.BINDINGS,
+                ],
+            ),
+            (
+                "Staging (ctrl+t on a supported experiment)",
+                [
+                    ("tab", "", "The change each stage applies (enter: plan again)"),
+                    ("up,down", "", "Scroll the plan and the results a line"),
+                    ("pageup,pagedown", "", "Scroll a page"),
+                    *StageScreen.BINDINGS,
                 ],
             ),
         ]

@@ -1,8 +1,9 @@
 """The experiment form: write the hypothesis, the one change, the predicted movement of one
 metric and the rejection condition *before* the run; afterwards judge it against the run
 on screen and show the verdict (supported / rejected / improved through another
-mechanism) and whether the accounting closed. Records are the same JSON files as
-``rankscope experiment`` writes, beside the recording."""
+mechanism) and whether the accounting closed; stage a supported one (``ctrl+t``: one node,
+two nodes, the full job, with checks after each, `rankscope.tui.stage_screen`). Records
+are the same JSON files as ``rankscope experiment`` writes, beside the recording."""
 
 from __future__ import annotations
 
@@ -80,6 +81,12 @@ class ExperimentScreen(ModalScreen[None]):
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("ctrl+s", "save", "Record", tooltip="Record the prediction (before the run)"),
+        Binding(
+            "ctrl+t",
+            "stage",
+            "Stage",
+            tooltip="Stage the highlighted supported experiment: one node, two nodes, full",
+        ),
         Binding("escape", "close", "Close", tooltip="Close the form"),
     ]
     """
@@ -88,6 +95,7 @@ class ExperimentScreen(ModalScreen[None]):
     | tab | Next field. |
     | ctrl+s | Record the prediction as written (before the run). |
     | enter on a record | Judge it: before = the run it was recorded from, after = the run on screen. |
+    | ctrl+t | Stage the highlighted (or last judged) supported experiment: its plan, then `y`. |
     | escape | Close. |
     """
 
@@ -158,7 +166,10 @@ class ExperimentScreen(ModalScreen[None]):
                     id="direction",
                 )
             yield Input(placeholder="rejected if…", id="rejection", select_on_focus=False)
-            yield Static("Recorded (enter: judge against the run on screen)", classes="title")
+            yield Static(
+                "Recorded (enter: judge against the run on screen · ctrl+t: stage a supported one)",
+                classes="title",
+            )
             yield OptionList(id="records")
             yield Static(id="result")
 
@@ -289,6 +300,37 @@ class ExperimentScreen(ModalScreen[None]):
         self.last_result = message.record
         self._reload()
         self._say("\n".join(result_lines(message.record)))
+
+    def action_stage(self) -> None:
+        """Open the staging of the highlighted record (else the one judged last)."""
+        from rankscope.launch.experiments import load_experiment
+        from rankscope.tui.stage_screen import StageScreen
+
+        if self.context.record is None:
+            self._say("no recording holds the experiment records", "bold red")
+            return
+        ol = self.query_one("#records", OptionList)
+        exp_id = None
+        if ol.highlighted is not None:
+            exp_id = ol.get_option_at_index(ol.highlighted).id
+        if exp_id is None and self.last_result is not None:
+            exp_id = self.last_result.id
+        if exp_id is None:
+            self._say("highlight a supported record to stage (up/down in the list)", "yellow")
+            return
+        try:
+            rec = load_experiment(self.context.record, exp_id)
+        except ExperimentError as exc:
+            self._say(str(exc), "bold red")
+            return
+        if rec.status != "supported":
+            self._say(
+                f"{rec.id} is {rec.status}: only a supported change is staged "
+                "(enter judges it against the run on screen)",
+                "yellow",
+            )
+            return
+        self.app.push_screen(StageScreen(self.context, rec))
 
     def action_close(self) -> None:
         """Close the form."""

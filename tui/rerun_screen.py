@@ -1,4 +1,7 @@
-"""The rerun menu: pick a scope, read the full plan, confirm, launch, follow the new run.
+"""The rerun menu: pick a scope, read the full plan, confirm, launch, follow the new run —
+or run the controlled experiment the verdict on screen proposes (``s``: a shard swap, a
+placement swap or a pairwise sweep, `rankscope.tui.controlled`), whose evaluation the menu
+shows once it has finished.
 
 Planning (diagnosis, plan, launcher template) and launching run in worker threads and
 come back as messages; the screen only draws and takes keys. Nothing is launched without
@@ -27,6 +30,7 @@ from textual.widgets import Static
 from rankscope.launch.runner import Launch
 from rankscope.sanitize import for_terminal
 from rankscope.tui.abbrev import Field, fit_fields
+from rankscope.tui.controlled import ControlledPlan, offers, plan_controlled
 from rankscope.tui.rerun_context import (
     RerunContext,
     load_windows,
@@ -48,6 +52,8 @@ class PlanResult:
     error: str = ""
     launcher: str = ""
     """The launcher template used (the default one for the run when none was chosen)."""
+    controlled: ControlledPlan | None = None
+    """The controlled experiment planned (``s``), instead of a scope rerun."""
 
 
 class RerunScreen(ModalScreen[str | None]):
@@ -59,6 +65,13 @@ class RerunScreen(ModalScreen[str | None]):
         Binding("n", "scope('one-node')", "One node", tooltip="Plan a rerun on the suspect node"),
         Binding("2", "scope('two-node')", "Two nodes", tooltip="Suspect node with a peer"),
         Binding("f", "scope('full')", "Full", tooltip="Plan a full-scale rerun"),
+        Binding(
+            "s",
+            "controlled",
+            "Swap/sweep",
+            tooltip="Plan the controlled experiment the verdict proposes (swap shards, swap "
+            "placement, pairwise sweep); again: the next hypothesis' one",
+        ),
         Binding("l", "launcher", "Launcher", tooltip="Next launcher template"),
         Binding("y", "launch", "Launch", tooltip="Launch the plan on screen"),
         Binding("x", "cancel_rerun", "Cancel rerun", tooltip="Stop the rerun started last"),
@@ -71,6 +84,7 @@ class RerunScreen(ModalScreen[str | None]):
     | n | Plan a one-node rerun (the suspect node). |
     | 2 | Plan a two-node rerun (the suspect with a healthy peer, or across the rail). |
     | f | Plan a full-scale rerun. |
+    | s | Plan the verdict's controlled experiment: swap shards, swap placement or a pairwise sweep; `y` runs it and the menu shows its evaluation. |
     | l | Next launcher template (torchrun, slurm, simulated, yours). |
     | y | Launch the plan on screen; the view then follows the new run. |
     | x | Cancel the rerun started last from this session. |
@@ -100,6 +114,14 @@ class RerunScreen(ModalScreen[str | None]):
         self.context = context
         self.result: PlanResult | None = None
         self.planning = False
+        self.offer_index = -1
+        """Which of the verdict's controlled experiments ``s`` planned last."""
+        self.experimenting = False
+        """A controlled experiment launched from this menu is running or being judged."""
+        self.outcome: tuple[str, ...] | None = None
+        """The evaluation of the controlled experiment, once it has finished."""
+        self.intro: list[str] = []
+        """What the menu offers, shown until a plan replaces it."""
 
     def compose(self) -> ComposeResult:
         with Vertical():
@@ -110,8 +132,31 @@ class RerunScreen(ModalScreen[str | None]):
 
     def on_mount(self) -> None:
         self._title()
+        run = parent_of(self.app)
+        offered = offers(shown_hypotheses(self.app, run) if run is not None else None)
+        swap = f"s {offered[0].label}" if offered else "s swap/sweep"
+        self.intro = [
+            f"Reruns of {run or 'the run on screen'}: the plan is shown first, y launches it.",
+            "  1 one-rank · n one-node · 2 two-node · f full",
+            "",
+        ]
+        if offered:
+            self.intro.append(
+                "Controlled experiments the verdict proposes (s: the first; s again: the next):"
+            )
+            self.intro += [
+                f"  {o.label} — {o.mechanism}: separates {o.perturbation.separates}"
+                for o in offered
+            ]
+        else:
+            self.intro.append(
+                "s: the controlled experiment (swap shards, swap placement, pairwise sweep) "
+                "the verdict proposes, once it has one"
+            )
+        self._show_body()
         self._status(
-            "1 one-rank · n one-node · 2 two-node · f full · l launcher · y launch · esc close"
+            f"1 one-rank · n one-node · 2 two-node · f full · {swap} · l launcher · y launch "
+            "· esc close"
         )
 
     def _title(self) -> None:
@@ -132,12 +177,13 @@ class RerunScreen(ModalScreen[str | None]):
         self._show_body()
 
     def _show_body(self) -> None:
-        if self.result is None:
-            return
         body = self.query_one("#body", Static)
         width = body.content_size.width
         lines: list[str] = []
-        for line in map(for_terminal, self.result.lines):
+        shown = list(self.result.lines) if self.result is not None else self.intro
+        if self.outcome is not None:
+            shown = ["result:", *(f"  {line}" for line in self.outcome), "", *shown]
+        for line in map(for_terminal, shown):
             if width <= 0 or len(line) <= width:
                 lines.append(line)
                 continue
@@ -154,7 +200,7 @@ class RerunScreen(ModalScreen[str | None]):
 
     def action_scope(self, scope: str) -> None:
         """Plan a rerun at ``scope`` (in a worker)."""
-        if self.planning:
+        if self.planning or self.experimenting:
             return
         self.planning = True
         self._status(f"planning a {scope} rerun…", "italic")
@@ -163,6 +209,31 @@ class RerunScreen(ModalScreen[str | None]):
     @work(thread=True, group="rerun-plan", exit_on_error=False)
     def _plan_worker(self, scope: str, ctx: RerunContext) -> None:
         self.post_message(self.Planned(plan_rerun(self.app, ctx, scope)))
+
+    def action_controlled(self, again: bool = True) -> None:
+        """Plan the verdict's controlled experiment (in a worker); pressed again, the next
+        hypothesis' one."""
+        if self.planning or self.experimenting:
+            return
+        self.planning = True
+        if again or self.offer_index < 0:
+            self.offer_index += 1
+        self._status("planning the controlled experiment…", "italic")
+        self._controlled_worker(self.offer_index, self.context)
+
+    @work(thread=True, group="rerun-plan", exit_on_error=False)
+    def _controlled_worker(self, index: int, ctx: RerunContext) -> None:
+        try:
+            got = plan_controlled(self.app, ctx, index)
+        except Exception as exc:  # the menu must outlive a bad run
+            got = f"cannot plan: {type(exc).__name__}: {exc}"
+        if isinstance(got, str):
+            result = PlanResult("controlled", None, (), got)
+        else:
+            result = PlanResult(
+                got.offer.label, got.launch, got.lines, got.error, got.launcher, got
+            )
+        self.post_message(self.Planned(result))
 
     def on_rerun_screen_planned(self, message: Planned) -> None:
         self.planning = False
@@ -173,9 +244,13 @@ class RerunScreen(ModalScreen[str | None]):
                 c.hub, c.record, message.result.launcher, c.launcher_dirs, c.last
             )
             self._title()
+        self.outcome = None
         self._show_body()
         if message.result.error:
             self._status(message.result.error, "bold red")
+        elif message.result.controlled is not None:
+            what = message.result.scope
+            self._status(f"y: run this {what}; its evaluation shows here · esc: close", "bold")
         else:
             self._status(f"y: launch this {message.result.scope} rerun · esc: close", "bold")
 
@@ -191,7 +266,9 @@ class RerunScreen(ModalScreen[str | None]):
         nxt = names[(i + 1) % len(names)]
         self.context = RerunContext(c.hub, c.record, nxt, c.launcher_dirs, c.last)
         self._title()
-        if self.result is not None:
+        if self.result is not None and self.result.controlled is not None:
+            self.action_controlled(again=False)
+        elif self.result is not None and self.result.scope in SCOPE_KEYS:
             self.action_scope(self.result.scope)
 
     def action_launch(self) -> None:
@@ -199,8 +276,14 @@ class RerunScreen(ModalScreen[str | None]):
         from rankscope.launch.runner import program_check, start
 
         res = self.result
+        if self.experimenting:
+            self._status("the controlled experiment is still running", "yellow")
+            return
+        if res is not None and res.controlled is not None and res.controlled.sweep_argv:
+            self._start_sweep(res.controlled)
+            return
         if res is None or res.launch is None:
-            self._status("nothing to launch: plan a scope first (1, n, 2, f)", "yellow")
+            self._status("nothing to launch: plan a scope first (1, n, 2, f, s)", "yellow")
             return
         settings = getattr(self.app, "settings", None)
         allow = settings.rerun.allow if settings is not None else ()
@@ -216,7 +299,61 @@ class RerunScreen(ModalScreen[str | None]):
         session_of(self.app).running[running.run] = running
         note = for_terminal(f"launched {running.run}; log {res.launch.log}")
         self.app.notify(note, timeout=5, markup=False)
+        if res.controlled is not None:
+            # The menu stays on the plan until the swap has been judged.
+            self.experimenting = True
+            self._status(
+                f"running {running.run}; the swap is judged once its steps have arrived "
+                "(x cancels, esc closes: the verdict then comes as a notification)",
+                "italic",
+            )
+            self._evaluate_worker(res.controlled, running)
+            return
         self.dismiss(running.run)
+
+    def _start_sweep(self, plan: ControlledPlan) -> None:
+        self.experimenting = True
+        self._status(f"running the sweep {plan.sweep_run}…", "italic")
+        self._sweep_worker(plan)
+
+    @work(thread=True, group="controlled", exit_on_error=False)
+    def _sweep_worker(self, plan: ControlledPlan) -> None:
+        from rankscope.tui.controlled import run_sweep
+
+        record = self.context.record
+        try:
+            lines = run_sweep(plan, record) if record is not None else ["no recording"]
+        except Exception as exc:  # the menu must outlive a bad sweep
+            lines = [f"sweep failed: {type(exc).__name__}: {exc}"]
+        self._finish_from_thread(lines)
+
+    @work(thread=True, group="controlled", exit_on_error=False)
+    def _evaluate_worker(self, plan: ControlledPlan, running: Any) -> None:
+        from rankscope.tui.controlled import evaluate_rerun
+
+        try:
+            lines = evaluate_rerun(self.app, self.context, plan, running)
+        except Exception as exc:  # the menu must outlive a bad rerun
+            lines = [f"cannot judge the swap: {type(exc).__name__}: {exc}"]
+        self._finish_from_thread(lines)
+
+    def _finish_from_thread(self, lines: list[str]) -> None:
+        try:
+            self.app.call_from_thread(self._finished, tuple(lines))
+        except RuntimeError:
+            pass  # the app has closed
+
+    def _finished(self, lines: tuple[str, ...]) -> None:
+        """The controlled experiment's evaluation came back (on the event loop)."""
+        self.experimenting = False
+        self.outcome = lines
+        head = lines[0] if lines else "finished"
+        self.app.notify(for_terminal(head), title="controlled experiment", markup=False)
+        if not self.is_attached:
+            return  # the menu was closed meanwhile: the notification carries it
+        self._show_body()
+        self.query_one("#plan", VerticalScroll).scroll_home(animate=False)
+        self._status(f"{head} · esc: close", "bold")
 
     def action_cancel_rerun(self) -> None:
         """Cancel the rerun started last from this session."""
