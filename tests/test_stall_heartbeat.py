@@ -479,3 +479,36 @@ def test_a_run_hung_in_its_first_step_still_gets_a_snapshot_bundle(tmp_path):
     assert renderables(content)
     again = replay.load(folder / "window")
     assert judge_run(again, "r", now).culprits[0].rank == 1
+
+
+@pytest.mark.torch
+@pytest.mark.slow  # a torch process with a gloo group: ~18 s on a loaded machine
+def test_a_process_with_a_flight_recorder_dumps_it_as_json(tmp_path):
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    from rankscope.hub.importers.flight_recorder import load_dump
+
+    code = (
+        "import os, socket, sys\n"
+        "os.environ['TORCH_FR_BUFFER_SIZE'] = '50'\n"
+        "import torch, torch.distributed as dist\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]; s.close()\n"
+        "dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=0,"
+        " world_size=1)\n"
+        "t = torch.ones(8)\n"
+        "for _ in range(60):\n"
+        "    dist.all_reduce(t)\n"
+        "from rankscope.collector.stacks import flight_recorder_dump\n"
+        "sys.stdout.write(flight_recorder_dump(limit=8 * 1024))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (tmp_path / "rank_0.json").write_text(out.stdout)
+    doc = load_dump(tmp_path / "rank_0.json")
+    entries = doc["entries"]
+    assert len(out.stdout) <= 8 * 1024 and 0 < len(entries) < 50  # the ring keeps 50
+    assert entries[-1]["profiling_name"] == "gloo:all_reduce"
+    assert entries[-1]["collective_seq_id"] == 60
+    assert "newest" in doc["rankscope_note"]
