@@ -777,7 +777,8 @@ class RunState:
 
 
 MAX_STACK_RANKS = 64
-"""Ranks whose latest stacks are held (the most recent senders): at most ~12 MiB."""
+"""Ranks whose latest stacks are held (the most recent senders): at most ~12 MiB, ~28 MiB
+when each also sent a Flight Recorder dump (``schema.MAX_FR_CHARS``)."""
 BEAT_STATE_CODES = {"run": 1, "exit": 2}
 """``Beats.state`` codes; 0 is no beat yet."""
 
