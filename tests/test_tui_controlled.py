@@ -243,3 +243,42 @@ async def test_the_form_stages_a_supported_experiment_and_shows_the_rollback(
             assert "workload" in shown and "metric" in shown  # each check, as it came back
             assert "rollback: revert 'attention-balanced packer'" in shown
             assert load_experiment(rec, exp_id).stages[-1]["stopped_at"] == "one-node"
+
+
+@run_async
+async def test_without_a_hub_the_swap_is_shown_with_its_command_but_not_launched() -> None:
+    from rankscope.tui.scenes import Fault, synthetic_run
+    from rankscope.tui.sources import StaticSource
+
+    win = synthetic_run(16, 12, fault=Fault("slow_device", rank=5), run="s")
+    app = make_app(deterministic_settings(), StaticSource([win]))
+    async with app.run_test(size=SIZE) as pilot:
+        await _until(
+            pilot, lambda: app.analysis is not None and bool(app.analysis.ranked), "a verdict"
+        )
+        assert app.analysis is not None
+        top = app.analysis.ranked[0]
+        p = top.next_experiment.perturbation
+        assert top.mechanism == "slow_device" and p is not None and p.kind == "swap_shards"
+        assert p.ranks[0] == 5  # the slow rank, swapped with a healthy one
+        await pilot.press("r")
+        await _until(pilot, lambda: isinstance(app.screen, RerunScreen), "the menu")
+        menu = app.screen
+        assert isinstance(menu, RerunScreen)
+        # Before any key, the menu lists what the verdict proposes.
+        intro = str(menu.query_one("#body").render())
+        assert f"  swap shards 5,{p.ranks[1]}  slow_device" in intro
+        await pilot.press("s")
+        await _until(pilot, lambda: menu.result is not None and not menu.planning, "a plan")
+        res = menu.result
+        assert res is not None and res.controlled is not None
+        assert res.launch is None and "not launchable" in res.error
+        body = str(menu.query_one("#body").render())
+        assert "rerun s at full" in body and "stays with the device" in body
+        # The experiment and its evaluation as command lines (a real run: torchrun).
+        run_cmd, judge = res.controlled.cli
+        assert run_cmd.startswith("rankscope rerun PATH --scope full --run s --swap-shards")
+        assert judge == "rankscope experiment swap PATH --before s --after s-swap-shards"
+        await pilot.press("y")  # refused: nothing to launch
+        assert isinstance(app.screen, RerunScreen) and not menu.experimenting
+        assert session_of(app).running == {}

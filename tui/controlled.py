@@ -329,7 +329,9 @@ def run_sweep(plan: ControlledPlan, record: Path) -> list[str]:
     entry = next((e for e in read_sweeps(record, plan.parent) if e.run == plan.sweep_run), None)
     if code != 0 or entry is None:
         return [f"sweep {plan.sweep_run} wrote no result (exit code {code})"]
-    return sweeps_text([entry], width=100)
+    # The ladder's own wording of the entry, under a first line that names the finding.
+    head = f"sweep {entry.run}: found {entry.finding or '?'}"
+    return [head, *sweeps_text([entry], width=100)[1:]]
 
 
 def wait_for_steps(app: Any, run: str, expected: int | None) -> None:

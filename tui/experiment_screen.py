@@ -167,7 +167,7 @@ class ExperimentScreen(ModalScreen[None]):
                 )
             yield Input(placeholder="rejected if…", id="rejection", select_on_focus=False)
             yield Static(
-                "Recorded (enter: judge against the run on screen · ctrl+t: stage a supported one)",
+                "Recorded · enter: judge against the run on screen · ctrl+t: stage",
                 classes="title",
             )
             yield OptionList(id="records")

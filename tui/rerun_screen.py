@@ -142,12 +142,11 @@ class RerunScreen(ModalScreen[str | None]):
         ]
         if offered:
             self.intro.append(
-                "Controlled experiments the verdict proposes (s: the first; s again: the next):"
+                "Controlled experiments the verdict proposes, by hypothesis "
+                "(s plans the first, s again the next):"
             )
-            self.intro += [
-                f"  {o.label} — {o.mechanism}: separates {o.perturbation.separates}"
-                for o in offered
-            ]
+            width = max(len(o.label) for o in offered)
+            self.intro += [f"  {o.label:<{width}}  {o.mechanism}" for o in offered]
         else:
             self.intro.append(
                 "s: the controlled experiment (swap shards, swap placement, pairwise sweep) "

@@ -110,6 +110,8 @@ class StageScreen(ModalScreen[None]):
 
     def on_resize(self) -> None:
         self._show()
+        if self.running or self.attempt is not None:
+            self._to_end()  # the latest results stay in view
 
     def _plan(self) -> None:
         if self.planning or self.running:
