@@ -10,6 +10,8 @@ import functools
 import time
 from pathlib import Path
 
+import pytest
+
 from rankscope.commands.demo import start_demo
 from rankscope.hub.server import Hub
 from rankscope.sim import load_scenario
@@ -282,3 +284,36 @@ async def test_without_a_hub_the_swap_is_shown_with_its_command_but_not_launched
         await pilot.press("y")  # refused: nothing to launch
         assert isinstance(app.screen, RerunScreen) and not menu.experimenting
         assert session_of(app).running == {}
+
+
+@pytest.mark.slow
+@run_async
+async def test_the_menu_runs_the_proposed_placement_swap(tmp_path: Path) -> None:
+    # At 32 ranks the placement scenario splits two of eight tensor-parallel groups across
+    # hosts (test_method_walk: at 16 no diagnosis can call them misplaced).
+    rec = tmp_path / "rec"
+    handles = start_demo(
+        load_scenario("placement", ranks=32), STEPS, pace="fast", record_dir=str(rec), run_id="p"
+    )
+    try:
+        handles.wait(timeout=120)
+        assert handles.wait_ingested()
+    finally:
+        handles.stop()
+    with Hub(record_dir=str(rec)) as hub:
+        app = make_app(deterministic_settings(), LiveSource(hub), run="p")
+        async with app.run_test(size=SIZE) as pilot:
+            await _until(pilot, lambda: _verdict_on_screen(app), "the verdict of p")
+            await pilot.press("r")
+            await _until(pilot, lambda: isinstance(app.screen, RerunScreen), "the rerun menu")
+            menu = app.screen
+            assert isinstance(menu, RerunScreen)
+            await pilot.press("s")
+            await _until(pilot, lambda: menu.result is not None and not menu.planning, "a plan")
+            res = menu.result
+            assert res is not None and res.controlled is not None and res.launch is not None
+            assert res.controlled.offer.perturbation.kind == "swap_placement", res.scope
+            await pilot.press("y")
+            await _until(pilot, lambda: menu.outcome is not None, "the swap's evaluation", 180)
+            assert menu.outcome is not None
+            assert menu.outcome[0] == "moves with the placement: topology", menu.outcome
