@@ -90,25 +90,28 @@ class StageScreen(ModalScreen[None]):
     def _show(self) -> None:
         body = self.query_one("#body", Static)
         width = body.content_size.width
-        out: list[str] = []
+        rows: list[Text] = []
         for line in map(for_terminal, self.lines):
-            if width <= 0 or len(line) <= width:
-                out.append(line)
-                continue
-            indent = " " * (len(line) - len(line.lstrip()) + 4)
-            out += textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False) or [
-                line
-            ]
-        rows = []
-        for line in out:
-            failed = "FAILED" in line or line.startswith(("rollback:", "staging failed"))
-            style = "bold red" if failed else ""
-            if line.startswith("all stages passed"):
+            style = ""
+            if "FAILED" in line or line.startswith(("rollback:", "staging failed")):
+                style = "bold red"
+            elif line.startswith("all stages passed"):
                 style = "bold green"
-            rows.append(Text(line, style=style))
+            pieces = [line]
+            if 0 < width < len(line):
+                # Continuations hang under their line's text and keep its colour.
+                indent = " " * (len(line) - len(line.lstrip()) + 4)
+                pieces = textwrap.wrap(
+                    line, width, subsequent_indent=indent, break_on_hyphens=False
+                ) or [line]
+            rows += [Text(piece, style=style) for piece in pieces]
         body.update(Text("\n").join(rows))
 
     def on_resize(self) -> None:
+        # Once the new width is laid out: the text is wrapped to it.
+        self.call_after_refresh(self._reflow)
+
+    def _reflow(self) -> None:
         self._show()
         if self.running or self.attempt is not None:
             self._to_end()  # the latest results stay in view
