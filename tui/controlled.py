@@ -15,7 +15,6 @@ Everything here runs in worker threads; nothing touches a widget.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import time
 from dataclasses import dataclass
@@ -318,12 +317,10 @@ def run_sweep(plan: ControlledPlan, record: Path) -> list[str]:
     parser = argparse.ArgumentParser(prog="rankscope sweep")
     sweep.add_arguments(parser)
     args = parser.parse_args(list(plan.sweep_argv))
-    out = io.StringIO()
     try:
-        # The command prints its plan and result; here they would land on the screen the
-        # app draws (Textual draws through its driver, not sys.stdout).
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            code = sweep.run(args)
+        # The command's plan and result text go to a buffer, not to the terminal the app
+        # draws on; the finding is read back from the result file below.
+        code = sweep.run(args, out=io.StringIO())
     except CommandError as exc:
         return [f"sweep failed: {exc}"]
     entry = next((e for e in read_sweeps(record, plan.parent) if e.run == plan.sweep_run), None)

@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from rankscope.commands.grammar import (
     add_baseline,
@@ -276,7 +276,18 @@ def _result_text(analysis: dict[str, Any]) -> list[str]:
     return lines
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """``rankscope sweep``: plan, and with ``--yes`` run and judge, a sweep.
+
+    Args:
+        args: the parsed command line.
+        out: where the plan and the result are written (default: standard output; the
+            TUI passes its own buffer).
+
+    Returns:
+        The exit status.
+    """
+    out = sys.stdout if out is None else out
     from rankscope.commands.rerun import pick_run
     from rankscope.diagnosis.engine import diagnose
     from rankscope.launch.sweep import plan_sweep
@@ -331,14 +342,15 @@ def run(args: argparse.Namespace) -> int:
                         "launched": False,
                     },
                     indent=2,
-                )
+                ),
+                file=out,
             )
         else:
-            print(terminal_text("\n".join(_plan_text(plan, command, warnings))))
-            print("dry run: nothing was started or written; pass --yes to run the sweep")
+            print(terminal_text("\n".join(_plan_text(plan, command, warnings))), file=out)
+            print("dry run: nothing was started or written; pass --yes to run the sweep", file=out)
         return 0
     if not args.json:
-        print(terminal_text("\n".join(_plan_text(plan, command, warnings))), flush=True)
+        print(terminal_text("\n".join(_plan_text(plan, command, warnings))), flush=True, file=out)
     else:
         for w in warnings:
             warn(w)
@@ -367,11 +379,12 @@ def run(args: argparse.Namespace) -> int:
         print(
             json.dumps(
                 {**analysis, "result": str(out_file), "launched": True}, indent=2, default=_plain
-            )
+            ),
+            file=out,
         )
     else:
-        print(terminal_text("\n".join(_result_text(analysis))))
-        print(terminal_text(f"result: {out_file}"))
+        print(terminal_text("\n".join(_result_text(analysis))), file=out)
+        print(terminal_text(f"result: {out_file}"), file=out)
     return 0
 
 
