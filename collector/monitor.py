@@ -190,6 +190,8 @@ class Monitor:
         self._closed = False
         self._sampler: Sampler | None = None
         self._sample_interval_s = sample_interval_s
+        self.inspector: Any = None
+        """The NCCL Inspector tail when the plugin is on (`collector.inspector_tail`)."""
         self.pump = Pump(
             self,
             hub,
@@ -705,6 +707,7 @@ class Monitor:
             "sampler_cpu_s": round(self._sampler.cpu_s, 4) if self._sampler else 0.0,
             "pump_wakes": self.pump.wakes,
             "reconnects": sender.reconnects if sender else 0,
+            **({"nccl_inspector": self.inspector.counters()} if self.inspector else {}),
         }
 
     # -- identity and manifest (called on the pump thread) -----------------------------

@@ -140,6 +140,11 @@ class Pump:
         """CPU seconds this thread has used (the collector's own cost, off the hot path)."""
         self.tasks: list[Callable[[], None]] = []
         """Extra work run on every wake (e.g. resolving CUDA events)."""
+        self.hold: Callable[[Any, int], int] | None = None
+        """Rows a device-time source still waits for: given the unread collective rows and
+        the local time, how many leading ones may ship (`collector.inspector_tail`)."""
+        self.extra_manifest: dict[str, Any] = {}
+        """Manifest fields added to the built manifest (the device-time source)."""
         self.wake_after_ns = _NEVER
         """A step ending at or after this local time wakes the thread to ship it (read on
         the training thread; the pump moves it on after each shipment)."""
@@ -402,6 +407,7 @@ class Pump:
     def _manifest(self) -> dict[str, Any]:
         if self.manifest is None:
             self.manifest = build_manifest(self.mon.job_config, self.mon.identity.gpu_index)
+            self.manifest.update(self.extra_manifest)
         return self.manifest
 
     def _send(self, data: bytes) -> None:
@@ -450,6 +456,8 @@ class Pump:
                 mon._error("malformed_row", ValueError("a value did not fit its column"))
             pending = (colls["t_exit"] == schema.NO_TIME) | ((colls["flags"] & FLAG_PENDING) != 0)
             nc = shippable(colls["step"], colls["t_enter"], pending, last_ended, now, final)
+            if self.hold is not None and not final and nc:
+                nc = min(nc, self.hold(colls[:nc], now))
             np_ = shippable(phases["step"], phases["t1"], None, last_ended, now, final)
             ns = len(steps)
             if ns == 0 and nc == 0 and np_ == 0:

@@ -104,6 +104,23 @@ def _ddp_settings(env: Mapping[str, str], mode: str | None, every: int | None) -
     return mode, every
 
 
+def _inspector_plugin(env: Mapping[str, str], path: str | None) -> str | None:
+    """The NCCL Inspector plugin from the argument (strict) or ``RANKSCOPE_NCCL_INSPECTOR``
+    (a bad one is ignored with a warning)."""
+    from rankscope.collector.inspector_tail import ENV_PLUGIN, check_plugin
+
+    if path is not None:
+        return check_plugin(path)
+    raw = env.get(ENV_PLUGIN, "").strip()
+    if not raw:
+        return None
+    try:
+        return check_plugin(raw)
+    except ValueError as exc:
+        log.warning("rankscope: ignoring %s: %s", ENV_PLUGIN, exc)
+        return None
+
+
 def _agree_run_id(job: str) -> str:
     """One run id for every rank, through the process group's store: each rank proposes
     a fresh id with compare-and-set and the first proposal wins. A store operation is not
@@ -153,6 +170,7 @@ def start(
     instrument_torch: bool | None = None,
     ddp_buckets: str | None = None,
     ddp_sample_every: int | None = None,
+    nccl_inspector: str | None = None,
 ) -> Monitor:
     """Start monitoring this rank (or return the monitor already running).
 
@@ -185,6 +203,11 @@ def start(
             hook and nothing of DDP's all-reduce seen.
         ddp_sample_every: with ``sampled``, the step period (``RANKSCOPE_DDP_SAMPLE_EVERY``,
             else 10).
+        nccl_inspector: path of NVIDIA's NCCL Inspector plugin
+            (``libnccl-profiler-inspector.so``; ``RANKSCOPE_NCCL_INSPECTOR``): sets its
+            environment in this process and tails its output for device-timed collectives
+            (`collector.inspector_tail`). NCCL reads it when it starts: call before the
+            first collective.
 
     Returns:
         The active monitor (inert when this rank's identity could not be determined).
@@ -238,6 +261,7 @@ def start(
         if job_config is not None and not isinstance(job_config, Mapping):
             raise ValueError(f"job_config must be a mapping, got {type(job_config).__name__}")
         ddp_buckets, ddp_sample_every = _ddp_settings(env, ddp_buckets, ddp_sample_every)
+        inspector = _inspector_plugin(env, nccl_inspector)
         for name, size in (("capacity", capacity), ("hwm", hwm)):
             if not isinstance(size, int) or isinstance(size, bool) or size < 1:
                 raise ValueError(f"{name} must be a positive int, got {size!r}")
@@ -316,6 +340,13 @@ def start(
         )
         if warned:
             mon._errors["bad_env"] = len(warned)
+        if inspector and enabled:
+            try:
+                from rankscope.collector.inspector_tail import start_tail
+
+                start_tail(mon, inspector)
+            except Exception as exc:
+                mon._error("nccl_inspector", exc)
         mon.start()
         _active = mon
     if enabled and (instrument_torch or (instrument_torch is None and "torch" in sys.modules)):

@@ -133,6 +133,11 @@ FLAG_DDP_TAIL = 1 << 5
 """The tail of DDP's gradient all-reduce, one row per backward: entry when this rank's
 backward finished (its last bucket launched), exit when every bucket was reduced. A
 blocking row: the rank waits for it."""
+FLAG_INSPECTOR = 1 << 6
+"""``t_start``/``t_end`` come from the NCCL Inspector plugin (`collector.inspector_tail`)."""
+FLAG_INSPECTOR_OWN = 1 << 7
+"""An Inspector record no host row matched exactly, sent as a row of its own (its group is
+the communicator's, its ``seq`` the Inspector's ``coll_sn``)."""
 
 # Pipeline ids in the flags column: stage + 1 in bits 24..30 and micro-batch + 1 in bits
 # 12..23, 0 meaning "not known" (rows of older collectors read as no pipeline row). Bits

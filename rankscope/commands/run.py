@@ -72,6 +72,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"with --ddp-buckets sampled: time the buckets of one step in N ({DDP_SAMPLE_EVERY})",
     )
     parser.add_argument(
+        "--nccl-inspector",
+        metavar="PLUGIN.so",
+        default=None,
+        help="load NVIDIA's NCCL Inspector plugin (libnccl-profiler-inspector.so) in every "
+        "rank and stream its device-timed collectives (sets NCCL_PROFILER_PLUGIN, "
+        "NCCL_INSPECTOR_* with a dump directory per run, and RANKSCOPE_NCCL_INSPECTOR)",
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         help="print the environment and command instead of running them (writes nothing)",
@@ -160,6 +168,15 @@ def build_env(args: argparse.Namespace, base: dict[str, str], site_dir: str) -> 
         if args.ddp_sample_every < 1:
             raise CommandError(f"--ddp-sample-every must be >= 1, got {args.ddp_sample_every}")
         env["RANKSCOPE_DDP_SAMPLE_EVERY"] = str(args.ddp_sample_every)
+    if args.nccl_inspector:
+        from rankscope.collector import inspector_tail
+
+        try:
+            plugin = inspector_tail.check_plugin(args.nccl_inspector)
+        except ValueError as exc:
+            raise CommandError(f"--nccl-inspector: {exc}") from None
+        dump_dir = env.get("NCCL_INSPECTOR_DUMP_DIR") or inspector_tail.default_dump_dir(run)
+        env.update(inspector_tail.plugin_env(plugin, dump_dir))
     env["RANKSCOPE_ZERO_CODE"] = "1"
     old = env.get("PYTHONPATH")
     env["PYTHONPATH"] = site_dir + (os.pathsep + old if old else "")
@@ -180,7 +197,9 @@ def run(args: argparse.Namespace) -> int:
         # The bootstrap directory is named, not written: a dry run leaves no file behind.
         env = build_env(args, dict(os.environ), site_dir_path())
         for key in sorted(env):
-            if key.startswith("RANKSCOPE_") or key == "PYTHONPATH":
+            if key.startswith(("RANKSCOPE_", "NCCL_PROFILER_", "NCCL_INSPECTOR_")) or (
+                key == "PYTHONPATH"
+            ):
                 print(f"{key}={env[key]}")
         print(shlex.join(command))
         if exe is None:
@@ -190,6 +209,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"rankscope: error: command not found: {command[0]!r}", file=sys.stderr)
         return 127  # the shell's status for a command that is not there
     env = build_env(args, dict(os.environ), prepare_site_dir())
+    if args.nccl_inspector:
+        # The plugin creates one directory level only; make the per-run one here.
+        os.makedirs(env["NCCL_INSPECTOR_DUMP_DIR"], exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(exe, command, env)
