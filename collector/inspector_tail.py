@@ -19,8 +19,8 @@ Matching a record to the row the collector recorded on the host side:
 
 - communicator -> group: the registered group whose size is the record's ``n_ranks`` and
   in whose rank list this rank sits at the record's ``rank``. When several groups fit,
-  the first record whose ``(group, coll_sn)`` names a held row of the same op in exactly
-  one of them decides. The choice is kept per communicator.
+  the first record whose ``(group, coll_sn)`` names a held row of the same op (then of
+  the same size) in exactly one of them decides. The choice is kept per communicator.
 - ``coll_sn`` -> ``seq``: equal. NCCL numbers a communicator's collectives from 0 in
   issue order and the collector numbers a group's collectives from 0 in the order it sees
   them, so they agree when the collector sees every collective the group issues from its
@@ -42,6 +42,7 @@ While a communicator is mapped, rows of its group wait up to `HOLD_NS` for their
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import tempfile
@@ -53,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rankscope.collector import schema
+from rankscope.collector.pump import FLAG_PENDING
 
 if TYPE_CHECKING:
     from rankscope.collector.monitor import Monitor
@@ -102,7 +104,7 @@ _FLAGS_OWN = schema.FLAG_DEVICE_TIMED | schema.FLAG_INSPECTOR | schema.FLAG_INSP
 
 # Row layout of the importer's parser (its COLUMNS) and of the collector's ring.
 _COMM, _CRANK, _NRANKS, _SEQ, _OP, _NBYTES, _EXEC, _DUMP, _ENTER, _KSTART, _KEND = range(11)
-_R_STEP, _R_OP, _R_GROUP, _R_SEQ, _R_ENTER, _R_EXIT, _R_FLAGS = 0, 1, 2, 3, 5, 8, 9
+_R_OP, _R_GROUP, _R_SEQ, _R_NBYTES, _R_FLAGS = 1, 2, 3, 4, 9
 
 
 def check_plugin(path: str) -> str:
@@ -263,7 +265,7 @@ class InspectorTail:
         try:
             now = time.monotonic_ns()
             self._ship_own()
-            if now >= self._next_scan:
+            if now >= self._next_scan or not self.files:
                 self._scan()
                 self._next_scan = now + RESCAN_NS
             for f in list(self.files.values()):
@@ -337,15 +339,13 @@ class InspectorTail:
     def _line(self, line: bytes) -> None:
         rec = self._rec
         try:
-            objs = list(self._parser.iter_objects(line.decode("utf-8", "replace")))
-        except ValueError as exc:
-            self._malformed(f"not an Inspector record: {exc}")
-            return
-        if len(objs) != 1:
-            self._malformed("a line that is not one JSON object")
+            # One object per line: the plugin ends each record with a newline.
+            obj = json.loads(line)
+        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+            self._malformed(f"not an Inspector record: {str(exc)[:80]}")
             return
         bad, n = rec.bad, len(rec.rows)
-        self._parser.add_record(rec, objs[0][0])
+        self._parser.add_record(rec, obj)
         if rec.bad != bad or len(rec.rows) == n:
             self._malformed("a JSON line without the Inspector's header/coll_perf fields")
             return
@@ -390,13 +390,16 @@ class InspectorTail:
         cands = self._candidates(row[_CRANK], row[_NRANKS])
         if len(cands) > 1:
             ring = self.mon._colls
-            fits = []
+            fits: list[tuple[int, int]] = []
             for g in cands:
                 i = self._index.get((g, row[_SEQ]))
                 slot = ring.slots[i & ring.mask] if i is not None else None
                 if slot is not None and int(slot[_R_OP]) == row[_OP]:
-                    fits.append(g)
-            cands = fits
+                    fits.append((g, int(slot[_R_NBYTES])))
+            cands = [g for g, _ in fits]
+            if len(cands) > 1:
+                # Same op at that seq in several: the message size may tell them apart.
+                cands = [g for g, nbytes in fits if nbytes == row[_NBYTES]]
         if len(cands) != 1:
             return None
         self._comm_group[comm] = cands[0]
@@ -416,6 +419,15 @@ class InspectorTail:
         i = self._index.get(key)
         if i is not None:
             slot = ring.slots[i & ring.mask]
+            if (
+                slot is not None
+                and int(slot[_R_FLAGS]) & FLAG_PENDING
+                and now - t_seen < self.wait_ns
+                and len(self._waiting) < MAX_WAITING
+            ):
+                # CUDA events still to resolve would overwrite the Inspector's times.
+                self._waiting.append((t_seen, comm, row))
+                return
             if slot is not None and int(slot[_R_OP]) == row[_OP]:
                 t_start, t_end = _device_times(row, shift)
                 if ring.update(i, {"t_start": t_start, "t_end": t_end}, set_bits=_FLAGS_MATCHED):

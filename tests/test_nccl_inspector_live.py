@@ -20,6 +20,7 @@ from rankscope.collector.identity import Identity
 from rankscope.collector.inspector_tail import InspectorTail
 from rankscope.collector.monitor import Monitor
 from rankscope.commands import run as run_cmd
+from rankscope.diagnosis.grouprows import transfer_time
 from rankscope.errors import CommandError
 from rankscope.hub.server import Hub
 
@@ -35,13 +36,25 @@ def _shift_us() -> int:
     return (time.time_ns() - time.monotonic_ns()) // 1000
 
 
-def _record(rank: int, n: int, seq: int, t_enter_ns: int, *, coll: str = "AllReduce") -> str:
-    """One Inspector v4.0 verbose record, as the plugin's dump thread writes it."""
+def _record(
+    rank: int,
+    n: int,
+    seq: int,
+    t_enter_ns: int,
+    *,
+    coll: str = "AllReduce",
+    last_enter_ns: int | None = None,
+    comm: str = COMM,
+) -> str:
+    """One Inspector v4.0 verbose record, as the plugin's dump thread writes it: the kernel
+    starts `KSTART_US` after this rank's entry and ends `KSTART_US + KDUR_US` after the last
+    member's (``last_enter_ns``, default this rank's), as a collective's kernels do."""
     shift = _shift_us()
     enter = t_enter_ns // 1000 + shift
-    k0, k1 = enter + KSTART_US, enter + KSTART_US + KDUR_US
+    last = (t_enter_ns if last_enter_ns is None else last_enter_ns) // 1000 + shift
+    k0, k1 = enter + KSTART_US, last + KSTART_US + KDUR_US
     obj = {
-        "header": {"id": COMM, "rank": rank, "n_ranks": n, "nnodes": 1},
+        "header": {"id": comm, "rank": rank, "n_ranks": n, "nnodes": 1},
         "metadata": {
             "inspector_output_format_version": "v4.0",
             "git_rev": "",
@@ -138,7 +151,9 @@ def test_device_times_from_a_growing_inspector_file_reach_the_hub_window(
                         "all_reduce", 0, nbytes=1 << 20, t_enter=t, t_exit=t + 2_000_000
                     )
                 enters[(r, step)] = t
-                line = _record(r, world, step, t)
+            for r in range(world):
+                last = max(enters[(q, step)] for q in range(world))
+                line = _record(r, world, step, enters[(r, step)], last_enter_ns=last)
                 if step == 2 and r == 0:
                     # A record in two writes: the partial line waits for its end.
                     _append(files[r], line[:40])
@@ -171,8 +186,17 @@ def test_device_times_from_a_growing_inspector_file_reach_the_hub_window(
     # Device start 100 µs after the host entry, 1000 µs long, as the file says (µs rounding
     # and the realtime/monotonic shift read at two moments: a few µs).
     np.testing.assert_allclose(rows.t_start - rows.t_enter, KSTART_US * 1000, atol=5_000)
-    np.testing.assert_allclose(rows.t_end - rows.t_start, KDUR_US * 1000, atol=2_000)
+    last = np.array([max(enters[(q, int(s))] for q in range(world)) for s in rows.step])
+    first = np.array([enters[(int(r), int(s))] for r, s in zip(rows.rank, rows.step)])
+    np.testing.assert_allclose(
+        rows.t_end - rows.t_start, KDUR_US * 1000 + (last - first), atol=5_000
+    )
     assert w.manifest["device_time_source"] == "nccl-inspector"
+    # The hub's bandwidth uses the device transfer: t_end - max(t_start) over the members.
+    inst = w.instances
+    assert len(inst) == steps and np.isfinite(inst.device_transfer).all()
+    np.testing.assert_array_equal(transfer_time(inst), inst.device_transfer)
+    np.testing.assert_allclose(inst.device_transfer, KDUR_US * 1000, atol=5_000)
     for t in tails:
         assert t.matched == steps and t.own == 0 and t.late == 0
     assert tails[0].malformed == 0 and tails[1].malformed == 1
@@ -253,8 +277,7 @@ def test_tail_in_process_rotation_garbage_and_bounded_partial(tmp_path: Path) ->
     for s in range(3):
         mon.record_collective("all_reduce", 0, nbytes=8, t_enter=t + s, t_exit=t + s + 1000)
     _append(path, _record(0, 1, 0, t))
-    tail._next_scan = 0
-    tail.poll()
+    tail.poll()  # the file appeared late: found at once while none is known
     assert tail.matched == 1
     # Rotation: a new file under the same name holds the next records from its start.
     path.unlink()
@@ -264,11 +287,41 @@ def test_tail_in_process_rotation_garbage_and_bounded_partial(tmp_path: Path) ->
     _append(path, "y" * (inspector_tail.MAX_LINE + 10))
     tail.poll()
     assert tail.malformed == 2
-    _append(path, "\n" + _record(0, 1, 2, t))
+    line = _record(0, 1, 2, t)
+    _append(path, "\n" + line[:100])  # the plugin is half-way through a record
     tail.poll()
-    assert tail.matched == 3
+    assert tail.matched == 2 and tail.malformed == 2
+    _append(path, line[100:])
+    tail.poll()
+    assert tail.matched == 3 and tail.malformed == 2
     flags = [mon._colls.slots[i][9] for i in range(3)]
     assert all(f & schema.FLAG_INSPECTOR for f in flags)
+    mon.close()
+
+
+def test_communicators_map_to_groups_by_size_position_then_op(tmp_path: Path) -> None:
+    """Rank 0 of a 2x2 mesh sits first in its tp group [0, 1] and its dp group [0, 2]:
+    size and position fit both, the op of the held row at that seq decides."""
+    mon = Monitor(
+        job="j",
+        run="r",
+        identity=_identity(0, 4),
+        hub="tcp://127.0.0.1:9",
+        sample_interval_s=0,
+        clock_sync=False,
+    )
+    mon.register_group(1, "tp", [0, 1])
+    mon.register_group(2, "dp", [0, 2])
+    t = time.monotonic_ns()
+    mon.record_collective("all_reduce", 1, nbytes=1 << 20, t_enter=t, t_exit=t + 1000)
+    mon.record_collective("all_gather", 2, nbytes=1 << 20, t_enter=t, t_exit=t + 1000)
+    path = tmp_path / "h0-pid5.log"
+    _append(path, _record(0, 2, 0, t, comm="0xaaa"))
+    _append(path, _record(0, 2, 0, t, coll="AllGather", comm="0xbbb"))
+    tail = InspectorTail(mon, str(tmp_path), pid=5)
+    tail.poll()
+    assert tail._comm_group == {"0xaaa": 1, "0xbbb": 2} and tail.matched == 2
+    assert all(mon._colls.slots[i][9] & schema.FLAG_INSPECTOR for i in range(2))
     mon.close()
 
 
