@@ -21,20 +21,26 @@ Matching a record to the row the collector recorded on the host side:
   in whose rank list this rank sits at the record's ``rank``. When several groups fit,
   the first record whose ``(group, coll_sn)`` names a held row of the same op (then of
   the same size) in exactly one of them decides. The choice is kept per communicator.
-- ``coll_sn`` -> ``seq``: equal. NCCL numbers a communicator's collectives from 0 in
-  issue order and the collector numbers a group's collectives from 0 in the order it sees
-  them, so they agree when the collector sees every collective the group issues from its
-  first (true for the torch wrappers, which are installed before the process group runs a
-  collective). A held row with that ``(group, seq)`` and the same op gets the record's
-  device times (kernel start/stop of verbose output; without it ``exec`` before the dump
-  time) and ``FLAG_DEVICE_TIMED | FLAG_INSPECTOR``.
-- anything else — a different op at that seq, a seq the collector never recorded (after
-  a wait of `WAIT_NS` for its host row), a communicator no group fits — cannot be matched
-  exactly: the record is sent as its own row with ``FLAG_INSPECTOR_OWN`` in a group of its
-  own per communicator (id from the communicator hash, the same on every member; members
-  those of the group it was mapped to, else the whole world when the communicator spans
-  it), with ``seq = coll_sn``. A record for a row already shipped is counted ``late`` and
-  dropped: it would count the collective twice.
+- ``coll_sn`` -> ``seq``: ``coll_sn`` is NCCL's ``comm->seqNumber[func]``, a count per
+  communicator *and NCCL function* (AllReduce, AllGather, ReduceScatter, Broadcast,
+  Reduce) from 0. The collector's ``seq`` counts all of a group's collectives. So the tail
+  numbers the group's rows per NCCL function as it sees them (`nccl_func`: a ``barrier``
+  is NCCL's AllReduce; all-to-all, send and recv are point-to-point, which the Inspector
+  does not record) and the ``k``-th row of function ``f`` in the group is
+  ``coll_sn == k`` of ``f``. They agree when the collector sees the group's collectives
+  of that function from its first (true for the torch wrappers and DDP's comm hook,
+  installed before the process group runs one; a function NCCL ran without the collector
+  seeing it, like DDP's parameter broadcast, shifts only that function's numbering). The
+  held row gets the record's device times (first kernel start and last kernel stop of
+  verbose output; without it ``coll_exec_time_us`` before the dump time) and
+  ``FLAG_DEVICE_TIMED | FLAG_INSPECTOR``.
+- anything else — a ``coll_sn`` the collector never recorded (after a wait of `WAIT_NS`
+  for its host row), a communicator no group fits — cannot be matched exactly: the record
+  is sent as its own row with ``FLAG_INSPECTOR_OWN`` in a group of its own per
+  communicator and function (`own_group_id`, the same on every member; members those of
+  the group it was mapped to, else the whole world when the communicator spans it), with
+  ``seq = coll_sn``. A record for a row already shipped is counted ``late`` and dropped:
+  it would count the collective twice.
 
 While a communicator is mapped, rows of its group wait up to `HOLD_NS` for their record
 (the pump's ``hold``), so the device times travel in the row itself.
@@ -97,14 +103,43 @@ RESCAN_NS = 2_000_000_000
 """How often the dump directory is listed for files that appear late."""
 
 OWN_GROUP_BIT = 1 << 30
-"""Own-row group ids are ``OWN_GROUP_BIT | (comm hash & (OWN_GROUP_BIT - 1))``."""
+"""Own-row group ids have this bit set (`own_group_id`)."""
 
 _FLAGS_MATCHED = schema.FLAG_DEVICE_TIMED | schema.FLAG_INSPECTOR
 _FLAGS_OWN = schema.FLAG_DEVICE_TIMED | schema.FLAG_INSPECTOR | schema.FLAG_INSPECTOR_OWN
 
 # Row layout of the importer's parser (its COLUMNS) and of the collector's ring.
 _COMM, _CRANK, _NRANKS, _SEQ, _OP, _NBYTES, _EXEC, _DUMP, _ENTER, _KSTART, _KEND = range(11)
-_R_OP, _R_GROUP, _R_SEQ, _R_NBYTES, _R_FLAGS = 1, 2, 3, 4, 9
+_R_OP, _R_GROUP, _R_NBYTES, _R_FLAGS = 1, 2, 4, 9
+
+
+_NCCL_FUNC = {
+    schema.OP_INDEX[name]: schema.OP_INDEX[func]
+    for name, func in (
+        ("all_reduce", "all_reduce"),
+        ("barrier", "all_reduce"),  # c10d's NCCL barrier is a one-element all-reduce
+        ("all_gather", "all_gather"),
+        ("reduce_scatter", "reduce_scatter"),
+        ("broadcast", "broadcast"),
+        ("reduce", "reduce"),
+    )
+}
+
+
+def nccl_func(op: int) -> int:
+    """The NCCL collective function (as a `schema.OPS` index) a collector op runs as, -1
+    for point-to-point ops and ops the Inspector does not record."""
+    return _NCCL_FUNC.get(op, -1)
+
+
+def own_group_id(comm: str, func: int) -> int:
+    """Group id of the own rows of communicator ``comm`` and NCCL function ``func``: the
+    same on every member (from the communicator hash), with `OWN_GROUP_BIT` set."""
+    try:
+        h = int(comm, 16)
+    except ValueError:
+        h = sum(comm.encode())
+    return OWN_GROUP_BIT | ((h * 31 + func) & (OWN_GROUP_BIT - 1))
 
 
 def check_plugin(path: str) -> str:
@@ -198,14 +233,15 @@ class InspectorTail:
         self._next_scan = 0
         self._comm_group: dict[str, int] = {}
         """Communicator id -> group id it was mapped to."""
-        self._own_groups: dict[str, int] = {}
-        """Communicator id -> own-row group id registered for it."""
+        self._own_groups: dict[tuple[str, int], int] = {}
+        """(communicator id, function) -> own-row group id registered for it."""
         self._mapped: np.ndarray = np.zeros(0, np.int64)
-        self._index: dict[tuple[int, int], int] = {}
-        """(group, seq) -> ring row of unread rows."""
-        self._order: deque[tuple[int, tuple[int, int]]] = deque()
+        self._index: dict[tuple[int, int, int], int] = {}
+        """(group, NCCL function, ordinal) -> ring row, for unread rows."""
+        self._order: deque[tuple[int, tuple[int, int, int]]] = deque()
         self._indexed = 0
-        self._max_seq: dict[int, int] = {}
+        self._count: dict[tuple[int, int], int] = {}
+        """(group, NCCL function) -> rows of it seen so far (the next ordinal)."""
         self._waiting: deque[tuple[int, str, tuple[int, ...]]] = deque()
         self._own: list[tuple[int, ...]] = []
         self.records = 0
@@ -353,7 +389,7 @@ class InspectorTail:
 
     # -- matching --------------------------------------------------------------------
     def _index_rows(self) -> None:
-        """Index new unread rows by (group, seq); forget rows already shipped."""
+        """Index new unread rows by (group, NCCL function, ordinal); forget rows shipped."""
         ring = self.mon._colls
         tail, head = ring.tail, ring.head
         order, index = self._order, self._index
@@ -361,16 +397,20 @@ class InspectorTail:
             i, key = order.popleft()
             if index.get(key) == i:
                 del index[key]
-        slots, mask, max_seq = ring.slots, ring.mask, self._max_seq
+        slots, mask, count, funcs = ring.slots, ring.mask, self._count, _NCCL_FUNC
         for i in range(max(self._indexed, tail), head):
             row = slots[i & mask]
             if row is None:
                 continue
-            key = (int(row[_R_GROUP]), int(row[_R_SEQ]))
+            func = funcs.get(int(row[_R_OP]), -1)
+            if func < 0:
+                continue
+            gf = (int(row[_R_GROUP]), func)
+            k = count.get(gf, 0)
+            count[gf] = k + 1
+            key = (gf[0], func, k)
             index[key] = i
             order.append((i, key))
-            if key[1] > max_seq.get(key[0], -1):
-                max_seq[key[0]] = key[1]
         self._indexed = head
 
     def _candidates(self, comm_rank: int, n_ranks: int) -> list[int]:
@@ -392,13 +432,13 @@ class InspectorTail:
             ring = self.mon._colls
             fits: list[tuple[int, int]] = []
             for g in cands:
-                i = self._index.get((g, row[_SEQ]))
+                i = self._index.get((g, row[_OP], row[_SEQ]))
                 slot = ring.slots[i & ring.mask] if i is not None else None
-                if slot is not None and int(slot[_R_OP]) == row[_OP]:
+                if slot is not None:
                     fits.append((g, int(slot[_R_NBYTES])))
             cands = [g for g, _ in fits]
             if len(cands) > 1:
-                # Same op at that seq in several: the message size may tell them apart.
+                # That function at that count in several: the message size may tell.
                 cands = [g for g, nbytes in fits if nbytes == row[_NBYTES]]
         if len(cands) != 1:
             return None
@@ -414,7 +454,7 @@ class InspectorTail:
             else:
                 self._add_own(comm, row, shift)
             return
-        key = (gid, row[_SEQ])
+        key = (gid, row[_OP], row[_SEQ])
         ring = self.mon._colls
         i = self._index.get(key)
         if i is not None:
@@ -428,17 +468,13 @@ class InspectorTail:
                 # CUDA events still to resolve would overwrite the Inspector's times.
                 self._waiting.append((t_seen, comm, row))
                 return
-            if slot is not None and int(slot[_R_OP]) == row[_OP]:
-                t_start, t_end = _device_times(row, shift)
-                if ring.update(i, {"t_start": t_start, "t_end": t_end}, set_bits=_FLAGS_MATCHED):
-                    self.matched += 1
-                else:
-                    self.late += 1
-                return
-            self._add_own(comm, row, shift)  # another op at that seq: not this collective
+            t_start, t_end = _device_times(row, shift)
+            if ring.update(i, {"t_start": t_start, "t_end": t_end}, set_bits=_FLAGS_MATCHED):
+                self.matched += 1
+            else:
+                self.late += 1
             return
-        top = self._max_seq.get(gid, -1)
-        if row[_SEQ] > top:
+        if row[_SEQ] >= self._count.get((gid, row[_OP]), 0):
             if now - t_seen < self.wait_ns and len(self._waiting) < MAX_WAITING:
                 self._waiting.append((t_seen, comm, row))  # its host row may come yet
             else:
@@ -462,7 +498,7 @@ class InspectorTail:
         self.own += 1
 
     def _own_group(self, comm: str, row: tuple[int, ...]) -> int | None:
-        gid = self._own_groups.get(comm)
+        gid = self._own_groups.get((comm, row[_OP]))
         if gid is not None:
             return gid
         mon = self.mon
@@ -475,13 +511,10 @@ class InspectorTail:
             ranks = list(range(mon.identity.world_size))
         if ranks is None:
             return None
-        try:
-            h = int(comm, 16)
-        except ValueError:
-            h = sum(comm.encode())
-        gid = OWN_GROUP_BIT | (h & (OWN_GROUP_BIT - 1))
-        mon.register_group(gid, f"nccl {comm}", ranks, backend="nccl", desc="NCCL Inspector")
-        self._own_groups[comm] = gid
+        gid = own_group_id(comm, row[_OP])
+        name = f"nccl {comm} {schema.OPS[row[_OP]]}"
+        mon.register_group(gid, name, ranks, backend="nccl", desc="NCCL Inspector")
+        self._own_groups[(comm, row[_OP])] = gid
         return gid
 
     def _ship_own(self) -> None:

@@ -186,10 +186,10 @@ def test_device_times_from_a_growing_inspector_file_reach_the_hub_window(
     # Device start 100 µs after the host entry, 1000 µs long, as the file says (µs rounding
     # and the realtime/monotonic shift read at two moments: a few µs).
     np.testing.assert_allclose(rows.t_start - rows.t_enter, KSTART_US * 1000, atol=5_000)
-    last = np.array([max(enters[(q, int(s))] for q in range(world)) for s in rows.step])
-    first = np.array([enters[(int(r), int(s))] for r, s in zip(rows.rank, rows.step)])
+    lasts = np.array([max(enters[(q, int(s))] for q in range(world)) for s in rows.step])
+    own = np.array([enters[(int(r), int(s))] for r, s in zip(rows.rank, rows.step)])
     np.testing.assert_allclose(
-        rows.t_end - rows.t_start, KDUR_US * 1000 + (last - first), atol=5_000
+        rows.t_end - rows.t_start, KDUR_US * 1000 + (lasts - own), atol=5_000
     )
     assert w.manifest["device_time_source"] == "nccl-inspector"
     # The hub's bandwidth uses the device transfer: t_end - max(t_start) over the members.
@@ -248,9 +248,9 @@ def test_records_without_a_host_row_ship_as_their_own_flagged_rows(
     assert rows is not None
     own = (rows.flags & schema.FLAG_INSPECTOR_OWN) != 0
     assert own.sum() == 1 and tail.own == 1 and tail.matched == 1
-    assert int(rows.group[own][0]) == inspector_tail.OWN_GROUP_BIT | (
-        int(COMM, 16) & (inspector_tail.OWN_GROUP_BIT - 1)
-    )
+    gather = schema.OP_INDEX["all_gather"]
+    assert int(rows.group[own][0]) == inspector_tail.own_group_id(COMM, gather)
+    assert int(rows.group[own][0]) & inspector_tail.OWN_GROUP_BIT
     assert int(rows.seq[own][0]) == 1 and int(rows.op[own][0]) == schema.OP_INDEX["all_gather"]
     assert float(rows.t_end[own][0] - rows.t_start[own][0]) == pytest.approx(
         KDUR_US * 1000, abs=2000
@@ -322,6 +322,43 @@ def test_communicators_map_to_groups_by_size_position_then_op(tmp_path: Path) ->
     tail.poll()
     assert tail._comm_group == {"0xaaa": 1, "0xbbb": 2} and tail.matched == 2
     assert all(mon._colls.slots[i][9] & schema.FLAG_INSPECTOR for i in range(2))
+    mon.close()
+
+
+def test_coll_sn_counts_per_nccl_function_and_matches_the_groups_rows_of_it(
+    tmp_path: Path,
+) -> None:
+    """NCCL's coll_sn is comm->seqNumber[func]: in a group that runs all_reduce, all_gather,
+    all_reduce, barrier (seq 0..3), the Inspector numbers AllReduce 0, AllGather 0,
+    AllReduce 1, AllReduce 2 (the barrier is a one-element all-reduce)."""
+    mon = Monitor(
+        job="j",
+        run="r",
+        identity=_identity(0, 1),
+        hub="tcp://127.0.0.1:9",
+        sample_interval_s=0,
+        clock_sync=False,
+    )
+    t = time.monotonic_ns()
+    ops = ("all_reduce", "all_gather", "all_reduce", "barrier", "send")
+    for k, op in enumerate(ops):
+        at = t + k * 10_000_000
+        mon.record_collective(op, 0, nbytes=8, t_enter=at, t_exit=at + 1000)
+    path = tmp_path / "h0-pid5.log"
+    for k, (coll, sn) in enumerate(
+        (("AllReduce", 0), ("AllGather", 0), ("AllReduce", 1), ("AllReduce", 2))
+    ):
+        _append(path, _record(0, 1, sn, t + k * 10_000_000, coll=coll))
+    tail = InspectorTail(mon, str(tmp_path), pid=5)
+    tail.poll()
+    assert tail.matched == 4 and tail.own == 0 and tail.late == 0
+    slots = [mon._colls.slots[i] for i in range(len(ops))]
+    assert all(sl is not None for sl in slots)
+    for k, sl in enumerate(slots[:4]):
+        assert sl[9] & schema.FLAG_INSPECTOR  # type: ignore[index]
+        # Each row got its own record's times: 100 µs after its own entry.
+        assert abs(sl[6] - (t + k * 10_000_000) - KSTART_US * 1000) < 5_000  # type: ignore[index]
+    assert not slots[4][9] & schema.FLAG_INSPECTOR  # type: ignore[index]  # p2p: not recorded
     mon.close()
 
 
