@@ -9,6 +9,10 @@ rank starts its collector when it initialises its process group.
 The collectors use CURVE when they find keys (``--keys DIR``, which sets ``RANKSCOPE_KEYS``
 for every rank, else ``$RANKSCOPE_KEYS`` or ``~/.config/rankscope/keys``; see
 ``rankscope keys``).
+
+``--nccl-inspector PLUGIN.so`` loads NVIDIA's NCCL Inspector in every rank (its
+environment, a dump directory per run) and each collector streams its device-timed
+collectives (`rankscope.collector.inspector_tail`).
 """
 
 from __future__ import annotations
