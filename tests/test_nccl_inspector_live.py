@@ -417,6 +417,34 @@ def test_start_validates_the_plugin_and_sets_its_environment(
     mon.close()
 
 
+def test_start_from_the_environment_rankscope_run_sets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plugin = tmp_path / "libnccl-profiler-inspector.so"
+    plugin.write_bytes(b"\x7fELF")
+    for key in inspector_tail.plugin_env("", ""):
+        monkeypatch.setenv(key, "")  # restored after the test, whatever start sets
+    monkeypatch.setenv(inspector_tail.ENV_PLUGIN, str(plugin))
+    monkeypatch.setenv("NCCL_INSPECTOR_DUMP_DIR", str(tmp_path / "dump"))
+    monkeypatch.setattr(runtime, "_active", None)
+    mon = runtime.start(
+        job="j",
+        run="r-zero",
+        hub="tcp://127.0.0.1:9",
+        rank=0,
+        world_size=1,
+        sample_interval_s=0,
+        clock_sync=False,
+        instrument_torch=False,
+    )
+    try:
+        assert mon.inspector is not None and mon.inspector.dump_dir == str(tmp_path / "dump")
+        assert mon.inspector.plugin == str(plugin) and mon.pump.hold is not None
+        assert os.environ["NCCL_PROFILER_PLUGIN"] == str(plugin)
+    finally:
+        runtime.close()
+
+
 def _run_args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     run_cmd.add_arguments(parser)
