@@ -15,6 +15,26 @@ The text table nccl-tests prints (NVIDIA/nccl-tests ``src/common.cu``)::
 file name (``all_reduce_perf.txt``) or a ``Collective test starting: all_reduce_perf``
 line; the number of ranks from the ``#  Rank N`` lines.
 
+The JSON file ``-J FILE.json`` (``--output_file``) writes (NVIDIA/nccl-tests ``src/util.cu``,
+``JSON_FILE_VERSION 2``; one object, written by process 0 only)::
+
+    {"version": 2, "start_time": "...", "args": ["./build/all_reduce_perf", "-b", "8", ...],
+     "env": [...], "nccl_version": 22703,
+     "config": {"nthreads": 1, "ngpus": 8, "minimum_bytes": 8, ..., "devices": [
+         {"rank": 0, "group": 0, "pid": 1, "hostname": "sw53", "device": 0, ...}]},
+     "results": [{"size": 8, "count": 2, "type": "float", "redop": "sum", "root": "    -1",
+                  "out_of_place": {"time": 17.39, "alg_bw": 0.0, "bus_bw": 0.0, "nwrong": 0},
+                  "in_place": {...}, "actual_iterations": 20, "experiment_name": ""}],
+     "out_of_bounds": {...}, "average_bus_bandwidth": {"bandwidth": 188.6, "okay": "..."},
+     "errors": [], "end_time": "..."}
+
+``devices`` holds one entry per *process* (its first rank), so the ranks are ``nthreads x
+ngpus x len(devices)``; ``time`` is ``cpu_time`` under ``-C 1``; ``out_of_place`` is null
+where it was not run; a NaN is the string ``"nan"``. The operation comes from ``args[0]``
+(``all_reduce_perf``), else the file name. A JSON file cut short (the test was killed before
+it closed the object) keeps the size rows written before the cut, and says so. Which of the
+two a file is comes from its content (a JSON file starts with ``{``), not its name.
+
 What a recording gets: each size row becomes one collective instance per placement (group
 ``nccl-tests out-of-place`` / ``nccl-tests in-place``), entered by every rank at the same
 instant and left ``time`` µs later, so the recording's own curves (``rankscope curves``,
@@ -26,6 +46,7 @@ all-to-all, whose nccl-tests size is the total). One step is one size row. The r
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -134,11 +155,164 @@ def parse_text(path: Path, report: ImportReport) -> Table | None:
     return t
 
 
+_SNIFF = 4096
+
+
+def is_json(path: Path) -> bool:
+    """Whether ``path`` holds nccl-tests' ``-J`` JSON (its first non-blank byte is ``{``).
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    with open_text(path) as f:
+        head = f.read(_SNIFF).lstrip(" \t\r\n\ufeff")
+    return head.startswith("{")
+
+
+def _salvage(text: str) -> dict[str, Any]:
+    """What a truncated ``-J`` file wrote before the cut: ``args``, ``config`` and the
+    complete ``results`` rows."""
+    dec = json.JSONDecoder()
+    doc: dict[str, Any] = {"results": _results_salvage(text, dec)}
+    for key in ("args", "config"):
+        m = re.search(rf'"{key}"\s*:\s*', text)
+        if m is not None:
+            try:
+                doc[key] = dec.raw_decode(text, m.end())[0]
+            except ValueError:
+                pass
+    return doc
+
+
+def _results_salvage(text: str, dec: json.JSONDecoder) -> list[Any]:
+    m = re.search(r'"results"\s*:\s*\[', text)
+    if m is None:
+        return []
+    out: list[Any] = []
+    i = m.end()
+    while True:
+        while i < len(text) and text[i] in " \t\r\n,":
+            i += 1
+        if i >= len(text) or text[i] != "{":
+            return out
+        try:
+            obj, i = dec.raw_decode(text, i)
+        except ValueError:
+            return out
+        out.append(obj)
+
+
+def _json_float(v: Any) -> float:
+    if isinstance(v, bool):
+        raise ValueError("a boolean where a number belongs")
+    if isinstance(v, int | float):
+        return float(v)
+    if isinstance(v, str):
+        return _num(v.strip()) if v.strip().lower() != "nan" else float("nan")
+    raise ValueError(f"{v!r} is not a number")
+
+
+def _placement(obj: Any) -> tuple[float, float, float]:
+    """(time µs, algbw, busbw) of one ``out_of_place`` / ``in_place`` entry (NaN when null)."""
+    if obj is None:
+        nan = float("nan")
+        return nan, nan, nan
+    if not isinstance(obj, dict):
+        raise ValueError("a placement that is not an object")
+    t = obj.get("time", obj.get("cpu_time"))
+    return _json_float(t), _json_float(obj.get("alg_bw")), _json_float(obj.get("bus_bw"))
+
+
+def parse_json(path: Path, report: ImportReport) -> Table | None:
+    """The table of one nccl-tests ``-J`` JSON file (module docstring); rows that do not
+    parse are counted, a file cut short keeps its complete rows."""
+    try:
+        with open_text(path) as f:
+            text = f.read()
+    except OSError as exc:
+        report.problem(path, f"cannot be read ({exc.strerror or exc}); left out")
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        doc = _salvage(text)
+        if not doc["results"]:
+            cut = isinstance(exc, json.JSONDecodeError) and exc.pos >= len(text.rstrip())
+            what = "is JSON cut short before its first complete size row" if cut else "is not JSON"
+            report.problem(path, f"{what} ({exc}); left out")
+            return None
+        report.problem(
+            path,
+            f"is cut short ({exc}); the {len(doc['results'])} complete size row(s) before "
+            "the cut imported",
+        )
+    if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
+        report.problem(path, 'is JSON but not nccl-tests -J output (no "results" list); left out')
+        return None
+    t = Table()
+    args = doc.get("args")
+    m = _TEST.search(Path(str(args[0])).name) if isinstance(args, list) and args else None
+    m = m or _TEST.search(path.name)
+    if m:
+        t.op = op_name(m.group(1))
+    raw_cfg = doc.get("config")
+    cfg: dict[str, Any] = raw_cfg if isinstance(raw_cfg, dict) else {}
+    devices = [d for d in cfg.get("devices") or () if isinstance(d, dict)]
+    try:
+        per_proc = max(int(cfg.get("nthreads", 1)) * int(cfg.get("ngpus", 1)), 1)
+    except (TypeError, ValueError):
+        per_proc = 1
+    for p, d in enumerate(devices):
+        try:
+            first = int(d.get("rank", p * per_proc))
+        except (TypeError, ValueError):
+            first = p * per_proc
+        for k in range(per_proc):
+            t.hosts[first + k] = str(d.get("hostname") or "unknown")
+    avg = doc.get("average_bus_bandwidth")
+    if isinstance(avg, dict):
+        try:
+            t.avg_busbw = _json_float(avg.get("bandwidth"))
+        except ValueError:
+            pass
+    bad = 0
+    for r in doc["results"]:
+        try:
+            if not isinstance(r, dict):
+                raise ValueError("a row that is not an object")
+            oop = _placement(r.get("out_of_place"))
+            inp = _placement(r.get("in_place"))
+            t.rows.append((int(r["size"]), int(r.get("count", 0)), *oop, *inp))
+        except (KeyError, TypeError, ValueError):
+            bad += 1
+    if bad:
+        report.problem(path, f"{bad} result row(s) that do not parse left out")
+    if not t.rows:
+        report.problem(path, "holds no nccl-tests size row; left out")
+        return None
+    if t.op == "other":
+        report.problem(path, "the collective is not named (args[0] or file name); 'other'")
+    return t
+
+
+def read_table(path: Path, report: ImportReport) -> Table | None:
+    """The table of one nccl-tests output file, text or ``-J`` JSON (told by content)."""
+    try:
+        js = is_json(path)
+    except OSError as exc:
+        report.problem(path, f"cannot be read ({exc.strerror or exc}); left out")
+        return None
+    except (EOFError, ValueError) as exc:  # a broken gzip stream
+        report.problem(path, f"cannot be read ({exc}); left out")
+        return None
+    return parse_json(path, report) if js else parse_text(path, report)
+
+
 def messages(files: list[Path], report: ImportReport, *, job: str, run: str) -> Iterator[bytes]:
-    """Wire messages of nccl-tests output files (module docstring)."""
+    """Wire messages of nccl-tests output files, text or JSON (module docstring)."""
     tables: list[tuple[str, Table]] = []
     for f in files:
-        t = parse_text(f, report)
+        t = read_table(f, report)
         if t is not None:
             tables.append((str(f), t))
     if not tables:
