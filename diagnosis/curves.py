@@ -12,6 +12,16 @@ For one collective of ``n`` ranks taking ``t`` (post-arrival service, ARCHITECTU
 Bandwidths are in GB/s (10⁹ bytes/s, as nccl-tests prints them). ``t`` is the device
 transfer where device times exist, else the host-side post-arrival transfer; waiting for
 late ranks is never counted as transfer time.
+
+**The fabric's expected curve.** A recording imported from nccl-tests (``rankscope import
+nccl-tests``, manifest ``source.kind == "nccl-tests"``) is not a run of the job: given where
+a baseline run goes, it is read as the expected curve instead (`split_baseline`): per (op,
+size bucket) the best busbw nccl-tests measured (out-of-place or in-place), and whether its
+ranks spanned hosts. Each application point of the same op and size bucket, on a group that
+spans hosts the same way (where the nccl-tests hosts are known), is set next to it
+(`compare_expected`): below ``EXPECTED_SHARE`` of the expected busbw is evidence that the
+fabric or the library underperforms inside the job; at or above it the fabric delivers what
+it can. busbw, not algbw, is compared, because busbw does not depend on the rank count.
 """
 
 from __future__ import annotations
@@ -22,19 +32,27 @@ import numpy as np
 
 from rankscope.collector.schema import OP_INDEX, OPS
 from rankscope.diagnosis.grouprows import GroupSkew, group_rows, size_bucket, transfer_time
-from rankscope.diagnosis.window import GroupInfo, InstanceTable
+from rankscope.diagnosis.window import GroupInfo, InstanceTable, Window
 
 __all__ = [
     "CONVENTION",
+    "EXPECTED_SHARE",
     "CurveShift",
     "Curves",
+    "ExpectedCurve",
+    "ExpectedJudgement",
+    "ExpectedPoint",
     "algbw_bytes",
     "bucket_label",
     "bus_factor",
     "compare_curves",
+    "compare_expected",
     "curves_from_rows",
+    "expected_curve",
+    "is_expected_curve",
     "message_curves",
     "size_bucket",
+    "split_baseline",
     "transfer_time",
 ]
 
@@ -217,3 +235,212 @@ def compare_curves(
         out.append(CurveShift(key[0], OPS[key[1]], key[2], float(bw), ref, float(bw) / ref))
     out.sort(key=lambda s: s.ratio)
     return tuple(out)
+
+
+EXPECTED_SHARE = 0.7
+"""An application point below this share of nccl-tests' busbw at the same op and size is
+evidence that the fabric or the library underperforms in the job. A job's collectives share
+the GPU with compute and run with fewer channels than a bare benchmark, so a healthy one
+reaches 0.8-1x of nccl-tests at large sizes (the simulated healthy fabric: ~0.9x); a rail at
+a fraction of its speed lands far below."""
+EXPECTED_SOURCE = "nccl-tests"
+"""The manifest ``source.kind`` of a recording that is an expected curve."""
+
+
+@dataclass(frozen=True)
+class ExpectedCurve:
+    """The fabric's expected busbw per (op, size bucket), as nccl-tests measured it."""
+
+    op: np.ndarray
+    bucket: np.ndarray
+    nbytes: np.ndarray
+    """Bytes per rank of the point (this module's convention)."""
+    busbw_gbps: np.ndarray
+    """The better of out-of-place and in-place at this size."""
+    algbw_gbps: np.ndarray
+    ranks: int
+    """Ranks nccl-tests ran on."""
+    cross_host: bool | None
+    """Whether those ranks spanned hosts; None where the hosts are not known."""
+    run: str
+    """The imported run (where the curve came from)."""
+
+    def __len__(self) -> int:
+        return int(self.op.shape[0])
+
+
+def is_expected_curve(window: Window) -> bool:
+    """Whether ``window`` is an imported nccl-tests recording (an expected curve).
+
+    Args:
+        window: a loaded run.
+
+    Returns:
+        True for a recording whose manifest says ``source.kind == "nccl-tests"``.
+    """
+    src = window.manifest.get("source") if isinstance(window.manifest, dict) else None
+    return isinstance(src, dict) and src.get("kind") == EXPECTED_SOURCE
+
+
+def expected_curve(window: Window) -> ExpectedCurve:
+    """The expected curve of an imported nccl-tests recording.
+
+    Args:
+        window: the nccl-tests recording's run (`is_expected_curve`).
+
+    Returns:
+        One point per (op, size bucket): the best busbw over its groups (placements).
+    """
+    c = message_curves(window.instances)
+    best: dict[tuple[int, int], int] = {}
+    for i in range(len(c)):
+        key = (int(c.op[i]), int(c.bucket[i]))
+        j = best.get(key)
+        if np.isfinite(c.busbw_gbps[i]) and (j is None or c.busbw_gbps[i] > c.busbw_gbps[j]):
+            best[key] = i
+    idx = np.array([best[k] for k in sorted(best)], dtype=np.int64)
+    names = [h for h in window.ranks.hosts if h and h != "unknown"]
+    known = len(names) == len(window.ranks.hosts) and len(names) > 0
+    return ExpectedCurve(
+        op=c.op[idx].astype(np.int8),
+        bucket=c.bucket[idx].astype(np.int32),
+        nbytes=c.nbytes[idx],
+        busbw_gbps=c.busbw_gbps[idx],
+        algbw_gbps=c.algbw_gbps[idx],
+        ranks=int(window.world_size),
+        cross_host=(len(set(names)) > 1) if known else None,
+        run=window.run,
+    )
+
+
+def split_baseline(baseline: Window | None) -> tuple[Window | None, ExpectedCurve | None]:
+    """What a ``--baseline`` recording is: a healthy run of the job, or nccl-tests' curve.
+
+    Args:
+        baseline: the loaded baseline run, or None.
+
+    Returns:
+        ``(baseline run, None)``, or ``(None, expected curve)`` for an nccl-tests import
+        (it has no steps, phases or manifest of the job to compare with).
+    """
+    if baseline is not None and is_expected_curve(baseline):
+        return None, expected_curve(baseline)
+    return baseline, None
+
+
+@dataclass(frozen=True)
+class ExpectedPoint:
+    """One application curve point next to nccl-tests' busbw at the same op and size."""
+
+    group: str
+    op: str
+    bucket: int
+    busbw_gbps: float
+    expected_busbw_gbps: float
+    ratio: float
+    """application / expected busbw."""
+    below: bool
+    """``ratio < share``: the fabric or the library underperforms on this group."""
+
+
+@dataclass(frozen=True)
+class ExpectedJudgement:
+    """The application's curve against the fabric's expected curve."""
+
+    source_run: str
+    share: float
+    points: tuple[ExpectedPoint, ...]
+    """Matched points, lowest ratio first."""
+    unmatched: int
+    """Application points with no expected point of the same op, size and span."""
+    expected_per_point: np.ndarray
+    """float64 per point of the diagnosed ``Curves`` (same order): the expected busbw, NaN
+    where none matched."""
+    finding: str
+    """``fabric_underperforms`` (some point below the share), ``fabric_fine`` (every matched
+    point at or above it) or ``no_match``."""
+    summary: str
+
+    @property
+    def below(self) -> tuple[ExpectedPoint, ...]:
+        """The points below the share, lowest first."""
+        return tuple(p for p in self.points if p.below)
+
+
+def compare_expected(
+    current: Curves,
+    window: Window,
+    expected: ExpectedCurve,
+    share: float = EXPECTED_SHARE,
+) -> ExpectedJudgement:
+    """Each application point against nccl-tests' busbw of the same op and size bucket.
+
+    A point is matched only on a group that spans hosts as the nccl-tests ranks did (an
+    intra-host group is not judged by a cross-host curve, nor the other way), unless the
+    nccl-tests hosts are unknown.
+
+    Args:
+        current: the application's curve points.
+        window: its window (group names and spans).
+        expected: the expected curve (`expected_curve`).
+        share: the share of the expected busbw below which a point is judged low.
+
+    Returns:
+        The judgement.
+    """
+    ref = {
+        (int(o), int(b)): float(bw)
+        for o, b, bw in zip(expected.op, expected.bucket, expected.busbw_gbps)
+        if np.isfinite(bw) and bw > 0
+    }
+    per_point = np.full(len(current), np.nan)
+    points: list[ExpectedPoint] = []
+    unmatched = 0
+    for i in range(len(current)):
+        g = window.groups.get(int(current.group[i]))
+        same_span = (
+            expected.cross_host is None or g is None or g.crosses_hosts == expected.cross_host
+        )
+        e = ref.get((int(current.op[i]), int(current.bucket[i]))) if same_span else None
+        bw = float(current.busbw_gbps[i])
+        if e is None or not np.isfinite(bw):
+            unmatched += 1
+            continue
+        per_point[i] = e
+        name = g.name if g is not None else f"g{int(current.group[i])}"
+        op = OPS[int(current.op[i])] if 0 <= int(current.op[i]) < len(OPS) else "other"
+        points.append(
+            ExpectedPoint(name, op, int(current.bucket[i]), bw, e, bw / e, bw / e < share)
+        )
+    points.sort(key=lambda p: p.ratio)
+    low = [p for p in points if p.below]
+    if not points:
+        finding = "no_match"
+        summary = (
+            f"no application point matches the nccl-tests curve of {expected.run!r} "
+            "(op, size bucket and host span)"
+        )
+    elif low:
+        finding = "fabric_underperforms"
+        w = low[0]
+        summary = (
+            f"{len(low)} of {len(points)} point(s) below {share:.0%} of nccl-tests' busbw; "
+            f"worst {w.group} {w.op} {bucket_label(w.bucket)}: {w.busbw_gbps:.1f} vs "
+            f"{w.expected_busbw_gbps:.1f} GB/s (x{w.ratio:.2f}): the fabric or the library "
+            "underperforms there"
+        )
+    else:
+        finding = "fabric_fine"
+        summary = (
+            f"all {len(points)} matched point(s) at or above {share:.0%} of nccl-tests' busbw "
+            f"(lowest x{points[0].ratio:.2f}): the fabric delivers what it measured"
+        )
+    return ExpectedJudgement(
+        source_run=expected.run,
+        share=share,
+        points=tuple(points),
+        unmatched=unmatched,
+        expected_per_point=per_point,
+        finding=finding,
+        summary=summary,
+    )

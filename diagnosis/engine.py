@@ -22,7 +22,16 @@ from dataclasses import dataclass
 from rankscope.diagnosis.baseline import BaselineComparison, compare_runs
 from rankscope.diagnosis.correlate import Correlations, correlate
 from rankscope.diagnosis.critical import CriticalPath, critical_path
-from rankscope.diagnosis.curves import Curves, CurveShift, compare_curves, curves_from_rows
+from rankscope.diagnosis.curves import (
+    Curves,
+    CurveShift,
+    ExpectedCurve,
+    ExpectedJudgement,
+    compare_curves,
+    compare_expected,
+    curves_from_rows,
+    split_baseline,
+)
 from rankscope.diagnosis.decomposition import (
     Decomposition,
     DecompositionDelta,
@@ -73,6 +82,8 @@ class Diagnosis:
     """The material straggler localisation found (or that it found none)."""
     warmup: Warmup | None = None
     """The warm-up steps set aside at the start of the window, when there were any."""
+    expected: ExpectedJudgement | None = None
+    """The curves against the fabric's expected curve (an nccl-tests import), when given."""
 
     @property
     def warmup_steps(self) -> int:
@@ -146,15 +157,21 @@ def set_warmup_aside(window: Window) -> tuple[Window, Warmup | None]:
 
 
 def diagnose(
-    window: Window, baseline: Window | None = None, now_ns: float | None = None
+    window: Window,
+    baseline: Window | None = None,
+    now_ns: float | None = None,
+    expected: ExpectedCurve | None = None,
 ) -> Diagnosis:
     """Diagnose one window, optionally against a healthy baseline run.
 
     Args:
         window: the window of the run under study.
-        baseline: a window of the healthy run (same model and work) or None.
+        baseline: a window of the healthy run (same model and work) or None. An imported
+            nccl-tests recording given here is no run of the job: it becomes ``expected``
+            (`curves.split_baseline`) and the run is diagnosed without a baseline run.
         now_ns: the instant the stall check judges, relative to ``window.t0_ns`` (default:
             the latest time seen in the window).
+        expected: the fabric's expected curve (`curves.expected_curve`), or None.
 
     Returns:
         The analyses and the ranked verdict. When the run's step time shifted inside the
@@ -162,6 +179,8 @@ def diagnose(
         that began mid-window is judged on the steps it acts in, not diluted by the ones
         before it.
     """
+    baseline, from_baseline = split_baseline(baseline)
+    expected = expected if expected is not None else from_baseline
     whole = window
     window, warm = set_warmup_aside(window)
     steady = window
@@ -188,6 +207,7 @@ def diagnose(
     if baseline is not None and base_ev is not None:
         base_curves = curves_from_rows(base_ev.crit.groups)
         shifts = compare_curves(curves, window.groups, base_curves, baseline.groups)
+    vs_expected = compare_expected(curves, window, expected) if expected is not None else None
     return Diagnosis(
         window=window,
         has_baseline=baseline is not None,
@@ -208,4 +228,5 @@ def diagnose(
         localisation=verdict.localisation,
         finding=verdict.finding,
         warmup=warm,
+        expected=vs_expected,
     )

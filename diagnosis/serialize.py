@@ -53,7 +53,12 @@ Schema ``rankscope.diagnosis/1`` — top-level keys:
     ``effects`` (strongest per metric first), ``slow_rank``, ``work``.
 ``curves``
     ``convention`` and ``points`` [{``group``, ``op``, ``size``, ``count``, ``nbytes``,
-    ``time_ns``, ``algbw_gbps``, ``busbw_gbps``}], ``shifts`` against the baseline.
+    ``time_ns``, ``algbw_gbps``, ``busbw_gbps``, ``expected_busbw_gbps``,
+    ``expected_ratio``}], ``shifts`` against the baseline, ``expected`` (null unless the
+    fabric's expected curve, an nccl-tests import, was given: {``source_run``, ``share``,
+    ``finding``: ``fabric_underperforms`` / ``fabric_fine`` / ``no_match``, ``summary``,
+    ``unmatched``, ``points`` [{``group``, ``op``, ``bucket``, ``size``, ``busbw_gbps``,
+    ``expected_busbw_gbps``, ``ratio``, ``below``}]}).
 ``distributions``
     ``current`` / ``baseline`` {``n``, ``mean``, ``p50``, ``p90``, ``p99``, ``max``,
     ``tail_stalls``}, ratios, ``manifest_diff`` [{``field``, ``baseline``, ``current``}],
@@ -321,6 +326,7 @@ def _correlations(diag: Diagnosis) -> dict[str, Any]:
 
 def _curves(diag: Diagnosis) -> dict[str, Any]:
     c = diag.curves
+    ex = diag.expected.expected_per_point if diag.expected is not None else None
     order = np.lexsort((c.bucket, c.group))[: MAX_ROWS * 5]
     return {
         "convention": c.convention,
@@ -334,10 +340,29 @@ def _curves(diag: Diagnosis) -> dict[str, Any]:
                 "time_ns": plain(c.time_ns[i]),
                 "algbw_gbps": plain(c.algbw_gbps[i]),
                 "busbw_gbps": plain(c.busbw_gbps[i]),
+                "expected_busbw_gbps": plain(ex[i]) if ex is not None else None,
+                "expected_ratio": (
+                    plain(c.busbw_gbps[i] / ex[i]) if ex is not None and ex[i] > 0 else None
+                ),
             }
             for i in order
         ],
         "shifts": [plain(s) for s in diag.curve_shifts[:MAX_ROWS]],
+        "expected": _expected(diag),
+    }
+
+
+def _expected(diag: Diagnosis) -> dict[str, Any] | None:
+    e = diag.expected
+    if e is None:
+        return None
+    return {
+        "source_run": e.source_run,
+        "share": e.share,
+        "finding": e.finding,
+        "summary": e.summary,
+        "unmatched": e.unmatched,
+        "points": [{**plain(p), "size": bucket_label(p.bucket)} for p in e.points[: MAX_ROWS * 5]],
     }
 
 

@@ -261,6 +261,8 @@ def _structure(diag: Diagnosis) -> list[str]:
             f"  busbw vs baseline, worst: {s.group} {s.op} {bucket_label(s.bucket)} "
             f"{s.busbw_gbps:.1f} vs {s.baseline_busbw_gbps:.1f} GB/s (x{s.ratio:.2f})"
         )
+    if diag.expected is not None:
+        out.append(f"  busbw vs nccl-tests {diag.expected.source_run}: {diag.expected.summary}")
     return [*out, ""]
 
 

@@ -52,7 +52,13 @@ import numpy as np
 
 from rankscope.collector.schema import OPS
 from rankscope.diagnosis.baseline import Distribution, distribution, job_step_ns
-from rankscope.diagnosis.curves import bucket_label, message_curves
+from rankscope.diagnosis.curves import (
+    EXPECTED_SHARE,
+    ExpectedCurve,
+    bucket_label,
+    message_curves,
+    split_baseline,
+)
 from rankscope.diagnosis.decomposition import CATEGORIES, Decomposition, decompose
 from rankscope.diagnosis.exposure import exposed_union, rows_cover_window
 from rankscope.diagnosis.robust import nanmax, nanmedian
@@ -121,6 +127,9 @@ class CommCheck:
     size: str
     busbw_gbps: float
     reference_gbps: float
+    expected: bool = False
+    """The reference is nccl-tests' busbw at this op and size (judged at
+    ``curves.EXPECTED_SHARE``), not a run's group of the same kind."""
 
     @property
     def ratio(self) -> float:
@@ -377,6 +386,7 @@ def _rung(
     ref_bw: Mapping[tuple[str, int, int], float],
     tol: Tolerances,
     verdict: Any,
+    expected: ExpectedCurve | None = None,
 ) -> Rung:
     decomp = decomposition(window)
     local = local_ns(decomp)
@@ -386,27 +396,48 @@ def _rung(
     gap = slowest - nanmedian(local, axis=0)
     spread = float(nanmedian(gap)) / ref_local if np.isfinite(gap).any() else float("nan")
     worst: CommCheck | None = None
+    worst_margin = float("inf")
     unmatched = 0
+    exp_bw: dict[tuple[int, int], float] = {}
+    if expected is not None:
+        exp_bw = {
+            (int(o), int(b)): float(v)
+            for o, b, v in zip(expected.op, expected.bucket, expected.busbw_gbps)
+            if np.isfinite(v) and v > 0
+        }
+    spans = {g.name: g.crosses_hosts for g in window.groups.values()}
     for key, pts in _points(window).items():
         ref = ref_bw.get(key)
         for name, bw, count in pts:
-            if ref is None:
+            # nccl-tests' busbw where op, size and host span match; else the run's groups.
+            e = None
+            if expected is not None and expected.cross_host in (None, spans.get(name)):
+                e = exp_bw.get((key[1], key[2]))
+            if e is None and ref is None:
                 unmatched += 1
                 continue
             if count < MIN_POINT_COUNT:
                 continue
-            check = CommCheck(name, OPS[key[1]], bucket_label(key[2]), bw, ref)
-            if worst is None or check.ratio < worst.ratio:
-                worst = check
+            if e is not None:
+                check = CommCheck(name, OPS[key[1]], bucket_label(key[2]), bw, e, expected=True)
+                margin = check.ratio / EXPECTED_SHARE
+            elif ref is not None:
+                check = CommCheck(name, OPS[key[1]], bucket_label(key[2]), bw, ref)
+                margin = check.ratio / (1.0 - tol.comm)
+            else:
+                continue
+            if margin < worst_margin:
+                worst, worst_margin = check, margin
     reasons = []
     if np.isfinite(ratio) and ratio > 1.0 + tol.local:
         reasons.append(f"slowest-rank local time {ratio:.2f}x the healthy median rank")
     if np.isfinite(spread) and spread > tol.spread:
         reasons.append(f"slowest rank {spread:.0%} of a healthy step above the rung's median rank")
-    if worst is not None and worst.ratio < 1.0 - tol.comm:
+    if worst is not None and worst_margin < 1.0:
+        healthy = "nccl-tests'" if worst.expected else "the healthy"
         reasons.append(
             f"{worst.group} {worst.op} {worst.size}: busbw {worst.busbw_gbps:.1f} GB/s, "
-            f"{worst.ratio:.2f}x the healthy {worst.reference_gbps:.1f} GB/s"
+            f"{worst.ratio:.2f}x {healthy} {worst.reference_gbps:.1f} GB/s"
         )
     if reasons:
         why = "; ".join(reasons)
@@ -443,6 +474,7 @@ def build_ladder(
     verdicts: Mapping[str, Any] | None = None,
     tolerances: Tolerances | None = None,
     sweeps: Sequence[SweepEntry] = (),
+    expected: ExpectedCurve | None = None,
 ) -> Ladder:
     """Line up a run and its reruns and find the first scope where the regression appears.
 
@@ -454,22 +486,34 @@ def build_ladder(
         verdicts: run id -> the diagnosis verdict of that run (optional, shown per rung).
         tolerances: how far a rung may stray from healthy (default `Tolerances()`).
         sweeps: the parent's sweeps (`read_sweeps`), listed beside the rungs.
+        expected: the fabric's expected curve (an nccl-tests import). An nccl-tests
+            recording given as ``baseline`` is taken as this (`curves.split_baseline`).
+            Each rung's points of the same op, size and host span are judged against it
+            (below ``curves.EXPECTED_SHARE`` of its busbw regresses); local time and the
+            other points keep the run reference.
 
     Returns:
         The ladder (rule in the module docstring).
     """
     tol = tolerances if tolerances is not None else Tolerances()
+    baseline, from_baseline = split_baseline(baseline)
+    expected = expected if expected is not None else from_baseline
     ref_window = baseline if baseline is not None else parent
     ref_local, ref_bw = _reference(ref_window)
     if baseline is not None:
         reference = f"baseline run {baseline.run!r}"
     else:
         reference = f"median rank and median group of each kind of {parent.run!r}"
+    if expected is not None:
+        reference += (
+            f"; busbw against the nccl-tests curve {expected.run!r} where op, size and "
+            f"host span match (below {EXPECTED_SHARE:.0%} regresses)"
+        )
     verdicts = verdicts or {}
     windows = [parent] + [w for w in children if w.parent_run == parent.run]
     windows = [w for w in windows if w.scope in LADDER]
     windows.sort(key=lambda w: (scope_index(w.scope), w is not parent, w.run))
-    rungs = tuple(_rung(w, ref_local, ref_bw, tol, verdicts.get(w.run)) for w in windows)
+    rungs = tuple(_rung(w, ref_local, ref_bw, tol, verdicts.get(w.run), expected) for w in windows)
     first = next((r for r in rungs if r.regression), None)
     # Only clean rungs below the first regressing scope eliminate anything: that is the
     # ordered reduction. A clean rung above it (a rerun that left the suspect out) does not.
