@@ -29,12 +29,32 @@ The rule, on the job's step time (the median rank's, per step):
 A periodic spike (checkpoints) or a burst never qualifies: the steps between spikes return
 to the earlier level. A slow drift (allocator growth) does not either: its earlier steps
 already trend, and the trend analysis reads it over the whole window.
+
+The job's step time is not the only place a regime shows. In a synchronous job every rank
+waits for each step's worst rank, so the step time's healthy spread grows with the world
+size (the largest of more ranks' compute spikes), while one throttled GPU adds the same
+few milliseconds at any size: at thousands of ranks its shift can sit inside the step
+time's noise for good, although the rank arrives late at every collective of every step.
+When the step time shows no regime, the same rule is asked of *arrivals*
+(`arrival_start`): each rank's lateness per step (``coll["late_ns"]``) over that of the
+step's median rank. A rank whose excess lateness moved as a level (``SHIFT_SIGMAS`` σ of
+its own earlier steps, σ no less than the typical rank's, and at least ``MIN_SHIFT`` of the
+job's median step), every new step beyond it, with no drift before, starts a regime —
+unless such a run is explained by the run's own excursions: with ``p`` the share of
+earlier (rank, step) cells as far beyond their rank's level as every new step is
+(Laplace-smoothed, from the same evenly spaced ranks as the step time), a run on one of
+``R`` ranks arises by chance with odds about ``R p^MIN_AFTER`` (a rank's lateness persists
+from step to step, so a longer run is not taken as rarer), which must stay below
+``RUN_CHANCE``. A compute spike makes one rank late for one step, so spikes keep ``p``
+honest and rarely make a run; a throttled GPU is late in every step. Warm-up steps
+(`warmup`) are no part of the earlier steps here: everyone is late then.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,6 +99,10 @@ class Regime:
     """Median step time of the earlier steps."""
     after_ns: float
     """Median step time of the current regime."""
+    rank: int | None = None
+    """The rank whose lateness shifted, when the regime was found from arrivals
+    (`arrival_start`: the step time moved less than its own noise); None when the step
+    time itself shifted."""
 
     @property
     def change(self) -> float:
@@ -88,6 +112,12 @@ class Regime:
     def describe(self) -> str:
         """One line for the verdict's evidence."""
         word = "slower" if self.change > 0 else "faster"
+        if self.rank is not None:
+            return (
+                f"rank {self.rank} arrives late from step {self.start_step} (step time median {self.before_ns / 1e6:,.1f} → "
+                f"{self.after_ns / 1e6:,.1f} ms, {abs(self.change):.0%} {word}); the verdict "
+                f"reads the {self.steps} step(s) since"
+            )
         return (
             f"step time changed at step {self.start_step}: median {self.before_ns / 1e6:,.1f} "
             f"→ {self.after_ns / 1e6:,.1f} ms ({abs(self.change):.0%} {word}); the verdict "
@@ -192,8 +222,122 @@ def regime_start(series: np.ndarray) -> int | None:
     return None
 
 
+MAX_ARRIVAL_CANDIDATES = 16
+"""Most ranks whose arrivals `arrival_start` tests in full, the latest first (a bound on
+the cost of a call, which the view makes every frame; a straggler is among the latest)."""
+
+
+def _column_median(x: np.ndarray) -> np.ndarray:
+    """Per column, the median of the finite entries (NaN where none)."""
+    if np.isfinite(x).all():
+        return np.median(x, axis=0)
+    out = np.full(x.shape[1], np.nan)
+    seen = np.isfinite(x).any(axis=0)
+    if seen.any():
+        out[seen] = np.nanmedian(x[:, seen], axis=0)
+    return out
+
+
+def arrival_start(late: np.ndarray, step_ns: np.ndarray, first: int = 0) -> tuple[int, int] | None:
+    """Where a rank's lateness shifted as a level (the module docstring's second rule).
+
+    Args:
+        late: float (R, S) each rank's Σ lateness per step (``coll["late_ns"]``), NaN where
+            the rank did not report the step; columns in step order, without gaps.
+        step_ns: float (S,) the job's step time of the same columns (`job_step_ns`).
+        first: columns before this one (a warm-up) are no part of the earlier steps.
+
+    Returns:
+        ``(index of the regime's first column, rank)``, or None.
+    """
+    late = np.asarray(late, dtype=np.float64)
+    n_ranks, n_steps = late.shape
+    if n_steps - first < MIN_BEFORE + MIN_AFTER or n_ranks < 2:
+        return None
+    every = max(1, n_ranks // MEDIAN_RANKS)
+    # Lateness over the step's median rank: what the whole job shares (a warm-up step, a
+    # slow collective everyone waits in) is no rank's own.
+    ref = _column_median(late[::every])
+    if not np.isfinite(ref[first:]).all():
+        return None
+    floor = MIN_STEP_SHIFT * float(np.min(step_ns[first:]))
+    # Screen: the newest steps' excess over the rank's mean excess before them (cheap, one
+    # pass; the mean is only the order in which ranks are tested in full).
+    newest = late[:, n_steps - MIN_AFTER :] - ref[n_steps - MIN_AFTER :]
+    newest = np.where(np.isfinite(newest), newest, -np.inf).min(axis=1)
+    earlier = late[:, first : n_steps - MIN_AFTER]
+    mean_before = earlier.mean(axis=1)  # NaN for a rank that missed a step: redone below
+    gaps = ~np.isfinite(mean_before)
+    if gaps.any():
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            mean_before[gaps] = np.nanmean(earlier[gaps], axis=1)
+    proxy = newest - (mean_before - float(ref[first : n_steps - MIN_AFTER].mean()))
+    cand = np.flatnonzero(np.isfinite(proxy) & (proxy > floor))
+    if not cand.size:
+        return None
+    cand = cand[np.argsort(-proxy[cand], kind="stable")][:MAX_ARRIVAL_CANDIDATES]
+    sampled = late[::every] - ref
+    # A rank's spread is read from a few steps, and the latest of thousands of ranks is
+    # often one whose few steps happened to lie close: its spread is taken as no less than
+    # the typical rank's, so chance pairs of high steps in a wide job are no shift.
+    typical = sampled[:, first : n_steps - MIN_AFTER]
+    typical = typical - _column_median(typical.T)[:, None]
+    with np.errstate(all="ignore"):
+        spread = 1.4826 * _column_median(np.abs(typical).T)
+    spread = spread[np.isfinite(spread)]
+    sigma_job = float(np.median(spread)) if spread.size else 0.0
+    # Every new step must lie this far beyond the earlier median, whatever the start: a
+    # running median screens the starts before any start pays for the full test.
+    bar = max(STEP_SIGMAS * sigma_job, floor)
+    for rank in cand.tolist():
+        series = late[rank] - ref
+        lo = np.minimum.accumulate(series[::-1])[::-1]  # NaN once a newer step is unknown
+        ordered: list[float] = []
+        for k in range(first, n_steps - MIN_AFTER + 1):
+            if k > first and np.isfinite(series[k - 1]):
+                bisect.insort(ordered, float(series[k - 1]))
+            n = len(ordered)
+            if k < first + MIN_BEFORE or n < MIN_BEFORE:
+                continue
+            run_med = ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+            if not lo[k] - run_med > bar:
+                continue
+            before = series[first:k]
+            before = before[np.isfinite(before)]
+            after = series[k:]
+            med = float(np.median(before))
+            job = float(np.median(step_ns[first:k]))
+            if float(after.min()) - med <= MIN_STEP_SHIFT * job:
+                continue
+            sigma = max(1.4826 * float(np.median(np.abs(before - med))), sigma_job)
+            level = max(SHIFT_SIGMAS * sigma, MIN_SHIFT * job)
+            moved = float(np.median(after)) - med
+            each = max(STEP_SIGMAS * sigma, MIN_STEP_SHIFT * job, 0.5 * moved)
+            if not (moved > level and np.all(after - med > each)):
+                continue
+            if _rank_trend(before) > MAX_DRIFT_RHO:
+                continue
+            # Could the run be the job's own excursions on one of its ranks? Cells as far
+            # beyond their own rank's level as every new step is, among the earlier steps of
+            # evenly spaced ranks. A rank's lateness is not independent from step to step (its inputs and its
+            # neighbours persist), so a longer run is not taken as rarer: its chance is
+            # bounded by that of its first MIN_AFTER steps.
+            cells = sampled[:, first:k]
+            known = np.isfinite(cells)
+            own = _column_median(cells.T)[:, None]
+            far = float(after.min()) - med
+            n_out = int(np.count_nonzero(known & (cells - own >= far)))
+            p_out = (n_out + 1) / (int(known.sum()) + 2)
+            if n_ranks * p_out**MIN_AFTER > RUN_CHANCE:
+                continue
+            return k, int(rank)
+    return None
+
+
 def current_regime(window: Window) -> Regime | None:
-    """The start of the current regime, when the step time shifted inside the window.
+    """The start of the current regime, when the step time shifted inside the window, or
+    else a rank's arrivals did (`arrival_start`).
 
     Args:
         window: the window.
@@ -205,6 +349,15 @@ def current_regime(window: Window) -> Regime | None:
     ok = np.flatnonzero(np.isfinite(y))
     vals = y[ok]
     found = regime_start(vals)
+    rank = None
+    late = window.coll.get("late_ns")
+    if found is None and late is not None and late.shape[1] == y.size:
+        # Imported here: the warm-up reads the job step time from this module.
+        from rankscope.diagnosis.warmup import warmup_length
+
+        hit = arrival_start(late[:, ok], vals, first=warmup_length(vals))
+        if hit is not None:
+            found, rank = hit
     if found is None:
         return None
     col = int(ok[found])
@@ -214,6 +367,7 @@ def current_regime(window: Window) -> Regime | None:
         steps=int(ok.size - found),
         before_ns=float(np.median(vals[:found])),
         after_ns=float(np.median(vals[found:])),
+        rank=rank,
     )
 
 
