@@ -142,6 +142,15 @@ def _pipeline_shape(window: Window) -> tuple[int, int] | None:
     return int(stage.max()) + 1, int(micro.max()) + 1
 
 
+def _balanced_bubbles(physical: int, virtual: int, micro: int) -> str:
+    """What a balanced split idles: (P-1) of the (v M + P-1) slots of a step, the same on
+    every stage (P ranks in the pipeline, v model chunks a rank, M micro-batches)."""
+    v = max(1, virtual // max(1, physical))
+    share = (physical - 1) / (v * micro + physical - 1)
+    kind = "GPipe, 1F1B" if v == 1 else f"interleaved, {v} chunks a rank"
+    return f"; a balanced split idles every stage alike ({kind}: {pct(share)} of the step)"
+
+
 def judge_pipeline_imbalance(ev: Evidence) -> Candidate:
     """The ``pipeline_imbalance`` candidate (module docstring).
 
@@ -194,13 +203,7 @@ def judge_pipeline_imbalance(ev: Evidence) -> Candidate:
         f"{pct(lead)} of the steps"
         + (f"; the lead is {z:.1f}x the measure's wobble" if np.isfinite(z) else ""),
         f"the other stages idle {ms(idle_others)} a step in pipeline bubbles, stage {key} "
-        f"{ms(idle_heavy)}"
-        + (
-            f"; a balanced split idles every stage alike (GPipe, 1F1B: "
-            f"{pct((shape[0] - 1) / (shape[1] + shape[0] - 1))} of the step)"
-            if shape
-            else ""
-        ),
+        f"{ms(idle_heavy)}" + (_balanced_bubbles(stages.size, *shape) if shape else ""),
     ]
     caveats: list[str] = []
     base = _baseline_ratio(ev, int(stages[heavy]))
