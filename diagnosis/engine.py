@@ -27,6 +27,8 @@ from rankscope.diagnosis.curves import (
     CurveShift,
     ExpectedCurve,
     ExpectedJudgement,
+    ExpectedPoint,
+    bucket_label,
     compare_curves,
     compare_expected,
     curves_from_rows,
@@ -150,6 +152,50 @@ def with_links(loc: Localisation, links: tuple[Suspect, ...]) -> Localisation:
     return dataclasses.replace(loc, suspects=tuple(suspects))
 
 
+FABRIC_MECHANISMS = ("network_rail", "local_fabric", "intermittent_congestion", "placement")
+"""Hypotheses whose groups the fabric's expected curve speaks to."""
+
+
+def with_expected(verdict: Verdict, judgement: ExpectedJudgement | None) -> Verdict:
+    """The fabric hypotheses with what the expected curve (nccl-tests) says of their
+    groups: an evidence line where a group's busbw is below the expected share, a caveat
+    where every matched group reaches it. Scores are not changed.
+
+    Args:
+        verdict: the verdict.
+        judgement: the curves against the expected curve, or None.
+
+    Returns:
+        The verdict, its fabric hypotheses annotated.
+    """
+    if judgement is None or not judgement.points:
+        return verdict
+    lowest: dict[str, ExpectedPoint] = {}
+    for p in judgement.points:  # lowest ratio first
+        lowest.setdefault(p.group, p)
+    hyps = []
+    for h in verdict.hypotheses:
+        pts = [lowest[g] for g in h.groups if g in lowest]
+        if h.mechanism in FABRIC_MECHANISMS and pts:
+            w = min(pts, key=lambda p: p.ratio)
+            run = f"run {judgement.source_run!r}"
+            if w.below:
+                line = (
+                    f"{w.group} {w.op} {bucket_label(w.bucket)}: busbw {w.busbw_gbps:.1f} GB/s, "
+                    f"x{w.ratio:.2f} of the {w.expected_busbw_gbps:.1f} GB/s nccl-tests measured "
+                    f"at the same size ({run}; below {judgement.share:.0%})"
+                )
+                h = dataclasses.replace(h, evidence=(*h.evidence, line))
+            else:
+                line = (
+                    f"nccl-tests ({run}) measured no more: {', '.join(p.group for p in pts[:4])} "
+                    f"reach x{w.ratio:.2f} or more of its busbw at the same sizes"
+                )
+                h = dataclasses.replace(h, caveats=(*h.caveats, line))
+        hyps.append(h)
+    return dataclasses.replace(verdict, hypotheses=tuple(hyps))
+
+
 def set_warmup_aside(window: Window) -> tuple[Window, Warmup | None]:
     """The window without its warm-up steps (`warmup`), and the warm-up."""
     warm = warmup_of(window)
@@ -208,6 +254,7 @@ def diagnose(
         base_curves = curves_from_rows(base_ev.crit.groups)
         shifts = compare_curves(curves, window.groups, base_curves, baseline.groups)
     vs_expected = compare_expected(curves, window, expected) if expected is not None else None
+    verdict = with_expected(verdict, vs_expected)
     return Diagnosis(
         window=window,
         has_baseline=baseline is not None,

@@ -124,6 +124,10 @@ def test_slow_rail_is_below_the_nccl_tests_curve(
     tp = [p for p in out["curves"]["points"] if p["group"].startswith("tp")]
     assert tp and all(p["expected_busbw_gbps"] is None for p in tp)
     assert ex["unmatched"] == len(tp)
+    # The verdict's fabric hypothesis carries it as evidence.
+    (rail,) = [h for h in out["verdict"]["hypotheses"] if h["mechanism"] == "network_rail"]
+    assert rail["groups"] == ["dp0.2"]
+    assert any("nccl-tests measured" in e and "dp0.2" in e for e in rail["evidence"])
 
 
 def test_healthy_fabric_meets_the_curve_and_a_faster_curve_does_not(
@@ -157,3 +161,18 @@ def test_ladder_takes_the_curve_as_its_bandwidth_reference(recs: dict[str, Path]
     # Same curve as expected_curve gives directly.
     e2 = expected_curve(fabric)
     assert list(e2.bucket) == [s.bit_length() - 1 for s in SIZES]
+
+
+def test_a_rail_nccl_tests_also_finds_slow_is_not_the_jobs_doing(
+    recs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # nccl-tests measured 10 GB/s across these hosts: the slow rail's 9.2 GB/s is what the
+    # fabric gives, so the application's curve meets the expected one.
+    src = tmp_path / "slow.json"
+    src.write_text(nccl_tests_json(10.0))
+    write_recording("nccl-tests", [src], tmp_path / "slow", run="slow")
+    out = _diagnose(recs["rail"], tmp_path / "slow", capsys)
+    assert out["curves"]["expected"]["finding"] == "fabric_fine"
+    (rail,) = [h for h in out["verdict"]["hypotheses"] if h["mechanism"] == "network_rail"]
+    assert any("measured no more" in c and "dp0.2" in c for c in rail["caveats"])
+    assert not any("nccl-tests measured" in e for e in rail["evidence"])
