@@ -127,7 +127,8 @@ def add_baseline(p: argparse.ArgumentParser) -> None:
         "--baseline",
         metavar=METAVARS["--baseline"],
         default=None,
-        help="recording (or snapshot) of a healthy run to compare with",
+        help="recording (or snapshot) of a healthy run to compare with, or an imported "
+        "nccl-tests recording: the fabric's expected busbw per op and size",
     )
     p.add_argument(
         "--baseline-run",
