@@ -81,6 +81,7 @@ _LONGEST_FIRST = (
     "tests/test_demo_command.py",
     "tests/test_launch_torch.py",
     "tests/test_ladder_tui.py",
+    "tests/test_tui_controlled.py",
     "tests/test_capture_forms.py",
     "tests/test_real_workload.py",
     "tests/test_tui_discoverable.py",

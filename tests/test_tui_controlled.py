@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_ladder_tui import _no_stall_view  # simulated reruns send no heartbeats
 
 from rankscope.commands.demo import start_demo
 from rankscope.hub.server import Hub
@@ -72,7 +73,7 @@ async def test_the_menu_runs_the_proposed_shard_swap_and_shows_where_the_slownes
     rec = tmp_path / "rec"
     _record_parent("data-imbalance", rec)
     with Hub(record_dir=str(rec)) as hub:
-        app = make_app(deterministic_settings(), LiveSource(hub), run="p")
+        app = make_app(_no_stall_view(), LiveSource(hub), run="p")
         async with app.run_test(size=SIZE) as pilot:
             await _until(pilot, lambda: _verdict_on_screen(app), "the verdict of p")
             assert app.analysis is not None
@@ -124,7 +125,7 @@ async def test_the_menu_runs_the_proposed_pairwise_sweep_and_the_ladder_lists_it
     rec = tmp_path / "rec"
     _record_parent("network-rail", rec)
     with Hub(record_dir=str(rec)) as hub:
-        app = make_app(deterministic_settings(), LiveSource(hub), run="p")
+        app = make_app(_no_stall_view(), LiveSource(hub), run="p")
         async with app.run_test(size=SIZE) as pilot:
             await _until(pilot, lambda: _verdict_on_screen(app), "the verdict of p")
             await pilot.press("r")
@@ -207,7 +208,7 @@ async def test_the_form_stages_a_supported_experiment_and_shows_the_rollback(
     _record_parent("data-imbalance", rec)
     with Hub(record_dir=str(rec)) as hub:
         exp_id = await asyncio.to_thread(_supported_experiment, rec, hub)
-        app = make_app(deterministic_settings(), LiveSource(hub), run="p")
+        app = make_app(_no_stall_view(), LiveSource(hub), run="p")
         async with app.run_test(size=SIZE) as pilot:
             await _until(pilot, lambda: app.model is not None, "the first sample")
             await pilot.press("e")
@@ -301,7 +302,7 @@ async def test_the_menu_runs_the_proposed_placement_swap(tmp_path: Path) -> None
     finally:
         handles.stop()
     with Hub(record_dir=str(rec)) as hub:
-        app = make_app(deterministic_settings(), LiveSource(hub), run="p")
+        app = make_app(_no_stall_view(), LiveSource(hub), run="p")
         async with app.run_test(size=SIZE) as pilot:
             await _until(pilot, lambda: _verdict_on_screen(app), "the verdict of p")
             await pilot.press("r")
