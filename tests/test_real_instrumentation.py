@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -28,17 +29,21 @@ FLAGS = ("--tokens-per-rank=512", "--len-max=256")
 
 
 @pytest.fixture(scope="module")
-def runs(real_hub, packing_baseline):
+def runs(real_hub):
     zero = incidents.RunSpec("zero-code", FLAGS, nproc=2, steps=10, explicit=False)
     incidents.run_local(
         real_hub.endpoint, zero, prefix=[sys.executable, "-m", "rankscope", "run", "--"]
     )
     incidents.settled_window(real_hub.store, zero, warmup=0)
+    # The explicit API on the packing incident's healthy flags, for as many steps as the
+    # assertions need (the incident's own run is the slow tier's).
+    explicit = replace(incidents.PACKING.spec("baseline", steps=8), run="explicit-api")
+    incidents.run_local(real_hub.endpoint, explicit)
     return {
         # Under auto-instrumentation the teardown barrier after the loop opens one more
         # (partial) step; keep the training steps.
         "zero": real_hub.store.window(zero.run),
-        "explicit": packing_baseline,
+        "explicit": incidents.settled_window(real_hub.store, explicit, warmup=0),
     }
 
 
