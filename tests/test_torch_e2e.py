@@ -479,8 +479,11 @@ import tiny_ddp
 def gloo_threads():
     names = []
     for tid in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{{tid}}/comm") as f:
-            names.append(f.read().strip())
+        try:
+            with open(f"/proc/self/task/{{tid}}/comm") as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:  # the thread ended since the listing
+            pass
     return sum(n.startswith(("pt_gloo", "gloo")) for n in names)
 
 before = []
