@@ -12,12 +12,11 @@ import json
 from pathlib import Path
 
 import pytest
+from simrec import record_sim
 
 from rankscope.cli import main
-from rankscope.commands.demo import start_demo
 from rankscope.hub import replay
 from rankscope.hub.server import Hub
-from rankscope.sim import load_scenario
 
 RANKS = 32
 STEPS = 10
@@ -34,19 +33,7 @@ CASES = [
 
 
 def _record_parent(scenario: str, rec: Path, **overrides: object) -> None:
-    handles = start_demo(
-        load_scenario(scenario, ranks=RANKS, **overrides),
-        STEPS,
-        pace="fast",
-        record_dir=str(rec),
-        run_id="parent",
-        argv=["demo"],
-    )
-    try:
-        handles.wait(timeout=120)
-        assert handles.wait_ingested()
-    finally:
-        handles.stop()
+    record_sim(scenario, rec, ranks=RANKS, steps=STEPS, **overrides)
 
 
 @pytest.mark.parametrize(("scenario", "first", "mechanism"), CASES)

@@ -10,10 +10,10 @@ import json
 from pathlib import Path
 
 import pytest
+from simrec import record_sim
 
 from rankscope.cli import main
 from rankscope.collector.schema import OP_INDEX
-from rankscope.commands.demo import start_demo
 from rankscope.commands.grammar import load_run
 from rankscope.diagnosis.curves import (
     EXPECTED_SHARE,
@@ -25,7 +25,6 @@ from rankscope.diagnosis.curves import (
 )
 from rankscope.hub.importers import write_recording
 from rankscope.launch.ladder import build_ladder
-from rankscope.sim import load_scenario
 
 RANKS = 16
 HOSTS = ("node000", "node001", "node002", "node003")
@@ -36,19 +35,7 @@ SIZES = [1 << k for k in range(20, 30)]  # 1 MiB .. 512 MiB: the run's dp all-re
 
 
 def _record(scenario: str, rec: Path) -> None:
-    handles = start_demo(
-        load_scenario(scenario, ranks=RANKS),
-        8,
-        pace="fast",
-        record_dir=str(rec),
-        run_id="p",
-        argv=["demo"],
-    )
-    try:
-        handles.wait(timeout=120)
-        assert handles.wait_ingested()
-    finally:
-        handles.stop()
+    record_sim(scenario, rec, ranks=RANKS, steps=8, run_id="p")
 
 
 def nccl_tests_json(busbw: float) -> str:

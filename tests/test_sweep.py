@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from simrec import record_sim
 
 from rankscope.cli import main
 from rankscope.collector.schema import OP_INDEX, SCOPES
-from rankscope.commands.demo import start_demo
 from rankscope.diagnosis.curves import bus_factor
 from rankscope.hub import replay
 from rankscope.launch.sweep import (
@@ -31,7 +31,6 @@ from rankscope.launch.sweep import (
     size_ladder,
     sweep_points,
 )
-from rankscope.sim import load_scenario
 from rankscope.sim.spec import build_scenario
 
 RANKS = 16
@@ -39,19 +38,7 @@ STEPS = 8
 
 
 def _record(scenario: str, rec: Path) -> None:
-    handles = start_demo(
-        load_scenario(scenario, ranks=RANKS),
-        STEPS,
-        pace="fast",
-        record_dir=str(rec),
-        run_id="parent",
-        argv=["demo"],
-    )
-    try:
-        handles.wait(timeout=120)
-        assert handles.wait_ingested()
-    finally:
-        handles.stop()
+    record_sim(scenario, rec, ranks=RANKS, steps=STEPS)
 
 
 @pytest.fixture(scope="module")

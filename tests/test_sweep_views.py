@@ -11,12 +11,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from simrec import record_sim
 
 from rankscope.cli import main
-from rankscope.commands.demo import start_demo
 from rankscope.launch.ladder import read_sweeps, sweeps_text
 from rankscope.sanitize import for_markdown
-from rankscope.sim import load_scenario
 
 RANKS = 16
 STEPS = 8
@@ -26,19 +25,7 @@ STEPS = 8
 def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     """A recording of the network-rail scenario and its pairwise sweep's ``--json``."""
     rec = tmp_path_factory.mktemp("sweep-views") / "rail"
-    handles = start_demo(
-        load_scenario("network-rail", ranks=RANKS),
-        STEPS,
-        pace="fast",
-        record_dir=str(rec),
-        run_id="parent",
-        argv=["demo"],
-    )
-    try:
-        handles.wait(timeout=120)
-        assert handles.wait_ingested()
-    finally:
-        handles.stop()
+    record_sim("network-rail", rec, ranks=RANKS, steps=STEPS)
     argv = ["sweep", str(rec), "--scope", "pairwise", "--launcher", "simulated", "--yes"]
     return rec, _json(main, [*argv, "--json"])
 
