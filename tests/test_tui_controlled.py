@@ -6,12 +6,12 @@ lists the run's sweeps beside its rungs; the experiment form stages a supported 
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from pathlib import Path
 
 import pytest
-from test_ladder_tui import _no_stall_view  # simulated reruns send no heartbeats
+from simrec import record_sim
+from test_ladder_tui import _no_stall_view, _until, run_async
 
 from rankscope.commands.demo import start_demo
 from rankscope.hub.server import Hub
@@ -26,34 +26,6 @@ from rankscope.tui.sources import LiveSource
 SIZE = (140, 44)
 RANKS = 16
 STEPS = 12
-
-
-def run_async(fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        return asyncio.run(fn(*args, **kwargs))
-
-    return wrapper
-
-
-def _record_parent(scenario: str, rec: Path) -> None:
-    handles = start_demo(
-        load_scenario(scenario, ranks=RANKS), STEPS, pace="fast", record_dir=str(rec), run_id="p"
-    )
-    try:
-        handles.wait(timeout=120)
-        assert handles.wait_ingested()
-    finally:
-        handles.stop()
-
-
-async def _until(pilot, cond, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        await pilot.pause(0.05)
-        if cond():
-            return
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _lines(app: RankscopeApp) -> list[str]:
@@ -71,7 +43,7 @@ async def test_the_menu_runs_the_proposed_shard_swap_and_shows_where_the_slownes
     tmp_path: Path,
 ) -> None:
     rec = tmp_path / "rec"
-    _record_parent("data-imbalance", rec)
+    record_sim("data-imbalance", rec, ranks=RANKS, steps=STEPS, run_id="p")
     with Hub(record_dir=str(rec)) as hub:
         app = make_app(_no_stall_view(), LiveSource(hub), run="p")
         async with app.run_test(size=SIZE) as pilot:
@@ -123,7 +95,7 @@ async def test_the_menu_runs_the_proposed_pairwise_sweep_and_the_ladder_lists_it
     from rankscope.tui.ladder_screen import LadderScreen
 
     rec = tmp_path / "rec"
-    _record_parent("network-rail", rec)
+    record_sim("network-rail", rec, ranks=RANKS, steps=STEPS, run_id="p")
     with Hub(record_dir=str(rec)) as hub:
         app = make_app(_no_stall_view(), LiveSource(hub), run="p")
         async with app.run_test(size=SIZE) as pilot:
@@ -205,7 +177,7 @@ async def test_the_form_stages_a_supported_experiment_and_shows_the_rollback(
     from rankscope.tui.stage_screen import StageScreen
 
     rec = tmp_path / "rec"
-    _record_parent("data-imbalance", rec)
+    record_sim("data-imbalance", rec, ranks=RANKS, steps=STEPS, run_id="p")
     with Hub(record_dir=str(rec)) as hub:
         exp_id = await asyncio.to_thread(_supported_experiment, rec, hub)
         app = make_app(_no_stall_view(), LiveSource(hub), run="p")

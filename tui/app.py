@@ -42,7 +42,7 @@ from rankscope.tui.report_screens import (
     StructureScreen,
 )
 from rankscope.tui.settings import METRICS, Settings, ViewSettings
-from rankscope.tui.sources import Sample, Source
+from rankscope.tui.sources import Sample, Source, beat_verdict
 from rankscope.tui.viewstate import SavedView, load_view, save_view
 
 REPORTS = {"structure": StructureScreen, "curves": CurvesScreen, "manifest": ManifestScreen}
@@ -314,21 +314,12 @@ class RankscopeApp(Clocks, App[int]):
             self.diagnosis_tick(force=True)
 
     def _beats_say_no_stall(self, run: str) -> bool:
-        """Whether the heartbeat judge (`rankscope.hub.hang.judge_run`, the hub's own)
-        finds ``run`` not stalled: every rank exited cleanly, or all are busy outside
-        collectives in a long step, or the idle time is within what its recent steps make
-        plausible. False where the source holds no beats (a simulated job, an old
-        recording): there, no progress for ``stall_s`` is all the view knows."""
-        store = getattr(self.source, "store", None)
-        try:
-            state = store.run_state(run) if store is not None else None
-            if state is None or not state.beats.count:
-                return False
-            from rankscope.hub.hang import judge_run
-
-            return not judge_run(store, run, time.time_ns()).stalled
-        except Exception:  # a view of the data must not fail on it
-            return False
+        """Whether the heartbeat judge finds ``run`` not stalled: every rank exited
+        cleanly, or all are busy outside collectives in a long step, or the idle time is
+        within what its recent steps make plausible. False where the source holds no beats:
+        there, no progress for ``stall_s`` is all the view knows."""
+        hang = beat_verdict(self.source, run)
+        return hang is not None and not hang.stalled
 
     # ----------------------------------------------------------------- view state
 

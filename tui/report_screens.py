@@ -4,8 +4,7 @@ manifest diff and the stall view."""
 from __future__ import annotations
 
 import math
-import time
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -17,6 +16,7 @@ from rankscope.sanitize import for_terminal
 from rankscope.tui.analysis import AnalysisView
 from rankscope.tui.dialogs import HELP_BINDING
 from rankscope.tui.panels import fmt_ms, sync_table
+from rankscope.tui.sources import beat_verdict
 
 REPORT_CSS = """
 {name} #title {{ height: auto; background: $panel; padding: 0 1; }}
@@ -190,23 +190,6 @@ class StallScreen(ReportScreen):
     TITLE_TEXT = "STALLED: no step is completing"
     COLUMNS = ("group", "op", "seq", "entered", "missing ranks", "waiting")
 
-    def _hang(self, run: str) -> Any:
-        """The heartbeat judge's verdict on ``run`` from the app's source, when its store
-        holds heartbeats (a live hub, or a followed recording); None otherwise."""
-        source = getattr(self.app, "source", None)
-        store = getattr(source, "store", None)
-        try:
-            state = store.run_state(run) if store is not None else None
-            if state is None or not state.beats.count:
-                return None
-            from rankscope.hub.hang import judge_run
-
-            live = bool(getattr(source, "live", True))
-            now = time.time_ns() if live else int(state.beats.heard_ns.max())
-            return judge_run(store, run, now)
-        except Exception:  # a view of the data must not fail on it
-            return None
-
     def rows(self, analysis: AnalysisView) -> tuple[list, Text]:
         stall = analysis.stall
         if stall is None:
@@ -231,7 +214,7 @@ class StallScreen(ReportScreen):
                 )
             )
         note = Text()
-        hang = self._hang(analysis.run)
+        hang = beat_verdict(getattr(self.app, "source", None), analysis.run)
         if hang is not None and hang.stalled:
             # The heartbeats name the culprit and the case: lead with them.
             for c in hang.culprits[:4]:

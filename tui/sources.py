@@ -399,3 +399,22 @@ class StaticSource:
     def health(self) -> dict[str, Any]:
         """The fixed counters."""
         return dict(self._health)
+
+
+def beat_verdict(source: Any, run: str) -> Any | None:
+    """The heartbeat judge's verdict (`rankscope.hub.hang.judge_run`, the hub's own) on
+    ``run`` from ``source``'s store, judged now for a live source and at the last beat for
+    a recording; None where the store holds no beats of the run (a simulated job, an old
+    recording) or cannot be judged."""
+    store = getattr(source, "store", None)
+    try:
+        state = store.run_state(run) if store is not None else None
+        if state is None or not state.beats.count:
+            return None
+        from rankscope.hub.hang import judge_run
+
+        live = bool(getattr(source, "live", True))
+        now = time.time_ns() if live else int(state.beats.heard_ns.max())
+        return judge_run(store, run, now)
+    except Exception:  # a view of the data must not fail on it
+        return None
