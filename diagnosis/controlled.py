@@ -164,11 +164,8 @@ def _shard_swap(
     # hosts the swap tells data from everything that stays with the rank (device, host,
     # links). Among those, the fastest rank: the widest gap, the clearest answer.
     away = other & (info.host != info.host[slow])
-    pool = np.flatnonzero(away if away.any() else other)
-    if pool.size == 0:
-        return None
-    peer = int(pool[np.argmin(mean[pool])])
-    if not _gap_ok(busy, slow, peer):
+    peer = _fastest_peer(away, other, busy, mean, slow)
+    if peer is None:
         return None
     where = "on another host" if away.any() else "on its host (no other host holds one)"
     return Perturbation(
@@ -188,6 +185,18 @@ def _shard_swap(
     )
 
 
+def _fastest_peer(
+    preferred: np.ndarray, allowed: np.ndarray, busy: np.ndarray, mean: np.ndarray, slow: int
+) -> int | None:
+    """The least busy rank of ``preferred`` (else of ``allowed``) to pair with ``slow``, or
+    None when there is none or the pair's gap is too small for a swap to follow."""
+    pool = np.flatnonzero(preferred if preferred.any() else allowed)
+    if pool.size == 0:
+        return None
+    peer = int(pool[np.argmin(mean[pool])])
+    return peer if _gap_ok(busy, slow, peer) else None
+
+
 def _placement_swap(
     window: Window, busy: np.ndarray, mean: np.ndarray, slow: int, hosts: tuple[str, ...]
 ) -> Perturbation | None:
@@ -199,11 +208,8 @@ def _placement_swap(
     # hypothesis does not implicate is the healthy side of the swap.
     named = {i for i, h in enumerate(info.hosts) if h in set(hosts)}
     healthy = twin & ~np.isin(info.host, list(named))
-    pool = np.flatnonzero(healthy if healthy.any() else twin)
-    if pool.size == 0:
-        return None
-    peer = int(pool[np.argmin(mean[pool])])
-    if not _gap_ok(busy, slow, peer):
+    peer = _fastest_peer(healthy, twin, busy, mean, slow)
+    if peer is None:
         return None
     return Perturbation(
         kind="swap_placement",
