@@ -145,13 +145,21 @@ def parse_text(path: Path, report: ImportReport) -> Table | None:
     except OSError as exc:
         report.problem(path, f"cannot be read ({exc.strerror or exc}); left out")
         return None
+    return _checked(t, path, report, bad, "table row(s)", "file name or test line")
+
+
+def _checked(
+    t: Table, path: Path, report: ImportReport, bad: int, rows: str, named_by: str
+) -> Table | None:
+    """``t`` once read, with its problems reported: rows that did not parse, no size row
+    at all (then None), an unnamed collective."""
     if bad:
-        report.problem(path, f"{bad} table row(s) that do not parse left out")
+        report.problem(path, f"{bad} {rows} that do not parse left out")
     if not t.rows:
         report.problem(path, "holds no nccl-tests size row; left out")
         return None
     if t.op == "other":
-        report.problem(path, "the collective is not named (file name or test line); 'other'")
+        report.problem(path, f"the collective is not named ({named_by}); 'other'")
     return t
 
 
@@ -285,14 +293,7 @@ def parse_json(path: Path, report: ImportReport) -> Table | None:
             t.rows.append((int(r["size"]), int(r.get("count", 0)), *oop, *inp))
         except (KeyError, TypeError, ValueError):
             bad += 1
-    if bad:
-        report.problem(path, f"{bad} result row(s) that do not parse left out")
-    if not t.rows:
-        report.problem(path, "holds no nccl-tests size row; left out")
-        return None
-    if t.op == "other":
-        report.problem(path, "the collective is not named (args[0] or file name); 'other'")
-    return t
+    return _checked(t, path, report, bad, "result row(s)", "args[0] or file name")
 
 
 def read_table(path: Path, report: ImportReport) -> Table | None:
