@@ -13,7 +13,9 @@ level and its spread come from the steps after the first `MAX_SHARE` of the wind
 - a step is *out* when it exceeds the steady median by ``max(SIGMAS × σ, MIN_EXCESS ×
   median)`` (σ: robust spread of the steady steps);
 - the block is the leading run of out steps, allowing one in-band step inside it (a
-  second graph compiled a step later), and holds at most `MAX_SHARE` of the window;
+  second graph compiled a step later) when the step after it is slow like the block
+  (`RESUME`; on a busy machine a step just past the band after an in-band one is noise),
+  and holds at most `MAX_SHARE` of the window;
 - a block of one step counts only when no later step is out by as much: one slow step
   followed by others like it is the first of a recurring pattern (checkpoints), not a
   warm-up.
@@ -39,6 +41,9 @@ SIGMAS = 6.0
 MIN_EXCESS = 0.2
 """…and at least this fraction of the steady median (a slow first step of a warm-up is
 typically several times the steady one; a 20 % floor keeps noise out)."""
+RESUME = 0.25
+"""A step after an in-band one continues the warm-up only when its excess over the steady
+median is at least this share of the block's so far."""
 MAX_SHARE = 1.0 / 3.0
 """Largest share of the window a warm-up may take; the steady level is read after it."""
 MIN_STEADY = 6
@@ -100,6 +105,8 @@ def warmup_length(series: np.ndarray) -> int:
         return 0
     k, gap = 0, 0
     for i in range(limit):
+        if out[i] and gap and y[i] - med < RESUME * (float(np.median(y[:k])) - med):
+            break  # past the band by noise, not slow like the warm-up before the gap
         if out[i]:
             k, gap = i + 1, 0
         else:

@@ -264,6 +264,8 @@ def test_warm_up_does_not_hide_a_periodic_checkpoint():
     [
         ([5, 3, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], 3),
         ([5, 1, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], 3),  # a second compile
+        # Four warm-up steps, then one in band and one just past it: a busy machine's noise.
+        ([5, 5, 5, 5, 1, 1.3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], 4),
         ([1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], 0),
         # One slow first step like the spikes that follow is a recurring pattern.
         ([4, 1, 1, 1, 1, 4, 1, 1, 1, 1, 4, 1, 1, 1, 1, 4, 1, 1], 0),
