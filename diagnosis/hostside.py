@@ -27,11 +27,11 @@ from rankscope.diagnosis.candidate import NONE, Candidate, hosts_of, ms, pct
 from rankscope.diagnosis.decomposition import COMPUTE_PHASES
 from rankscope.diagnosis.evidence import Evidence
 from rankscope.diagnosis.localise import trimmed_mean
-from rankscope.diagnosis.robust import logistic, nanmedian
+from rankscope.diagnosis.robust import logistic, nanmedian, peer_median
 
 MIN_CPU_LOSS = 0.15
-"""A rank whose compute phases get this much less CPU per wall second than the median
-rank's lost that share of its time to the host (a busy peer thread, a quota). Healthy
+"""A rank whose compute phases get this much less CPU per wall second than its peers'
+median lost that share of its time to the host (a busy peer thread, a quota). Healthy
 ranks of one job run their phases at nearly the same CPU share."""
 SATURATED_PCT = 90.0
 """Host CPU busy above this (all cores, from the host samples) is saturated."""
@@ -108,11 +108,13 @@ class Contention:
 
     share: np.ndarray
     """float64 (R,) median over steps of Σ CPU / Σ wall of the compute phases (NaN: unknown)."""
+    ref: np.ndarray
+    """float64 (R,) the median share of each rank's peers (the other ranks)."""
     loss: np.ndarray
-    """float64 (R,) ``1 − share / median share``: the share of wall time the host took."""
+    """float64 (R,) ``1 − share / ref``: the share of wall time the host took."""
     lost_ns: np.ndarray
-    """float64 (R, S) wall ns of compute phases the thread did not run (beyond the median
-    rank's share)."""
+    """float64 (R, S) wall ns of compute phases the thread did not run (beyond its peers'
+    median share)."""
     saturated: np.ndarray
     """bool (R,) the rank's host reported CPU busy above `SATURATED_PCT`."""
 
@@ -132,17 +134,20 @@ def contention_of(ev: Evidence) -> Contention | None:
     share = nanmedian(ratio, axis=1)
     if np.count_nonzero(np.isfinite(share)) < 2:
         return None
-    ref = float(nanmedian(share))
-    if not ref > 0:
+    # Against its peers, not a median it is part of: with two ranks that is their mean,
+    # and a rank at half its peer's CPU share would read only a third below it.
+    ref = peer_median(share)
+    if not float(nanmedian(ref)) > 0:
         return None
-    loss = np.clip(1.0 - share / ref, 0.0, 1.0)
-    lost = np.maximum(wall - np.nan_to_num(cpu, nan=0.0) / ref, 0.0)
-    lost = np.where(np.isfinite(ratio), lost, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        loss = np.where(ref > 0, np.clip(1.0 - share / ref, 0.0, 1.0), np.nan)
+        lost = np.maximum(wall - np.nan_to_num(cpu, nan=0.0) / ref[:, None], 0.0)
+    lost = np.where(np.isfinite(ratio) & np.isfinite(lost), lost, 0.0)
     busy_pct = nanmedian(ev.window.device.get("cpu_pct", np.full(wall.shape, np.nan)), axis=1)
     saturated = np.isfinite(busy_pct) & (busy_pct >= SATURATED_PCT)
     # Host gaps are left out: a thread asleep between its phases (a synchronous wait, a
     # sleep) uses no CPU either, and the samples cannot tell it from one kept off a core.
-    return Contention(share=share, loss=loss, lost_ns=lost, saturated=saturated)
+    return Contention(share=share, ref=ref, loss=loss, lost_ns=lost, saturated=saturated)
 
 
 def judge_cpu_contention(ev: Evidence) -> Candidate:
@@ -159,11 +164,10 @@ def judge_cpu_contention(ev: Evidence) -> Candidate:
         return NONE
     starved = starved[np.argsort(-c.loss[starved])]
     top = int(starved[0])
-    ref = float(nanmedian(c.share))
     strength = logistic(float(c.loss[top]), MIN_CPU_LOSS + 0.05, 0.03)
     evidence = [
         f"rank {top}'s compute phases ran on the CPU {pct(c.share[top])} of their wall time "
-        f"vs {pct(ref)} for the median rank: the thread waited for a core",
+        f"vs {pct(float(c.ref[top]))} for its peers (median): the thread waited for a core",
         f"re-timed with that lost time given back, the step is {pct(impact)} shorter",
     ]
     if c.saturated[starved].any():

@@ -147,7 +147,7 @@ def reconcile(ev: Evidence, cands: dict[str, Candidate]) -> dict[str, Candidate]
                 factor *= 1.0 - max(cc.strength, 0.5)
                 notes.append(
                     f"rank {r}'s compute phases ran on the CPU only {pct(c.share[r])} of their "
-                    f"wall time (median rank {pct(float(nanmedian(c.share)))}): the thread "
+                    f"wall time (its peers {pct(float(c.ref[r]))}): the thread "
                     "waited for the host, which a slow device does not explain"
                 )
         idle = _idle_device(ev, sd.ranks)

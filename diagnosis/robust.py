@@ -54,6 +54,39 @@ def nanmedian(x: np.ndarray, axis: int | None = None) -> np.ndarray:
     return np.where(n > 0, med, np.nan)[()]
 
 
+def peer_median(x: np.ndarray) -> np.ndarray:
+    """For each element of a 1-D array, the median of the *other* finite elements.
+
+    What a rank is compared with is its peers, not a median it is part of: with two ranks
+    the median of both is their mean, and a rank half as fast as its peer reads a third
+    slower than "the median". With many ranks it is the median to within one element.
+
+    Args:
+        x: float (N,) values; NaN is unknown.
+
+    Returns:
+        float64 (N,): NaN for a NaN element and where no other element is finite.
+    """
+    a = np.asarray(x, dtype=np.float64).ravel()
+    out = np.full(a.shape, np.nan)
+    ok = np.flatnonzero(np.isfinite(a))
+    n = ok.size
+    if n < 2:
+        return out
+    order = ok[np.argsort(a[ok], kind="stable")]
+    v = a[order]
+    pos = np.arange(n)  # sorted position of each element of ``order``
+    m = n - 1  # the others
+    lo_p, hi_p = (m - 1) // 2, m // 2
+
+    def at(p: int) -> np.ndarray:
+        # The p-th of the others: positions at or past the removed one shift up by one.
+        return np.where(pos > p, v[p], v[min(p + 1, n - 1)])
+
+    out[order] = 0.5 * (at(lo_p) + at(hi_p))
+    return out
+
+
 def nanmean(x: np.ndarray, axis: int | None = None) -> np.ndarray:
     """``np.nanmean`` without the empty-slice warning.
 
