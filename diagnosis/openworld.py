@@ -83,8 +83,10 @@ def unexplained(loc: Localisation, found: Finding, claims: list[Claim]) -> Candi
         return Candidate(0.0, 0.0)
     share, by = explained_share(claims, found)
     residual = max(0.0, 1.0 - share)
-    # Judged on the part no mechanism explains: material on its own, it is a finding.
-    strength = logistic(found.gain * residual, MATERIAL, MATERIAL / 4)
+    # Judged on the part no mechanism explains: material on its own, it is a finding; and
+    # no surer than that the best fitting mechanism is not the explanation (a mechanism at
+    # 0.6 that covers the whole gain leaves a 0.4 chance, however large the gain).
+    strength = min(logistic(found.gain * residual, MATERIAL, MATERIAL / 4), residual)
     evidence = []
     s = found.suspect
     if s is not None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from rankscope.collector.schema import MECHANISMS
-from rankscope.diagnosis.candidate import hosts_of, ms, pct
+from rankscope.diagnosis.candidate import Candidate, hosts_of, ms, pct
 from rankscope.diagnosis.controlled import Busy, perturbation
 from rankscope.diagnosis.evidence import Evidence
 from rankscope.diagnosis.judges import candidates
@@ -153,6 +153,15 @@ class Verdict:
         raise KeyError(f"no hypothesis {mechanism!r}; vocabulary: {MECHANISMS}")
 
 
+def _same(base: Candidate, cur: Candidate) -> bool:
+    """Whether the baseline's candidate is the same loss as the run's: a mechanism named
+    on ranks is the same only on a rank both name (a healthy run whose machine slowed
+    rank 1 says nothing about a throttled rank 0); one named on none is the job's."""
+    if base.ranks and cur.ranks:
+        return bool(set(base.ranks) & set(cur.ranks))
+    return True
+
+
 def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
     """Rank the hypotheses for one window.
 
@@ -183,10 +192,11 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
     for mech, c in cur.items():
         impact = c.impact
         caveats = list(c.caveats) + shared
-        if mech in base and mech != "numerator_change" and base[mech].impact > 0:
-            impact = max(0.0, c.impact - base[mech].impact)
-            if base[mech].impact >= 0.5 * c.impact and c.impact > 0:
-                caveats.append(f"the baseline shows {pct(base[mech].impact)} of the same")
+        b = base.get(mech)
+        if b is not None and mech != "numerator_change" and b.impact > 0 and _same(b, c):
+            impact = max(0.0, c.impact - b.impact)
+            if b.impact >= 0.5 * c.impact and c.impact > 0:
+                caveats.append(f"the baseline shows {pct(b.impact)} of the same")
         score = (
             c.strength
             * logistic(impact, MIN_IMPACT, MIN_IMPACT / 5)
