@@ -41,6 +41,27 @@ def test_robust_scale_floor_on_flat_series() -> None:
     assert robust.robust_scale(np.zeros(4)) == 1.0
 
 
+def test_peer_median_is_the_median_of_the_others() -> None:
+    # Two ranks: each one's peer is the other, not their mean.
+    assert robust.peer_median(np.array([0.2, 0.8])).tolist() == [0.8, 0.2]
+    x = np.array([3.0, np.nan, 1.0, 2.0, 5.0])
+    got = robust.peer_median(x)
+    assert np.isnan(got[1])
+    assert got[[0, 2, 3, 4]].tolist() == [2.0, 3.0, 3.0, 2.0]
+    rng = np.random.default_rng(3)
+    for n in range(1, 10):
+        y = rng.integers(0, 4, n).astype(float)
+        y[rng.random(n) < 0.2] = np.nan
+        got = robust.peer_median(y)
+        for i in range(n):
+            others = np.delete(y, i)
+            others = others[np.isfinite(others)]
+            if np.isfinite(y[i]) and others.size:
+                assert got[i] == np.median(others), (y, i)
+            else:
+                assert np.isnan(got[i]), (y, i)
+
+
 def test_effect_size_by_hand() -> None:
     # Two groups of two: means 1 and 3, grand mean 2; SS_between = 4, SS_total = 4 + 2*0.5^2*2
     v = np.array([0.5, 1.5, 2.5, 3.5])
