@@ -218,6 +218,34 @@ def test_a_starved_thread_is_cpu_contention_not_a_slow_device():
     assert diagnose(sync_job(extra_compute=extra)).verdict.top.mechanism == "slow_device"
 
 
+def test_a_baseline_slowed_on_another_rank_does_not_discount_a_starved_one():
+    # Two ranks. The run under study: rank 0's thread gets a quarter of a core, its
+    # forward 30 ms longer. The healthy baseline: the machine slowed rank 1 by 10 ms, at
+    # 60 % CPU share. That loss is rank 1's, and says nothing of rank 0's.
+    def job(slow, share_of_slow, extra_ms, seed):
+        share = np.full(2, 0.95)
+        share[slow] = share_of_slow
+        return sync_job(
+            n_ranks=2,
+            ranks_per_host=2,
+            seed=seed,
+            extra_compute=_per_rank(2, 30, slow, extra_ms * MS),
+            cpu_share=share,
+        )
+
+    d = diagnose(job(0, 0.25, 30, seed=1), job(1, 0.6, 10, seed=2))
+    top = d.verdict.top
+    assert top.mechanism == "cpu_contention", [
+        (h.mechanism, round(h.score, 2)) for h in d.verdict.hypotheses[:3]
+    ]
+    assert top.ranks[:1] == (0,)
+    # Its whole loss is counted (capped at what making rank 0 the median rank gives).
+    loc = d.localisation.of("rank", "0")
+    assert loc is not None and top.impact >= 0.9 * loc.gain
+    # The open-world remainder is no surer than that cpu_contention is not the cause.
+    assert d.verdict.get("unexplained_straggler").score <= 1 - top.score + 1e-9
+
+
 def test_a_heavier_pipeline_stage_is_pipeline_imbalance():
     n = 16
     ranks = rank_layout(n, ranks_per_host=4, pp=2)
