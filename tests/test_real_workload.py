@@ -176,7 +176,15 @@ def test_extra_compute_scales_with_requested_time() -> None:
 @pytest.mark.torch
 @needs_torch
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not installed")
-@pytest.mark.parametrize("grad_sync", ["ddp", "hier", "fsdp"])
+# One torchrun each: DDP in the default tier, the hierarchical and FSDP syncs in the slow one.
+@pytest.mark.parametrize(
+    "grad_sync",
+    [
+        "ddp",
+        pytest.param("hier", marks=pytest.mark.slow),
+        pytest.param("fsdp", marks=pytest.mark.slow),
+    ],
+)
 def test_torchrun_two_ranks_runs_and_writes_timings(tmp_path: Path, grad_sync: str) -> None:
     env = dict(os.environ, LOCAL_WORLD_SIZE="2")
     out = subprocess.run(

@@ -412,7 +412,16 @@ def test_point_to_point_keeps_collectives_matched(tmp_path: Path) -> None:
     assert counters["collector_errors"] == {}
 
 
-@pytest.mark.parametrize("mode", ["off", "sampled", "tail"])
+# Each mode is one more torchrun: the sampled buckets (the matching this is about) in the
+# default tier, the others in the slow one.
+@pytest.mark.parametrize(
+    "mode",
+    [
+        pytest.param("off", marks=pytest.mark.slow),
+        "sampled",
+        pytest.param("tail", marks=pytest.mark.slow),
+    ],
+)
 def test_ddp_bucket_settings_across_ranks(mode: str) -> None:
     """``RANKSCOPE_DDP_BUCKETS`` in a real zero-code job. ``sampled``: bucket instances
     of the sampled steps still match across ranks (the sequence counts every bucket).
@@ -497,7 +506,7 @@ print(code, before[0], gloo_threads())
 """
 
 
-@pytest.mark.parametrize("mode", ["off", "explicit"])
+@pytest.mark.parametrize("mode", [pytest.param("off", marks=pytest.mark.slow), "explicit"])
 def test_example_ends_its_gloo_threads_before_interpreter_exit(mode: str) -> None:
     # A gloo worker still alive at interpreter exit can abort the process while freeing a
     # tensor ("terminate called without an active exception", about 1 run in 6 of the

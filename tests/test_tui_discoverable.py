@@ -104,7 +104,10 @@ async def test_help_stays_in_the_footer_at_80x24(slow13, healthy) -> None:
         assert isinstance(app.screen, HelpScreen)
 
 
-@pytest.mark.parametrize("key", ["end", "pagedown", "j", "down"])
+# j is bound with down (one line a press, the longest walk): in the slow tier.
+@pytest.mark.parametrize(
+    "key", ["end", "pagedown", pytest.param("j", marks=pytest.mark.slow), "down"]
+)
 @run_async
 async def test_the_help_scrolls_to_its_last_key_with_the_keyboard(slow13, key) -> None:
     app = _app([slow13])
