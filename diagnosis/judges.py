@@ -129,6 +129,9 @@ def reconcile(ev: Evidence, cands: dict[str, Candidate]) -> dict[str, Candidate]
       its clocks or throttle flags say otherwise.
     - Tokens routed to experts are data too: ``data_imbalance`` keeps only the compute
       lead that ``expert_imbalance`` does not account for.
+    - Step spikes that the GC callbacks saw as pauses are ``host_pause``'s: ``checkpoint``
+      (with no checkpoint phase recorded) fades by the share of their time the pauses
+      account for.
     - Persistent extra transfer on one rail also raises every step's cross-host transfer
       above the quietest steps: bursts that a slow rail accounts for are not
       intermittent congestion, which keeps only what the rail does not cost.
@@ -182,6 +185,19 @@ def reconcile(ev: Evidence, cands: dict[str, Candidate]) -> dict[str, Candidate]
                 "(expert_imbalance)",
             ),
         )
+    ck, hp = out.get("checkpoint", NONE), out.get("host_pause", NONE)
+    if ck.strength > 0 and hp.strength > 0:
+        paused = _spikes_paused(ev)
+        if paused > 0:
+            out["checkpoint"] = replace(
+                ck,
+                strength=ck.strength * (1.0 - paused),
+                caveats=(
+                    *ck.caveats,
+                    f"garbage-collection pauses account for {pct(paused)} of the step spikes' "
+                    "extra time: host_pause's, not a checkpoint's",
+                ),
+            )
     nr, ic = out.get("network_rail", NONE), out.get("intermittent_congestion", NONE)
     if nr.strength >= 0.5 and ic.impact > 0:
         left = max(0.0, ic.impact - nr.impact)
@@ -196,6 +212,30 @@ def reconcile(ev: Evidence, cands: dict[str, Candidate]) -> dict[str, Candidate]
                 ),
             )
     return out
+
+
+def _spikes_paused(ev: Evidence) -> float:
+    """Share of the step spikes' extra time that the collector's GC callbacks saw as
+    pauses (the longest pause of any rank in each spike step, at most its excess); 0 when
+    a checkpoint phase was recorded (its spikes are then the checkpoint's own evidence) or
+    nothing says."""
+    sp = ev.trends.spikes
+    gc = ev.window.host.get("gc_ns")
+    if sp.steps.size == 0 or gc is None:
+        return 0.0
+    if np.nan_to_num(ev.decomp.category("checkpoint"), nan=0.0).any():
+        return 0.0
+    col = np.searchsorted(ev.window.steps, sp.steps)
+    ok = (col < ev.window.steps.size) & (
+        ev.window.steps[np.minimum(col, ev.window.steps.size - 1)] == sp.steps
+    )
+    if not ok.any():
+        return 0.0
+    pauses = np.where(ev.window.present & np.isfinite(gc), np.maximum(gc, 0.0), 0.0)
+    longest = pauses[:, col[ok]].max(axis=0)
+    excess = np.maximum(sp.excess_ns[ok], 0.0)
+    total = float(excess.sum())
+    return float(np.minimum(longest, excess).sum() / total) if total > 0 else 0.0
 
 
 def _device_flags(c: Candidate) -> bool:

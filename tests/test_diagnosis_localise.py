@@ -203,6 +203,19 @@ def test_gc_pauses_on_varying_ranks_are_host_pause():
     assert d.verdict.top.ranks
 
 
+def test_periodic_gc_pauses_on_one_rank_are_not_a_checkpoint():
+    # Every 4th step rank 3 pauses 40 ms, seen by its GC callbacks: periodic step spikes,
+    # and no checkpoint phase. The spikes are the pauses; checkpoint keeps none of them.
+    gc = np.zeros((16, 30))
+    gc[3, 3::4] = 40 * MS
+    d = diagnose(sync_job(gc=gc))
+    assert d.verdict.top.mechanism == "host_pause"
+    assert 3 in d.verdict.top.ranks
+    ck = d.verdict.get("checkpoint")
+    assert ck.score < 0.05, (ck.score, ck.caveats)
+    assert any("garbage-collection pauses account for" in c for c in ck.caveats)
+
+
 def test_a_starved_thread_is_cpu_contention_not_a_slow_device():
     share = np.full(16, 0.97)
     share[6] = 0.6  # its forward phase ran on the CPU only 60 % of its wall time
