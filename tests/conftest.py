@@ -17,6 +17,14 @@ import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
+# Bytecode is cached (in __pycache__, which git ignores) even where the environment says
+# not to (PYTHONDONTWRITEBYTECODE): without it every worker rewrites the asserts of every
+# test module again (11 of its 15 s of collection on this machine) and every process the
+# tests start (hubs, CLI commands, torchrun ranks) compiles the package from source again.
+if sys.dont_write_bytecode:
+    sys.dont_write_bytecode = False
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 # Keys made with `rankscope keys` on this machine would turn the suite's hubs and
 # collectors (and the processes they start) to CURVE; a test that wants keys names its own.
 os.environ["RANKSCOPE_KEYS"] = "none"
