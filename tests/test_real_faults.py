@@ -135,19 +135,22 @@ def _cpu_share(w, name):
 
 def _straggler_in_data(w):
     """The rank the others waited for, from the collectives alone: ``(rank, wait)`` for the
-    rank that arrived last most often, with ``wait`` the others' arrival wait (median over
-    them, mean over steps) less the rank's own, as a share of the step. Net of its own
-    wait: two ranks whose lead changes hands wait for each other about as much, and neither
-    is a straggler (seen at load 3: rank 0 last in 11 of 20 steps, the other's median wait
-    6 % of the step, but rank 0 waited 16 % of its own steps' time for it in the other 9)."""
-    last = w.instances.last_rank[_complete(w)]
-    if last.size == 0:
+    rank with the largest ``wait``, the others' arrival wait (median over them, mean over
+    steps) less the rank's own, as a share of the step. Net of its own wait: two ranks
+    whose lead changes hands wait for each other about as much, and neither is a
+    straggler (seen at load 3: rank 0 last in 11 of 20 steps, the other's median wait 6 %
+    of the step, but rank 0 waited 16 % of its own steps' time for it in the other 9). By
+    that cost, not by how often it came last: at load 6 rank 0 came last more often, yet
+    rank 0 waited 3 % of the step longer for rank 1 than rank 1 for it."""
+    if not _complete(w).any():
         return -1, 0.0
-    rank = int(np.bincount(last).argmax())
-    others = [r for r in range(w.world_size) if r != rank]
     share = _rank_step(w, w.coll["exposed_wait_ns"]) / _rank_step(w, w.step_ns)
-    waited_for = np.nanmean(np.nanmedian(share[others], axis=0))
-    return rank, float(waited_for - np.nanmean(share[rank]))
+    net = np.full(w.world_size, -np.inf)
+    for r in range(w.world_size):
+        waited_for = np.nanmean(np.nanmedian(share[_others(w, r)], axis=0))
+        net[r] = waited_for - np.nanmean(share[r])
+    rank = int(np.nanargmax(net))
+    return rank, float(net[rank])
 
 
 def _assert_healthy_unless_a_rank_straggled(got):
