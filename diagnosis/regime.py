@@ -371,18 +371,20 @@ def current_regime(window: Window) -> Regime | None:
     )
 
 
-def since(window: Window, first_index: int) -> Window:
-    """The window restricted to its columns from ``first_index`` on.
+def since(window: Window, first_index: int, stop_index: int | None = None) -> Window:
+    """The window restricted to its columns from ``first_index`` on (up to ``stop_index``,
+    exclusive: the window as it stood when that step arrived).
 
     Args:
         window: the window.
         first_index: first column kept.
+        stop_index: first column left out (None: to the end).
 
     Returns:
-        A window of the later steps: every per-rank-step array, the instances and the raw
+        A window of those steps: every per-rank-step array, the instances and the raw
         rows of those steps.
     """
-    cols = slice(first_index, None)
+    cols = slice(first_index, stop_index)
     kept = window.steps[cols]
 
     def by_step(table: InstanceTable | CollRows) -> InstanceTable | CollRows:

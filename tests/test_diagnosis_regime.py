@@ -48,6 +48,11 @@ def test_a_slowdown_that_stays_starts_a_regime() -> None:
     assert later.steps.tolist() == [20, 21, 22]
     assert later.t_end.shape == (8, 3) and later.coll["n"].shape == (8, 3)
     assert later.instances.step.tolist() == [20, 21, 22]
+    # The window as it stood when step 21 arrived: the shift is one step old, no regime yet.
+    then = since(_window(y), 0, 21)
+    assert then.steps.tolist() == list(range(21)) and then.t_end.shape == (8, 21)
+    assert then.instances.step.max() == 20
+    assert current_regime(then) is None
 
 
 def test_a_recovery_is_a_regime_too() -> None:
