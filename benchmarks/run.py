@@ -23,7 +23,18 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "RESULTS.md"
-ORDER = ["collector", "hub", "hostile", "sim", "diagnosis", "detection", "tui", "real", "import"]
+ORDER = [
+    "collector",
+    "hub",
+    "hostile",
+    "sim",
+    "diagnosis",
+    "detection",
+    "quiet",
+    "tui",
+    "real",
+    "import",
+]
 
 
 def machine() -> str:
