@@ -118,8 +118,9 @@ class MainModel:
     message: str = ""
     """Why there is nothing to show (waiting for data, an error)."""
     regime_step: int | None = None
-    """First step of the current regime when the step time shifted inside the window
-    (`diagnosis.regime`): the ranking counts only the steps since."""
+    """First step of the current regime when the step time, or a rank's arrivals, shifted
+    inside the window (`diagnosis.regime.current_regime`): the ranking counts only the
+    steps since."""
 
 
 MEDIAN_RANKS = 1024
