@@ -51,6 +51,8 @@ from rankscope.collector.schema import (
     FLAG_DDP_BUCKET,
     FLAG_DDP_TAIL,
     FLAG_DEVICE_TIMED,
+    FLAG_INSPECTOR,
+    FLAG_INSPECTOR_OWN,
     FLAG_MANUAL,
     NO_TIME,
     OPS,
@@ -67,6 +69,8 @@ _FLAG_NAMES = (
     (FLAG_DDP_BUCKET, "ddp_bucket"),
     (FLAG_MANUAL, "manual"),
     (FLAG_DDP_TAIL, "ddp_tail"),
+    (FLAG_INSPECTOR, "nccl_inspector"),
+    (FLAG_INSPECTOR_OWN, "nccl_inspector_only"),
 )
 
 # Slice kinds, in the order a tie (same start and end) nests: the step holds its phases,

@@ -360,6 +360,18 @@ def test_collective_args_and_last_arriver_marks() -> None:
     assert set(bucket["args"]["flags"]) == {"async", "ddp_bucket"}
 
 
+def test_every_flag_bit_has_a_name() -> None:
+    from rankscope.collector import schema
+    from rankscope.hub.export_perfetto import _flag_names
+
+    bits = [v for k, v in vars(schema).items() if k.startswith("FLAG_")]
+    assert bits and all(len(_flag_names(b)) == 1 for b in bits), [
+        (k, _flag_names(v)) for k, v in vars(schema).items() if k.startswith("FLAG_")
+    ]
+    both = schema.FLAG_DEVICE_TIMED | schema.FLAG_INSPECTOR
+    assert set(_flag_names(both)) == {"device_timed", "nccl_inspector"}
+
+
 def test_window_without_rows_or_spans_still_exports_steps() -> None:
     window, _ = toy_window(with_rows=False)
     doc = build_trace(window)
