@@ -250,7 +250,7 @@ def test_the_chunked_fast_path_and_the_ijson_stream_read_the_same(monkeypatch) -
     from rankscope.hub.importers import open_binary
 
     with open_binary(DATA / NCCL) as f:
-        fast_events = sum(1 for _ in kineto._fast_events(kineto._EdgeReader(f)))
+        fast_events = sum(s + len(e) for s, e in kineto._fast_events(kineto._EdgeReader(f)))
     monkeypatch.setattr(kineto, "_orjson", lambda: None)
     slow = kineto.parse_file(DATA / NCCL, ImportReport())
     assert fast is not None and slow is not None
@@ -290,3 +290,214 @@ def test_traces_of_two_hosts_export_as_two_host_processes_on_one_clock(tmp_path:
     assert steps[0][1] == 0.0
     r1 = min(ts for r, ts in steps if r == 1)
     assert r1 == pytest.approx(first[1] - first[0], abs=1e-3)
+
+
+# The byte-level pre-filter of the fast path (kineto._prefilter) against the full parse.
+
+_NAMES = [
+    "aten::mm",
+    "aten::foo}, {",
+    "aten::bar},\n  {",
+    'aten::q"uote',
+    "aten::{",
+    "aten::}",
+    "ProfilerStep#3",
+    "ProfilerStep#4 {}",
+    "autograd::engine::evaluate_function: MmBackward0",
+    "## forward ##",
+    "## backward ##",
+    "DistributedDataParallel.forward",
+    "Optimizer.step#SGD.step",
+    "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+    "record_param_comms",
+    "c10d::allreduce_",
+    "nccl:all_reduce",
+    "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+    "ampere_sgemm_128x64_nn",
+    "Memcpy HtoD (Pinned -> Device)",
+    'void k<{1}>("x")',
+    "naïve é",
+    "ph",
+    '"ph": "X"',
+]
+_META = {
+    "Collective name": "allreduce",
+    "In msg nelems": 1024,
+    "dtype": "Float",
+    "Process Group Name": "0",
+    "Process Group Ranks": "[0, 1]",
+}
+
+
+def _random_events(rng: np.random.Generator, n: int, escapes: bool) -> list[dict]:
+    """Events of every kind the importer reads or skips, interleaved at random; names and
+    args with braces, quotes, separators and (``escapes``) newlines and escaped quotes."""
+    names = [s for s in _NAMES if escapes or ('"' not in s and "\n" not in s)]
+    cats = [
+        "kernel",
+        "gpu_memcpy",
+        "gpu_memset",
+        "cuda_runtime",
+        "cuda_driver",
+        "user_annotation",
+        "cpu_op",
+        "python_function",
+        "gpu_user_annotation",
+        "ac2g",
+    ]
+    out: list[dict] = []
+    t = 1_700_000_000_000_000
+    for i in range(n):
+        t += int(rng.integers(1, 50))
+        kind = rng.integers(0, 10)
+        name = names[rng.integers(len(names))]
+        if kind == 0:
+            out.append(
+                {"name": "process_name", "ph": "M", "ts": t, "pid": 1, "args": {"name": name}}
+            )
+        elif kind == 1:
+            out.append(
+                {
+                    "ph": "sf"[i % 2],
+                    "id": i,
+                    "pid": 1,
+                    "tid": 2,
+                    "ts": t,
+                    "cat": "ac2g",
+                    "name": name,
+                }
+            )
+        elif kind == 2:
+            out.append({"name": name, "ph": "i", "s": "g", "pid": "", "tid": "", "ts": t})
+        else:
+            ts: int | float = t if kind % 2 else t + 0.125
+            args: dict = {"External id": i, "correlation": i // 2, "stream": 7 + i % 3}
+            if kind == 3:
+                args.update(_META, Seq=i)
+            if kind == 4:
+                args["list"] = [{"a": "}"}, {"b": "{"}]
+            if kind == 5:
+                args["note"] = name
+            ev = {"ph": "X", "cat": cats[rng.integers(len(cats))], "name": name, "pid": 1}
+            ev.update({"tid": 2, "ts": ts, "dur": int(rng.integers(1, 40)), "args": args})
+            if kind == 6:
+                del ev["args"]
+            out.append(ev)
+    return out
+
+
+def _kineto_layout(ev: dict, ascii_only: bool) -> str:
+    """One event as libkineto's ChromeTraceLogger writes it (multi-line, indented)."""
+
+    def dump(v: object) -> str:
+        return json.dumps(v, ensure_ascii=ascii_only)
+
+    top = ", ".join(f"{dump(k)}: {dump(v)}" for k, v in ev.items() if k != "args")
+    text = "  {\n    " + top
+    if "args" in ev:
+        inner = ", ".join(f"{dump(k)}: {dump(v)}" for k, v in ev["args"].items())
+        text += ',\n    "args": {\n      ' + inner + "\n    }"
+    return text + "\n  }"
+
+
+def _trace_text(events: list[dict], layout: str, extra: list[str] = ()) -> str:
+    if layout == "kineto":
+        body = ",\n".join([_kineto_layout(e, False) for e in events] + list(extra))
+        return (
+            '{\n  "schemaVersion": 1,\n  "traceEvents": [\n'
+            + body
+            + '\n  ],\n  "x": [{"a": 1},\n  {"b": 2}]\n}'
+        )
+    if layout == "line":
+        body = ",\n".join([json.dumps(e, ensure_ascii=False) for e in events] + list(extra))
+        return '{"traceEvents": [\n' + body + "\n]}"
+    seps = (",", ":") if layout == "compact" else (", ", ": ")
+    doc = {"traceEvents": events, "distributedInfo": {"rank": 0, "world_size": 1}}
+    return json.dumps(doc, separators=seps, ensure_ascii=False)
+
+
+def _same_trace(a: kineto.RankTrace, b: kineto.RankTrace) -> None:
+    for name in ("dev_t0", "dev_t1", "dev_cls", "dev_corr", "launch_corr", "launch_t0", "bwd"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    for name in ("steps", "spans", "comm", "host_comm", "host_rows", "events", "info"):
+        assert getattr(a, name) == getattr(b, name), name
+    assert (a.has_bwd_annotation, a.rank, a.world_size) == (
+        b.has_bwd_annotation,
+        b.rank,
+        b.world_size,
+    )
+
+
+def _three_ways(path: Path, monkeypatch) -> tuple[kineto.RankTrace, int]:
+    """Parse ``path`` with the pre-filter, with whole chunks, and with ijson; all three
+    must agree. Returns the trace and how many events the pre-filter left unparsed."""
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", 4 << 10)
+    from rankscope.hub.importers import open_binary
+
+    with open_binary(path) as f:
+        batches = list(kineto._fast_events(kineto._EdgeReader(f)))
+    skipped = sum(s for s, _ in batches)
+    pre = kineto.parse_file(path, ImportReport())
+    with monkeypatch.context() as m:
+        m.setattr(kineto, "_prefilter", lambda buf: None)
+        whole = kineto.parse_file(path, ImportReport())
+    with monkeypatch.context() as m:
+        m.setattr(kineto, "_orjson", lambda: None)
+        slow = kineto.parse_file(path, ImportReport())
+    assert pre is not None and whole is not None and slow is not None
+    _same_trace(pre, whole)
+    _same_trace(pre, slow)
+    assert sum(s + len(evs) for s, evs in batches) == pre.events
+    return pre, skipped
+
+
+@pytest.mark.parametrize("layout", ["kineto", "line", "spaced", "compact"])
+@pytest.mark.parametrize("escapes", [False, True], ids=["plain", "escapes"])
+def test_the_prefilter_reads_what_the_full_parse_reads(
+    layout: str, escapes: bool, tmp_path: Path, monkeypatch
+) -> None:
+    events = _random_events(np.random.default_rng(len(layout) + escapes), 3000, escapes)
+    text = _trace_text(events, layout)
+    assert len(json.loads(text)["traceEvents"]) == len(events)
+    path = tmp_path / "rank-0.json"
+    path.write_text(text)
+    tr, skipped = _three_ways(path, monkeypatch)
+    assert tr.events == len(events)
+    assert tr.steps and tr.comm and tr.launch_corr.shape[0] and tr.host_comm and tr.spans
+    if not escapes:  # chunks holding a backslash are parsed whole
+        assert skipped > len(events) // 4
+
+
+def test_the_prefilter_keeps_events_a_repeated_key_makes_wanted(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # The last of two "ph" (or "cat", "name") is the one a parser keeps.
+    tricky = [
+        '  {"ph": "f", "cat": "cpu_op", "name": "ProfilerStep#9", "ts": 9, "ph": "X", "dur": 5}',
+        '  {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 9, "dur": 5, "name": "## forward ##"}',
+        '  {"ph": "X", "cat": "ac2g", "name": "x", "ts": 9, "dur": 5, "cat": "kernel", "args": {"correlation": 77}}',
+    ]
+    events = _random_events(np.random.default_rng(7), 1500, False)
+    text = _trace_text(events, "kineto", tricky * 3)
+    path = tmp_path / "rank-0.json"
+    path.write_text(text)
+    tr, _ = _three_ways(path, monkeypatch)
+    assert tr.events == len(events) + 9
+    assert (9, 9 * 1000, 14 * 1000) in tr.steps
+    assert 77 in tr.dev_corr.tolist()
+
+
+def test_a_cut_trace_is_still_reported_where_it_breaks(tmp_path: Path, monkeypatch) -> None:
+    events = _random_events(np.random.default_rng(3), 2000, False)
+    text = _trace_text(events, "kineto")
+    path = tmp_path / "rank-0.json"
+    path.write_text(text[: len(text) * 2 // 3])
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", 4 << 10)
+    rep = ImportReport()
+    tr = kineto.parse_file(path, rep)
+    monkeypatch.setattr(kineto, "_orjson", lambda: None)
+    rep_slow = ImportReport()
+    slow = kineto.parse_file(path, rep_slow)
+    assert tr is not None and slow is not None
+    _same_trace(tr, slow)
+    assert rep.problems == rep_slow.problems and rep.problems

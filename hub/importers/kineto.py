@@ -267,7 +267,7 @@ def parse_file(path: Path, report: ImportReport) -> RankTrace | None:
         host_rows: list[tuple[float, float, str, dict[str, Any]]] = []
         try:
             if mode == "fast":
-                evs: Iterator[Any] = _fast_events(edge)
+                evs: Iterator[Any] = _counted(_fast_events(edge), tr)
             else:
                 evs = ijson.items(edge, "traceEvents.item", use_float=True)
             for ev in evs:
@@ -400,11 +400,21 @@ def _orjson() -> Any:
     return orjson
 
 
-def _fast_events(edge: _EdgeReader) -> Iterator[Any]:
-    """The events of ``traceEvents``, parsed a chunk of `CHUNK_BYTES` at a time by orjson.
+def _counted(batches: Iterator[tuple[int, list[Any]]], tr: RankTrace) -> Iterator[Any]:
+    """The events of `_fast_events`' batches; the events it skipped are counted in ``tr``."""
+    for skipped, events in batches:
+        tr.events += skipped
+        yield from events
 
-    A chunk is cut after a ``},`` and kept only when ``[`` + chunk + ``]`` parses: a cut
-    inside an event leaves its braces unbalanced (JSON strings hold no raw newline or
+
+def _fast_events(edge: _EdgeReader) -> Iterator[tuple[int, list[Any]]]:
+    """The events of ``traceEvents`` a chunk of `CHUNK_BYTES` at a time, as batches of
+    (events skipped unparsed, events parsed by orjson).
+
+    Each chunk is first offered to `_prefilter`, which finds the events' boundaries in the
+    bytes and leaves out those the importer has no use for. A chunk it is not sure about
+    is parsed whole: cut after a ``},`` and kept only when ``[`` + chunk + ``]`` parses: a
+    cut inside an event leaves its braces unbalanced (JSON strings hold no raw newline or
     unbalanced text that could make it parse), so a chunk that parses ends on an event.
     When no cut parses, or the array's end cannot be found, `_Fallback` is raised and the
     file is read again by ijson, which also says where a damaged file breaks.
@@ -427,6 +437,17 @@ def _fast_events(edge: _EdgeReader) -> Iterator[Any]:
         data = edge.read(CHUNK_BYTES)
         eof = not data
         buf += data
+        kept = _prefilter(buf)
+        if kept is not None:
+            skipped, wanted, rest = kept
+            try:
+                events = orjson.loads(b"[{" + b"},{".join(wanted) + b"}]") if wanted else []
+            except orjson.JSONDecodeError:
+                events = None
+            if events is not None and len(events) == len(wanted):
+                yield skipped, events
+                buf = rest
+                continue
         if eof:
             break
         pos = len(buf)
@@ -438,7 +459,7 @@ def _fast_events(edge: _EdgeReader) -> Iterator[Any]:
                 events = orjson.loads(b"[" + buf[: pos + 1] + b"]")
             except orjson.JSONDecodeError:
                 continue
-            yield from events
+            yield 0, events
             buf = buf[pos + 2 :]
             break
         else:
@@ -453,9 +474,107 @@ def _fast_events(edge: _EdgeReader) -> Iterator[Any]:
             events = orjson.loads(b"[" + buf[:pos] + b"]")
         except orjson.JSONDecodeError:
             continue
-        yield from events
+        yield 0, events
         return
     raise _Fallback
+
+
+_HEAD = re.compile(
+    rb'\s*"ph"\s*:\s*"([^"]*)"(?:\s*,\s*"cat"\s*:\s*"([^"]*)"\s*,\s*"name"\s*:\s*"([^"]*)")?'
+)
+_DEVICE_CATS = (b"kernel", b"gpu_memcpy", b"gpu_memset", b"cuda_runtime", b"cuda_driver")
+_HOST_CATS = (b"user_annotation", b"cpu_op", b"python_function")
+_BLANK = b" \t\n\r"
+
+
+def _prefilter(buf: bytes) -> tuple[int, list[bytes], bytes] | None:
+    """The events that start in ``buf`` (which starts where an event may start), found
+    without parsing them: (how many were left out as of no use to `parse_file`, the text
+    of each other one, the text from the last complete event on). None when it cannot be
+    sure, or finds fewer than two events.
+
+    Where ``buf`` holds no backslash, every ``"`` opens or closes a string, so a brace
+    with an even number of quotes before it lies outside every string. The events are the
+    objects those braces delimit at depth 0; each two must be apart by one comma and
+    blanks, else (an array's end, a value that is no object) the events stop there. An
+    event is left out only when its text opens with ``"ph"`` (and ``"cat"``, ``"name"``)
+    whose values `_unwanted` rejects, and those keys occur once in it (of a repeated key
+    a parser keeps the last value).
+    """
+    if b"\\" in buf:
+        return None
+    a = np.frombuffer(buf, np.uint8)
+    quotes = np.flatnonzero(a == 0x22)
+    braces = np.flatnonzero((a == 0x7B) | (a == 0x7D))
+    braces = braces[(np.searchsorted(quotes, braces) & 1) == 0]
+    opens = a[braces] == 0x7B
+    depth = np.cumsum(np.where(opens, 1, -1))
+    neg = np.flatnonzero(depth < 0)
+    if neg.shape[0]:
+        cut = int(neg[0])
+        braces, opens, depth = braces[:cut], opens[:cut], depth[:cut]
+    ends = braces[~opens & (depth == 0)].tolist()
+    starts = braces[opens & (depth == 1)].tolist()[: len(ends)]
+    if len(ends) < 2 or buf[: starts[0]].strip(_BLANK):
+        return None
+    gaps = list(map(buf.__getitem__, map(slice, [e + 1 for e in ends[:-1]], starts[1:])))
+    n = len(gaps)
+    if b"".join(gaps).translate(None, _BLANK) != b"," * n:
+        n = next(i for i, g in enumerate(gaps) if g.translate(None, _BLANK) != b",")
+        if n == 0:
+            return None
+    starts, ends, rest = starts[:n], ends[:n], starts[n]
+    if buf.count(b'"ph"', starts[0], ends[-1]) != n:
+        return _prefilter_slow(buf, starts, ends, rest)
+    # Each event opens with "ph" (else the slow way): as many "ph" as events, one each.
+    head = _HEAD.match
+    wanted = []
+    skipped = 0
+    for s, e in zip(starts, ends):
+        m = head(buf, s + 1)
+        if m is None:
+            return _prefilter_slow(buf, starts, ends, rest)
+        if _unwanted(m.groups(), buf, s, e, True):
+            skipped += 1
+        else:
+            wanted.append(buf[s + 1 : e])
+    return skipped, wanted, buf[rest:]
+
+
+def _prefilter_slow(
+    buf: bytes, starts: list[int], ends: list[int], rest: int
+) -> tuple[int, list[bytes], bytes]:
+    """`_prefilter`'s choice where ``"ph"`` may occur twice in an event: counted in each."""
+    wanted = []
+    skipped = 0
+    for s, e in zip(starts, ends):
+        m = _HEAD.match(buf, s + 1)
+        if (
+            m is not None
+            and buf.count(b'"ph"', s, e) == 1
+            and _unwanted(m.groups(), buf, s, e, True)
+        ):
+            skipped += 1
+        else:
+            wanted.append(buf[s + 1 : e])
+    return skipped, wanted, buf[rest:]
+
+
+def _unwanted(head: tuple[Any, ...], buf: bytes, s: int, e: int, once: bool) -> bool:
+    """Whether the event ``buf[s : e + 1]`` (backslash-free), whose text opens with
+    ``head`` (ph, cat, name), is certainly of no use to `parse_file`: not a complete event
+    (ph ``X``), or of a category it does not read, or a host op whose name no rule of
+    `parse_file` takes. ``once``: ``"ph"`` is known to occur once in it."""
+    ph, cat, name = head
+    if ph != b"X":
+        return once
+    if cat is None or cat in _DEVICE_CATS:
+        return False
+    if cat in _HOST_CATS:
+        if name.startswith(_HOST_PREFIXES) or name in _HOST_NAMES:
+            return False
+        return once and buf.count(b'"cat"', s, e) == 1 and buf.count(b'"name"', s, e) == 1
+    return once and buf.count(b'"cat"', s, e) == 1
 
 
 def _ns(us: array, base_ns: int) -> np.ndarray:
@@ -465,19 +584,37 @@ def _ns(us: array, base_ns: int) -> np.ndarray:
     return base_ns + whole.astype(np.int64) * 1000 + np.round((t - whole) * 1000).astype(np.int64)
 
 
+_PHASE_PREFIXES = (
+    ("enumerate(DataLoader)", _PH_INPUT),
+    ("## forward", _PH_FWD),
+    ("## backward", _PH_BWD),
+    ("## optimizer", _PH_OPT),
+    ("Optimizer.step#", _PH_OPT),
+    ("Optimizer.zero_grad#", _PH_OPT),
+)
+_PHASE_NAMES = {
+    "DistributedDataParallel.forward": _PH_FWD,
+    "FullyShardedDataParallel.forward": _PH_FWD,
+}
+_HOST_PREFIXES = tuple(
+    p.encode()
+    for p in (
+        "ProfilerStep",
+        "autograd::engine::evaluate_function",
+        "c10d::",
+        "nccl:",
+        *(p for p, _ in _PHASE_PREFIXES),
+    )
+)
+_HOST_NAMES = (b"record_param_comms", *(n.encode() for n in _PHASE_NAMES))
+"""Host op names `parse_file` reads: what `_prefilter` must never leave out."""
+
+
 def _phase_of(name: str) -> int | None:
-    if name.startswith("enumerate(DataLoader)"):
-        return _PH_INPUT
-    if name.startswith("## forward") or name in (
-        "DistributedDataParallel.forward",
-        "FullyShardedDataParallel.forward",
-    ):
-        return _PH_FWD
-    if name.startswith("## backward"):
-        return _PH_BWD
-    if name.startswith(("## optimizer", "Optimizer.step#", "Optimizer.zero_grad#")):
-        return _PH_OPT
-    return None
+    for prefix, phase in _PHASE_PREFIXES:
+        if name.startswith(prefix):
+            return phase
+    return _PHASE_NAMES.get(name)
 
 
 _WORKER = re.compile(r"^(.+)_(\d+)$")
@@ -524,20 +661,11 @@ def _covered(s: np.ndarray, e: np.ndarray, lo: int, hi: int) -> int:
 
 
 def _intersection(s1: np.ndarray, e1: np.ndarray, s2: np.ndarray, e2: np.ndarray) -> int:
-    """Length of the intersection of two merged interval sets."""
+    """Length of the intersection of two merged interval sets: ``|A| + |B| - |A u B|``."""
     if not s1.shape[0] or not s2.shape[0]:
         return 0
-    total = 0
-    j = 0
-    n2 = s2.shape[0]
-    for a, b in zip(s1.tolist(), e1.tolist()):
-        while j < n2 and e2[j] <= a:
-            j += 1
-        k = j
-        while k < n2 and s2[k] < b:
-            total += min(b, int(e2[k])) - max(a, int(s2[k]))
-            k += 1
-    return total
+    s, e = _union(np.concatenate((s1, s2)), np.concatenate((e1, e2)))
+    return int((e1 - s1).sum() + (e2 - s2).sum() - (e - s).sum())
 
 
 def gpu_breakdown(
