@@ -216,6 +216,23 @@ def _p2p_peer(
     return None
 
 
+def _never() -> bool:
+    return False
+
+
+def compiling_check() -> Any:
+    """A function that says True while ``torch.compile`` traces its caller:
+    ``torch.compiler.is_dynamo_compiling`` (a plain ``return False`` when run, 30 ns;
+    ``is_compiling`` checks TorchScript first, 120 ns, on every collective), else
+    ``is_compiling``, else one that always says False (a torch without either)."""
+    compiler = getattr(sys.modules.get("torch"), "compiler", None)
+    for name in ("is_dynamo_compiling", "is_compiling"):
+        check = getattr(compiler, name, None)
+        if callable(check):
+            return check
+    return _never
+
+
 def _wrap(fn: Any, op: str, in_name: str | None, kind: int) -> Any:
     params = list(inspect.signature(fn).parameters)
     g_pos = params.index("group")
@@ -229,11 +246,14 @@ def _wrap(fn: Any, op: str, in_name: str | None, kind: int) -> Any:
     mono = time.monotonic_ns
     state = _state
     gids = state.gids
+    compiling = compiling_check()
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         mon = state.mon
-        if mon is None:
+        if mon is None or compiling():
+            # Inside a region torch.compile traces, the call is the graph's: traced as if
+            # rankscope were not there (a full graph stays whole), and not recorded.
             return fn(*args, **kwargs)
         ev0 = None
         if state.cuda:
@@ -302,7 +322,7 @@ def _wrap(fn: Any, op: str, in_name: str | None, kind: int) -> Any:
         # The common case, one input tensor on the host and no peer: the general wrapper's
         # steps less the branches that cannot apply (it runs on every collective).
         mon = state.mon
-        if mon is None or state.cuda:
+        if mon is None or state.cuda or compiling():
             return general(*args, **kwargs)
         t0 = mono()
         out = fn(*args, **kwargs)
@@ -373,11 +393,13 @@ def _route(name: str, fn: Any, inner: Any) -> Any:
     def arg(args: tuple, kwargs: dict, key: str, pos: int) -> Any:
         return kwargs[key] if key in kwargs else (args[pos] if len(args) > pos else None)
 
+    compiling = compiling_check()
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         out = inner(*args, **kwargs)
         mon = _state.mon
-        if mon is None:
+        if mon is None or compiling():
             return out
         try:
             got_raw = arg(args, kwargs, out_name, out_pos)

@@ -39,6 +39,7 @@ from rankscope.collector.torch_collectives import (
     _group_id,
     _state,
     _wrap,
+    compiling_check,
 )
 
 MESH_ALIASES = torch_mesh.MESH_ALIASES
@@ -130,8 +131,14 @@ def _forward_hooks(model: Any) -> None:
     module hooks would move every call of the model off torch's fast path, ~10 µs)."""
     fwd = schema.PHASE_INDEX["forward"]
     box = [0, 0]
+    compiling = compiling_check()
 
+    # A module that torch.compile compiles takes its hooks into the graph: there they do
+    # nothing (a full graph stays whole; the forward of a compiled plain module is then
+    # not timed, its steps and other phases are).
     def pre(_module: Any, _inputs: Any) -> None:
+        if compiling():
+            return
         box[0] = time.monotonic_ns()
         box[1] = thread_time_ns()
         if not getattr(model, "_rankscope_hook_set", True):
@@ -139,7 +146,7 @@ def _forward_hooks(model: Any) -> None:
 
     def post(_module: Any, _inputs: Any, output: Any) -> None:
         mon = _state.mon
-        if mon is not None:
+        if mon is not None and not compiling():
             cpu = thread_time_ns() - box[1]
             mon._rec_phase(fwd, box[0], time.monotonic_ns(), cpu)
             _watch_backward(mon, output)
@@ -186,6 +193,21 @@ def instrument(model: Any, monitor: Monitor | None = None) -> Any:
 
 
 # -- install --------------------------------------------------------------------------
+def _eager(torch: Any, fn: Any) -> Any:
+    """``fn`` run as Python, never traced by ``torch.compile``, while what it calls is
+    still compiled (``recursive=False``). For the DDP forward: torch's own is skipped by
+    the compiler (it runs eagerly and its module is compiled inside), and a wrapper that
+    the compiler traced instead would take the timing and the backward hook into the
+    graph, which it cannot do."""
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    if disable is None:
+        return fn
+    try:
+        return disable(fn, recursive=False)
+    except TypeError:  # a torch whose disable takes no ``recursive``
+        return fn
+
+
 def _patch(owner: Any, name: str, new: Any) -> None:
     _state.originals.append((owner, name, getattr(owner, name)))
     setattr(owner, name, new)
@@ -309,7 +331,7 @@ def _ddp_patches(torch: Any) -> None:
         return orig_builtin(self, comm_hook_type)
 
     _patch(DDP, "__init__", __init__)
-    _patch(DDP, "forward", forward)
+    _patch(DDP, "forward", _eager(torch, forward))
     _patch(DDP, "register_comm_hook", register_comm_hook)
     _patch(DDP, "_register_builtin_comm_hook", _register_builtin_comm_hook)
 

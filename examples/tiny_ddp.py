@@ -52,6 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="end with the process group's own barrier, which rankscope does not see "
         "(with --explicit-colls 0, a run whose program issues no collective at all)",
     )
+    p.add_argument(
+        "--compile", action="store_true", help="torch.compile the DDP model (after instrument)"
+    )
     p.add_argument("--job", default="tiny_ddp")
     p.add_argument(
         "--timings", default="", help="write rank 0's per-step wall and CPU times to this JSON"
@@ -87,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
         rankscope.instrument(ddp)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    net = torch.compile(ddp) if args.compile else ddp
     n = args.batch * (args.steps + 1)
     data = TensorDataset(torch.randn(n, 16), torch.randn(n, 4))
     loader = DataLoader(data, batch_size=args.batch, shuffle=False)
@@ -112,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(delay_s)
         if args.step_sleep_ms:
             time.sleep(args.step_sleep_ms / 1000.0)
-        loss = nn.functional.mse_loss(ddp(x), y)
+        loss = nn.functional.mse_loss(net(x), y)
         opt.zero_grad()
         loss.backward()  # the gradient bucket all-reduce
         opt.step()
@@ -134,8 +138,11 @@ def main(argv: list[str] | None = None) -> int:
         step_cpu.append(time.process_time() - c0)
 
     if rank == 0 and args.timings:
+        out = {"step_s": step_times, "cpu_s": step_cpu}
+        if args.compile:  # frames torch.compile compiled: the model did run compiled
+            out["compiled_frames"] = int(torch._dynamo.utils.counters["frames"]["ok"])
         with open(args.timings, "w") as f:
-            json.dump({"step_s": step_times, "cpu_s": step_cpu}, f)
+            json.dump(out, f)
     if mon is not None:
         mon.close()
     if args.quiet_exit:

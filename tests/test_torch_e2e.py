@@ -9,6 +9,7 @@ nothing it had recorded while the job carries on.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -476,6 +477,41 @@ def test_ddp_bucket_settings_across_ranks(mode: str) -> None:
         # issued after the previous one (none in step 0) and, on sampled steps, the bucket.
         per_step = np.bincount(inst.step[inst.step < steps].astype(int), minlength=steps)
         assert per_step.tolist() == [3 * (s > 0) + (s % 3 == 0) for s in range(steps)]
+    finally:
+        hub.stop()
+
+
+@pytest.mark.slow  # two ranks compiling the model: ~15 s alone
+def test_a_compiled_ddp_job_reports_its_steps_phases_and_collectives(tmp_path: Path) -> None:
+    """``torch.compile(DDP(model))`` in a real zero-code job: the model runs compiled, and
+    every step still has its forward, backward and optimizer phases and its matched
+    all-reduce (DDP's tail) and explicit collective."""
+    hub = Hub(bind="tcp://127.0.0.1:0").start()
+    steps = 6
+    timings = tmp_path / "timings.json"
+    try:
+        job = [
+            "--standalone",
+            "--nproc_per_node=2",
+            SCRIPT,
+            f"--steps={steps}",
+            "--compile",
+            "--explicit-colls=1",
+            f"--timings={timings}",
+        ]
+        run_job(zero_code(hub.endpoint, *torchrun(*job)), clean_env(), timeout=400)
+        assert json.loads(timings.read_text())["compiled_frames"] > 0
+        assert wait_for(lambda: any(r.steps_complete >= steps for r in hub.store.runs()))
+        time.sleep(0.5)
+        window = hub.store.window(hub.store.runs()[0].run)
+        assert window.present.all() and len(window.steps) >= steps
+        for phase in ("forward", "backward", "optimizer"):
+            assert np.all(window.phase_ns[phase][:, :steps] > 0), phase
+        inst = window.instances
+        assert np.all(inst.n_arrived == inst.n_members), "an instance is not matched"
+        per_step = np.bincount(inst.step[inst.step < steps].astype(int), minlength=steps)
+        assert np.all(per_step[1:] >= 2), per_step  # the DDP tail and the explicit one
+        assert hub.counters()["collector_errors"] == {}
     finally:
         hub.stop()
 

@@ -207,6 +207,54 @@ def test_plain_module_forward_is_timed_through_hooks(mon: Monitor) -> None:
     assert not hasattr(DDP.forward, "__wrapped__")  # the class patch is undone too
 
 
+def test_a_compiled_ddp_model_keeps_its_phases_and_its_all_reduce(mon: Monitor) -> None:
+    # torch.compile skips DDP's own forward (it runs as Python and compiles the module
+    # inside it), and so does rankscope's timing wrapper of it: the phases and the
+    # all-reduce's tail are recorded as for an eager model. (Traced instead, the wrapper
+    # crashed a two-rank torchrun job in the compiler's guards: test_torch_e2e's
+    # test_a_compiled_ddp_job_reports_its_steps_phases_and_collectives.)
+    torch._dynamo.reset()
+    model = torch.compile(DDP(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        loss = nn.functional.mse_loss(model(torch.randn(4, 4)), torch.randn(4, 2))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert torch._dynamo.utils.counters["frames"]["ok"] >= 1  # it did compile frames
+    assert mon._steps.unread()["step"].tolist() == [0, 1, 2]
+    names = mon._phases.unread()["phase"].tolist()
+    for phase in ("forward", "backward", "optimizer"):
+        assert names.count(PH[phase]) == 3, (phase, names)
+    rows = _colls(mon)
+    assert ((rows["flags"] & schema.FLAG_DDP_TAIL) != 0).sum() == 3
+    assert mon._errors == {}
+
+
+def test_a_full_graph_with_a_collective_compiles_whole(mon: Monitor) -> None:
+    # Inside a region torch.compile traces, a wrapped collective is the graph's: traced as
+    # if rankscope were not there, so fullgraph=True still makes one graph (the call is not
+    # recorded: compilation hides it). Before, tracing the wrapper broke the graph.
+    torch._dynamo.reset()
+
+    @torch.compile(fullgraph=True, backend="eager")
+    def f(x: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(x)
+        return x * 2
+
+    assert f(torch.ones(4)).tolist() == [2.0] * 4
+    assert len(_colls(mon)) == 0
+    # A plain module compiled whole: its forward hooks do nothing inside the graph.
+    lin = nn.Linear(4, 2)
+    torch_hooks.instrument(lin, mon)
+    g = torch.compile(lin, fullgraph=True, backend="eager")
+    with mon.step(0):
+        assert g(torch.randn(3, 4)).shape == (3, 2)
+    # Outside any compiled region the same collective is recorded as always.
+    dist.all_reduce(torch.ones(2))
+    assert _colls(mon)["op"].tolist() == [OP["all_reduce"]]
+
+
 def test_ddp_gradients_match_without_instrumentation(mon: Monitor) -> None:
     torch.manual_seed(0)
     base = nn.Linear(4, 2)
