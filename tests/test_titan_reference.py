@@ -189,6 +189,13 @@ def heavy(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     )
 
 
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    # Every block torch.compile'd (FSDP2 around compiled blocks): the layout, the pipeline's
+    # rows and its bubbles are recorded as for the eager run.
+    return _record(tmp_path_factory.mktemp("titan-compiled"), "titan-compiled", "--compile")
+
+
 def _stage_cpu(w: Any) -> np.ndarray:
     """Median over steps (warm-up left out) of each stage's median rank's CPU time in its
     forward and backward phases, from the recorded rows."""
@@ -206,7 +213,7 @@ def _top(d: dict[str, Any]) -> list[tuple[str, float, list[int]]]:
 
 
 @real
-@pytest.mark.parametrize("case", ["balanced", "heavy"])
+@pytest.mark.parametrize("case", ["balanced", "heavy", "compiled"])
 def test_every_rank_has_its_mesh_coordinates_and_groups(case, request) -> None:
     w = request.getfixturevalue(case)["window"]
     assert w.world_size == 4
@@ -226,7 +233,7 @@ def test_every_rank_has_its_mesh_coordinates_and_groups(case, request) -> None:
 
 
 @real
-@pytest.mark.parametrize("case", ["balanced", "heavy"])
+@pytest.mark.parametrize("case", ["balanced", "heavy", "compiled"])
 def test_send_recv_rows_carry_stage_and_micro_batch(case, request) -> None:
     w = request.getfixturevalue(case)["window"]
     rows = w.rows
