@@ -113,11 +113,37 @@ def _launch(tmp: Path, hub: Hub, mode: str) -> subprocess.Popen:
     )
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc): torchrun starts its workers in sessions of
+    their own, out of reach of a signal to its process group."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended since the listing
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
 def _kill(proc: subprocess.Popen) -> None:
+    # The workers too, stopped ones included (SIGKILL ends a stopped process): left behind,
+    # a rank stopped with SIGSTOP and its peer waiting for it would outlive the test.
+    below = _descendants(proc.pid)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:
         pass
+    for pid in below:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
     try:
         proc.wait(10)
     except subprocess.TimeoutExpired:
