@@ -349,7 +349,7 @@ def _random_events(rng: np.random.Generator, n: int, escapes: bool) -> list[dict
     t = 1_700_000_000_000_000
     for i in range(n):
         t += int(rng.integers(1, 50))
-        kind = rng.integers(0, 10)
+        kind = rng.integers(0, 11)
         name = names[rng.integers(len(names))]
         if kind == 0:
             out.append(
@@ -378,6 +378,10 @@ def _random_events(rng: np.random.Generator, n: int, escapes: bool) -> list[dict
                 args["list"] = [{"a": "}"}, {"b": "{"}]
             if kind == 5:
                 args["note"] = name
+            if kind == 7:
+                args["correlation"] = i + 0.5  # not an int: read as -1
+            if kind == 8:
+                del args["correlation"]
             ev = {"ph": "X", "cat": cats[rng.integers(len(cats))], "name": name, "pid": 1}
             ev.update({"tid": 2, "ts": ts, "dur": int(rng.integers(1, 40)), "args": args})
             if kind == 6:

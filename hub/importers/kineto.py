@@ -44,6 +44,7 @@ import re
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import IO, Any
 
@@ -401,10 +402,14 @@ def _orjson() -> Any:
 
 
 def _counted(batches: Iterator[tuple[int, list[Any]]], tr: RankTrace) -> Iterator[Any]:
-    """The events of `_fast_events`' batches; the events it skipped are counted in ``tr``."""
-    for skipped, events in batches:
-        tr.events += skipped
-        yield from events
+    """The events of `_fast_events`' batches; the events it skipped are counted in ``tr``
+    as each batch is taken (chained in C: no Python frame per event)."""
+
+    def events(batch: tuple[int, list[Any]]) -> list[Any]:
+        tr.events += batch[0]
+        return batch[1]
+
+    return chain.from_iterable(map(events, batches))
 
 
 def _fast_events(edge: _EdgeReader) -> Iterator[tuple[int, list[Any]]]:
@@ -513,8 +518,9 @@ def _prefilter(buf: bytes) -> tuple[int, list[bytes], bytes] | None:
     if neg.shape[0]:
         cut = int(neg[0])
         braces, opens, depth = braces[:cut], opens[:cut], depth[:cut]
-    ends = braces[~opens & (depth == 0)].tolist()
-    starts = braces[opens & (depth == 1)].tolist()[: len(ends)]
+    end_at = np.flatnonzero(~opens & (depth == 0))
+    start_at = np.flatnonzero(opens & (depth == 1))[: end_at.shape[0]]
+    ends, starts = braces[end_at].tolist(), braces[start_at].tolist()
     if len(ends) < 2 or buf[: starts[0]].strip(_BLANK):
         return None
     gaps = list(map(buf.__getitem__, map(slice, [e + 1 for e in ends[:-1]], starts[1:])))
@@ -527,18 +533,59 @@ def _prefilter(buf: bytes) -> tuple[int, list[bytes], bytes] | None:
     if buf.count(b'"ph"', starts[0], ends[-1]) != n:
         return _prefilter_slow(buf, starts, ends, rest)
     # Each event opens with "ph" (else the slow way): as many "ph" as events, one each.
+    # The one object inside an event (its args, mostly), where it holds exactly one.
+    one = (end_at[:n] - start_at[:n]) == 3
+    inner = np.where(one, braces[np.minimum(start_at[:n] + 1, braces.shape[0] - 1)], -1)
     head = _HEAD.match
     wanted = []
     skipped = 0
-    for s, e in zip(starts, ends):
+    for s, e, ao in zip(starts, ends, inner.tolist()):
         m = head(buf, s + 1)
         if m is None:
             return _prefilter_slow(buf, starts, ends, rest)
-        if _unwanted(m.groups(), buf, s, e, True):
+        groups = m.groups()
+        if _unwanted(groups, buf, s, e, True):
             skipped += 1
-        else:
+        elif ao < 0:
             wanted.append(buf[s + 1 : e])
+        else:
+            wanted.append(_trimmed(groups, buf, s, e, ao))
     return skipped, wanted, buf[rest:]
+
+
+_CORRELATION = re.compile(rb'"correlation"\s*:\s*(-?\d+)\s*[,}]')
+
+
+def _trimmed(head: tuple[Any, ...], buf: bytes, s: int, e: int, ao: int) -> bytes:
+    """The inner text of a wanted event ``buf[s : e + 1]`` whose only inner object opens
+    at ``ao``, with that object left out or cut to ``correlation`` where it is the event's
+    ``args`` and `parse_file` reads nothing else of it: device events other than NCCL
+    kernels and runtime calls (correlation), steps, phases and autograd ops (nothing).
+    Else the whole text. ``"args"`` just before a ``{`` outside strings is the key, and a
+    ``"correlation"`` followed by ``:`` inside the args (which hold no object) is a key
+    of the args: in backslash-free valid JSON neither can be inside a string."""
+    whole = buf[s + 1 : e]
+    _, cat, name = head
+    k = buf.rfind(b'"args"', s, ao)
+    if cat is None or k < 0 or buf[k + 6 : ao].strip(_BLANK) != b":":
+        return whole
+    ac = buf.index(b"}", ao)  # the args hold no other brace outside strings
+    if cat in _DEVICE_CATS:
+        if name.startswith(b"nccl"):
+            return whole
+        n = buf.count(b'"correlation"', ao, ac)
+        if n == 0:
+            args = b"{}"
+        else:
+            m = _CORRELATION.search(buf, ao, ac + 1)
+            if n != 1 or m is None:
+                return whole
+            args = b'{"correlation": ' + m.group(1) + b"}"
+    elif cat in _HOST_CATS and (name.startswith(_NO_ARGS_PREFIXES) or name in _HOST_NAMES[1:]):
+        args = b"{}"
+    else:
+        return whole
+    return buf[s + 1 : ao] + args + buf[ac + 1 : e]
 
 
 def _prefilter_slow(
@@ -608,6 +655,8 @@ _HOST_PREFIXES = tuple(
 )
 _HOST_NAMES = (b"record_param_comms", *(n.encode() for n in _PHASE_NAMES))
 """Host op names `parse_file` reads: what `_prefilter` must never leave out."""
+_NO_ARGS_PREFIXES = tuple(p for p in _HOST_PREFIXES if p not in (b"c10d::", b"nccl:"))
+"""Of those, the ones whose args `parse_file` does not read."""
 
 
 def _phase_of(name: str) -> int | None:
