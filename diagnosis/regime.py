@@ -45,7 +45,8 @@ earlier (rank, step) cells as far beyond their rank's level as every new step is
 (Laplace-smoothed, from the same evenly spaced ranks as the step time), a run on one of
 ``R`` ranks arises by chance with odds about ``R p^MIN_AFTER`` (a rank's lateness persists
 from step to step, so a longer run is not taken as rarer), which must stay below
-``RUN_CHANCE``. A compute spike makes one rank late for one step, so spikes keep ``p``
+``RUN_CHANCE``; and the job's step time before it must not already trend upward
+(``MAX_DRIFT_RHO``, as for the step-time rule: a drifting job is read by the trends). A compute spike makes one rank late for one step, so spikes keep ``p``
 honest and rarely make a run; a throttled GPU is late in every step. Warm-up steps
 (`warmup`) are no part of the earlier steps here: everyone is late then.
 """
@@ -355,8 +356,12 @@ def current_regime(window: Window) -> Regime | None:
         # Imported here: the warm-up reads the job step time from this module.
         from rankscope.diagnosis.warmup import warmup_length
 
-        hit = arrival_start(late[:, ok], vals, first=warmup_length(vals))
-        if hit is not None:
+        warm = warmup_length(vals)
+        hit = arrival_start(late[:, ok], vals, first=warm)
+        # A job whose step time was already rising before it is drifting (allocator
+        # growth, heat): the trend analysis reads that over the whole window, and a rank
+        # late at the end of it is no new level (the step-time rule's drift test).
+        if hit is not None and _rank_trend(vals[warm : hit[0]]) <= MAX_DRIFT_RHO:
             found, rank = hit
     if found is None:
         return None

@@ -16,9 +16,9 @@ SLOW = 1021
 """Not one of the evenly spaced ranks the job's step time is read from (every 4th)."""
 
 
-def _window(slow: bool, seed: int = 0):
+def _window(slow: bool, seed: int = 0, growth: float = 0.0):
     rng = np.random.default_rng(seed)
-    step_ms = 640.0 * (1 + 0.015 * rng.standard_normal(STEPS))
+    step_ms = 640.0 * (1 + 0.015 * rng.standard_normal(STEPS)) * (1 + growth * np.arange(STEPS))
     # Healthy steps slowed by one rank's compute spike: every rank waits for it, so the job's
     # step time jumps by more than the slow GPU below will ever add.
     spikes = np.array([8, 14, 20, 25, 27, 33])
@@ -58,3 +58,11 @@ def test_single_rank_spikes_of_a_healthy_run_are_no_regime() -> None:
         assert current_regime(w) is None
         for end in range(10, STEPS + 1):  # every prefix, as the live view sees it
             assert arrival_start(late[:, :end], y[:end]) is None
+
+
+def test_a_rank_late_at_the_end_of_a_drifting_job_is_no_regime() -> None:
+    # The whole job slows 1 % a step (allocator growth): the trends read it over the whole
+    # window. A rank late in its last steps is no new level to restrict the verdict to.
+    w = _window(slow=True, growth=0.01)
+    assert arrival_start(w.coll["late_ns"], job_step_ns(w)) == (ONSET, SLOW)
+    assert current_regime(w) is None
