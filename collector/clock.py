@@ -37,6 +37,29 @@ FALLBACK_ERROR_NS = 1_000_000_000
 clock, which agrees with the hub's only as well as NTP keeps the machines together."""
 
 
+def realtime_minus_monotonic_ns(tries: int = 5) -> int:
+    """``CLOCK_REALTIME`` minus ``CLOCK_MONOTONIC`` now, in ns.
+
+    Read as monotonic, realtime, monotonic a few times and taken from the tightest
+    bracket: two plain reads in a row are off by however long the thread was kept off its
+    core between them (a millisecond on a loaded host).
+
+    Args:
+        tries: brackets read.
+
+    Returns:
+        The shift: a realtime ns minus it is the monotonic ns of the same moment.
+    """
+    best, shift = -1, 0
+    for _ in range(max(1, tries)):
+        m0 = time.monotonic_ns()
+        real = time.time_ns()
+        m1 = time.monotonic_ns()
+        if best < 0 or m1 - m0 < best:
+            best, shift = m1 - m0, real - (m0 + m1) // 2
+    return shift
+
+
 def clock_endpoint(data_endpoint: str) -> str | None:
     """The clock-sync address that goes with a hub data address.
 

@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rankscope.collector import schema
+from rankscope.collector.clock import realtime_minus_monotonic_ns
 from rankscope.collector.pump import FLAG_PENDING
 
 if TYPE_CHECKING:
@@ -310,7 +311,7 @@ class InspectorTail:
             rows, comms = self._rec.rows, self._rec.comms
             if rows or self._waiting:
                 # Inspector times are CLOCK_REALTIME µs; rows are on the monotonic clock.
-                shift = time.time_ns() - time.monotonic_ns()
+                shift = realtime_minus_monotonic_ns()
                 self._rec.rows = []
                 retry, self._waiting = self._waiting, deque()
                 for t_seen, comm, row in retry:

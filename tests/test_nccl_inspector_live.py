@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from rankscope.collector import inspector_tail, runtime, schema
+from rankscope.collector.clock import realtime_minus_monotonic_ns
 from rankscope.collector.identity import Identity
 from rankscope.collector.inspector_tail import InspectorTail
 from rankscope.collector.monitor import Monitor
@@ -33,7 +34,7 @@ KDUR_US = 1000
 
 def _shift_us() -> int:
     """Realtime minus monotonic, in µs (the Inspector writes gettimeofday times)."""
-    return (time.time_ns() - time.monotonic_ns()) // 1000
+    return realtime_minus_monotonic_ns() // 1000
 
 
 def _record(
