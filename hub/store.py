@@ -498,6 +498,9 @@ class Store:
         present = r.present[:, slots]
         ts = r.t_start[:, slots]
         known = present & (ts != schema.NO_TIME)
+        if not known.any():  # no start known (a sender may send none): the earliest end
+            ts = r.t_end[:, slots]
+            known = present & (ts != schema.NO_TIME)
         t0 = int(ts[known].min()) if known.any() else 0
         shift = float(r.t0 - t0)
 

@@ -15,7 +15,7 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_hub_job import BASE, STEP_NS, header, identity, job
 
@@ -445,6 +445,8 @@ COLUMN_VALUES = st.lists(EXTREME_INTS, min_size=1, max_size=4)
     values=COLUMN_VALUES,
     n=st.integers(1, 3),
 )
+# A run whose only step has no start (NO_TIME): its window's origin is its earliest end.
+@example(column="steps__t_start", values=[-1], n=1)
 def test_random_column_values_are_ingested_safely_or_rejected_with_a_count(
     column, values, n
 ) -> None:
