@@ -413,6 +413,18 @@ def test_point_to_point_keeps_collectives_matched(tmp_path: Path) -> None:
     assert counters["collector_errors"] == {}
 
 
+def _two_rank_window(hub: Hub, steps: int, env: dict[str, str], *flags: str, timeout: float = 180):
+    """Run the tiny DDP example zero-code on two ranks for ``steps`` steps and return its
+    window once the hub holds them all (every rank-step present)."""
+    job = ["--standalone", "--nproc_per_node=2", SCRIPT, f"--steps={steps}", *flags]
+    run_job(zero_code(hub.endpoint, *torchrun(*job)), env, timeout=timeout)
+    assert wait_for(lambda: any(r.steps_complete >= steps for r in hub.store.runs()))
+    time.sleep(0.5)
+    window = hub.store.window(hub.store.runs()[0].run)
+    assert window.present.all() and len(window.steps) >= steps
+    return window
+
+
 # Each mode is one more torchrun: the sampled buckets (the matching this is about) in the
 # default tier, the others in the slow one.
 @pytest.mark.parametrize(
@@ -431,21 +443,10 @@ def test_ddp_bucket_settings_across_ranks(mode: str) -> None:
     hub = Hub(bind="tcp://127.0.0.1:0").start()
     steps = 12
     try:
-        job = [
-            "--standalone",
-            "--nproc_per_node=2",
-            SCRIPT,
-            f"--steps={steps}",
-            "--quiet-exit",
-            f"--explicit-colls={0 if mode == 'off' else 3}",
-        ]
         env = clean_env(RANKSCOPE_DDP_BUCKETS=mode, RANKSCOPE_DDP_SAMPLE_EVERY="3")
-        run_job(zero_code(hub.endpoint, *torchrun(*job)), env)
-        assert wait_for(lambda: any(r.steps_complete >= steps for r in hub.store.runs()))
-        time.sleep(0.5)
-        run = hub.store.runs()[0]
-        window = hub.store.window(run.run)
-        assert window.present.all() and len(window.steps) >= steps
+        window = _two_rank_window(
+            hub, steps, env, "--quiet-exit", f"--explicit-colls={0 if mode == 'off' else 3}"
+        )
         for phase in ("input", "forward", "backward", "optimizer"):
             assert np.all(window.phase_ns[phase][:, :steps] > 0), phase
         assert hub.counters()["collector_errors"] == {}
@@ -490,21 +491,9 @@ def test_a_compiled_ddp_job_reports_its_steps_phases_and_collectives(tmp_path: P
     steps = 6
     timings = tmp_path / "timings.json"
     try:
-        job = [
-            "--standalone",
-            "--nproc_per_node=2",
-            SCRIPT,
-            f"--steps={steps}",
-            "--compile",
-            "--explicit-colls=1",
-            f"--timings={timings}",
-        ]
-        run_job(zero_code(hub.endpoint, *torchrun(*job)), clean_env(), timeout=400)
+        flags = ("--compile", "--explicit-colls=1", f"--timings={timings}")
+        window = _two_rank_window(hub, steps, clean_env(), *flags, timeout=400)
         assert json.loads(timings.read_text())["compiled_frames"] > 0
-        assert wait_for(lambda: any(r.steps_complete >= steps for r in hub.store.runs()))
-        time.sleep(0.5)
-        window = hub.store.window(hub.store.runs()[0].run)
-        assert window.present.all() and len(window.steps) >= steps
         for phase in ("forward", "backward", "optimizer"):
             assert np.all(window.phase_ns[phase][:, :steps] > 0), phase
         inst = window.instances
