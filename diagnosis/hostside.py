@@ -102,52 +102,94 @@ def judge_host_pause(ev: Evidence) -> Candidate:
     )
 
 
+MIN_PHASE_SHARE = 0.1
+"""A compute phase read for the CPU share holds at least this much of the peers' compute
+wall time: a phase of a few hundred microseconds gives a share that is mostly noise."""
+
+
 @dataclass(frozen=True)
 class Contention:
-    """How much CPU each rank's compute phases got per wall second, against the median."""
+    """How much CPU each rank's compute phases got per wall second, against its peers'."""
 
     share: np.ndarray
-    """float64 (R,) median over steps of Σ CPU / Σ wall of the compute phases (NaN: unknown)."""
+    """float64 (R,) median over steps of CPU / wall, in the phase the loss is read from
+    (NaN: unknown)."""
     ref: np.ndarray
-    """float64 (R,) the median share of each rank's peers (the other ranks)."""
+    """float64 (R,) the median share of each rank's peers (the other ranks), same phase."""
     loss: np.ndarray
     """float64 (R,) ``1 − share / ref``: the share of wall time the host took."""
+    phase: tuple[str, ...]
+    """(R,) the compute phase each rank's loss is read from ('' where none)."""
     lost_ns: np.ndarray
     """float64 (R, S) wall ns of compute phases the thread did not run (beyond its peers'
-    median share)."""
+    median share, phase by phase)."""
     saturated: np.ndarray
     """bool (R,) the rank's host reported CPU busy above `SATURATED_PCT`."""
 
 
 def contention_of(ev: Evidence) -> Contention | None:
-    """The CPU share of every rank's compute phases (None without CPU times)."""
+    """The CPU share of every rank's compute phases (None without CPU times).
+
+    Phase by phase, not summed: a phase in which the peers block on a collective (DDP's
+    gradient buckets in backward) runs at a low CPU share on every waiting rank, and summed
+    with the others it hides the contrast of a starved rank. A starved thread is short of
+    CPU in every phase, so each rank's loss is read from the phase where it is largest,
+    among those holding at least `MIN_PHASE_SHARE` of the peers' compute time. A rank that
+    merely waits inside a phase loses CPU share there too; it does not set the steps, so
+    giving that time back shortens nothing and the judge's what-if is zero for it.
+    """
     cpu_by_phase = ev.window.phase_cpu_ns
     phases = [p for p in COMPUTE_PHASES if p in cpu_by_phase and p in ev.window.phase_ns]
     if not phases:
         return None
-    cpu = sum(np.asarray(cpu_by_phase[p]) for p in phases)
-    wall = sum(np.nan_to_num(ev.window.phase_ns[p], nan=0.0) for p in phases)
-    assert isinstance(cpu, np.ndarray) and isinstance(wall, np.ndarray)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = np.where((wall > 0) & ev.window.present, cpu / wall, np.nan)
-    ratio = np.clip(ratio, 0.0, 1.5)  # CPU time of one thread cannot much exceed wall
-    share = nanmedian(ratio, axis=1)
-    if np.count_nonzero(np.isfinite(share)) < 2:
+    present = ev.window.present
+    R = ev.window.world_size
+    walls, shares, refs, ratios, cpus = [], [], [], [], []
+    for p in phases:
+        cpu = np.asarray(cpu_by_phase[p], dtype=np.float64)
+        wall = np.nan_to_num(np.asarray(ev.window.phase_ns[p], dtype=np.float64), nan=0.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratio = np.where((wall > 0) & present, cpu / wall, np.nan)
+        ratio = np.clip(ratio, 0.0, 1.5)  # CPU time of one thread cannot much exceed wall
+        share = nanmedian(ratio, axis=1)
+        walls.append(wall)
+        cpus.append(cpu)
+        ratios.append(ratio)
+        shares.append(share)
+        # Against its peers, not a median it is part of: with two ranks that is their
+        # mean, and a rank at half its peer's CPU share would read only a third below it.
+        refs.append(peer_median(share))
+    share_pr, ref_pr = np.vstack(shares), np.vstack(refs)  # (P, R)
+    if np.count_nonzero(np.isfinite(share_pr).any(axis=0)) < 2:
         return None
-    # Against its peers, not a median it is part of: with two ranks that is their mean,
-    # and a rank at half its peer's CPU share would read only a third below it.
-    ref = peer_median(share)
-    if not float(nanmedian(ref)) > 0:
-        return None
+    held = np.vstack([nanmedian(np.where(present, w, np.nan), axis=1) for w in walls])
+    held = np.nan_to_num(held, nan=0.0)
+    weight = np.vstack([peer_median(h) for h in held])  # (P, R) the peers' wall per phase
     with np.errstate(invalid="ignore", divide="ignore"):
-        loss = np.where(ref > 0, np.clip(1.0 - share / ref, 0.0, 1.0), np.nan)
-        lost = np.maximum(wall - np.nan_to_num(cpu, nan=0.0) / ref[:, None], 0.0)
-    lost = np.where(np.isfinite(ratio) & np.isfinite(lost), lost, 0.0)
-    busy_pct = nanmedian(ev.window.device.get("cpu_pct", np.full(wall.shape, np.nan)), axis=1)
+        weight = weight / np.nansum(weight, axis=0, keepdims=True)
+        loss_pr = np.clip(1.0 - share_pr / ref_pr, 0.0, 1.0)
+    usable = np.isfinite(loss_pr) & (ref_pr > 0) & (np.nan_to_num(weight) >= MIN_PHASE_SHARE)
+    if not usable.any():
+        return None
+    best = np.argmax(np.where(usable, loss_pr, -1.0), axis=0)  # (R,)
+    cols = np.arange(R)
+    found = usable[best, cols]
+    loss = np.where(found, loss_pr[best, cols], np.nan)
+    share = np.where(found, share_pr[best, cols], np.nan)
+    ref = np.where(found, ref_pr[best, cols], np.nan)
+    lost = np.zeros_like(walls[0])
+    for wall, cpu, ratio, rp in zip(walls, cpus, ratios, refs):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            more = np.maximum(wall - np.nan_to_num(cpu, nan=0.0) / rp[:, None], 0.0)
+        lost += np.where(np.isfinite(ratio) & np.isfinite(more), more, 0.0)
+    busy_pct = nanmedian(ev.window.device.get("cpu_pct", np.full(lost.shape, np.nan)), axis=1)
     saturated = np.isfinite(busy_pct) & (busy_pct >= SATURATED_PCT)
     # Host gaps are left out: a thread asleep between its phases (a synchronous wait, a
     # sleep) uses no CPU either, and the samples cannot tell it from one kept off a core.
-    return Contention(share=share, ref=ref, loss=loss, lost_ns=lost, saturated=saturated)
+    named = tuple(phases[int(b)] if f else "" for b, f in zip(best, found))
+    return Contention(
+        share=share, ref=ref, loss=loss, phase=named, lost_ns=lost, saturated=saturated
+    )
 
 
 def judge_cpu_contention(ev: Evidence) -> Candidate:
@@ -166,7 +208,7 @@ def judge_cpu_contention(ev: Evidence) -> Candidate:
     top = int(starved[0])
     strength = logistic(float(c.loss[top]), MIN_CPU_LOSS + 0.05, 0.03)
     evidence = [
-        f"rank {top}'s compute phases ran on the CPU {pct(c.share[top])} of their wall time "
+        f"rank {top}'s {c.phase[top]} ran on the CPU {pct(c.share[top])} of its wall time "
         f"vs {pct(float(c.ref[top]))} for its peers (median): the thread waited for a core",
         f"re-timed with that lost time given back, the step is {pct(impact)} shorter",
     ]

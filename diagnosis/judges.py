@@ -149,7 +149,7 @@ def reconcile(ev: Evidence, cands: dict[str, Candidate]) -> dict[str, Candidate]
                 r = starved[0]
                 factor *= 1.0 - max(cc.strength, 0.5)
                 notes.append(
-                    f"rank {r}'s compute phases ran on the CPU only {pct(c.share[r])} of their "
+                    f"rank {r}'s {c.phase[r]} ran on the CPU only {pct(c.share[r])} of its "
                     f"wall time (its peers {pct(float(c.ref[r]))}): the thread "
                     "waited for the host, which a slow device does not explain"
                 )

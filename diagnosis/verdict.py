@@ -162,6 +162,14 @@ def _same(base: Candidate, cur: Candidate) -> bool:
     return True
 
 
+def _step_ratio(baseline: Evidence | None, ev: Evidence) -> float:
+    """The baseline's step time over the run's (1 where either is unknown)."""
+    if baseline is None:
+        return 1.0
+    ratio = baseline.step_ns / ev.step_ns if ev.step_ns > 0 else float("nan")
+    return float(ratio) if np.isfinite(ratio) and ratio > 0 else 1.0
+
+
 def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
     """Rank the hypotheses for one window.
 
@@ -194,9 +202,12 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
         caveats = list(c.caveats) + shared
         b = base.get(mech)
         if b is not None and mech != "numerator_change" and b.impact > 0 and _same(b, c):
-            impact = max(0.0, c.impact - b.impact)
-            if b.impact >= 0.5 * c.impact and c.impact > 0:
-                caveats.append(f"the baseline shows {pct(b.impact)} of the same")
+            # Impacts are shares of each run's own step: net in time, not in shares (a
+            # baseline losing 16 % of a 26 ms step lost 4 ms, not 16 % of a 75 ms one).
+            held = b.impact * _step_ratio(baseline, ev)
+            impact = max(0.0, c.impact - held)
+            if held >= 0.5 * c.impact and c.impact > 0:
+                caveats.append(f"the baseline shows {pct(held)} of the same")
         score = (
             c.strength
             * logistic(impact, MIN_IMPACT, MIN_IMPACT / 5)

@@ -259,6 +259,90 @@ def test_a_baseline_slowed_on_another_rank_does_not_discount_a_starved_one():
     assert d.verdict.get("unexplained_straggler").score <= 1 - top.score + 1e-9
 
 
+def _bucketed_job(n_ranks, n_steps, slow, share_of_slow, seed=0):
+    """DDP-like: forward 40 ms, then backward 120 ms in which every rank blocks on the
+    gradient buckets until the slowest rank has reduced them (no CPU while blocked); then
+    the step ends. Rank ``slow`` runs every phase at ``share_of_slow`` of a core, so its
+    phases take ``1 / share`` as long in wall time; the others run at 0.97."""
+    rng = np.random.default_rng(seed)
+    shape = (n_ranks, n_steps)
+    share = np.full(n_ranks, 0.97)
+    share[slow] = share_of_slow
+    cpu_f = 40 * MS * (1 + 0.02 * rng.standard_normal(shape))
+    cpu_b = 120 * MS * (1 + 0.02 * rng.standard_normal(shape))
+    fwd, own_b = cpu_f / share[:, None], cpu_b / share[:, None]
+    ready = fwd + own_b
+    pace = ready.max(axis=0)
+    wait = pace[None, :] - ready
+    bwd = own_b + wait  # blocked on the buckets inside backward
+    step = pace + TRANSFER
+    t_start = np.cumsum(np.r_[0.0, step[:-1]])[None, :].repeat(n_ranks, axis=0)
+    return make_window(
+        t_start,
+        t_start + step[None, :],
+        ranks=rank_layout(n_ranks, ranks_per_host=4),
+        phase_ns={"forward": fwd, "backward": bwd},
+        coll={
+            "n": np.ones(shape),
+            "exposed_wait_ns": wait,
+            "exposed_transfer_ns": np.full(shape, TRANSFER),
+        },
+        phase_cpu_ns={"forward": cpu_f, "backward": cpu_b},
+    )
+
+
+def test_cpu_share_is_read_phase_by_phase_not_through_the_peers_blocked_backward():
+    # Two ranks: rank 1 waits for rank 0 inside backward, so its backward runs at a low CPU
+    # share too; summed over the phases the two ranks' shares nearly match. In forward,
+    # where nobody waits, rank 0 ran at 70 % of its peer's share: that is its loss.
+    from rankscope.diagnosis.engine import gather_evidence
+    from rankscope.diagnosis.hostside import contention_of
+
+    w = _bucketed_job(2, 30, slow=0, share_of_slow=0.68)
+    c = contention_of(gather_evidence(w))
+    assert c is not None
+    assert c.loss[0] == pytest.approx(1 - 0.68 / 0.97, abs=0.03), c
+    assert c.phase[0] == "forward", c.phase
+    # Summed, the contrast would be under the threshold: the test is not vacuous.
+    cpu = w.phase_cpu_ns["forward"] + w.phase_cpu_ns["backward"]
+    summed = np.median(cpu / (w.phase_ns["forward"] + w.phase_ns["backward"]), axis=1)
+    assert 1 - summed[0] / summed[1] < 0.15, summed
+    top = diagnose(w).verdict.top
+    assert top.mechanism == "cpu_contention" and top.ranks[:1] == (0,), top
+    # The waiting rank's low share in backward does not make it a starved rank.
+    assert 1 not in top.ranks
+
+
+def test_a_baseline_starved_on_the_same_rank_is_netted_in_time_not_in_shares():
+    # The baseline's rank 0 was starved a little (its step is 3x shorter); the run under
+    # study starves it more. What the baseline lost is subtracted as time: its share of
+    # the baseline's step, scaled by the two step times, not its share of this step.
+    from rankscope.diagnosis.engine import gather_evidence
+    from rankscope.diagnosis.judges import candidates
+
+    def job(share, extra_ms, compute_ms, seed):
+        s = np.full(2, 0.95)
+        s[0] = share
+        return sync_job(
+            n_ranks=2,
+            ranks_per_host=2,
+            seed=seed,
+            compute_ms=compute_ms,
+            extra_compute=_per_rank(2, 30, 0, extra_ms * MS),
+            cpu_share=s,
+        )
+
+    fault, base = job(0.3, 60, 100, seed=1), job(0.7, 8, 30, seed=2)
+    ev, bev = gather_evidence(fault), gather_evidence(base)
+    c, b = candidates(ev)["cpu_contention"], candidates(bev)["cpu_contention"]
+    assert c.impact > 0.15 and b.impact > 0.05, (c.impact, b.impact)
+    top = diagnose(fault, base).verdict.top
+    assert top.mechanism == "cpu_contention" and top.ranks[:1] == (0,)
+    lost_ns = c.impact * ev.step_ns - b.impact * bev.step_ns
+    assert top.impact * ev.step_ns == pytest.approx(lost_ns, rel=1e-6)
+    assert top.impact > c.impact - b.impact + 0.02
+
+
 def test_a_heavier_pipeline_stage_is_pipeline_imbalance():
     n = 16
     ranks = rank_layout(n, ranks_per_host=4, pp=2)
