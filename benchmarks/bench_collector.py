@@ -135,10 +135,43 @@ def hot_path(quick: bool) -> list[tuple[str, float, float]]:
         t_bare_kw = _per_call_ns(lambda: stub(x, group=None, async_op=False), n)
         t_wrapped_kw = _per_call_ns(lambda: wrapped(x, group=None, async_op=False), n)
         rows.append(("torch wrapper, keyword group", t_wrapped_kw, t_wrapped_kw - t_bare_kw))
+        _drain(mon)
+        rows.append(_funcol_pair(x, n))
     finally:
         torch_collectives._state.mon = None
     mon.close(timeout_s=0.1)
     return rows
+
+
+def _funcol_pair(x: Any, n: int) -> tuple[str, float, float]:
+    """A functional collective (tensor parallelism's) and the wait for its result, both
+    wrapped, around stand-ins that return at once: the launch's row and the wait's exit."""
+    import torch.distributed._functional_collectives as funcol
+
+    from rankscope.collector import torch_funcol
+
+    elem = x.clone()
+    launched = funcol.AsyncCollectiveTensor(elem)
+
+    def launch(self, reduceOp, group, tag=""):  # type: ignore[no-untyped-def]
+        return launched
+
+    def wait(tensor):  # type: ignore[no-untyped-def]
+        return tensor
+
+    w_launch = torch_funcol._wrap(funcol, launch, "all_reduce")
+    w_wait = torch_funcol._wrap_wait(wait)
+
+    def bare() -> None:
+        launch(x, "sum", None)
+        wait(elem)
+
+    def wrapped() -> None:
+        w_launch(x, "sum", None)
+        w_wait(elem)
+
+    t_bare, t_wrapped = _per_call_ns(bare, n), _per_call_ns(wrapped, n)
+    return ("functional `all_reduce` + its `wait_tensor` (TP)", t_wrapped, t_wrapped - t_bare)
 
 
 # -- 2. per-step cost by part (world size 1, step-interleaved) ----------------------------

@@ -6,7 +6,7 @@ Asynchronous calls (``async_op=True``, ``isend``/``irecv``) get their exit time 
 ``Work``'s future. Only the package attributes (``torch.distributed.all_reduce``...) are
 wrapped, so explicit calls and FSDP2 are seen while calls torch makes internally
 (``send`` → ``isend``) are not: one row per user-visible call. C++ collectives (DDP's
-built-in path, functional collectives) are not seen here.
+built-in path) are not seen here; the functional collectives are (``torch_funcol``).
 
 Group ids are the same on every rank (see `_group_id`); point-to-point traffic gets
 virtual groups per direction (`p2p_group_id`).

@@ -2,7 +2,8 @@
 
 What is captured, and how (torch is imported only when this module is used):
 
-- ``torch.distributed`` Python collectives: wrapped by ``torch_collectives``.
+- ``torch.distributed`` Python collectives: wrapped by ``torch_collectives``; the
+  functional collectives of tensor parallelism (DTensor) by ``torch_funcol``.
 - DDP's gradient all-reduce: per bucket through a comm hook, or as the all-reduce's tail
   with no hook (``torch_ddp``; ``Monitor.ddp_buckets`` chooses), set up at the model's
   first forward unless the user registered a comm hook of their own (then the
@@ -32,7 +33,7 @@ import time
 from time import thread_time_ns
 from typing import Any
 
-from rankscope.collector import schema, torch_ddp, torch_mesh, torch_pipeline
+from rankscope.collector import schema, torch_ddp, torch_funcol, torch_mesh, torch_pipeline
 from rankscope.collector.monitor import Monitor
 from rankscope.collector.torch_collectives import (
     COLLECTIVES,
@@ -407,6 +408,10 @@ def install(monitor: Monitor) -> None:
             _patch(dist, name, _wrap(fn, op, in_name, kind))
         except (ValueError, TypeError) as exc:  # a signature this version does not have
             monitor._error("wrap_" + name, exc)
+    try:
+        torch_funcol.install(_patch)
+    except Exception as exc:
+        monitor._error("funcol_install", exc)
     if dist.is_initialized():
         _state.backend = str(dist.get_backend())
         world = dist.group.WORLD
@@ -471,3 +476,4 @@ def uninstall() -> None:
         _state.routed.clear()
     torch_mesh.reset()
     torch_pipeline.reset()
+    torch_funcol.uninstall()

@@ -111,7 +111,9 @@ def test_a_split_as_heavy_in_the_baseline_is_no_regression() -> None:
 # -- the reference workload, recorded ---------------------------------------------------------
 
 
-def _record(folder: Path, job: str, *flags: str) -> dict[str, Any]:
+def _record(
+    folder: Path, job: str, *flags: str, layout: tuple[str, ...] = ("--pp", "2", "--dp", "2")
+) -> dict[str, Any]:
     """Run the example as 4 ranks under ``rankscope run`` against a recording hub, then
     diagnose the recording from the command line."""
     pytest.importorskip("torch")
@@ -121,7 +123,7 @@ def _record(folder: Path, job: str, *flags: str) -> dict[str, Any]:
     record = folder / "record"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RANKSCOPE_")}
     env["RANKSCOPE_KEYS"] = os.environ.get("RANKSCOPE_KEYS", "none")
-    argv = [str(EXAMPLE), "--pp", "2", "--dp", "2", "--steps", str(STEPS), *flags]
+    argv = [str(EXAMPLE), *layout, "--steps", str(STEPS), *flags]
     launch = ["--", "torchrun", "--standalone", "--nproc_per_node=4", *argv]
     with Hub("tcp://127.0.0.1:0", str(record)) as hub:
         out = subprocess.run(
@@ -196,6 +198,17 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return _record(tmp_path_factory.mktemp("titan-compiled"), "titan-compiled", "--compile")
 
 
+@pytest.fixture(scope="module")
+def tensor_parallel(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    # pp 2 x tp 2: each stage's MLPs colwise/rowwise over tp, whose all-reduces are
+    # DTensor's functional collectives.
+    return _record(
+        tmp_path_factory.mktemp("titan-tp"),
+        "titan-tp",
+        layout=("--pp", "2", "--tp", "2", "--dp", "1"),
+    )
+
+
 def _stage_cpu(w: Any) -> np.ndarray:
     """Median over steps (warm-up left out) of each stage's median rank's CPU time in its
     forward and backward phases, from the recorded rows."""
@@ -245,6 +258,31 @@ def test_send_recv_rows_carry_stage_and_micro_batch(case, request) -> None:
         assert set(micro[mine].tolist()) == set(range(MICROBATCHES))
         # The bubbles are measured (pp_wait spans), on every rank.
         assert np.nanmedian(w.phase_ns["pp_wait"][r]) > 0
+
+
+@real
+def test_tensor_parallel_all_reduces_are_recorded_and_matched(tensor_parallel) -> None:
+    w = tensor_parallel["window"]
+    ranks = np.arange(4)
+    # Mesh (pp, dp, tp) = (2, 1, 2): rank = 2 pp + tp.
+    assert w.ranks.mesh["tp"].tolist() == (ranks % 2).tolist()
+    assert w.ranks.mesh["pp"].tolist() == (ranks // 2).tolist()
+    tp = {gid: g for gid, g in w.groups.items() if g.name == "tp"}
+    assert {tuple(sorted(g.ranks)) for g in tp.values()} == {(0, 1), (2, 3)}, w.groups
+    rows = w.rows
+    assert rows is not None
+    on_tp = np.isin(np.asarray(rows.group), list(tp))
+    ar = on_tp & (np.asarray(rows.op) == schema.OP_INDEX["all_reduce"])
+    # RowwiseParallel's all-reduce of the partial sums, in forward and backward, on
+    # every rank, every step, micro-batch by micro-batch.
+    for r in range(4):
+        per_step = np.bincount(np.asarray(rows.step)[ar & (rows.rank == r)], minlength=STEPS)
+        assert np.all(per_step[:STEPS] >= MICROBATCHES), (r, per_step)
+    assert np.all(np.asarray(rows.flags)[ar] & schema.FLAG_ASYNC)
+    # Both members of each all-reduce arrive: the instances match across the pair.
+    inst = w.instances
+    mine = np.isin(np.asarray(inst.group), list(tp))
+    assert mine.sum() > 0 and np.all(np.asarray(inst.n_arrived)[mine] == 2)
 
 
 @real

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -323,6 +324,70 @@ def test_device_mesh_coordinates_and_group_names(mon: Monitor) -> None:
     gid = int(_colls(mon)["group"][0])
     _, groups = mon._groups_snapshot()
     assert next(g for g in groups if g["id"] == gid)["name"] == "tp"
+
+
+def test_functional_collectives_are_rows_that_end_at_the_first_wait(mon: Monitor) -> None:
+    # Tensor parallelism's collectives (DTensor) are the functional ones: launched by the
+    # call, waited for where the result is first used.
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+    x = torch.arange(6, dtype=torch.float32)
+    y = funcol.all_reduce(x, "sum", mesh)
+    assert isinstance(y, funcol.AsyncCollectiveTensor)
+    time.sleep(0.02)  # the thread does other work before it uses the result
+    launched = _colls(mon)[0]
+    assert launched["t_exit"] == schema.NO_TIME  # not waited for yet
+    assert (y + 0).tolist() == x.tolist()  # first use: the wait
+    with warnings.catch_warnings():  # deprecated in torch 2.13, in favour of the single
+        warnings.simplefilter("ignore", FutureWarning)
+        g = funcol.all_gather_tensor(x, 0, (mesh, 0))  # calls all_gather_single inside
+    assert g.wait().tolist() == x.tolist()
+    rows = _colls(mon)
+    assert rows["op"].tolist() == [OP["all_reduce"], OP["all_gather"]]  # one row a call
+    assert rows["nbytes"].tolist() == [24, 24]
+    gid = int(rows["group"][0])
+    assert rows["group"].tolist() == [gid, gid] and rows["seq"].tolist() == [0, 1]
+    _, groups = mon._groups_snapshot()
+    assert next(g for g in groups if g["id"] == gid)["name"] == "tp"
+    ar = rows[0]
+    assert ar["flags"] & schema.FLAG_ASYNC
+    assert ar["t_exit"] - ar["t_enter"] >= 15_000_000, ar  # the wait came after the sleep
+    from rankscope.collector.pump import FLAG_PENDING
+
+    assert not rows["flags"][0] & FLAG_PENDING
+
+
+def test_functional_collectives_never_waited_for_stay_bounded(mon, monkeypatch) -> None:
+    import torch.distributed._functional_collectives as funcol
+
+    from rankscope.collector import torch_funcol
+
+    monkeypatch.setattr(torch_funcol, "MAX_PENDING", 4)
+    kept = [funcol.all_reduce(torch.ones(2), "sum", dist.group.WORLD) for _ in range(10)]
+    assert len(torch_funcol._fc.pending) == 4
+    rows = _colls(mon)
+    assert len(rows) == 10
+    # The six oldest ship without an exit time; the four newest still wait for theirs.
+    done = (rows["flags"] & torch_funcol.FLAG_PENDING) == 0
+    assert done.tolist() == [True] * 6 + [False] * 4
+    assert np.all(rows["t_exit"][:6] == schema.NO_TIME)
+    for k in kept:
+        k.wait()
+    assert np.all((_colls(mon)["flags"] & torch_funcol.FLAG_PENDING) == 0)
+
+
+def test_uninstall_restores_the_functional_collectives(mon: Monitor) -> None:
+    import torch.distributed._functional_collectives as funcol
+
+    assert hasattr(funcol.all_reduce, "__rankscope_original__")
+    assert hasattr(funcol.wait_tensor, "__rankscope_original__")
+    torch_hooks.uninstall()
+    assert not hasattr(funcol.all_reduce, "__rankscope_original__")
+    assert not hasattr(funcol.wait_tensor, "__rankscope_original__")
+    funcol.all_reduce(torch.ones(1), "sum", dist.group.WORLD).wait()
+    assert len(_colls(mon)) == 0
 
 
 @pytest.mark.parametrize("mode", ["every", "sampled", "tail", "auto", "off"])
