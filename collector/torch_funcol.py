@@ -26,6 +26,7 @@ import inspect
 import sys
 import threading
 import time
+import warnings
 import weakref
 from typing import Any
 
@@ -82,13 +83,14 @@ def _gid(funcol: Any, group: Any, tag: str) -> int:
     """Group id of any form a functional collective accepts (process group, mesh, mesh
     and dimension, group name, list of ranks); -1 when unknown or not a member."""
     gids = _state.gids
-    try:
-        gid = gids.get(group)
-    except TypeError:  # a list of ranks
-        gid = None
+    key = ("ranks", tuple(group), tag) if type(group) is list else group
+    gid = gids.get(key)
     if gid is not None:
         return gid
-    resolved = funcol._resolve_group(group, tag)
+    with warnings.catch_warnings():
+        # A list of ranks is deprecated: torch has told the program once already.
+        warnings.simplefilter("ignore", FutureWarning)
+        resolved = funcol._resolve_group(group, tag)
     if isinstance(resolved, str):
         gid = _fc.names.get(resolved)
         if gid is None:
@@ -97,10 +99,7 @@ def _gid(funcol: Any, group: Any, tag: str) -> int:
             _fc.names[resolved] = gid
     else:
         gid = _group_id(resolved)
-    try:
-        gids[group] = gid
-    except TypeError:
-        pass
+    gids[key] = gid
     return gid
 
 
@@ -141,7 +140,7 @@ def _wrap(funcol: Any, fn: Any, op: str) -> Any:
                 return out
             group = kwargs["group"] if "group" in kwargs else args[g_pos]
             gid = _state.gids.get(group) if type(group) is not list else None
-            if gid is None:
+            if gid is None:  # first use of this group, or a list of ranks
                 tag = kwargs.get("tag", args[t_pos] if 0 <= t_pos < len(args) else "")
                 gid = _gid(funcol, group, tag)
             if gid < 0:

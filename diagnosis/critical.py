@@ -78,16 +78,17 @@ def busy_ns(window: Window, decomp: Decomposition) -> np.ndarray:
     return decomp.step_ns - decomp.category("arrival_wait") - decomp.category("pipeline_idle")
 
 
-def group_skew(window: Window) -> GroupSkew:
+def group_skew(window: Window, all_complete: bool = False) -> GroupSkew:
     """Skew and transfer percentiles per (group, op, size bucket) over complete instances.
 
     Args:
         window: the window.
+        all_complete: every instance is known to be complete (`grouprows.group_rows`).
 
     Returns:
         The columnar table (`grouprows.group_rows` of the window's instances).
     """
-    return group_rows(window.instances)
+    return group_rows(window.instances, all_complete)
 
 
 def critical_path(
@@ -129,7 +130,11 @@ def critical_path(
     else:
         decisive = margin > 2.0 * per_rank_err[last]
     times_last = np.bincount(last, minlength=n_ranks)[:n_ranks]
-    times_dec = np.bincount(last, weights=decisive, minlength=n_ranks)[:n_ranks]
+    # Ties are few: count them off rather than weigh every instance.
+    n_ties = int(decisive.size - np.count_nonzero(decisive))
+    times_dec = times_last.copy()
+    if n_ties:
+        times_dec -= np.bincount(last[~decisive], minlength=n_ranks)[:n_ranks]
     skew = col(inst.skew)
     resolvable = (
         float(np.count_nonzero(skew > 2.0 * clock_err) / skew.size) if skew.size else float("nan")
@@ -152,14 +157,14 @@ def critical_path(
     return CriticalPath(
         times_last=times_last.astype(np.int64),
         times_last_decisive=times_dec.astype(np.int64),
-        ties=int(decisive.size - np.count_nonzero(decisive)),
+        ties=n_ties,
         complete=int(np.count_nonzero(complete)),
         late_mean_ns=late_mean,
         critical_rank=crit,
         critical_counts=counts.astype(np.int64),
         critical_stability=stability,
         critical_excess=excess,
-        groups=groups if groups is not None else group_skew(window),
+        groups=groups if groups is not None else group_skew(window, every),
         clock_error_ns=clock_err,
         skew_resolvable=resolvable,
     )

@@ -43,17 +43,21 @@ def size_bucket(nbytes: np.ndarray) -> np.ndarray:
     return np.maximum(e, -1, out=e)
 
 
-def transfer_time(inst: InstanceTable) -> np.ndarray:
+def transfer_time(inst: InstanceTable, idx: np.ndarray | None = None) -> np.ndarray:
     """Per instance the transfer time used for bandwidth.
 
     Args:
         inst: the instance table.
+        idx: only these instances (indices), or None for all.
 
     Returns:
-        float64 (N,): device transfer where known and positive, else host transfer.
+        float64 (N,) or (len(idx),): device transfer where known and positive, else host
+        transfer.
     """
-    dev = inst.device_transfer
-    return np.where(np.isfinite(dev) & (dev > 0), dev, inst.transfer)
+    dev, host = inst.device_transfer, inst.transfer
+    if idx is not None:
+        dev, host = dev[idx], host[idx]
+    return np.where(np.isfinite(dev) & (dev > 0), dev, host)
 
 
 @dataclass(frozen=True)
@@ -134,21 +138,26 @@ def _sample(inv: np.ndarray, count: np.ndarray) -> np.ndarray:
     return np.flatnonzero(keep)
 
 
-def group_rows(inst: InstanceTable) -> GroupSkew:
+def group_rows(inst: InstanceTable, all_complete: bool = False) -> GroupSkew:
     """Skew and transfer percentiles per (group, op, size bucket) over complete instances.
 
     Args:
         inst: the instance table.
+        all_complete: the caller checked that every instance is complete (every member
+            arrived, at least two members): the check is not repeated.
 
     Returns:
         The columnar table.
     """
     n = len(inst)
-    ok = (inst.n_arrived >= inst.n_members) & (inst.n_members >= 2)
-    every = bool(ok.all())
+    if all_complete:
+        every, ok = True, None
+    else:
+        ok = (inst.n_arrived >= inst.n_members) & (inst.n_members >= 2)
+        every = bool(ok.all())
     # Most windows hold only complete instances: work on the columns themselves then,
     # not on gathered copies (each gather of ten million rows costs as much as a sort).
-    idx = np.arange(n) if every else np.flatnonzero(ok)
+    idx = np.arange(n) if every or ok is None else np.flatnonzero(ok)
 
     def col(a: np.ndarray) -> np.ndarray:
         return a if every else a[idx]
