@@ -382,6 +382,32 @@ def logistic(x: float, center: float, width: float) -> float:
     return float(1.0 / (1.0 + np.exp(-(x - center) / width)))
 
 
+def majority_level(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """The largest value a strict majority of the finite values along ``axis`` reach: the
+    lower median (the median for an odd count; the lower middle value for an even one).
+
+    A rank's *persistent* level over its steps: with two steps both must reach it (a
+    single spike among two steps does not make a slow rank, while their mean would be half
+    the spike); with many steps it is the median.
+
+    Args:
+        x: values; NaN is unknown.
+        axis: axis to reduce.
+
+    Returns:
+        float64, NaN where a slice holds no finite value.
+    """
+    a = np.asarray(x, dtype=np.float64)
+    axis = axis % a.ndim
+    s = np.sort(np.ascontiguousarray(np.moveaxis(a, axis, -1)), axis=-1)  # NaN sorts last
+    n = (~np.isnan(s)).sum(axis=-1)
+    if s.shape[-1] == 0:
+        return np.full(n.shape, np.nan)[()]
+    lo = np.maximum((n - 1) // 2, 0)[..., None]
+    level = np.take_along_axis(s, lo, -1)[..., 0]
+    return np.where(n > 0, level, np.nan)[()]
+
+
 def group_quantiles(
     codes: np.ndarray, values: np.ndarray, n_groups: int, qs: tuple[float, ...]
 ) -> np.ndarray:

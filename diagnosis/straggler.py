@@ -14,7 +14,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from rankscope.diagnosis.decomposition import Decomposition
-from rankscope.diagnosis.robust import nanmean, nanmedian, pearson, robust_z, spearman
+from rankscope.diagnosis.robust import (
+    majority_level,
+    nanmean,
+    nanmedian,
+    pearson,
+    robust_z,
+    spearman,
+)
 from rankscope.diagnosis.window import Window
 
 
@@ -33,12 +40,15 @@ class SlowRankPattern:
     """Pearson r across ranks between mean relative compute in the first and second half
     of the steps: near 1 a persistent per-rank offset, near 0 it moves with the batch."""
     persistent: np.ndarray
-    """float64 (R,) median over steps of relative compute (1.0 = the step's median rank)."""
+    """float64 (R,) relative compute (1.0 = the step's median rank) that a majority of the
+    rank's steps reach (`robust.majority_level`: the median, the lower one for an even
+    count of steps)."""
     persistent_z: np.ndarray
     """float64 (R,) robust z of ``persistent`` across ranks."""
     residual: np.ndarray
-    """float64 (R,) median over steps of (compute − work-predicted compute) / the step's
-    median compute: the slowness the rank's own work does not explain."""
+    """float64 (R,) (compute − work-predicted compute) / the step's median compute, at the
+    level a majority of the rank's steps reach (as ``persistent``): the slowness the rank's
+    own work does not explain. One spike in a two-step window is not a slow rank."""
     residual_z: np.ndarray
     """float64 (R,) robust z of ``residual`` across ranks."""
 
@@ -200,11 +210,11 @@ def slow_rank_pattern(
         split = pearson(a[ok], b[ok]) if ok.sum() >= 3 else float("nan")
     else:
         split = float("nan")
-    persistent = nanmedian(rel, axis=1)
+    persistent = majority_level(rel, axis=1)
     med = nanmedian(compute, axis=0)
     with np.errstate(invalid="ignore", divide="ignore"):
         resid = np.where(med > 0, (compute - pred) / np.where(med > 0, med, 1.0), np.nan)
-    residual = nanmedian(resid, axis=1)
+    residual = majority_level(resid, axis=1)
     return SlowRankPattern(
         slowest=slowest.astype(np.int64),
         modal_rank=modal,

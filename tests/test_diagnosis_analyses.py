@@ -183,6 +183,34 @@ def test_slow_rank_stable_vs_moving() -> None:
     assert p2.split_half_r < p.split_half_r
 
 
+def test_a_spike_in_one_of_two_steps_is_no_persistent_slowness() -> None:
+    # A two-step window (a regime just begun): rank 5 is 14 % slow in one step only, rank
+    # 9 is 7 % slow in both. Only rank 9 is persistently slow; the mean of rank 5's two
+    # steps would put it at 7 % as well.
+    rng = np.random.default_rng(2)
+    c = 1000.0 * (1 + 0.002 * rng.standard_normal((32, 2)))
+    c[5, 1] *= 1.14
+    c[9] *= 1.07
+    w = _compute_window(c)
+    p = slow_rank_pattern(w, decompose(w))
+    assert p.persistent[9] == pytest.approx(1.07, rel=0.01)
+    assert p.persistent[5] == pytest.approx(1.0, abs=0.01)
+    assert p.persistent_z[9] > 10 > p.persistent_z[5]
+    assert p.residual[9] > 0.05 > p.residual[5]
+
+
+def test_majority_level_is_the_lower_median() -> None:
+    from rankscope.diagnosis.robust import majority_level
+
+    x = np.array([[1.0, 9.0], [3.0, np.nan], [np.nan, np.nan], [4.0, 1.0], [5.0, 2.0]]).T
+    # Per column: {1, 9} -> 1; {3} -> 3; {} -> NaN; {1, 4} -> 1; {2, 5} -> 2.
+    got = majority_level(x, axis=0)
+    assert got[[0, 1, 3, 4]].tolist() == [1.0, 3.0, 1.0, 2.0] and np.isnan(got[2])
+    odd = majority_level(np.array([7.0, 1.0, 3.0, np.nan, 100.0]))
+    assert odd == 3.0  # four finite values: the lower middle one
+    assert majority_level(np.array([2.0, 8.0, 5.0])) == 5.0  # odd count: the median
+
+
 def test_work_correlation_explains_data_imbalance() -> None:
     rng = np.random.default_rng(6)
     n_ranks, n_steps = 16, 30
