@@ -137,9 +137,19 @@ def hot_path(quick: bool) -> list[tuple[str, float, float]]:
         rows.append(("torch wrapper, keyword group", t_wrapped_kw, t_wrapped_kw - t_bare_kw))
         _drain(mon)
         rows.append(_funcol_pair(x, n))
+        _drain(mon)
+        rows.append(_routed_all_to_all(x, n))
     finally:
         torch_collectives._state.mon = None
     mon.close(timeout_s=0.1)
+    mon2 = _monitor(world=2)
+    mon2.begin_step(0)
+    torch_collectives._state.mon = mon2
+    try:
+        rows.append(_micro_batch(x, n // 4, mon2))
+    finally:
+        torch_collectives._state.mon = None
+        mon2.close(timeout_s=0.1)
     return rows
 
 
@@ -172,6 +182,100 @@ def _funcol_pair(x: Any, n: int) -> tuple[str, float, float]:
 
     t_bare, t_wrapped = _per_call_ns(bare, n), _per_call_ns(wrapped, n)
     return ("functional `all_reduce` + its `wait_tensor` (TP)", t_wrapped, t_wrapped - t_bare)
+
+
+def _routed_all_to_all(x: Any, n: int) -> tuple[str, float, float]:
+    """An expert-parallel all-to-all with per-destination split sizes (8 ranks), around a
+    stand-in that returns at once: the row and the routed rows counted as work."""
+    from rankscope.collector import torch_collectives
+
+    def all_to_all_single(  # type: ignore[no-untyped-def]
+        output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False
+    ):
+        return None
+
+    wrapped = torch_collectives._wrap(
+        all_to_all_single, "all_to_all", "input", torch_collectives._T
+    )
+    got, sent = [3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8, 2, 8, 1, 8]
+    out = x.clone()
+
+    def bare() -> None:
+        all_to_all_single(out, x, got, sent)
+
+    def routed() -> None:
+        wrapped(out, x, got, sent)
+
+    t_bare, t_wrapped = _per_call_ns(bare, n), _per_call_ns(routed, n)
+    return ("`all_to_all_single` with split sizes (experts)", t_wrapped, t_wrapped - t_bare)
+
+
+def _micro_batch(x: Any, n: int, mon: Any) -> tuple[str, float, float]:
+    """One micro-batch of a 1F1B pipeline stage as ``torch.distributed.pipelining`` runs it
+    (forward chunk, its send, the wait; backward chunk, its receive, the wait), around
+    stand-ins that return at once, with and without rankscope's schedule patches: two
+    phases, two tagged point-to-point rows and two ``pp_wait`` spans."""
+    import types
+
+    import torch
+    import torch.distributed.distributed_c10d as c10d
+
+    from rankscope.collector import torch_pipeline
+    from rankscope.collector.torch_collectives import _state
+
+    done: Any = torch.futures.Future()
+    done.set_result(None)
+
+    class Work:
+        def get_future(self) -> Any:
+            return done
+
+    class Stage:
+        stage_index, group_rank = 0, 0
+
+        def forward_one_chunk(self, chunk: int) -> None:
+            return None
+
+        def backward_one_chunk(self, chunk: int) -> None:
+            return None
+
+        def get_fwd_send_ops(self, chunk: int) -> list:
+            return [types.SimpleNamespace(op=c10d.isend, peer=1, tensor=x)]
+
+        def get_bwd_recv_ops(self, chunk: int) -> list:
+            return [types.SimpleNamespace(op=c10d.irecv, peer=1, tensor=x)]
+
+    def batch_p2p(ops: list, desc: Any = None) -> list:
+        return [Work() for _ in ops]
+
+    def wait_batch_p2p(work: Any) -> None:
+        return None
+
+    sched = types.SimpleNamespace(_batch_p2p=batch_p2p, _wait_batch_p2p=wait_batch_p2p)
+
+    def step(stage: Any, s: Any) -> None:
+        stage.forward_one_chunk(0)
+        s._wait_batch_p2p(s._batch_p2p(stage.get_fwd_send_ops(0)))
+        stage.backward_one_chunk(0)
+        s._wait_batch_p2p(s._batch_p2p(stage.get_bwd_recv_ops(0)))
+
+    bare_stage = Stage()
+    bare_sched = types.SimpleNamespace(**vars(sched))
+    t_bare = _per_call_ns(lambda: step(bare_stage, bare_sched), n)
+    torch_pipeline.pipe.stage_noted = True  # the stage's coordinate is not what is timed
+    before = len(_state.originals)
+    torch_pipeline._schedule_patches(sched, types.SimpleNamespace(_PipelineStageBase=Stage))
+    try:
+        stage = Stage()
+        t_wrapped = _per_call_ns(lambda: step(stage, sched), n)
+        assert len(mon._colls) > 0 and len(mon._phases) > 0, "nothing was recorded"
+    finally:
+        for owner, name, orig in reversed(_state.originals[before:]):
+            setattr(owner, name, orig)
+        del _state.originals[before:]
+        torch_pipeline.pipe.schedules_patched = False
+        torch_pipeline.pipe.stage_noted = False
+    return ("one 1F1B micro-batch (2 phases, 2 p2p rows, 2 waits)", t_wrapped, t_wrapped - t_bare)
 
 
 # -- 2. per-step cost by part (world size 1, step-interleaved) ----------------------------
