@@ -75,3 +75,29 @@ async def test_a_run_whose_ranks_exited_cleanly_is_not_shown_as_stalled() -> Non
 @run_async
 async def test_a_run_held_by_one_rank_opens_the_stall_view() -> None:
     assert await _screen_after_stall_s(hung=True) is StallScreen
+
+
+class _Recorded(StoreSource):
+    """The same store read as a finished recording (a hang bundle's window, say)."""
+
+    live = False
+
+
+async def _recording_screen(hung: bool) -> type:
+    app = make_app(deterministic_settings(), _Recorded(_store(hung), "rec"), run="r")
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot, app, analysis=False)
+        await pilot.pause(0.5)
+        await settle(pilot, app, analysis=False)
+        return type(app.screen)
+
+
+@run_async
+async def test_a_recording_of_a_held_run_opens_on_the_stall_view() -> None:
+    # No clock runs for a recording: its last beat is what the judge reads.
+    assert await _recording_screen(hung=True) is StallScreen
+
+
+@run_async
+async def test_a_recording_of_a_cleanly_ended_run_opens_on_the_main_view() -> None:
+    assert await _recording_screen(hung=False) is MainScreen

@@ -146,6 +146,7 @@ class RankscopeApp(Clocks, App[int]):
         self._last_step: int | None = None
         self._last_progress = clock()
         self._stall_dismissed = False
+        self._recorded_stall_seen = False
         self._fixed_view = False
         self._shown_run: str | None = None
         self.default_baseline: str | None = None
@@ -292,7 +293,10 @@ class RankscopeApp(Clocks, App[int]):
     # ----------------------------------------------------------------- stall view
 
     def _check_stall(self, model: MainModel) -> None:
-        if model.header is None or not self.source.live:
+        if model.header is None:
+            return
+        if not self.source.live:
+            self._recorded_stall(model.header.run)
             return
         now = self.clock()
         if model.header.step != self._last_step:
@@ -310,6 +314,20 @@ class RankscopeApp(Clocks, App[int]):
             and not self._beats_say_no_stall(model.header.run)
         ):
             self._stall_dismissed = True
+            self.push_screen(StallScreen())
+            self.diagnosis_tick(force=True)
+
+    def _recorded_stall(self, run: str) -> None:
+        """A recording (a hang bundle's window among them) makes no progress by nature:
+        it opens on the stall view once, when the heartbeat judge finds its run stalled
+        at the last beat. Without beats nothing is said (no beat, no verdict)."""
+        if self._recorded_stall_seen or not isinstance(self._top(), MainScreen):
+            return
+        hang = beat_verdict(self.source, run)
+        if hang is None:
+            return
+        self._recorded_stall_seen = True
+        if hang.stalled:
             self.push_screen(StallScreen())
             self.diagnosis_tick(force=True)
 
