@@ -197,16 +197,21 @@ def _wrap_wait(fn: Any) -> Any:
     return wait_tensor
 
 
+def patched() -> bool:
+    """Whether the functional collectives are wrapped."""
+    return _fc.patched
+
+
 def install(patch: Any) -> bool:
-    """Wrap the functional collectives if torch has them (``patch(owner, name, new)``
-    records the original for ``uninstall``). Returns whether they are wrapped."""
+    """Wrap the functional collectives once the program has imported them (DTensor and
+    tensor parallelism do; checked at install and at step boundaries, as the pipelining
+    patch is): a program that never uses them does not load them for rankscope's sake.
+    ``patch(owner, name, new)`` records the original for ``uninstall``. Returns whether
+    they are wrapped."""
     if _fc.patched:
         return True
-    try:
-        import importlib
-
-        funcol = importlib.import_module(MODULE)
-    except Exception:
+    funcol = sys.modules.get(MODULE)
+    if funcol is None:
         return False
     mon = _state.mon
     for name, op in FUNCTIONS.items():

@@ -248,7 +248,11 @@ def _optimizer_hooks(torch: Any) -> None:
             mon._optimizer_end(opt_phase, state.opt_t0, mono(), state.opt_c0, c)
         except Exception as exc:
             mon._error("optimizer_hook", exc)
-        state.setup = torch_mesh.dirty() or not torch_pipeline.pipe.schedules_patched
+        state.setup = (
+            torch_mesh.dirty()
+            or not torch_pipeline.pipe.schedules_patched
+            or not torch_funcol.patched()
+        )
 
     from torch.optim.optimizer import (
         register_optimizer_step_post_hook,
@@ -353,11 +357,14 @@ def note_device_mesh(mesh: Any) -> None:
 
 
 def _step_boundary(mon: Monitor) -> None:
-    """Set-up the program did since the last step: meshes, groups, a pipelining import."""
+    """Set-up the program did since the last step: meshes, groups, a pipelining or tensor
+    parallelism (functional collectives) import."""
     if torch_mesh.dirty():
         torch_mesh.refresh(mon)
     if not torch_pipeline.pipe.schedules_patched:
         torch_pipeline.maybe_patch_schedules()
+    if not torch_funcol.patched():
+        torch_funcol.install(_patch)
 
 
 def _memory_probe(torch: Any) -> Any:

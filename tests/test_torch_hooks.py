@@ -12,6 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
 import torch.distributed as dist  # noqa: E402
+import torch.distributed._functional_collectives as funcol  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
@@ -21,6 +22,7 @@ from rankscope.collector.identity import Identity  # noqa: E402
 from rankscope.collector.monitor import Monitor  # noqa: E402
 
 pytestmark = pytest.mark.torch
+assert funcol.all_reduce  # imported before the fixtures install: wrapped at install
 
 OP = schema.OP_INDEX
 PH = schema.PHASE_INDEX
@@ -376,6 +378,30 @@ def test_functional_collectives_never_waited_for_stay_bounded(mon, monkeypatch) 
     for k in kept:
         k.wait()
     assert np.all((_colls(mon)["flags"] & torch_funcol.FLAG_PENDING) == 0)
+
+
+def test_functional_collectives_imported_later_are_wrapped_at_the_next_step(mon) -> None:
+    # A program that imports DTensor after rankscope installed: the next step boundary
+    # wraps them, as it patches a pipelining import; one that never does never loads them.
+    import sys
+
+    from rankscope.collector import torch_funcol
+
+    torch_hooks.uninstall()
+    funcol = sys.modules.pop(torch_funcol.MODULE)
+    try:
+        torch_hooks.install(mon)
+        assert not torch_funcol.patched()
+        assert torch_funcol.MODULE not in sys.modules  # not loaded for rankscope's sake
+    finally:
+        sys.modules[torch_funcol.MODULE] = funcol
+    p = nn.Parameter(torch.ones(1))
+    p.grad = torch.ones(1)
+    torch.optim.SGD([p], lr=0.1).step()  # a step boundary
+    assert torch_funcol.patched()
+    assert hasattr(funcol.all_reduce, "__rankscope_original__")
+    funcol.all_reduce(torch.ones(2), "sum", dist.group.WORLD).wait()
+    assert OP["all_reduce"] in _colls(mon)["op"].tolist()
 
 
 def test_uninstall_restores_the_functional_collectives(mon: Monitor) -> None:
