@@ -52,16 +52,25 @@ def _store(hung: bool) -> Store:
     return store
 
 
-async def _screen_after_stall_s(hung: bool) -> type:
+class _Recorded(StoreSource):
+    """The same store read as a finished recording (a hang bundle's window, say)."""
+
+    live = False
+
+
+async def _screen(hung: bool, live: bool) -> type:
+    """The screen the view shows once it has decided: for a live source, a second of
+    samples (``refresh.sample_hz``) after ``stall_s`` without progress; for a recording,
+    whose clock does not run, right after it opened."""
     clock = [0.0]
     settings = deterministic_settings()
-    app = make_app(settings, StoreSource(_store(hung), "live"), run="r", clock=lambda: clock[0])
+    source = StoreSource(_store(hung), "live") if live else _Recorded(_store(hung), "rec")
+    app = make_app(settings, source, run="r", clock=lambda: clock[0])
     async with app.run_test(size=(120, 36)) as pilot:
         await settle(pilot, app, analysis=False)
-        assert isinstance(app.screen, MainScreen)
-        clock[0] = settings.refresh.stall_s + 1
-        # Samples arrive at refresh.sample_hz: a second of them past the threshold, and
-        # the view has decided.
+        if live:
+            assert isinstance(app.screen, MainScreen)
+            clock[0] = settings.refresh.stall_s + 1
         await pilot.pause(1.0)
         await settle(pilot, app, analysis=False)
         return type(app.screen)
@@ -69,35 +78,20 @@ async def _screen_after_stall_s(hung: bool) -> type:
 
 @run_async
 async def test_a_run_whose_ranks_exited_cleanly_is_not_shown_as_stalled() -> None:
-    assert await _screen_after_stall_s(hung=False) is MainScreen
+    assert await _screen(hung=False, live=True) is MainScreen
 
 
 @run_async
 async def test_a_run_held_by_one_rank_opens_the_stall_view() -> None:
-    assert await _screen_after_stall_s(hung=True) is StallScreen
-
-
-class _Recorded(StoreSource):
-    """The same store read as a finished recording (a hang bundle's window, say)."""
-
-    live = False
-
-
-async def _recording_screen(hung: bool) -> type:
-    app = make_app(deterministic_settings(), _Recorded(_store(hung), "rec"), run="r")
-    async with app.run_test(size=(120, 36)) as pilot:
-        await settle(pilot, app, analysis=False)
-        await pilot.pause(0.5)
-        await settle(pilot, app, analysis=False)
-        return type(app.screen)
+    assert await _screen(hung=True, live=True) is StallScreen
 
 
 @run_async
 async def test_a_recording_of_a_held_run_opens_on_the_stall_view() -> None:
     # No clock runs for a recording: its last beat is what the judge reads.
-    assert await _recording_screen(hung=True) is StallScreen
+    assert await _screen(hung=True, live=False) is StallScreen
 
 
 @run_async
 async def test_a_recording_of_a_cleanly_ended_run_opens_on_the_main_view() -> None:
-    assert await _recording_screen(hung=False) is MainScreen
+    assert await _screen(hung=False, live=False) is MainScreen
