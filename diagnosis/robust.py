@@ -33,6 +33,12 @@ def nanmedian(x: np.ndarray, axis: int | None = None) -> np.ndarray:
     Returns:
         The median(s).
     """
+    return _middle(x, axis, lower=False)
+
+
+def _middle(x: np.ndarray, axis: int | None, lower: bool) -> np.ndarray:
+    """The median of each slice's finite values (``lower``: the lower middle value of an
+    even count instead of the mean of the two), from one sort."""
     a = np.asarray(x, dtype=np.float64)
     if axis is None:
         a = a.ravel()
@@ -46,10 +52,10 @@ def nanmedian(x: np.ndarray, axis: int | None = None) -> np.ndarray:
     n = (~np.isnan(s)).sum(axis=-1) if np.isnan(s[..., -1]).any() else None
     if n is None:
         m = s.shape[-1]
-        return (0.5 * (s[..., (m - 1) // 2] + s[..., m // 2]))[()]
+        hi_m = (m - 1) // 2 if lower else m // 2
+        return (0.5 * (s[..., (m - 1) // 2] + s[..., hi_m]))[()]
     lo = np.maximum((n - 1) // 2, 0)[..., None]
-    hi = np.maximum(n // 2, 0)[..., None]
-    hi = np.minimum(hi, s.shape[-1] - 1)
+    hi = lo if lower else np.minimum(np.maximum(n // 2, 0)[..., None], s.shape[-1] - 1)
     med = 0.5 * (np.take_along_axis(s, lo, -1) + np.take_along_axis(s, hi, -1))[..., 0]
     return np.where(n > 0, med, np.nan)[()]
 
@@ -397,15 +403,7 @@ def majority_level(x: np.ndarray, axis: int = -1) -> np.ndarray:
     Returns:
         float64, NaN where a slice holds no finite value.
     """
-    a = np.asarray(x, dtype=np.float64)
-    axis = axis % a.ndim
-    s = np.sort(np.ascontiguousarray(np.moveaxis(a, axis, -1)), axis=-1)  # NaN sorts last
-    n = (~np.isnan(s)).sum(axis=-1)
-    if s.shape[-1] == 0:
-        return np.full(n.shape, np.nan)[()]
-    lo = np.maximum((n - 1) // 2, 0)[..., None]
-    level = np.take_along_axis(s, lo, -1)[..., 0]
-    return np.where(n > 0, level, np.nan)[()]
+    return _middle(x, axis, lower=True)
 
 
 def group_quantiles(

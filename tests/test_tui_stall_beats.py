@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from test_tui_app import run_async, settle
 
 from rankscope.collector import schema
@@ -76,22 +77,16 @@ async def _screen(hung: bool, live: bool) -> type:
         return type(app.screen)
 
 
+@pytest.mark.parametrize(
+    ("live", "hung", "shown"),
+    [
+        pytest.param(True, False, MainScreen, id="live-exited-cleanly"),
+        pytest.param(True, True, StallScreen, id="live-held-by-one-rank"),
+        # No clock runs for a recording: its last beats are what the judge reads.
+        pytest.param(False, True, StallScreen, id="recording-held-by-one-rank"),
+        pytest.param(False, False, MainScreen, id="recording-exited-cleanly"),
+    ],
+)
 @run_async
-async def test_a_run_whose_ranks_exited_cleanly_is_not_shown_as_stalled() -> None:
-    assert await _screen(hung=False, live=True) is MainScreen
-
-
-@run_async
-async def test_a_run_held_by_one_rank_opens_the_stall_view() -> None:
-    assert await _screen(hung=True, live=True) is StallScreen
-
-
-@run_async
-async def test_a_recording_of_a_held_run_opens_on_the_stall_view() -> None:
-    # No clock runs for a recording: its last beat is what the judge reads.
-    assert await _screen(hung=True, live=False) is StallScreen
-
-
-@run_async
-async def test_a_recording_of_a_cleanly_ended_run_opens_on_the_main_view() -> None:
-    assert await _screen(hung=False, live=False) is MainScreen
+async def test_the_stall_view_opens_only_for_a_run_the_beats_show_held(live, hung, shown):
+    assert await _screen(hung=hung, live=live) is shown

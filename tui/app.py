@@ -146,7 +146,6 @@ class RankscopeApp(Clocks, App[int]):
         self._last_step: int | None = None
         self._last_progress = clock()
         self._stall_dismissed = False
-        self._recorded_stall_seen = False
         self._fixed_view = False
         self._shown_run: str | None = None
         self.default_baseline: str | None = None
@@ -320,13 +319,15 @@ class RankscopeApp(Clocks, App[int]):
     def _recorded_stall(self, run: str) -> None:
         """A recording (a hang bundle's window among them) makes no progress by nature:
         it opens on the stall view once, when the heartbeat judge finds its run stalled
-        at the last beat. Without beats nothing is said (no beat, no verdict)."""
-        if self._recorded_stall_seen or not isinstance(self._top(), MainScreen):
+        at the last beat. Without beats nothing is said (no beat, no verdict). A live
+        source whose stall view was shown and dismissed is not shown it again when its
+        hub stops."""
+        if self._stall_dismissed or not isinstance(self._top(), MainScreen):
             return
         hang = beat_verdict(self.source, run)
         if hang is None:
             return
-        self._recorded_stall_seen = True
+        self._stall_dismissed = True
         if hang.stalled:
             self.push_screen(StallScreen())
             self.diagnosis_tick(force=True)
