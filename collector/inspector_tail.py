@@ -43,7 +43,12 @@ Matching a record to the row the collector recorded on the host side:
   it would count the collective twice.
 
 While a communicator is mapped, rows of its group wait up to `HOLD_NS` for their record
-(the pump's ``hold``), so the device times travel in the row itself.
+(the pump's ``hold``), so the device times travel in the row itself. A group no record has
+been mapped to yet is expected to be one: its rows of an NCCL function wait too, so a
+job's first collectives (and a sub-group's, made later) are not shipped before the first
+dump could be read. A group whose rows ship unmatched after their whole wait
+`GIVE_UP_ROWS` times is not one NCCL times (a gloo group, a plugin that never loaded), and
+its rows stop waiting.
 """
 
 from __future__ import annotations
@@ -80,6 +85,10 @@ SOURCE = "nccl-inspector"
 
 HOLD_NS = 1_000_000_000
 """How long a row of a mapped group waits for its Inspector record before it ships."""
+
+GIVE_UP_ROWS = 8
+"""Rows of a group that no record was mapped to, shipped after their whole wait, before
+the tail stops holding that group's rows (`InspectorTail.hold`)."""
 
 WAIT_NS = 1_000_000_000
 """How long a record waits for a host row the collector has not recorded yet."""
@@ -125,6 +134,9 @@ _NCCL_FUNC = {
         ("reduce", "reduce"),
     )
 }
+
+
+_NCCL_OPS = np.array(sorted(_NCCL_FUNC), np.int64)
 
 
 def nccl_func(op: int) -> int:
@@ -237,6 +249,10 @@ class InspectorTail:
         self._own_groups: dict[tuple[str, int], int] = {}
         """(communicator id, function) -> own-row group id registered for it."""
         self._mapped: np.ndarray = np.zeros(0, np.int64)
+        self._unmatched: dict[int, int] = {}
+        """Unmapped group -> its rows shipped after their whole wait (`GIVE_UP_ROWS`)."""
+        self._given_up: np.ndarray = np.zeros(0, np.int64)
+        """Unmapped groups whose rows no longer wait."""
         self._index: dict[tuple[int, int, int], int] = {}
         """(group, NCCL function, ordinal) -> ring row, for unread rows."""
         self._order: deque[tuple[int, tuple[int, int, int]]] = deque()
@@ -280,19 +296,37 @@ class InspectorTail:
 
     # -- the pump's hold ---------------------------------------------------------------
     def hold(self, colls: np.ndarray, now: int) -> int:
-        """How many leading unread collective rows may ship: a row of a mapped group that
-        has no Inspector times waits up to ``hold_ns`` after it was recorded."""
+        """How many leading unread collective rows may ship: a row of an NCCL function
+        without Inspector times waits up to ``hold_ns`` after it was recorded when its
+        group is mapped, or not mapped yet (until the group is given up on)."""
         n = int(colls["group"].shape[0])
-        if n == 0 or self._mapped.shape[0] == 0:
+        if n == 0:
             return n
+        group = colls["group"]
+        timed = np.isin(colls["op"], _NCCL_OPS)  # point-to-point rows never get a record
+        mapped = timed & np.isin(group, self._mapped)
+        expected = timed & ~mapped & ~np.isin(group, self._given_up)
+        untimed = (colls["flags"] & schema.FLAG_INSPECTOR) == 0
         t = colls["t_exit"]
         t = np.where(t != schema.NO_TIME, t, colls["t_enter"])
-        waiting = (
-            np.isin(colls["group"], self._mapped)
-            & ((colls["flags"] & schema.FLAG_INSPECTOR) == 0)
-            & (t > now - self.hold_ns)
-        )
-        return int(np.argmax(waiting)) if waiting.any() else n
+        waiting = (mapped | expected) & untimed & (t > now - self.hold_ns)
+        k = int(np.argmax(waiting)) if waiting.any() else n
+        gave = group[:k][expected[:k] & untimed[:k]]
+        if gave.size:
+            self._note_unmatched(gave)
+        return k
+
+    def _note_unmatched(self, groups: np.ndarray) -> None:
+        """Count rows of unmapped groups that ship after their whole wait; give up on a
+        group after `GIVE_UP_ROWS` of them."""
+        given = False
+        for g, c in zip(*np.unique(groups, return_counts=True)):
+            total = self._unmatched.get(int(g), 0) + int(c)
+            self._unmatched[int(g)] = total
+            given |= total >= GIVE_UP_ROWS
+        if given:
+            out = [g for g, c in self._unmatched.items() if c >= GIVE_UP_ROWS]
+            self._given_up = np.array(sorted(out), np.int64)
 
     # -- the pump task -----------------------------------------------------------------
     def poll(self) -> None:

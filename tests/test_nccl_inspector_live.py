@@ -363,6 +363,56 @@ def test_coll_sn_counts_per_nccl_function_and_matches_the_groups_rows_of_it(
     mon.close()
 
 
+def test_rows_wait_for_the_first_record_and_stop_waiting_for_a_group_never_timed(
+    tmp_path: Path,
+) -> None:
+    """Before any record was read no communicator is mapped, yet the first collectives
+    must not ship untimed (seen under load: step 0 shipped before the first dump was
+    read). An unmapped group's rows of an NCCL function wait; point-to-point rows, which
+    the Inspector never times, do not; a group whose rows keep shipping unmatched after
+    their whole wait (a gloo group) stops waiting."""
+    mon = Monitor(
+        job="j",
+        run="r",
+        identity=_identity(0, 1),
+        hub="tcp://127.0.0.1:9",
+        sample_interval_s=0,
+        clock_sync=False,
+    )
+    tail = InspectorTail(mon, str(tmp_path), pid=5, hold_ns=1_000_000)
+    t = time.monotonic_ns()
+    mon.record_collective("send", 0, nbytes=8, t_enter=t, t_exit=t + 1000)
+    mon.record_collective("all_reduce", 0, nbytes=8, t_enter=t, t_exit=t + 1000)
+    colls = mon._colls.unread(16)
+    assert tail.hold(colls, t + 2000) == 1  # the send ships, the all-reduce waits
+    # Its record arrives: the group is mapped and the row carries the device times.
+    _append(tmp_path / "h0-pid5.log", _record(0, 1, 0, t))
+    tail.poll()
+    assert tail.matched == 1
+    assert tail.hold(mon._colls.unread(16), t + 2000) == 2
+    mon.close()
+
+    mon = Monitor(
+        job="j",
+        run="r",
+        identity=_identity(0, 1),
+        hub="tcp://127.0.0.1:9",
+        sample_interval_s=0,
+        clock_sync=False,
+    )
+    tail = InspectorTail(mon, str(tmp_path / "none"), pid=5, hold_ns=1_000_000)
+    n = inspector_tail.GIVE_UP_ROWS
+    for k in range(n + 1):
+        mon.record_collective("all_reduce", 0, nbytes=8, t_enter=t + k, t_exit=t + k + 1000)
+    colls = mon._colls.unread(16)
+    assert tail.hold(colls, t + 2000) == 0  # within the wait: all held
+    # After the whole wait each ships; the group is given up on after GIVE_UP_ROWS.
+    assert tail.hold(colls[:n], t + 10_000_000) == n
+    mon.record_collective("all_reduce", 0, nbytes=8, t_enter=t + 20, t_exit=t + 1020)
+    assert tail.hold(mon._colls.unread(16)[n:], t + 2000) == 2
+    mon.close()
+
+
 def test_without_the_plugin_nothing_changes(hub: Hub, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(inspector_tail.ENV_PLUGIN, raising=False)
     monkeypatch.setattr(runtime, "_active", None)
