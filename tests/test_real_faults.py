@@ -381,7 +381,33 @@ def test_gc_rank_pauses_every_few_steps(gc_case):
 
 @pytest.mark.timeout(TIMEOUT_S["gc"])
 def test_gc_verdict_is_host_pause_on_the_rank(gc_case):
-    _assert_verdict(gc_case)
+    from rankscope.diagnosis.hostside import MIN_CPU_LOSS
+
+    w, r = gc_case.window, gc_case.case.ranks[0]
+    loss = _cpu_loss(w, r)
+    if loss < MIN_CPU_LOSS + 0.1:
+        _assert_verdict(gc_case)
+        return
+    # The machine also kept the collecting rank off the cores (seen in CI's loaded pass:
+    # its compute phases at a share well below its peer's): two real causes on one rank.
+    # Either may lead, by what it costs; the pauses must still be named on it.
+    d = _diagnose(gc_case)
+    assert d.verdict.top.mechanism in ("host_pause", "cpu_contention"), (loss, _top3(d))
+    assert d.verdict.top.ranks[:1] == (r,), (loss, _top3(d))
+    pause = d.verdict.get("host_pause")
+    assert pause.score >= 0.5 and r in pause.ranks, (loss, _top3(d))
+
+
+def _cpu_loss(w, rank):
+    """The largest share by which ``rank``'s compute phases ran on the CPU less than its
+    peers' median, phase by phase (forward, backward), from the window alone."""
+    out = 0.0
+    for name in ("forward", "backward"):
+        share = _cpu_share(w, name)
+        peers = np.nanmedian(share[_others(w, rank)])
+        if np.isfinite(share[rank]) and peers > 0:
+            out = max(out, 1.0 - share[rank] / peers)
+    return out
 
 
 @pytest.mark.timeout(TIMEOUT_S["gc"])
