@@ -63,19 +63,22 @@ def realtime_minus_monotonic_ns(tries: int = 5) -> int:
 def clock_endpoint(data_endpoint: str) -> str | None:
     """The clock-sync address that goes with a hub data address.
 
-    The convention: a hub at ``tcp://HOST:PORT`` takes data on ``PORT`` and answers clock
-    pings on ``PORT + 1``. Other transports carry no clock service.
+    The convention: a hub (or a node's relay) at ``tcp://HOST:PORT`` takes data on
+    ``PORT`` and answers clock pings on ``PORT + 1``; at ``ipc://PATH`` it answers on
+    ``ipc://PATH.clock``. ``inproc://`` carries no clock service (one process, one clock).
 
     Args:
         data_endpoint: the hub data address.
 
     Returns:
-        The clock address, or None when the transport is not ``tcp``.
+        The clock address, or None for ``inproc``.
 
     Raises:
         ValueError: when a tcp address has no numeric port.
     """
     ep = check_endpoint(data_endpoint)
+    if ep.startswith("ipc://"):
+        return ep + ".clock"
     if not ep.startswith("tcp://"):
         return None
     host, sep, port = ep[len("tcp://") :].rpartition(":")

@@ -32,6 +32,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from rankscope.collector import schema
+from rankscope.collector.clock import clock_endpoint
 from rankscope.hub import allocator
 from rankscope.hub.intake import Intake
 from rankscope.hub.recording import ReadReport, RecordingWriter, segments
@@ -158,9 +159,12 @@ class Hub:
             "refused": 0,
             "clock_pings": 0,
             "clock_bad": 0,
+            "bundles": 0,
+            "bundled": 0,
         }
         """Data connections accepted and lost, ``refused`` at the security handshake (no
-        keys, an unauthorised key, another hub's key), and clock pings answered and bad."""
+        keys, an unauthorised key, another hub's key), clock pings answered and bad, and
+        relays' bundles received with the messages they carried."""
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -227,11 +231,25 @@ class Hub:
             self.security.apply(s)
         return s
 
+    def _new_clock_socket(self) -> zmq.Socket:
+        assert self._ctx is not None
+        clock = self._ctx.socket(zmq.ROUTER)
+        clock.setsockopt(zmq.LINGER, 0)
+        # A ping is a few dozen bytes: anything much larger is refused by ZeroMQ itself.
+        clock.setsockopt(zmq.MAXMSGSIZE, max(64, 4 * self.limits.max_clock_frame_bytes))
+        if self.security is not None:
+            self.security.apply(clock)
+        return clock
+
     def _bind(self) -> None:
         assert self._ctx is not None
         if self.transport != "tcp":
             self._data = self._new_data_socket()
             self._data.bind(self.bind)
+            where = clock_endpoint(self.bind)
+            if where is not None:  # ipc: the clock beside the data socket's path
+                self._clock = self._new_clock_socket()
+                self._clock.bind(where)
             return
         tries = 50 if self.port == 0 else 1
         last_exc: Exception | None = None
@@ -248,12 +266,7 @@ class Hub:
                 raise zmq.ZMQError(
                     exc.errno, f"cannot bind hub data socket {self.bind}: {exc}"
                 ) from None
-            clock = self._ctx.socket(zmq.ROUTER)
-            clock.setsockopt(zmq.LINGER, 0)
-            # A ping is a few dozen bytes: anything much larger is refused by ZeroMQ itself.
-            clock.setsockopt(zmq.MAXMSGSIZE, max(64, 4 * self.limits.max_clock_frame_bytes))
-            if self.security is not None:
-                self.security.apply(clock)
+            clock = self._new_clock_socket()
             try:
                 clock.bind(f"tcp://{self.host}:{port + 1}")
             except zmq.ZMQError as exc:
@@ -281,7 +294,7 @@ class Hub:
     @property
     def clock_endpoint(self) -> str | None:
         if self.transport != "tcp":
-            return None
+            return clock_endpoint(self.bind)
         return self.endpoint.rsplit(":", 1)[0] + f":{self.port + 1}"
 
     def stop(self) -> None:
@@ -349,6 +362,8 @@ class Hub:
                             break
                         batch.append(buf)
                         taken += len(buf)
+                        if data.rcvmore:
+                            taken += self._bundle(data, batch)
                     if batch:
                         feed_many(batch, time.time_ns())
                     del batch
@@ -368,7 +383,11 @@ class Hub:
                         buf = data.recv(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    feed(buf, time.time_ns())
+                    rest: list[bytes] = [buf]
+                    if data.rcvmore:
+                        self._bundle(data, rest)
+                    for one in rest:
+                        feed(one, time.time_ns())
                 if time.monotonic() >= deadline or not data.poll(int(_STOP_GRACE_S * 1000)):
                     break
         except Exception as exc:  # never let the thread die silently
@@ -376,6 +395,21 @@ class Hub:
         finally:
             data.disable_monitor()
             monitor.close(0)
+
+    def _bundle(self, data: zmq.Socket, batch: list[bytes]) -> int:
+        """Take the rest of a relay's bundle (a multipart message whose frames are
+        collectors' messages, `rankscope.hub.relay`) into ``batch``: each frame is fed as
+        if its rank had sent it. Returns the bytes taken."""
+        taken = 0
+        n = 1
+        while data.rcvmore:
+            buf = data.recv()  # the frames of a multipart message are all there already
+            batch.append(buf)
+            taken += len(buf)
+            n += 1
+        self.transport_stats["bundles"] += 1
+        self.transport_stats["bundled"] += n
+        return taken
 
     def _refusal_hint(self) -> str:
         if self.security is None:

@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "watch": "watch",
     "open": "open_",
     "hub": "hub",
+    "relay": "relay",
     "keys": "keys",
     "run": "run",
     "inspect": "inspect",

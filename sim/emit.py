@@ -16,10 +16,11 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import zmq
 
 from rankscope.collector import schema
@@ -67,16 +68,25 @@ class Emitter:
     """Sends each rank's messages through the shared sockets, waiting for room rather than
     dropping (up to ``timeout_s`` per message), and counts what happened."""
 
-    def __init__(self, senders: list[Any], timeout_s: float, stop: threading.Event | None):
+    def __init__(
+        self,
+        senders: list[Any],
+        timeout_s: float,
+        stop: threading.Event | None,
+        route: np.ndarray | None = None,
+    ):
         """Args:
         senders: objects with ``send(data, timeout_ms, *, cancel) -> bool`` (collector
             `Sender`s: False when the message was dropped).
         timeout_s: longest wait for room before a message is dropped.
         stop: when set, waiting ends at once.
+        route: int (R,) the sender of each rank (its node's relay); by default
+            ``rank % len(senders)``.
         """
         self.senders = senders
         self.timeout_ms = timeout_s * 1000.0
         self.stop = stop
+        self.route = route
         self.messages = self.bytes = self.dropped = 0
 
     @property
@@ -85,8 +95,10 @@ class Emitter:
         return sum(getattr(s, "waited", 0) for s in self.senders)
 
     def send(self, rank: int, data: bytes) -> None:
-        """Send one message of ``rank`` on its socket (``rank % len(senders)``)."""
-        sender = self.senders[rank % len(self.senders)]
+        """Send one message of ``rank`` on its socket (its route, else
+        ``rank % len(senders)``)."""
+        route = self.route
+        sender = self.senders[int(route[rank]) if route is not None else rank % len(self.senders)]
         if sender.send(data, timeout_ms=self.timeout_ms, cancel=self.stop):
             self.messages += 1
             self.bytes += len(data)
@@ -232,6 +244,7 @@ def run(
     argv: list[str] | None = None,
     stop_linger_s: float = 0.0,
     curve: ClientCurve | None = None,
+    relays: Sequence[str] | None = None,
 ) -> RunInfo:
     """Simulate a job and stream it to a hub through the real collector path.
 
@@ -260,6 +273,10 @@ def run(
         curve: CURVE keys for a hub that requires them
             (`rankscope.collector.security.client_curve_from_env`), or None for plain
             ZeroMQ.
+        relays: data addresses of node relays (`rankscope.hub.relay`): each rank sends to
+            the relay of its host (host index modulo their number), as a collector started
+            by ``rankscope run --relay`` does, and ``endpoint`` and ``senders`` are not
+            used. The relays' keys, not ``curve``, reach the hub.
 
     Returns:
         What was sent.
@@ -283,10 +300,18 @@ def run(
     socks: list[Sender] = []
     wall0 = time.monotonic()
     try:
-        for _ in range(senders):
-            # One at a time: a sender built before a later one fails is still closed below.
-            socks.append(Sender(endpoint, hwm, context=ctx, curve=curve))
-        emit = Emitter(socks, send_timeout_s, stop)
+        route = None
+        if relays:
+            # A node's ranks talk to their node's relay, on the node: no keys.
+            for address in relays:
+                socks.append(Sender(address, hwm, context=ctx))
+            host = np.asarray(cluster.layout.host)
+            route = np.unique(host, return_inverse=True)[1].reshape(-1) % len(relays)
+        else:
+            for _ in range(senders):
+                # One at a time: a sender built before a later one fails is still closed.
+                socks.append(Sender(endpoint, hwm, context=ctx, curve=curve))
+        emit = Emitter(socks, send_timeout_s, stop, route)
         streams = RankStreams(
             cluster,
             emit,

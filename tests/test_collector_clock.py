@@ -150,7 +150,8 @@ def test_garbage_and_stale_replies_are_ignored() -> None:
 def test_clock_endpoint_convention() -> None:
     assert clock_endpoint("tcp://10.1.2.3:5555") == "tcp://10.1.2.3:5556"
     assert clock_endpoint("tcp://[::1]:7000") == "tcp://[::1]:7001"
-    assert clock_endpoint("ipc:///tmp/hub") is None
+    assert clock_endpoint("ipc:///tmp/hub") == "ipc:///tmp/hub.clock"
+    assert clock_endpoint("inproc://hub") is None
     for bad in ("tcp://host", "tcp://host:port", "tcp://host:65535", "nonsense"):
         with pytest.raises(ValueError, match="endpoint"):
             clock_endpoint(bad)

@@ -84,6 +84,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "NCCL_INSPECTOR_* with a dump directory per run, and RANKSCOPE_NCCL_INSPECTOR)",
     )
     parser.add_argument(
+        "--relay",
+        action="store_true",
+        help="run this node's relay in this process: the command's ranks send to it over "
+        "ipc (no keys on the node) and it forwards to --hub in bundles, with the keys "
+        "(`rankscope relay`); the command then runs as a child, not in place of rankscope",
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         help="print the environment and command instead of running them (writes nothing)",
@@ -205,6 +212,8 @@ def run(args: argparse.Namespace) -> int:
                 key == "PYTHONPATH"
             ):
                 print(f"{key}={env[key]}")
+        if args.relay:
+            print(f"relay: {_relay_listen()} -> {env['RANKSCOPE_HUB']}")
         print(shlex.join(command))
         if exe is None:
             print(f"rankscope: warning: command not found here: {command[0]!r}", file=sys.stderr)
@@ -216,7 +225,58 @@ def run(args: argparse.Namespace) -> int:
     if args.nccl_inspector:
         # The plugin creates one directory level only; make the per-run one here.
         os.makedirs(env["NCCL_INSPECTOR_DUMP_DIR"], exist_ok=True)
+    if args.relay:
+        return _run_relayed(exe, command, env)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(exe, command, env)
     return 0  # not reached
+
+
+def _relay_listen() -> str:
+    """This node's relay address for one ``rankscope run --relay``: a socket of its own."""
+    import tempfile
+
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    return f"ipc://{os.path.join(base, f'rankscope-relay-{os.getpid()}.sock')}"
+
+
+def _run_relayed(exe: str, command: list[str], env: dict[str, str]) -> int:
+    """Run ``command`` as a child whose ranks send to a relay in this process; the relay
+    forwards to the hub ``env`` names. Ctrl-C and SIGTERM go to the child; when it exits
+    the relay forwards what is left (briefly) and its summary goes to stderr."""
+    import signal
+    import subprocess
+
+    from rankscope.collector.security import client_curve_from_env
+    from rankscope.hub.relay import Relay, RelayError, status_line
+
+    upstream = env["RANKSCOPE_HUB"]
+    try:
+        relay = Relay(_relay_listen(), upstream, curve=client_curve_from_env(env)).start()
+    except RelayError as exc:
+        raise CommandError(f"--relay: {exc}") from None
+    child_env = dict(env)
+    child_env["RANKSCOPE_HUB"] = relay.endpoint
+    # On the node the ranks speak plain ZeroMQ to the relay (its socket is this user's).
+    child_env["RANKSCOPE_KEYS"] = "off"
+    child_env.pop("RANKSCOPE_CLIENT_KEY", None)
+    print(f"rankscope: relay on {relay.endpoint} -> {upstream}", file=sys.stderr, flush=True)
+    try:
+        child = subprocess.Popen([exe, *command[1:]], env=child_env)
+    except OSError as exc:
+        relay.stop(drain_s=0)
+        raise CommandError(f"cannot run {command[0]!r}: {exc}") from None
+
+    def forward(sig: int, _frame: object) -> None:
+        child.send_signal(sig)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        relay.stop()
+        print(f"rankscope: relay: {status_line(relay.counters)}", file=sys.stderr, flush=True)
+    return code if code >= 0 else 128 - code

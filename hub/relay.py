@@ -1,0 +1,488 @@
+"""A per-node relay: the node's ranks send to it, it forwards to the hub in bundles.
+
+One relay runs on each node (``rankscope relay``, or ``rankscope run --relay``). The
+node's collectors connect to it over ``ipc://`` (or loopback tcp) instead of to the hub;
+the relay takes what they send and forwards it upstream, to the hub or to a relay one level
+up (racks -> hub), as *bundles*: one multipart ZeroMQ message whose frames are the
+collectors' messages, byte for byte, sent once per flush interval (`FLUSH_S`) or when a
+bundle is full (`MAX_BUNDLE_MESSAGES`, `MAX_BUNDLE_BYTES`). The hub feeds each frame as if
+the rank had sent it (`rankscope.hub.server`), so what it stores and records is the same
+whether a relay carried it or not; what changes is what the hub's network side sees: one
+connection per node instead of one per rank, one message per node and interval instead of
+one per rank and step, and CURVE paid once per bundle on the node's way out, never on the
+node itself (the listening side takes only ``ipc://`` or loopback, so keys never leave
+the hub's users).
+
+The relay decodes nothing: validation stays the hub's (`rankscope.hub.validate`). It only
+refuses a frame larger than the hub would take (``MAXMSGSIZE``, as the hub's own socket).
+
+Never in the way of training, as a collector: receiving never waits on the upstream; a
+bundle the upstream has no room for (hub slow, gone or restarting: ``SNDHWM`` bundles
+queued) is dropped and counted, and ZeroMQ reconnects on its own. Memory is bounded by the
+receive queue (``RCVHWM`` messages of at most ``max_message_bytes``), one bundle being
+filled and ``hwm`` bundles queued upstream.
+
+Clock sync passes through: the relay answers on the clock address that goes with its own
+(`collector.clock.clock_endpoint`) by forwarding each ping to the upstream's clock socket
+and the reply back (a ROUTER/DEALER pair; the hub returns a ping's envelope with its
+reply), so a collector's offset is to the hub's clock, over one more hop whose delay is
+symmetric (the round trip bounds the error as before). Two levels of relays fit in the
+hub's four-frame limit on a ping.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from rankscope.collector import schema
+from rankscope.collector.clock import clock_endpoint
+from rankscope.collector.security import ClientCurve
+from rankscope.collector.sender import check_endpoint
+
+log = logging.getLogger("rankscope")
+
+FLUSH_S = 0.05
+"""Longest time a received message waits in the relay before its bundle leaves: what a
+relay adds to the live view's latency (the collectors themselves ship every 0.25-1 s)."""
+
+MAX_BUNDLE_MESSAGES = 1024
+"""Messages in one bundle at most (a full bundle leaves at once)."""
+
+MAX_BUNDLE_BYTES = 8 << 20
+"""Bytes in one bundle at most (a full bundle leaves at once)."""
+
+UPSTREAM_HWM = 64
+"""Bundles queued for the upstream before new ones are dropped and counted."""
+
+RCVHWM = 10_000
+"""Messages ZeroMQ queues from the node's collectors before they drop and count theirs."""
+
+MAX_CLOCK_FRAME_BYTES = 256
+"""A clock ping is a few dozen bytes; a larger frame is not forwarded."""
+
+MAX_CLOCK_FRAMES = 3
+"""Frames of a ping the relay forwards (its own envelope included): the hub answers at
+most four, so two relay levels fit."""
+
+DRAIN_S = 1.0
+"""On stop, how long what is still arriving may take to be forwarded."""
+
+
+class RelayError(ValueError):
+    """A relay that cannot be set up as asked (the message says what and why)."""
+
+
+def check_listen(endpoint: str) -> str:
+    """The address a relay listens on, checked: ``ipc://PATH`` or loopback tcp only.
+
+    The relay's listening side carries no keys: it must not be reachable from off the
+    node. (``tcp://127.0.0.1:0`` picks a free port.)
+
+    Raises:
+        RelayError: naming the address and what is wrong with it.
+    """
+    try:
+        ep = check_endpoint(endpoint)
+    except ValueError as exc:
+        raise RelayError(str(exc)) from None
+    if ep.startswith("ipc://"):
+        return ep
+    if ep.startswith("tcp://"):
+        host = ep[len("tcp://") :].rpartition(":")[0].strip("[]")
+        try:
+            loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+        if loopback:
+            return ep
+    raise RelayError(
+        f"relay listen address {endpoint!r}: a relay listens on its own node only "
+        "(ipc://PATH or tcp://127.0.0.1:PORT); its way to the hub (--upstream) carries the keys"
+    )
+
+
+@dataclass
+class RelayCounters:
+    """What a relay did, for its status line and its summary."""
+
+    received: int = 0
+    """Messages taken from the node's collectors."""
+    received_bytes: int = 0
+    forwarded: int = 0
+    """Messages handed to the upstream socket (inside bundles)."""
+    bundles: int = 0
+    dropped: int = 0
+    """Messages in bundles the upstream had no room for."""
+    dropped_bytes: int = 0
+    clock_pings: int = 0
+    """Pings forwarded upstream."""
+    clock_replies: int = 0
+    """Replies passed back to a collector."""
+    clock_bad: int = 0
+    """Pings not forwarded (too many frames, too large)."""
+    connects: int = 0
+    """Upstream connections made (the first, and each after one was lost)."""
+    disconnects: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__, errors=dict(self.errors))
+
+
+class Relay:
+    """Forwards what a node's collectors send to the hub, in bundles (module docstring).
+
+    Use as a context manager or call `start` / `stop`.
+
+    Attributes:
+        listen: the address the node's collectors send to.
+        upstream: the hub's (or the upper relay's) data address.
+        counters: what it did so far (`RelayCounters`).
+    """
+
+    def __init__(
+        self,
+        listen: str,
+        upstream: str,
+        *,
+        curve: ClientCurve | None = None,
+        flush_s: float = FLUSH_S,
+        max_bundle_messages: int = MAX_BUNDLE_MESSAGES,
+        max_bundle_bytes: int = MAX_BUNDLE_BYTES,
+        hwm: int = UPSTREAM_HWM,
+        rcvhwm: int = RCVHWM,
+        max_message_bytes: int = schema.MAX_MESSAGE_BYTES,
+        clock: bool = True,
+    ) -> None:
+        """Configure (nothing is bound until `start`).
+
+        Args:
+            listen: ``ipc://PATH`` or a loopback ``tcp://127.0.0.1:PORT`` (port 0 picks
+                one, and the clock socket takes the next).
+            upstream: the hub's data address (or an upper relay's).
+            curve: the keys for the upstream when the hub requires CURVE.
+            flush_s: longest wait of a message in the relay.
+            max_bundle_messages: most messages in one bundle.
+            max_bundle_bytes: most bytes in one bundle.
+            hwm: bundles queued upstream before new ones are dropped.
+            rcvhwm: messages queued from the collectors.
+            max_message_bytes: a larger message from a collector resets its connection
+                (as at the hub).
+            clock: pass clock pings through to the upstream's clock socket.
+
+        Raises:
+            RelayError: a bad address or setting.
+        """
+        self.listen = check_listen(listen)
+        try:
+            self.upstream = check_endpoint(upstream)
+        except ValueError as exc:
+            raise RelayError(f"--upstream: {exc}") from None
+        for name, value in (
+            ("max_bundle_messages", max_bundle_messages),
+            ("max_bundle_bytes", max_bundle_bytes),
+            ("hwm", hwm),
+            ("rcvhwm", rcvhwm),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise RelayError(f"{name} must be a positive int, got {value!r}")
+        if not flush_s > 0:
+            raise RelayError(f"flush_s must be > 0, got {flush_s!r}")
+        self.curve = curve
+        self.flush_s = float(flush_s)
+        self.max_bundle_messages = max_bundle_messages
+        self.max_bundle_bytes = max_bundle_bytes
+        self.hwm = hwm
+        self.rcvhwm = rcvhwm
+        self.max_message_bytes = min(int(max_message_bytes), schema.MAX_MESSAGE_BYTES)
+        self.clock = clock
+        self.counters = RelayCounters()
+        self._ctx: zmq.Context | None = None
+        self._pull: zmq.Socket | None = None
+        self._push: zmq.Socket | None = None
+        self._clock_front: zmq.Socket | None = None
+        self._clock_back: zmq.Socket | None = None
+        self._monitor: zmq.Socket | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._bound = ""
+        self._ipc_paths: list[str] = []
+
+    # -- lifecycle ----------------------------------------------------------------------
+    @property
+    def endpoint(self) -> str:
+        """The address the node's collectors connect to (the bound one once started)."""
+        return self._bound or self.listen
+
+    @property
+    def clock_endpoint(self) -> str | None:
+        """Where the relay answers clock pings (None without clock pass-through)."""
+        return clock_endpoint(self.endpoint) if self.clock else None
+
+    def start(self) -> Relay:
+        """Bind the listening sockets, connect upstream and start the forwarding thread.
+
+        Raises:
+            RelayError: an address is taken or cannot be used.
+        """
+        if self._thread is not None:
+            return self
+        ctx = self._ctx = zmq.Context()
+        try:
+            self._bind(ctx)
+            push = self._push = ctx.socket(zmq.PUSH)
+            push.setsockopt(zmq.SNDHWM, self.hwm)
+            push.setsockopt(zmq.LINGER, 0)
+            push.setsockopt(zmq.TCP_KEEPALIVE, 1)
+            if self.curve is not None:
+                self.curve.apply(push)
+            self._monitor = push.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+            push.connect(self.upstream)
+            up_clock = clock_endpoint(self.upstream) if self.clock else None
+            if up_clock is not None and self._clock_front is not None:
+                back = self._clock_back = ctx.socket(zmq.DEALER)
+                back.setsockopt(zmq.LINGER, 0)
+                back.setsockopt(zmq.SNDHWM, 1000)
+                if self.curve is not None:
+                    self.curve.apply(back)
+                back.connect(up_clock)
+        except (zmq.ZMQError, ValueError) as exc:
+            self._close()
+            raise RelayError(f"relay {self.listen} -> {self.upstream}: {exc}") from None
+        self._thread = threading.Thread(target=self._loop, name="rankscope-relay", daemon=True)
+        self._thread.start()
+        log.info("relay on %s (clock %s) -> %s", self.endpoint, self.clock_endpoint, self.upstream)
+        return self
+
+    def _bind(self, ctx: zmq.Context) -> None:
+        pull = self._pull = ctx.socket(zmq.PULL)
+        pull.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        pull.setsockopt(zmq.RCVHWM, self.rcvhwm)
+        pull.setsockopt(zmq.LINGER, 0)
+        if self.listen.startswith("tcp://") and self.listen.endswith(":0"):
+            host = self.listen[len("tcp://") : -len(":0")]
+            for _ in range(50):
+                port = pull.bind_to_random_port(f"tcp://{host}", max_port=65534)
+                if not self.clock or self._bind_clock(ctx, f"tcp://{host}:{port + 1}"):
+                    self._bound = f"tcp://{host}:{port}"
+                    return
+                pull.unbind(f"tcp://{host}:{port}")
+            raise zmq.ZMQError(zmq.EADDRINUSE, "no free pair of ports for data and clock")
+        pull.bind(self.listen)
+        self._bound = self.listen
+        self._own_ipc(self.listen)
+        clock = clock_endpoint(self.listen) if self.clock else None
+        if clock is not None and not self._bind_clock(ctx, clock):
+            raise zmq.ZMQError(zmq.EADDRINUSE, f"cannot bind the relay clock socket {clock}")
+
+    def _bind_clock(self, ctx: zmq.Context, address: str) -> bool:
+        front = ctx.socket(zmq.ROUTER)
+        front.setsockopt(zmq.LINGER, 0)
+        front.setsockopt(zmq.MAXMSGSIZE, 4 * MAX_CLOCK_FRAME_BYTES)
+        try:
+            front.bind(address)
+        except zmq.ZMQError:
+            front.close(0)
+            return False
+        self._clock_front = front
+        self._own_ipc(address)
+        return True
+
+    def _own_ipc(self, address: str) -> None:
+        # Only this user's processes may send to the node's relay.
+        if address.startswith("ipc://"):
+            path = address[len("ipc://") :]
+            try:
+                os.chmod(path, 0o600)
+                self._ipc_paths.append(path)
+            except OSError as exc:
+                self._error("ipc_chmod", exc)
+
+    def stop(self, drain_s: float = DRAIN_S) -> None:
+        """Forward what has arrived (for at most ``drain_s``), then close. Idempotent."""
+        t = self._thread
+        self._drain_s = max(0.0, float(drain_s))
+        self._stop.set()
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=self._drain_s + 5.0)
+        self._close()
+
+    def _close(self) -> None:
+        for s in (self._pull, self._clock_front, self._clock_back):
+            if s is not None:
+                s.close(0)
+        if self._push is not None:
+            if self._monitor is not None:
+                self._push.disable_monitor()
+                self._monitor.close(0)
+                self._monitor = None
+            # What is queued upstream gets a short, bounded chance to leave.
+            self._push.close(linger=500)
+        self._pull = self._push = self._clock_front = self._clock_back = None
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
+            self._ctx = None
+        for path in self._ipc_paths:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        self._ipc_paths = []
+
+    def __enter__(self) -> Relay:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- the loop -------------------------------------------------------------------------
+    def _loop(self) -> None:
+        pull, front, back, monitor = self._pull, self._clock_front, self._clock_back, self._monitor
+        assert pull is not None
+        poller = zmq.Poller()
+        poller.register(pull, zmq.POLLIN)
+        for s in (front, back, monitor):
+            if s is not None:
+                poller.register(s, zmq.POLLIN)
+        bundle: list[bytes] = []
+        size = 0
+        due = 0.0
+        try:
+            while not self._stop.is_set():
+                wait = 100 if not bundle else max(0.0, (due - time.monotonic()) * 1000)
+                ready = dict(poller.poll(min(100, int(wait) + 1)))
+                if pull in ready:
+                    while True:
+                        try:
+                            frame = pull.recv(zmq.NOBLOCK, copy=True)
+                        except zmq.Again:
+                            break
+                        if not bundle:
+                            due = time.monotonic() + self.flush_s
+                        bundle.append(frame)
+                        size += len(frame)
+                        if len(bundle) >= self.max_bundle_messages or size >= self.max_bundle_bytes:
+                            self._send(bundle, size)
+                            bundle, size = [], 0
+                if front is not None and front in ready:
+                    self._clock_up(front, back)
+                if back is not None and back in ready:
+                    self._clock_down(back, front)
+                if monitor is not None and monitor in ready:
+                    self._read_monitor(monitor)
+                if bundle and time.monotonic() >= due:
+                    self._send(bundle, size)
+                    bundle, size = [], 0
+            # Stopping: what the collectors still send, for a bounded time.
+            deadline = time.monotonic() + getattr(self, "_drain_s", DRAIN_S)
+            while time.monotonic() < deadline and pull.poll(50):
+                while True:
+                    try:
+                        frame = pull.recv(zmq.NOBLOCK, copy=True)
+                    except zmq.Again:
+                        break
+                    bundle.append(frame)
+                    size += len(frame)
+                    if len(bundle) >= self.max_bundle_messages or size >= self.max_bundle_bytes:
+                        self._send(bundle, size)
+                        bundle, size = [], 0
+            if bundle:
+                self._send(bundle, size)
+        except Exception as exc:  # never die silently: the node's data would stop
+            self._error("loop", exc)
+            log.exception("relay loop failed: %r", exc)
+
+    def _send(self, bundle: list[bytes], size: int) -> None:
+        c = self.counters
+        c.received += len(bundle)
+        c.received_bytes += size
+        push = self._push
+        try:
+            assert push is not None
+            # A multipart message is queued whole or not at all (the high-water mark is
+            # checked on its first frame).
+            push.send_multipart(bundle, zmq.NOBLOCK, copy=True)
+        except zmq.Again:
+            c.dropped += len(bundle)
+            c.dropped_bytes += size
+            return
+        except zmq.ZMQError as exc:
+            self._error("send", exc)
+            c.dropped += len(bundle)
+            c.dropped_bytes += size
+            return
+        c.forwarded += len(bundle)
+        c.bundles += 1
+
+    def _clock_up(self, front: zmq.Socket, back: zmq.Socket | None) -> None:
+        while True:
+            try:
+                frames = front.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if (
+                back is None
+                or len(frames) > MAX_CLOCK_FRAMES
+                or len(frames[-1]) > MAX_CLOCK_FRAME_BYTES
+            ):
+                self.counters.clock_bad += 1
+                continue
+            try:
+                back.send_multipart(frames, zmq.NOBLOCK)
+                self.counters.clock_pings += 1
+            except zmq.Again:
+                self.counters.clock_bad += 1  # the upstream clock is not there: the ping is lost
+
+    def _clock_down(self, back: zmq.Socket, front: zmq.Socket | None) -> None:
+        while True:
+            try:
+                frames = back.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if front is None or len(frames) < 2:
+                continue
+            try:
+                front.send_multipart(frames, zmq.NOBLOCK)  # ROUTER: an unknown peer is dropped
+                self.counters.clock_replies += 1
+            except zmq.ZMQError:
+                self.counters.clock_bad += 1
+
+    def _read_monitor(self, monitor: zmq.Socket) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        while True:
+            try:
+                ev = recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if ev["event"] == zmq.EVENT_CONNECTED:
+                self.counters.connects += 1
+            elif ev["event"] == zmq.EVENT_DISCONNECTED:
+                self.counters.disconnects += 1
+
+    def _error(self, what: str, exc: BaseException) -> None:
+        n = self.counters.errors.get(what, 0)
+        self.counters.errors[what] = n + 1
+        if n == 0:
+            log.warning("rankscope relay: %s: %r (reported once)", what, exc)
+
+
+def status_line(c: RelayCounters) -> str:
+    """One line of a relay's counters."""
+    line = (
+        f"received {c.received} ({c.received_bytes / (1 << 20):.1f} MiB)"
+        f" | forwarded {c.forwarded} in {c.bundles} bundles | dropped {c.dropped}"
+        f" | upstream {'up' if c.connects > c.disconnects else 'down'}"
+        f" | clock pings {c.clock_pings}"
+    )
+    if c.errors:
+        line += " | errors " + ", ".join(f"{k} {v}" for k, v in sorted(c.errors.items()))
+    return line

@@ -1,0 +1,129 @@
+"""``rankscope relay``: one per node, between the node's ranks and the hub.
+
+The node's collectors send to it (``ipc://`` or loopback only: nothing off the node
+reaches it), it forwards to the hub (or to a relay one level up) in bundles, with the keys
+when the hub requires CURVE. `rankscope.hub.relay` has how and why."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import tempfile
+import threading
+from pathlib import Path
+
+from rankscope.errors import CommandError
+
+HELP = "Forward a node's collectors to the hub in bundles (one per node; until Ctrl-C)"
+
+
+def default_listen() -> str:
+    """``ipc://`` in the user's runtime directory (else the temporary one), per user."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    return f"ipc://{Path(base) / f'rankscope-relay-{os.getuid()}.sock'}"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--listen",
+        default=None,
+        help="where the node's collectors send: ipc://PATH or tcp://127.0.0.1:PORT (clock "
+        "pings on PATH.clock or PORT+1) [default: ipc:// in $XDG_RUNTIME_DIR or /tmp, per user]",
+    )
+    p.add_argument(
+        "--upstream",
+        required=True,
+        help="the hub's data address (or an upper relay's), tcp://HOST:PORT",
+    )
+    p.add_argument(
+        "--keys",
+        metavar="DIR",
+        default=None,
+        help="CURVE client keys for the upstream (default: those `rankscope keys` made in "
+        "$RANKSCOPE_KEYS or ~/.config/rankscope/keys, else plain)",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="plain ZeroMQ to the upstream even where keys are found",
+    )
+    p.add_argument(
+        "--flush-ms",
+        type=float,
+        default=50.0,
+        metavar="MS",
+        help="longest time a message waits in the relay [default: %(default)s]",
+    )
+    p.add_argument(
+        "--hwm",
+        type=int,
+        default=64,
+        metavar="BUNDLES",
+        help="bundles queued for the upstream before new ones are dropped and counted "
+        "[default: %(default)s]",
+    )
+    p.add_argument(
+        "--status-every",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="seconds between status lines (0: none) [default: %(default)s]",
+    )
+
+
+def _curve(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from rankscope.collector.security import (
+        KeyFileError,
+        client_curve_from_env,
+        load_client_curve,
+    )
+
+    if args.insecure:
+        return None
+    if args.keys is not None:
+        try:
+            return load_client_curve(Path(args.keys))
+        except KeyFileError as exc:
+            raise CommandError(f"--keys {args.keys}: {exc}") from None
+    return client_curve_from_env()
+
+
+def run(args: argparse.Namespace) -> int:
+    from rankscope.hub.relay import Relay, RelayError, status_line
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    curve = _curve(args)
+    if not args.flush_ms > 0:
+        raise CommandError(f"--flush-ms must be > 0, got {args.flush_ms}")
+    try:
+        relay = Relay(
+            args.listen or default_listen(),
+            args.upstream,
+            curve=curve,
+            flush_s=args.flush_ms / 1000.0,
+            hwm=args.hwm,
+        )
+        relay.start()
+    except RelayError as exc:
+        raise CommandError(str(exc)) from None
+    stop = threading.Event()
+    previous = {
+        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    mode = "CURVE" if curve is not None else "plain"
+    print(
+        f"relay on {relay.endpoint} (clock {relay.clock_endpoint}) -> {relay.upstream} ({mode})",
+        flush=True,
+    )
+    try:
+        while not stop.wait(args.status_every if args.status_every > 0 else 3600):
+            if args.status_every > 0:
+                print(status_line(relay.counters), flush=True)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        relay.stop()
+        print(status_line(relay.counters), flush=True)
+    return 0

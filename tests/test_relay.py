@@ -1,0 +1,306 @@
+"""Per-node relays (`rankscope.hub.relay`): the node's collectors send to a relay over ipc,
+the relay forwards bundles to a real hub over loopback tcp. What the hub stores must not
+depend on the way the data came; the relay must never hold a collector up; clock pings
+pass through."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+from waiting import wait_for
+
+from rankscope.collector.clock import ClockSync, clock_endpoint
+from rankscope.collector.identity import Identity
+from rankscope.collector.monitor import Monitor
+from rankscope.collector.sender import Sender
+from rankscope.diagnosis.engine import diagnose
+from rankscope.hub.relay import Relay, RelayError, check_listen
+from rankscope.hub.server import Hub
+from rankscope.sim import emit, load_scenario
+
+
+@pytest.fixture
+def hub():
+    h = Hub(bind="tcp://127.0.0.1:0", record_dir=None).start()
+    yield h
+    h.stop()
+
+
+def _ipc(tmp_path: Path, name: str) -> str:
+    return f"ipc://{tmp_path / name}"
+
+
+def test_the_listening_side_stays_on_the_node() -> None:
+    assert check_listen("ipc:///tmp/r.sock") == "ipc:///tmp/r.sock"
+    assert check_listen("tcp://127.0.0.1:0") == "tcp://127.0.0.1:0"
+    assert check_listen("tcp://[::1]:7000") == "tcp://[::1]:7000"
+    for bad in ("tcp://10.0.0.1:5555", "tcp://node3:5555", "udp://x", "tcp://*:5555"):
+        with pytest.raises(RelayError):
+            check_listen(bad)
+    with pytest.raises(RelayError, match="max_bundle_messages"):
+        Relay("ipc:///tmp/r.sock", "tcp://127.0.0.1:5555", max_bundle_messages=0)
+
+
+def test_a_collector_through_a_relay_reaches_the_hub_and_syncs_with_its_clock(
+    hub: Hub, tmp_path: Path
+) -> None:
+    with Relay(_ipc(tmp_path, "relay"), hub.endpoint) as relay:
+        assert relay.clock_endpoint == _ipc(tmp_path, "relay") + ".clock"
+        # The node's socket files are the user's alone.
+        assert (tmp_path / "relay").stat().st_mode & 0o077 == 0
+        clock = ClockSync(relay.clock_endpoint, context=zmq.Context.instance())
+        assert wait_for(lambda: (clock.tick(), clock.synced)[1], timeout=30)
+        # The offset is to the hub's clock: hub time now, read through the offset.
+        assert abs(clock.to_hub(time.monotonic_ns()) - time.time_ns()) < 50_000_000
+        assert hub.transport_stats["clock_pings"] >= 1
+        clock.socket.close(0)  # type: ignore[union-attr]
+
+        ident = Identity(rank=0, world_size=1, local_rank=0, host="n0", node_rank=0, pid=1)
+        mon = Monitor(
+            job="j", run="relayed", identity=ident, hub=relay.endpoint, sample_interval_s=0
+        )
+        mon.start()
+        try:
+            # Its clock pings go through the relay too.
+            assert wait_for(lambda: mon.pump.clock.synced, timeout=30)
+            for step in range(5):
+                with mon.step(step):
+                    t = time.monotonic_ns()
+                    mon.record_collective("all_reduce", 0, nbytes=8, t_enter=t, t_exit=t + 1000)
+        finally:
+            mon.close()
+
+        def got() -> bool:
+            ids = hub.store.run_ids()
+            return "relayed" in ids and len(hub.store.window("relayed").steps) == 5
+
+        assert wait_for(got, timeout=30)
+        w = hub.store.window("relayed")
+        assert np.all(w.present)
+        assert hub.store.health["clock_error_ns"]["relayed"][0] < 50_000_000
+    assert hub.transport_stats["bundles"] >= 1
+    assert relay.counters.forwarded == hub.transport_stats["bundled"]
+    assert relay.counters.dropped == 0
+    assert not (tmp_path / "relay").exists()  # its socket files are gone with it
+
+
+def _seeded(endpoint: str | None, relays: list[str] | None, run: str) -> emit.RunInfo:
+    scenario = load_scenario("slow-device", ranks=32, seed=11)
+    return emit.run(
+        scenario,
+        endpoint or "tcp://127.0.0.1:9",
+        steps=12,
+        run_id=run,
+        t0_ns=1_700_000_000_000_000_000,
+        relays=relays,
+    )
+
+
+def test_direct_and_relayed_runs_of_one_seeded_simulation_are_the_same(tmp_path: Path) -> None:
+    """32 simulated ranks, 4 hosts, a slow device: once straight to one hub, once through
+    two relays (two hosts each) to another. Last arrivers, lateness and wait sums, step
+    times and the verdict must be identical."""
+    direct_hub = Hub(bind="tcp://127.0.0.1:0", record_dir=None).start()
+    relayed_hub = Hub(bind="tcp://127.0.0.1:0", record_dir=None).start()
+    relays = [Relay(_ipc(tmp_path, f"r{k}"), relayed_hub.endpoint).start() for k in range(2)]
+    try:
+        a = _seeded(direct_hub.endpoint, None, "run")
+        b = _seeded(None, [r.endpoint for r in relays], "run")
+        assert a.dropped == b.dropped == 0 and a.messages == b.messages
+
+        def ingested(h: Hub, n: int) -> bool:
+            return h.store.health["messages"] >= n
+
+        assert wait_for(lambda: ingested(direct_hub, a.messages), timeout=60)
+        assert wait_for(lambda: ingested(relayed_hub, b.messages), timeout=60)
+        direct_hub.store.settle()
+        relayed_hub.store.settle()
+        wa, wb = direct_hub.store.window("run"), relayed_hub.store.window("run")
+    finally:
+        for r in relays:
+            r.stop()
+        direct_hub.stop()
+        relayed_hub.stop()
+    # Both relays carried their hosts' ranks, in bundles.
+    assert all(r.counters.forwarded > 0 and r.counters.dropped == 0 for r in relays)
+    assert relayed_hub.transport_stats["bundled"] == b.messages
+    assert direct_hub.transport_stats["bundles"] == 0
+    np.testing.assert_array_equal(wa.steps, wb.steps)
+    np.testing.assert_array_equal(wa.present, wb.present)
+    np.testing.assert_array_equal(wa.step_ns, wb.step_ns)
+    for name in ("group", "seq", "last_rank", "first", "last", "skew", "transfer"):
+        np.testing.assert_array_equal(getattr(wa.instances, name), getattr(wb.instances, name))
+    for name, values in wa.coll.items():
+        np.testing.assert_array_equal(values, wb.coll[name], err_msg=name)
+    da, db = diagnose(wa), diagnose(wb)
+    assert da.verdict.top.mechanism == db.verdict.top.mechanism == "slow_device"
+    assert da.verdict.top.ranks == db.verdict.top.ranks
+
+
+def test_without_its_hub_a_relay_drops_and_counts_and_never_holds_the_collectors(
+    tmp_path: Path,
+) -> None:
+    port = _free_port()
+    relay = Relay(_ipc(tmp_path, "relay"), f"tcp://127.0.0.1:{port}", hwm=1, flush_s=0.01)
+    relay.start()
+    sender = Sender(relay.endpoint, hwm=100_000, context=zmq.Context.instance())
+    try:
+        n = 3000
+        t0 = time.monotonic()
+        for _ in range(n):
+            assert sender.send(b"x" * 100)  # the collector's side never waits
+        assert wait_for(lambda: relay.counters.received == n, timeout=30)
+        # One bundle may wait for the hub in ZeroMQ's queue: the rest are dropped, counted.
+        assert relay.counters.dropped >= n - relay.counters.forwarded > 0
+        assert relay.counters.forwarded + relay.counters.dropped == n
+        assert time.monotonic() - t0 < 60  # (a hang guard, not a timing claim)
+    finally:
+        sender.close(linger_ms=0)
+        relay.stop(drain_s=0)
+
+
+def test_a_relay_forwards_again_when_its_hub_comes_back(tmp_path: Path) -> None:
+    port = _free_port()
+    upstream = f"tcp://127.0.0.1:{port}"
+    relay = Relay(_ipc(tmp_path, "relay"), upstream, flush_s=0.01).start()
+    sender = Sender(relay.endpoint, context=zmq.Context.instance())
+    try:
+        first = Hub(bind=upstream, record_dir=None).start()
+        try:
+            assert sender.send(_hello("before"))
+            assert wait_for(lambda: "before" in first.store.run_ids(), timeout=30)
+        finally:
+            first.stop()
+        second = Hub(bind=upstream, record_dir=None).start()
+        try:
+            # Sent until the new hub has one (what the relay sent into the gap is lost).
+            assert wait_for(
+                lambda: sender.send(_hello("after")) and "after" in second.store.run_ids(),
+                timeout=30,
+                every=0.2,
+            )
+        finally:
+            second.stop()
+        assert relay.counters.connects >= 2 and relay.counters.disconnects >= 1
+    finally:
+        sender.close(linger_ms=0)
+        relay.stop(drain_s=0)
+
+
+def test_rankscope_relay_forwards_until_interrupted(hub: Hub, tmp_path: Path) -> None:
+    listen = _ipc(tmp_path, "cli")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rankscope",
+            "relay",
+            "--listen",
+            listen,
+            "--upstream",
+            hub.endpoint,
+            "--insecure",
+            "--status-every",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert wait_for(lambda: (tmp_path / "cli").exists(), timeout=60)
+        sender = Sender(listen, context=zmq.Context.instance())
+        assert sender.send(_hello("cli"))
+        assert wait_for(lambda: "cli" in hub.store.run_ids(), timeout=30)
+        sender.close(linger_ms=0)
+    finally:
+        proc.send_signal(2)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "relay on " + listen in out
+    assert "forwarded 1 in 1 bundles | dropped 0" in out
+
+
+def test_rankscope_relay_refuses_an_address_off_the_node(capsys) -> None:
+    from rankscope.cli import main
+
+    assert main(["relay", "--listen", "tcp://10.1.2.3:5555", "--upstream", "tcp://h:5555"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rankscope: error: ") and "own node only" in err
+
+
+def _hello(run: str) -> bytes:
+    from rankscope.collector import schema
+
+    ident = {"rank": 0, "world_size": 1, "local_rank": 0, "host": "n0", "node_rank": 0, "pid": 1}
+    return schema.encode(
+        {"kind": "hello", "job": "j", "run": run, "rank": 0, "inc": 0, "identity": ident}
+    )
+
+
+def _free_port() -> int:
+    from ports import free_port_pair
+
+    return free_port_pair()
+
+
+def test_clock_endpoint_of_a_relay_on_tcp_is_the_next_port() -> None:
+    assert clock_endpoint("tcp://127.0.0.1:7000") == "tcp://127.0.0.1:7001"
+
+
+RELAYED_SCRIPT = """
+import os, time
+import rankscope
+mon = rankscope.start(rank=0, world_size=1, local_rank=0, host="n0", flush_interval_s=0.05)
+assert os.environ["RANKSCOPE_HUB"].startswith("ipc://"), os.environ["RANKSCOPE_HUB"]
+assert os.environ["RANKSCOPE_KEYS"] == "off"
+for step in range(4):
+    with mon.step(step):
+        t = time.monotonic_ns()
+        mon.record_collective("all_reduce", 0, nbytes=8, t_enter=t, t_exit=t + 1000)
+rankscope.close()
+"""
+
+
+def test_rankscope_run_relay_puts_a_relay_between_the_command_and_the_hub(
+    hub: Hub, tmp_path: Path
+) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(RELAYED_SCRIPT)
+    argv = [sys.executable, "-m", "rankscope", "run", "--relay", "--hub", hub.endpoint]
+    argv += ["--run", "via-relay", "--", sys.executable, str(script)]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "relay on ipc://" in out.stderr and "dropped 0" in out.stderr, out.stderr
+
+    def four() -> bool:
+        return "via-relay" in hub.store.run_ids() and len(hub.store.window("via-relay").steps) == 4
+
+    assert wait_for(four, timeout=30)
+    assert hub.transport_stats["bundled"] >= 2  # the hello and the steps at least
+    # The command's own exit status comes back through rankscope.
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rankscope",
+            "run",
+            "--relay",
+            "--hub",
+            hub.endpoint,
+            "--",
+            sys.executable,
+            "-c",
+            "raise SystemExit(3)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 3, bad.stderr
