@@ -28,6 +28,7 @@ ORDER = [
     "hub",
     "hostile",
     "sim",
+    "relay",
     "diagnosis",
     "detection",
     "quiet",

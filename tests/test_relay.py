@@ -304,3 +304,20 @@ def test_rankscope_run_relay_puts_a_relay_between_the_command_and_the_hub(
         timeout=120,
     )
     assert bad.returncode == 3, bad.stderr
+
+
+def test_demo_through_relay_processes(capsys) -> None:
+    import json
+
+    from rankscope.cli import main
+
+    argv = ["demo", "--scenario", "slow-device", "--ranks", "32", "--headless", "--steps", "6"]
+    assert main([*argv, "--relays", "2", "--no-record", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert r["complete"] is True and r["lost"] == 0 and r["dropped"] == 0
+    assert len(r["relays"]) == 2
+    # Every message went through a relay: the hub counted them in bundles.
+    forwarded = [int(x["summary"].split("forwarded ")[1].split()[0]) for x in r["relays"]]
+    assert all(f > 0 for f in forwarded) and sum(forwarded) == r["sent"]
+    assert r["bundles"] >= 2
+    assert main([*argv, "--relays", "-1"]) == 2

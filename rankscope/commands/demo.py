@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -53,6 +56,8 @@ QUIT_WAIT_S = 1.0
 """After the user quits: how long the simulated job's queued messages may take to leave,
 and then again how long the hub may take to read them in. Each wait ends as soon as it is
 done; what is still missing then is counted as lost in the summary."""
+MAX_RELAYS = 64
+"""Relay processes a demo starts at most (each is a Python process on this machine)."""
 RECORD_PREFIX = "rankscope-demo-"
 """Name prefix of the temporary recording folder (under the system's temporary folder)."""
 
@@ -127,6 +132,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="send the simulated cluster to this running hub (rankscope hub, rankscope "
         "watch) instead of starting one; it records and shows it",
     )
+    p.add_argument(
+        "--relays",
+        type=int,
+        default=0,
+        metavar="N",
+        help="send through N relay processes (`rankscope relay`; each host's ranks to one, "
+        "as `rankscope run --relay` does on a node) instead of straight to the hub "
+        "[default: %(default)s]",
+    )
     p.add_argument("--json", action="store_true", help="print the result on exit as JSON")
     p.add_argument(
         "--view",
@@ -158,6 +172,8 @@ class DemoHandles:
     done: threading.Event = field(default_factory=threading.Event)
     """Set when the job's thread has finished. Waits go through it, not ``Thread.join``:
     a join that Ctrl-C interrupts leaves the thread looking finished on Python 3.11."""
+    relays: list[DemoRelay] = field(default_factory=list)
+    """The relay processes the simulated ranks send through (``--relays``)."""
 
     @property
     def running(self) -> bool:
@@ -227,12 +243,60 @@ class DemoHandles:
             time.sleep(0.02)
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop the job after its current step (waiting at most ``timeout`` for it), then
-        the own hub (which closes the recording)."""
+        """Stop the job after its current step (waiting at most ``timeout`` for it), its
+        relays (each forwards what it holds first), then the own hub (which closes the
+        recording)."""
         self.stop_event.set()
         self.join(timeout)
+        self.stop_relays()
         if self.hub is not None:
             self.hub.stop()
+
+    def stop_relays(self) -> None:
+        """Stop the relay processes; each forwards what it still holds (at most a second)."""
+        for r in self.relays:
+            r.stop()
+
+
+@dataclass
+class DemoRelay:
+    """One ``rankscope relay`` process of a demo."""
+
+    endpoint: str
+    proc: subprocess.Popen[str]
+    summary: str = ""
+    """Its last status line, once stopped."""
+
+    @classmethod
+    def spawn(cls, endpoint: str, upstream: str, insecure: bool) -> DemoRelay:
+        argv = [sys.executable, "-m", "rankscope", "relay", "--listen", endpoint]
+        argv += ["--upstream", upstream, "--status-every", "0"]
+        if insecure:
+            argv.append("--insecure")
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return cls(endpoint, proc)
+
+    def ready(self, timeout: float = 30.0) -> None:
+        """Wait until it listens (its socket file is there). Raises ValueError when it
+        exited or did not start in time."""
+        path = self.endpoint[len("ipc://") :]
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(path):
+            if self.proc.poll() is not None or time.monotonic() >= deadline:
+                self.stop()
+                raise ValueError(f"relay {self.endpoint} did not start: {self.summary}")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            out, err = self.proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, err = self.proc.communicate()
+        lines = (out or "").strip().splitlines() or (err or "").strip().splitlines()
+        self.summary = lines[-1] if lines else self.summary
 
 
 def start_demo(
@@ -249,6 +313,7 @@ def start_demo(
     argv: list[str] | None = None,
     baseline_steps: int = 0,
     stop_linger_s: float = QUIT_WAIT_S,
+    relays: int = 0,
 ) -> DemoHandles:
     """Start a hub and a simulated job in background threads.
 
@@ -268,6 +333,8 @@ def start_demo(
             seed and cluster, no fault) as fast as possible, as a separate run of the same
             job: the baseline the view compares the incident with. 0: none.
         stop_linger_s: once stopped, how long the job's queued messages may take to leave.
+        relays: send through this many relay processes (`rankscope.hub.relay`), each
+            host's ranks to one, instead of straight to the hub.
 
     Returns:
         Handles; call ``stop()`` when done.
@@ -294,6 +361,22 @@ def start_demo(
     # A hub of one's own speaks plain ZeroMQ on loopback; another hub may require the
     # client keys this process finds (`rankscope keys`), as a collector would use them.
     curve = client_curve_from_env() if hub is not None else None
+    via: list[str] | None = None
+    if relays > 0:
+        folder = tempfile.mkdtemp(prefix="rankscope-demo-relays-")
+        try:
+            for k in range(relays):
+                handles.relays.append(
+                    DemoRelay.spawn(f"ipc://{folder}/relay{k}", endpoint, insecure=hub is None)
+                )
+            for r in handles.relays:
+                r.ready()
+        except BaseException:
+            handles.stop_relays()
+            if own is not None:
+                own.stop()
+            raise
+        via = [r.endpoint for r in handles.relays]
     twin = healthy_twin(scenario)
     if baseline_steps > 0 and twin is not scenario:
         try:
@@ -308,8 +391,10 @@ def start_demo(
                 argv=argv,
                 stop_linger_s=stop_linger_s,
                 curve=curve,
+                relays=via,
             )
         except BaseException:
+            handles.stop_relays()
             if own is not None:
                 own.stop()
             raise
@@ -333,6 +418,7 @@ def start_demo(
                     argv=argv,
                     stop_linger_s=stop_linger_s,
                     curve=curve,
+                    relays=via,
                 )
             )
         except BaseException as exc:  # reported by wait(); the view must not hang on it
@@ -443,6 +529,8 @@ def _check_args(args: argparse.Namespace) -> str | None:
         return f"--baseline-steps must be >= 0, got {args.baseline_steps}"
     if args.ranks is not None and args.ranks < 0:
         return f"--ranks must be >= 0, got {args.ranks}"
+    if not 0 <= args.relays <= MAX_RELAYS:
+        return f"--relays must be 0..{MAX_RELAYS}, got {args.relays}"
     if args.hub is not None:
         if args.record is not None:
             return "--record belongs to the hub given by --hub: start it with --record DIR"
@@ -511,6 +599,8 @@ def _summary(handles: DemoHandles, stopped: bool, record: str | None) -> dict[st
         "stopped": stopped,
         "record": record,
         "wall_s": round(info.wall_s, 3) if info is not None else None,
+        "relays": [{"endpoint": r.endpoint, "summary": r.summary} for r in handles.relays],
+        "bundles": health["transport"]["bundles"] if health is not None else None,
     }
 
 
@@ -541,6 +631,8 @@ def _summary_text(r: dict[str, Any]) -> str:
             counts.append(f"{rejected} rejected")
     counts.append(f"{r['dropped']} dropped")
     lines.append("messages: " + ", ".join(counts))
+    for k, relay in enumerate(r["relays"]):
+        lines.append(f"relay {k}: {relay['summary'] or 'no summary'}")
     if r["reached_hub"] is None:
         lines.append(f"sent to {r['hub']}: its own status line counts what it took in")
     if r["record"]:
@@ -607,6 +699,7 @@ def run(args: argparse.Namespace) -> int:
             parent_run=args.parent_run,
             argv=argv,
             baseline_steps=baseline_steps,
+            relays=args.relays,
         )
     except BaseException as exc:
         if made and record is not None and not any(Path(record).iterdir()):
@@ -655,6 +748,7 @@ def run(args: argparse.Namespace) -> int:
         return 130
     finally:
         handles.stop_event.set()
+        handles.stop_relays()  # each forwards what it holds first
         if handles.hub is not None:
             handles.hub.stop()  # drains what is still arriving and closes the recording
     if handles.errors:
