@@ -16,11 +16,13 @@ the hub's users).
 The relay decodes nothing: validation stays the hub's (`rankscope.hub.validate`). It only
 refuses a frame larger than the hub would take (``MAXMSGSIZE``, as the hub's own socket).
 
-Never in the way of training, as a collector: receiving never waits on the upstream; a
-bundle the upstream has no room for (hub slow, gone or restarting: ``SNDHWM`` bundles
-queued) is dropped and counted, and ZeroMQ reconnects on its own. Memory is bounded by the
-receive queue (``RCVHWM`` messages of at most ``max_message_bytes``), one bundle being
-filled and ``hwm`` bundles queued upstream.
+Never in the way of training: when the upstream has no room (hub slow, gone or
+restarting: ``hwm`` bundles queued), the relay keeps its bundle and stops reading until
+there is room, so the back-pressure reaches the collectors, whose sends never block: they
+drop and count, and their stats tell the hub, as without a relay. ZeroMQ reconnects on its
+own. Memory is bounded by the receive queue (``rcvhwm`` messages of at most
+``max_message_bytes``), one bundle held and ``hwm`` bundles queued upstream. On stop, what
+cannot leave within the drain time is counted as dropped.
 
 Clock sync passes through: the relay answers on the clock address that goes with its own
 (`collector.clock.clock_endpoint`) by forwarding each ping to the upstream's clock socket
@@ -60,7 +62,7 @@ MAX_BUNDLE_BYTES = 8 << 20
 """Bytes in one bundle at most (a full bundle leaves at once)."""
 
 UPSTREAM_HWM = 64
-"""Bundles queued for the upstream before new ones are dropped and counted."""
+"""Bundles queued for the upstream before the relay stops reading from its collectors."""
 
 RCVHWM = 10_000
 """Messages ZeroMQ queues from the node's collectors before they drop and count theirs."""
@@ -120,7 +122,7 @@ class RelayCounters:
     """Messages handed to the upstream socket (inside bundles)."""
     bundles: int = 0
     dropped: int = 0
-    """Messages in bundles the upstream had no room for."""
+    """Messages that could not leave: a failed send, or still held when the relay stopped."""
     dropped_bytes: int = 0
     clock_pings: int = 0
     """Pings forwarded upstream."""
@@ -172,7 +174,7 @@ class Relay:
             flush_s: longest wait of a message in the relay.
             max_bundle_messages: most messages in one bundle.
             max_bundle_bytes: most bytes in one bundle.
-            hwm: bundles queued upstream before new ones are dropped.
+            hwm: bundles queued upstream before the relay stops reading (back-pressure).
             rcvhwm: messages queued from the collectors.
             max_message_bytes: a larger message from a collector resets its connection
                 (as at the hub).
@@ -345,8 +347,9 @@ class Relay:
 
     # -- the loop -------------------------------------------------------------------------
     def _loop(self) -> None:
-        pull, front, back, monitor = self._pull, self._clock_front, self._clock_back, self._monitor
-        assert pull is not None
+        pull, push = self._pull, self._push
+        front, back, monitor = self._clock_front, self._clock_back, self._monitor
+        assert pull is not None and push is not None
         poller = zmq.Poller()
         poller.register(pull, zmq.POLLIN)
         for s in (front, back, monitor):
@@ -355,11 +358,19 @@ class Relay:
         bundle: list[bytes] = []
         size = 0
         due = 0.0
+        held: tuple[list[bytes], int] | None = None
+        """A closed bundle the upstream had no room for: nothing more is read from the
+        collectors until it leaves (their own queues then fill, and they drop and count,
+        where the hub sees it)."""
         try:
             while not self._stop.is_set():
-                wait = 100 if not bundle else max(0.0, (due - time.monotonic()) * 1000)
+                wait = 100.0 if not bundle else max(0.0, (due - time.monotonic()) * 1000)
                 ready = dict(poller.poll(min(100, int(wait) + 1)))
-                if pull in ready:
+                if held is not None and push in ready and self._ship(*held):
+                    held = None
+                    poller.register(pull, zmq.POLLIN)
+                    poller.unregister(push)
+                if held is None and pull in ready:
                     while True:
                         try:
                             frame = pull.recv(zmq.NOBLOCK, copy=True)
@@ -370,57 +381,87 @@ class Relay:
                         bundle.append(frame)
                         size += len(frame)
                         if len(bundle) >= self.max_bundle_messages or size >= self.max_bundle_bytes:
-                            self._send(bundle, size)
-                            bundle, size = [], 0
+                            break
                 if front is not None and front in ready:
                     self._clock_up(front, back)
                 if back is not None and back in ready:
                     self._clock_down(back, front)
                 if monitor is not None and monitor in ready:
                     self._read_monitor(monitor)
-                if bundle and time.monotonic() >= due:
-                    self._send(bundle, size)
+                full = len(bundle) >= self.max_bundle_messages or size >= self.max_bundle_bytes
+                if held is None and bundle and (full or time.monotonic() >= due):
+                    if not self._ship(bundle, size):
+                        held = (bundle, size)
+                        poller.unregister(pull)
+                        poller.register(push, zmq.POLLOUT)
                     bundle, size = [], 0
-            # Stopping: what the collectors still send, for a bounded time.
-            deadline = time.monotonic() + getattr(self, "_drain_s", DRAIN_S)
-            while time.monotonic() < deadline and pull.poll(50):
-                while True:
-                    try:
-                        frame = pull.recv(zmq.NOBLOCK, copy=True)
-                    except zmq.Again:
-                        break
-                    bundle.append(frame)
-                    size += len(frame)
-                    if len(bundle) >= self.max_bundle_messages or size >= self.max_bundle_bytes:
-                        self._send(bundle, size)
-                        bundle, size = [], 0
-            if bundle:
-                self._send(bundle, size)
+            self._drain(pull, held, bundle, size)
         except Exception as exc:  # never die silently: the node's data would stop
             self._error("loop", exc)
             log.exception("relay loop failed: %r", exc)
 
-    def _send(self, bundle: list[bytes], size: int) -> None:
-        c = self.counters
-        c.received += len(bundle)
-        c.received_bytes += size
+    def _drain(
+        self,
+        pull: zmq.Socket,
+        held: tuple[list[bytes], int] | None,
+        bundle: list[bytes],
+        size: int,
+    ) -> None:
+        """Stopping: forward what is held and what the collectors still send, for at most
+        the drain time; what cannot leave by then is counted as dropped."""
+        deadline = time.monotonic() + getattr(self, "_drain_s", DRAIN_S)
         push = self._push
+        assert push is not None
+        while held is not None and time.monotonic() < deadline:
+            if push.poll(50, zmq.POLLOUT) and self._ship(*held):
+                held = None
+        if held is not None:
+            self._count_dropped(*held)
+        while time.monotonic() < deadline and (bundle or pull.poll(50)):
+            while len(bundle) < self.max_bundle_messages and size < self.max_bundle_bytes:
+                try:
+                    frame = pull.recv(zmq.NOBLOCK, copy=True)
+                except zmq.Again:
+                    break
+                bundle.append(frame)
+                size += len(frame)
+            if not bundle:
+                continue
+            while not self._ship(bundle, size):
+                if time.monotonic() >= deadline:
+                    self._count_dropped(bundle, size)
+                    return
+                push.poll(50, zmq.POLLOUT)
+            bundle, size = [], 0
+        if bundle:
+            self._count_dropped(bundle, size)
+
+    def _count_dropped(self, bundle: list[bytes], size: int) -> None:
+        self.counters.received += len(bundle)
+        self.counters.received_bytes += size
+        self.counters.dropped += len(bundle)
+        self.counters.dropped_bytes += size
+
+    def _ship(self, bundle: list[bytes], size: int) -> bool:
+        """Hand one bundle to the upstream socket; False when it has no room (kept)."""
+        push = self._push
+        assert push is not None
         try:
-            assert push is not None
             # A multipart message is queued whole or not at all (the high-water mark is
             # checked on its first frame).
             push.send_multipart(bundle, zmq.NOBLOCK, copy=True)
         except zmq.Again:
-            c.dropped += len(bundle)
-            c.dropped_bytes += size
-            return
+            return False
         except zmq.ZMQError as exc:
             self._error("send", exc)
-            c.dropped += len(bundle)
-            c.dropped_bytes += size
-            return
+            self._count_dropped(bundle, size)
+            return True  # gone: not retried
+        c = self.counters
+        c.received += len(bundle)
+        c.received_bytes += size
         c.forwarded += len(bundle)
         c.bundles += 1
+        return True
 
     def _clock_up(self, front: zmq.Socket, back: zmq.Socket | None) -> None:
         while True:

@@ -44,6 +44,9 @@ from rankscope.hub.validate import LIVE_LIMITS, Limits
 log = logging.getLogger("rankscope.hub")
 
 CLOCK_VERSION = 1
+MAX_BUNDLE_FRAMES = 4096
+"""Frames of one multipart message fed as messages (a relay's bundles hold at most 1,024);
+the rest are read off and counted as ``too_many_frames``."""
 _DRAIN = 512
 """Messages taken per wake-up before housekeeping (settle, flush) gets a turn."""
 _HANDSHAKE_FAILED = (
@@ -402,13 +405,19 @@ class Hub:
         if its rank had sent it. Returns the bytes taken."""
         taken = 0
         n = 1
+        extra = 0
         while data.rcvmore:
             buf = data.recv()  # the frames of a multipart message are all there already
+            if n >= MAX_BUNDLE_FRAMES:
+                extra += 1  # not a relay's bundle: read off and counted, never fed
+                continue
             batch.append(buf)
             taken += len(buf)
             n += 1
         self.transport_stats["bundles"] += 1
         self.transport_stats["bundled"] += n
+        if extra:
+            self.store.count_reject("too_many_frames", extra)
         return taken
 
     def _refusal_hint(self) -> str:

@@ -45,6 +45,8 @@ repeated. Each failure is a `Reject` with a stable ``reason`` tag the hub counts
 ``bad_step``            a negative step id, or a collective ``seq`` or ``step`` below -1
 ``bad_group``           a collective row whose group id is negative
 ``bad_groups``          a group that lists a rank twice, or no rank
+``too_many_frames``     frames of one multipart message past ``server.MAX_BUNDLE_FRAMES``
+                        (a relay's bundle holds fewer; counted by the receive loop)
 
 The values of the tables are checked without hub state (`check_values`); the live hub
 checks a batch's values together first (`values_plausible`) and asks message by message

@@ -143,23 +143,32 @@ def test_direct_and_relayed_runs_of_one_seeded_simulation_are_the_same(tmp_path:
     assert da.verdict.top.ranks == db.verdict.top.ranks
 
 
-def test_without_its_hub_a_relay_drops_and_counts_and_never_holds_the_collectors(
+def test_without_its_hub_the_back_pressure_reaches_the_collectors_which_never_wait(
     tmp_path: Path,
 ) -> None:
+    """The hub is not there: the relay queues one bundle upstream, holds the next and
+    stops reading; its receive queue fills, then the collector's, which drops and counts
+    (its stats tell the hub) without ever waiting. When a hub comes, what was held goes."""
     port = _free_port()
-    relay = Relay(_ipc(tmp_path, "relay"), f"tcp://127.0.0.1:{port}", hwm=1, flush_s=0.01)
+    upstream = f"tcp://127.0.0.1:{port}"
+    relay = Relay(
+        _ipc(tmp_path, "relay"), upstream, hwm=1, rcvhwm=10, max_bundle_messages=10, flush_s=0.01
+    )
     relay.start()
-    sender = Sender(relay.endpoint, hwm=100_000, context=zmq.Context.instance())
+    sender = Sender(relay.endpoint, hwm=10, context=zmq.Context.instance())
     try:
         n = 3000
-        t0 = time.monotonic()
         for _ in range(n):
-            assert sender.send(b"x" * 100)  # the collector's side never waits
-        assert wait_for(lambda: relay.counters.received == n, timeout=30)
-        # One bundle may wait for the hub in ZeroMQ's queue: the rest are dropped, counted.
-        assert relay.counters.dropped >= n - relay.counters.forwarded > 0
-        assert relay.counters.forwarded + relay.counters.dropped == n
-        assert time.monotonic() - t0 < 60  # (a hang guard, not a timing claim)
+            sender.send(_hello("held"))  # the collector's side never waits
+        assert sender.dropped > 0 and sender.sent + sender.dropped == n
+        assert wait_for(lambda: relay.counters.received >= 10, timeout=30)
+        assert relay.counters.dropped == 0  # held, not thrown away
+        hub = Hub(bind=upstream, record_dir=None).start()
+        try:
+            assert wait_for(lambda: "held" in hub.store.run_ids(), timeout=30)
+            assert wait_for(lambda: relay.counters.forwarded >= 20, timeout=30)
+        finally:
+            hub.stop()
     finally:
         sender.close(linger_ms=0)
         relay.stop(drain_s=0)
@@ -321,3 +330,23 @@ def test_demo_through_relay_processes(capsys) -> None:
     assert all(f > 0 for f in forwarded) and sum(forwarded) == r["sent"]
     assert r["bundles"] >= 2
     assert main([*argv, "--relays", "-1"]) == 2
+
+
+def test_a_multipart_message_beyond_a_bundle_is_counted_not_fed(hub: Hub) -> None:
+    """Anyone may send a multipart message to the hub's data socket: frames past
+    `MAX_BUNDLE_FRAMES` are read off and counted, the first ones fed as usual."""
+    from rankscope.hub.server import MAX_BUNDLE_FRAMES
+
+    ctx = zmq.Context.instance()
+    push = ctx.socket(zmq.PUSH)
+    push.connect(hub.endpoint)
+    try:
+        frames = [_hello("many")] + [b"junk"] * (MAX_BUNDLE_FRAMES + 9)
+        push.send_multipart(frames)
+        rejects = lambda: hub.store.health["rejects"]  # noqa: E731
+        assert wait_for(lambda: rejects().get("too_many_frames", 0) == 10, timeout=30)
+        assert wait_for(lambda: "many" in hub.store.run_ids(), timeout=30)
+        # The junk frames within the bound were fed and rejected one by one, by decode.
+        assert wait_for(lambda: rejects().get("bad_msgpack", 0) == MAX_BUNDLE_FRAMES - 1)
+    finally:
+        push.close(0)

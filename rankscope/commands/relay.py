@@ -61,8 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=64,
         metavar="BUNDLES",
-        help="bundles queued for the upstream before new ones are dropped and counted "
-        "[default: %(default)s]",
+        help="bundles queued for the upstream; past it the relay stops reading, and its "
+        "collectors drop and count (never block) [default: %(default)s]",
     )
     p.add_argument(
         "--status-every",
