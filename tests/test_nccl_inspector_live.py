@@ -106,6 +106,18 @@ def _monitor(endpoint: str, rank: int, world: int, run: str = "r1") -> Monitor:
     )
 
 
+def _offline(rank: int, world: int) -> Monitor:
+    """A monitor whose pump never starts: the test polls the tail itself."""
+    return Monitor(
+        job="j",
+        run="r",
+        identity=_identity(rank, world),
+        hub="tcp://127.0.0.1:9",
+        sample_interval_s=0,
+        clock_sync=False,
+    )
+
+
 def _tail(mon: Monitor, dump: Path, **kw: int) -> InspectorTail:
     tail = InspectorTail(mon, str(dump), plugin="/x/libnccl-profiler-inspector.so", **kw)
     return tail.install()
@@ -261,14 +273,7 @@ def test_records_without_a_host_row_ship_as_their_own_flagged_rows(
 def test_tail_in_process_rotation_garbage_and_bounded_partial(tmp_path: Path) -> None:
     """The tail alone, polled on this thread (no pump): a replaced file is read from its
     start, a line without an end longer than MAX_LINE is dropped and counted."""
-    mon = Monitor(
-        job="j",
-        run="r",
-        identity=_identity(0, 1),
-        hub="tcp://127.0.0.1:9",
-        sample_interval_s=0,
-        clock_sync=False,
-    )
+    mon = _offline(0, 1)
     tail = InspectorTail(mon, str(tmp_path / "later"), pid=42)
     tail.poll()  # no directory yet: nothing, no error
     assert tail.records == 0 and not mon._errors
@@ -303,14 +308,7 @@ def test_tail_in_process_rotation_garbage_and_bounded_partial(tmp_path: Path) ->
 def test_communicators_map_to_groups_by_size_position_then_op(tmp_path: Path) -> None:
     """Rank 0 of a 2x2 mesh sits first in its tp group [0, 1] and its dp group [0, 2]:
     size and position fit both, the op of the held row at that seq decides."""
-    mon = Monitor(
-        job="j",
-        run="r",
-        identity=_identity(0, 4),
-        hub="tcp://127.0.0.1:9",
-        sample_interval_s=0,
-        clock_sync=False,
-    )
+    mon = _offline(0, 4)
     mon.register_group(1, "tp", [0, 1])
     mon.register_group(2, "dp", [0, 2])
     t = time.monotonic_ns()
@@ -332,14 +330,7 @@ def test_coll_sn_counts_per_nccl_function_and_matches_the_groups_rows_of_it(
     """NCCL's coll_sn is comm->seqNumber[func]: in a group that runs all_reduce, all_gather,
     all_reduce, barrier (seq 0..3), the Inspector numbers AllReduce 0, AllGather 0,
     AllReduce 1, AllReduce 2 (the barrier is a one-element all-reduce)."""
-    mon = Monitor(
-        job="j",
-        run="r",
-        identity=_identity(0, 1),
-        hub="tcp://127.0.0.1:9",
-        sample_interval_s=0,
-        clock_sync=False,
-    )
+    mon = _offline(0, 1)
     t = time.monotonic_ns()
     ops = ("all_reduce", "all_gather", "all_reduce", "barrier", "send")
     for k, op in enumerate(ops):
@@ -371,14 +362,7 @@ def test_rows_wait_for_the_first_record_and_stop_waiting_for_a_group_never_timed
     read). An unmapped group's rows of an NCCL function wait; point-to-point rows, which
     the Inspector never times, do not; a group whose rows keep shipping unmatched after
     their whole wait (a gloo group) stops waiting."""
-    mon = Monitor(
-        job="j",
-        run="r",
-        identity=_identity(0, 1),
-        hub="tcp://127.0.0.1:9",
-        sample_interval_s=0,
-        clock_sync=False,
-    )
+    mon = _offline(0, 1)
     tail = InspectorTail(mon, str(tmp_path), pid=5, hold_ns=1_000_000)
     t = time.monotonic_ns()
     mon.record_collective("send", 0, nbytes=8, t_enter=t, t_exit=t + 1000)
@@ -392,14 +376,7 @@ def test_rows_wait_for_the_first_record_and_stop_waiting_for_a_group_never_timed
     assert tail.hold(mon._colls.unread(16), t + 2000) == 2
     mon.close()
 
-    mon = Monitor(
-        job="j",
-        run="r",
-        identity=_identity(0, 1),
-        hub="tcp://127.0.0.1:9",
-        sample_interval_s=0,
-        clock_sync=False,
-    )
+    mon = _offline(0, 1)
     tail = InspectorTail(mon, str(tmp_path / "none"), pid=5, hold_ns=1_000_000)
     n = inspector_tail.GIVE_UP_ROWS
     for k in range(n + 1):
