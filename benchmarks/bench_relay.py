@@ -146,7 +146,9 @@ def _once(bundles: list[list[bytes]], relayed: bool) -> dict:
     if relayed:
         listen = f"ipc://{tempfile.mkdtemp(prefix='bench-relay-')}/r"
         relay = subprocess.Popen(
-            [sys.executable, "-c", _RELAY_CHILD, listen, endpoint], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", _RELAY_CHILD, listen, endpoint],
+            stdout=subprocess.PIPE,
+            text=True,
         )
         assert relay.stdout is not None and relay.stdout.readline().strip() == "ready"
         _send(listen, bundles)

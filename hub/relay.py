@@ -278,6 +278,8 @@ class Relay:
                     return
                 pull.unbind(f"tcp://{host}:{port}")
             raise zmq.ZMQError(zmq.EADDRINUSE, "no free pair of ports for data and clock")
+        if self.listen.startswith("ipc://"):
+            _refuse_live_socket(self.listen[len("ipc://") :])
         pull.bind(self.listen)
         self._bound = self.listen
         self._own_ipc(self.listen)
@@ -514,6 +516,24 @@ class Relay:
         self.counters.errors[what] = n + 1
         if n == 0:
             log.warning("rankscope relay: %s: %r (reported once)", what, exc)
+
+
+def _refuse_live_socket(path: str) -> None:
+    """ZeroMQ binds an ipc path by replacing whatever socket file is there: refuse one that
+    a live process still listens on (another relay of this node), reuse a stale one."""
+    import socket
+
+    if not os.path.exists(path):
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(path)
+    except OSError:
+        return  # nobody listens: a file left by a relay that was killed
+    finally:
+        probe.close()
+    raise zmq.ZMQError(zmq.EADDRINUSE, f"{path} is in use (another relay listens there)")
 
 
 def status_line(c: RelayCounters) -> str:
