@@ -354,9 +354,8 @@ def test_a_multipart_message_beyond_a_bundle_is_counted_not_fed(hub: Hub) -> Non
 
 def test_a_second_relay_on_a_live_socket_is_refused_a_stale_one_reused(tmp_path: Path) -> None:
     listen = _ipc(tmp_path, "relay")
-    with Relay(listen, "tcp://127.0.0.1:9"):
-        with pytest.raises(RelayError, match="in use"):
-            Relay(listen, "tcp://127.0.0.1:9").start()
+    with Relay(listen, "tcp://127.0.0.1:9"), pytest.raises(RelayError, match="in use"):
+        Relay(listen, "tcp://127.0.0.1:9").start()
     (tmp_path / "relay").write_bytes(b"")  # a file left behind by a killed relay
     with Relay(listen, "tcp://127.0.0.1:9") as again:
         assert again.endpoint == listen
