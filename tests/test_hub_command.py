@@ -133,3 +133,13 @@ def test_status_line_shows_a_recording_that_falls_behind() -> None:
     assert "behind" not in status_line(health, store)
     health["record_backlog_bytes"] = 40 << 20
     assert status_line(health, store).endswith(" | recording 40 MiB behind")
+
+
+def test_status_line_counts_what_came_through_relays() -> None:
+    from rankscope.commands.hub import status_line
+
+    store = Store()
+    health = {**store.health, "transport": {"bundles": 0, "bundled": 0}}
+    assert "relayed" not in status_line(health, store)
+    health["transport"] = {"bundles": 3, "bundled": 24}
+    assert " | relayed 24 in 3 bundles" in status_line(health, store)

@@ -152,9 +152,9 @@ flushes every half second or 8 MiB, so more means the disk is not keeping up."""
 
 
 def status_line(health: dict[str, Any], store: Store) -> str:
-    """One line: runs, ranks, steps, events/s, rejects, drops, connections, those refused
-    at the security handshake (when any were), and the recording's lag when the disk falls
-    behind."""
+    """One line: runs, ranks, steps, events/s, rejects, drops, connections, messages that
+    came through relays (when any did), those refused at the security handshake (when any
+    were), and the recording's lag when the disk falls behind."""
     runs = store.runs()
     ranks = sum(r.n_ranks_seen for r in runs)
     world = sum(r.world_size for r in runs)
@@ -168,6 +168,8 @@ def status_line(health: dict[str, Any], store: Store) -> str:
         f" | drops {drops['batches']} batches/{drops['events']} events"
         f" | connections {t.get('connects', 0) - t.get('disconnects', 0)}"
     )
+    if t.get("bundles"):
+        line += f" | relayed {t['bundled']} in {t['bundles']} bundles"
     if t.get("refused"):
         line += f" | refused {t['refused']} (keys)"
     backlog = health.get("record_backlog_bytes", 0)
