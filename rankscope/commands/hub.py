@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
-import threading
 from typing import Any
 
 import zmq
 
+from rankscope.commands import status_until_signal
 from rankscope.commands.keys import add_transport_options, hub_security_of
 from rankscope.errors import CommandError
 from rankscope.hub.recording import RecordingError
@@ -240,12 +239,6 @@ def run(args: argparse.Namespace) -> int:
             watch.stop()
             hub.stop()
             raise CommandError(f"--prometheus {args.prometheus}: {exc}") from None
-    stop = threading.Event()
-    # Restored on the way out: a caller that runs the command in its own process (a test,
-    # a script) keeps its Ctrl-C.
-    previous = {
-        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
-    }
     where = f", recording to {args.record}" if args.record else ""
     resumed = f" (resumed {hub.resumed_frames} messages)" if hub.resumed_frames else ""
     mode = "CURVE" if security is not None else "plain"
@@ -254,12 +247,8 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
-        while not stop.wait(args.status_every if args.status_every > 0 else 3600):
-            if args.status_every > 0:
-                print(status_line(hub.health, hub.store), flush=True)
+        status_until_signal(args.status_every, lambda: status_line(hub.health, hub.store))
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         if endpoint is not None:
             endpoint.close()
         watch.stop()

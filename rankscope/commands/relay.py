@@ -9,11 +9,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import tempfile
-import threading
 from pathlib import Path
 
+from rankscope.commands import status_until_signal
 from rankscope.errors import CommandError
 
 HELP = "Forward a node's collectors to the hub in bundles (one per node; until Ctrl-C)"
@@ -108,22 +107,14 @@ def run(args: argparse.Namespace) -> int:
         relay.start()
     except RelayError as exc:
         raise CommandError(str(exc)) from None
-    stop = threading.Event()
-    previous = {
-        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
-    }
     mode = "CURVE" if curve is not None else "plain"
     print(
         f"relay on {relay.endpoint} (clock {relay.clock_endpoint}) -> {relay.upstream} ({mode})",
         flush=True,
     )
     try:
-        while not stop.wait(args.status_every if args.status_every > 0 else 3600):
-            if args.status_every > 0:
-                print(status_line(relay.counters), flush=True)
+        status_until_signal(args.status_every, lambda: status_line(relay.counters))
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         relay.stop()
         print(status_line(relay.counters), flush=True)
     return 0
