@@ -252,7 +252,11 @@ class Relay:
             if up_clock is not None and self._clock_front is not None:
                 back = self._clock_back = ctx.socket(zmq.DEALER)
                 back.setsockopt(zmq.LINGER, 0)
-                back.setsockopt(zmq.SNDHWM, 1000)
+                back.setsockopt(zmq.SNDHWM, 64)
+                # A ping queued while the hub is away would come back with a stale round
+                # trip: with no connection it is refused at once (and the collector's own
+                # ping times out), as the collectors' clock sockets do.
+                back.setsockopt(zmq.IMMEDIATE, 1)
                 if self.curve is not None:
                     self.curve.apply(back)
                 back.connect(up_clock)

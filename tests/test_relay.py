@@ -359,3 +359,17 @@ def test_a_second_relay_on_a_live_socket_is_refused_a_stale_one_reused(tmp_path:
     (tmp_path / "relay").write_bytes(b"")  # a file left behind by a killed relay
     with Relay(listen, "tcp://127.0.0.1:9") as again:
         assert again.endpoint == listen
+
+
+def test_clock_pings_are_not_queued_for_an_absent_hub(tmp_path: Path) -> None:
+    """With no hub behind the relay a ping is refused at once, never queued to come back
+    later with a stale round trip; the collector's clock stays on its fallback."""
+    upstream = f"tcp://127.0.0.1:{_free_port()}"
+    with Relay(_ipc(tmp_path, "relay"), upstream) as relay:
+        assert relay.clock_endpoint is not None
+        clock = ClockSync(relay.clock_endpoint, context=zmq.Context.instance(), timeout_s=0.1)
+        try:
+            assert wait_for(lambda: (clock.tick(), relay.counters.clock_bad >= 2)[1], timeout=30)
+            assert not clock.synced and relay.counters.clock_pings == 0
+        finally:
+            clock.socket.close(0)  # type: ignore[union-attr]
