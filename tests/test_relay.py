@@ -373,3 +373,25 @@ def test_clock_pings_are_not_queued_for_an_absent_hub(tmp_path: Path) -> None:
             assert not clock.synced and relay.counters.clock_pings == 0
         finally:
             clock.socket.close(0)  # type: ignore[union-attr]
+
+
+def test_two_levels_of_relays_carry_data_and_clock(hub: Hub, tmp_path: Path) -> None:
+    """node relay -> rack relay -> hub: a bundle of bundles arrives as the ranks' messages,
+    and a ping's envelope (two relays deep: four frames at the hub) still fits."""
+    with (
+        Relay("tcp://127.0.0.1:0", hub.endpoint) as rack,
+        Relay(_ipc(tmp_path, "node"), rack.endpoint) as node,
+    ):
+        assert node.clock_endpoint is not None
+        clock = ClockSync(node.clock_endpoint, context=zmq.Context.instance())
+        try:
+            assert wait_for(lambda: (clock.tick(), clock.synced)[1], timeout=30)
+            assert abs(clock.to_hub(time.monotonic_ns()) - time.time_ns()) < 50_000_000
+        finally:
+            clock.socket.close(0)  # type: ignore[union-attr]
+        sender = Sender(node.endpoint, context=zmq.Context.instance())
+        for run in ("a", "b", "c"):
+            assert sender.send(_hello(run))
+        sender.close(linger_ms=1000)
+        assert wait_for(lambda: {"a", "b", "c"} <= set(hub.store.run_ids()), timeout=30)
+    assert hub.transport_stats["bundled"] == 3 and hub.store.health["rejects"] == {}
