@@ -336,7 +336,9 @@ def start(
             enabled=enabled,
             ddp_buckets=ddp_buckets,
             ddp_sample_every=ddp_sample_every,
-            curve=client_curve_from_env(env) if enabled else None,
+            # Keys are for tcp: an ipc socket (a node's relay, a hub on this machine) is a
+            # file only its user can open, and speaks plain ZeroMQ.
+            curve=client_curve_from_env(env) if enabled and hub.startswith("tcp://") else None,
         )
         if warned:
             mon._errors["bad_env"] = len(warned)

@@ -395,3 +395,26 @@ def test_two_levels_of_relays_carry_data_and_clock(hub: Hub, tmp_path: Path) -> 
         sender.close(linger_ms=1000)
         assert wait_for(lambda: {"a", "b", "c"} <= set(hub.store.run_ids()), timeout=30)
     assert hub.transport_stats["bundled"] == 3 and hub.store.health["rejects"] == {}
+
+
+def test_a_collector_with_keys_speaks_plain_to_its_nodes_relay(
+    hub: Hub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys found in the environment are for tcp: to an ipc relay the collector speaks
+    plain ZeroMQ (a CURVE handshake there would be refused and every message lost)."""
+    import rankscope
+    from rankscope.commands.keys import make_keys
+
+    make_keys(tmp_path / "keys", ["client"], force=False)
+    monkeypatch.setenv("RANKSCOPE_KEYS", str(tmp_path / "keys"))
+    with Relay(_ipc(tmp_path, "relay"), hub.endpoint) as relay:
+        mon = rankscope.start(
+            job="j", run="keyed", hub=relay.endpoint, rank=0, world_size=1, local_rank=0
+        )
+        try:
+            assert mon.pump.curve is None
+            with mon.step(0):
+                pass
+        finally:
+            rankscope.close()
+        assert wait_for(lambda: "keyed" in hub.store.run_ids(), timeout=30)

@@ -270,6 +270,23 @@ def test_keys_found_make_every_hub_use_curve(keys: Path) -> None:
         hub_security("127.0.0.1", keys=keys / "missing", env=env)
 
 
+def test_an_ipc_hub_speaks_plain_and_refuses_keys(keys: Path, monkeypatch) -> None:
+    """An ipc socket is a file only its user can open: a hub there speaks plain ZeroMQ
+    even where keys are found (the collectors speak plain to ipc too), and says so when
+    keys are asked for."""
+    import argparse
+
+    from rankscope.commands.keys import hub_security_of
+    from rankscope.errors import CommandError
+
+    monkeypatch.setenv("RANKSCOPE_KEYS", str(keys))
+    plain = argparse.Namespace(keys=None, insecure=False)
+    assert hub_security_of(plain, "ipc:///tmp/hub") is None
+    assert hub_security_of(plain, "tcp://127.0.0.1:5555") is not None
+    with pytest.raises(CommandError, match="file's permissions"):
+        hub_security_of(argparse.Namespace(keys=str(keys), insecure=False), "ipc:///tmp/hub")
+
+
 def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 

@@ -186,10 +186,14 @@ def hub_security_of(args: argparse.Namespace, bind: str) -> HubSecurity | None:
 
     try:
         transport, host, _ = parse_bind(bind)
-        return hub_security(
-            host if transport == "tcp" else "localhost",
-            keys=args.keys,
-            insecure=args.insecure,
-        )
+        if transport != "tcp":
+            # A socket file only its user can open: collectors speak plain ZeroMQ there.
+            if args.keys:
+                raise CommandError(
+                    f"--keys applies to tcp addresses; {bind} is protected by its file's "
+                    "permissions and speaks plain ZeroMQ"
+                )
+            return None
+        return hub_security(host, keys=args.keys, insecure=args.insecure)
     except (ValueError, KeyFileError) as exc:
         raise CommandError(str(exc)) from None
