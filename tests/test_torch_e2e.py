@@ -167,6 +167,9 @@ def test_straggler_named_by_the_hub(tmp_path: Path, mode: str) -> None:
     check_straggler(replayed.window(run.run))
 
 
+# Slow tier (~20 s of two torchrun agents): the default tier's real jobs are single-node;
+# the namespaced two-node tests, also slow-tier, cover several nodes over a real link.
+@pytest.mark.slow
 def test_two_nodes_on_loopback(tmp_path: Path) -> None:
     # Both agents must be told the rendezvous port before either binds it: a probed port,
     # outside the ephemeral range. The hub binds its own.
@@ -226,6 +229,9 @@ def test_two_nodes_on_loopback(tmp_path: Path) -> None:
 
 
 # Measured ~20 s; the limit is above the sum of the waits inside, which catch a hang first.
+# Slow tier: in the default one, tests/test_collector_reconnect.py restarts a hub under a
+# live collector without torch, and tests/test_relay.py one under a relay.
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_hub_killed_and_restarted_mid_run(tmp_path: Path) -> None:
     # The hub restarts on the same port: it must be known before the first hub binds it.
