@@ -422,11 +422,13 @@ def test_pipeline_heavy_stage_computes_and_the_other_waits(pipeline_case):
     heavy = pipeline_case.case.ranks[0]
     light = 1 - heavy
     assert w.ranks.mesh["pp"].tolist() == [0, 1]
-    # Six layers against one: in CPU time the heavy stage does several times the light
-    # one's work whatever the load (wall time is not: at load 3 a slowed light stage was
-    # seen at 14 ms of compute against 35).
+    # Six layers against one (the light stage also holds the output head and the loss):
+    # in CPU time the heavy stage does several times the light one's work whatever the
+    # load (wall time is not: at load 3 a slowed light stage was seen at 14 ms of compute
+    # against 35). The ratio narrows on a contended machine (2.7x seen at load 5 with two
+    # torch jobs and two spinners on two cores); a balanced split is below 1x.
     cpu = _med(sum(_cpu(w, n) for n in ("forward", "backward")))
-    assert cpu[heavy] > 3 * cpu[light], cpu / MS
+    assert cpu[heavy] > 2 * cpu[light], cpu / MS
     pp_wait = _med(_phase(w, "pp_wait"))
     step = _med(_rank_step(w, w.step_ns))
     # (Not by a fixed factor: where other work on the machine slows the light stage, the
