@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from rankscope.collector import schema
 from rankscope.collector.clock import clock_endpoint
@@ -215,6 +216,7 @@ class Relay:
         self._monitor: zmq.Socket | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._drain_s = DRAIN_S
         self._bound = ""
         self._ipc_paths: list[str] = []
 
@@ -364,10 +366,10 @@ class Relay:
         bundle: list[bytes] = []
         size = 0
         due = 0.0
+        # A closed bundle the upstream had no room for: nothing more is read from the
+        # collectors until it leaves (their own queues then fill, and they drop and count,
+        # where the hub sees it).
         held: tuple[list[bytes], int] | None = None
-        """A closed bundle the upstream had no room for: nothing more is read from the
-        collectors until it leaves (their own queues then fill, and they drop and count,
-        where the hub sees it)."""
         try:
             while not self._stop.is_set():
                 wait = 100.0 if not bundle else max(0.0, (due - time.monotonic()) * 1000)
@@ -377,25 +379,20 @@ class Relay:
                     poller.register(pull, zmq.POLLIN)
                     poller.unregister(push)
                 if held is None and pull in ready:
-                    while True:
-                        try:
-                            frame = pull.recv(zmq.NOBLOCK, copy=True)
-                        except zmq.Again:
-                            break
-                        if not bundle:
-                            due = time.monotonic() + self.flush_s
-                        bundle.append(frame)
-                        size += len(frame)
-                        if len(bundle) >= self.max_bundle_messages or size >= self.max_bundle_bytes:
-                            break
+                    if not bundle:
+                        due = time.monotonic() + self.flush_s
+                    size = self._fill(pull, bundle, size)
                 if front is not None and front in ready:
                     self._clock_up(front, back)
                 if back is not None and back in ready:
                     self._clock_down(back, front)
                 if monitor is not None and monitor in ready:
                     self._read_monitor(monitor)
-                full = len(bundle) >= self.max_bundle_messages or size >= self.max_bundle_bytes
-                if held is None and bundle and (full or time.monotonic() >= due):
+                if (
+                    held is None
+                    and bundle
+                    and (self._full(bundle, size) or time.monotonic() >= due)
+                ):
                     if not self._ship(bundle, size):
                         held = (bundle, size)
                         poller.unregister(pull)
@@ -415,7 +412,7 @@ class Relay:
     ) -> None:
         """Stopping: forward what is held and what the collectors still send, for at most
         the drain time; what cannot leave by then is counted as dropped."""
-        deadline = time.monotonic() + getattr(self, "_drain_s", DRAIN_S)
+        deadline = time.monotonic() + self._drain_s
         push = self._push
         assert push is not None
         while held is not None and time.monotonic() < deadline:
@@ -424,13 +421,7 @@ class Relay:
         if held is not None:
             self._count_dropped(*held)
         while time.monotonic() < deadline and (bundle or pull.poll(50)):
-            while len(bundle) < self.max_bundle_messages and size < self.max_bundle_bytes:
-                try:
-                    frame = pull.recv(zmq.NOBLOCK, copy=True)
-                except zmq.Again:
-                    break
-                bundle.append(frame)
-                size += len(frame)
+            size = self._fill(pull, bundle, size)
             if not bundle:
                 continue
             while not self._ship(bundle, size):
@@ -441,6 +432,21 @@ class Relay:
             bundle, size = [], 0
         if bundle:
             self._count_dropped(bundle, size)
+
+    def _full(self, bundle: list[bytes], size: int) -> bool:
+        return len(bundle) >= self.max_bundle_messages or size >= self.max_bundle_bytes
+
+    def _fill(self, pull: zmq.Socket, bundle: list[bytes], size: int) -> int:
+        """Add what the collectors have sent to ``bundle`` until it is full or nothing is
+        waiting; returns its size in bytes."""
+        while not self._full(bundle, size):
+            try:
+                frame = pull.recv(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                break
+            bundle.append(frame)
+            size += len(frame)
+        return size
 
     def _count_dropped(self, bundle: list[bytes], size: int) -> None:
         self.counters.received += len(bundle)
@@ -503,8 +509,6 @@ class Relay:
                 self.counters.clock_bad += 1
 
     def _read_monitor(self, monitor: zmq.Socket) -> None:
-        from zmq.utils.monitor import recv_monitor_message
-
         while True:
             try:
                 ev = recv_monitor_message(monitor, zmq.NOBLOCK)

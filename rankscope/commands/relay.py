@@ -18,10 +18,11 @@ from rankscope.errors import CommandError
 HELP = "Forward a node's collectors to the hub in bundles (one per node; until Ctrl-C)"
 
 
-def default_listen() -> str:
-    """``ipc://`` in the user's runtime directory (else the temporary one), per user."""
+def default_listen(tag: str | None = None) -> str:
+    """``ipc://`` in the user's runtime directory (else the temporary one): the node's
+    relay, per user, or one of its own for ``tag`` (``rankscope run --relay``: its pid)."""
     base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    return f"ipc://{Path(base) / f'rankscope-relay-{os.getuid()}.sock'}"
+    return f"ipc://{Path(base) / f'rankscope-relay-{tag or os.getuid()}.sock'}"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -235,10 +235,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _relay_listen() -> str:
     """This node's relay address for one ``rankscope run --relay``: a socket of its own."""
-    import tempfile
+    from rankscope.commands.relay import default_listen
 
-    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    return f"ipc://{os.path.join(base, f'rankscope-relay-{os.getpid()}.sock')}"
+    return default_listen(str(os.getpid()))
 
 
 def _run_relayed(exe: str, command: list[str], env: dict[str, str]) -> int:
