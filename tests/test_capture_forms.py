@@ -106,6 +106,7 @@ def top_import_job(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict]:
 
 
 @pytest.mark.torch
+@pytest.mark.slow  # the 4-rank job of the fixture: ~18 s in a busy suite
 def test_mesh_bound_before_the_hooks_gives_every_coordinate_and_group(top_import_job) -> None:
     assert sorted(top_import_job) == [0, 1, 2, 3]
     for rank, r in top_import_job.items():
@@ -119,6 +120,7 @@ def test_mesh_bound_before_the_hooks_gives_every_coordinate_and_group(top_import
 
 
 @pytest.mark.torch
+@pytest.mark.slow
 def test_explicit_pipeline_rows_carry_stage_and_micro_batch(top_import_job) -> None:
     for rank, r in top_import_job.items():
         stage = rank % 2

@@ -23,7 +23,9 @@ if shutil.which("torchrun") is None:
 
 import incidents  # noqa: E402
 
-pytestmark = pytest.mark.torch
+# Two instrumented 2-rank jobs (~27 s alone): the slow tier. The default tier keeps a
+# zero-code job (test_zero_code) and an explicit-API job (test_torch_e2e).
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 FLAGS = ("--tokens-per-rank=512", "--len-max=256")
 

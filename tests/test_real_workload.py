@@ -180,7 +180,9 @@ def test_extra_compute_scales_with_requested_time() -> None:
 @pytest.mark.parametrize(
     "grad_sync",
     [
-        "ddp",
+        # Each is one torchrun (~11 s in a busy suite): the slow tier. The default tier
+        # tests this workload's parts above and runs DDP jobs in test_real_faults.
+        pytest.param("ddp", marks=pytest.mark.slow),
         pytest.param("hier", marks=pytest.mark.slow),
         pytest.param("fsdp", marks=pytest.mark.slow),
     ],

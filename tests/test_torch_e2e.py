@@ -392,6 +392,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow  # ~16 s in a busy suite; p2p matching is unit-tested in test_hub_matching*
 def test_point_to_point_keeps_collectives_matched(tmp_path: Path) -> None:
     script = tmp_path / "p2p.py"
     script.write_text(P2P_SCRIPT)
@@ -431,16 +432,10 @@ def _two_rank_window(hub: Hub, steps: int, env: dict[str, str], *flags: str, tim
     return window
 
 
-# Each mode is one more torchrun: the sampled buckets (the matching this is about) in the
-# default tier, the others in the slow one.
-@pytest.mark.parametrize(
-    "mode",
-    [
-        pytest.param("off", marks=pytest.mark.slow),
-        "sampled",
-        pytest.param("tail", marks=pytest.mark.slow),
-    ],
-)
+# Each mode is one more torchrun (~11 s in a busy suite): the slow tier; the default
+# tier reads the setting in test_collector_monitor and runs DDP jobs in test_real_faults.
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["off", "sampled", "tail"])
 def test_ddp_bucket_settings_across_ranks(mode: str) -> None:
     """``RANKSCOPE_DDP_BUCKETS`` in a real zero-code job. ``sampled``: bucket instances
     of the sampled steps still match across ranks (the sequence counts every bucket).
