@@ -472,8 +472,14 @@ def test_warmup_steps_are_slower_on_every_rank(warmup_case):
     k = warmup_case.truth["warmup_steps"]
     assert w.steps[0] == 0 and w.steps.shape[0] == warmup_case.case.steps
     fwd = _phase(w, "forward")
+    # The job adds 100 ms of forward compute to each warm-up step: on a busy machine that
+    # work only stretches, while the rest of the forward also stretches (12 ms medians were
+    # seen at load 4, against ~4 ms on a quiet machine), so the test holds the excess to
+    # most of what was added rather than holding the two to a fixed ratio.
+    added_ns = 100 * MS
     for r in range(w.world_size):
-        assert np.nanmedian(fwd[r, :k]) > 10 * np.nanmedian(fwd[r, k:]), fwd[r] / MS
+        excess = np.nanmedian(fwd[r, :k]) - np.nanmedian(fwd[r, k:])
+        assert excess > 0.8 * added_ns, fwd[r] / MS
     step = np.nanmax(_rank_step(w, w.step_ns), axis=0)
     # Several times slower (how many depends on how busy the machine keeps the rest).
     assert np.median(step[:k]) > 2 * np.median(step[k:]), step / MS
