@@ -20,9 +20,11 @@ over its peers' (`fabric`), which `link_suspects` turns into suspects of the sam
 
 **What-if** (the method of "Understanding Stragglers in Large Model Training Using What-if
 Analysis", OSDI'25, on the step level): re-time each step with one entity's local time
-replaced by the step's median rank's. The step is paced by the largest local time; the
-ranks that waited contribute nothing, so the re-timed step is ``max(largest local time
-outside the entity, median local time)`` and the gain is what the step loses from its
+replaced by the median local time of the ranks outside it (its peers': a median the
+entity is part of is pulled toward it, and with two ranks would give back only half of
+what a straggler costs). The step is paced by the largest local time; the ranks that
+waited contribute nothing, so the re-timed step is ``max(largest local time outside the
+entity, their median)`` and the gain is what the step loses from its
 current maximum. It is exact when a step has one synchronisation point that every rank
 joins (a data-parallel gradient all-reduce) and a lower bound when the step has several:
 an entity that is late at an early collective and catches up later gains at least this.
@@ -33,7 +35,11 @@ recurs every few steps still does.
 
 **Beyond chance.** Noise makes some rank the slowest in every step, so an entity's gain
 is judged against its peers': the gain *beyond* the median gain of the other entities of
-its kind (with a baseline run, also beyond the same entity's gain there). A healthy run's
+its kind (with a baseline run, also beyond the same entity's gain there). For this
+judgement each step's setter is re-timed to the median of all ranks, itself included: with
+few ranks that is the stricter bar (with two, half of a lead), where one of them is the
+slowest by chance in every step and chance is largest; with many it is the same median.
+The gain reported (`Suspect.gain`) is the what-if over the peers alone. A healthy run's
 best rank gains about as much as the others; a straggler gains far more.
 
 **Moving stragglers.** When the slow rank changes from step to step (data imbalance,
@@ -90,7 +96,9 @@ class Suspect:
     gain: float
     """``gain_ns`` over the job's median step."""
     net_gain: float
-    """``gain`` beyond chance (its peers' median gain) and beyond the baseline's same entity."""
+    """Beyond chance (its peers' median gain) and beyond the baseline's same entity, with
+    each step's setter re-timed to the median of all ranks, itself included (see the
+    module's "Beyond chance")."""
     sets: float
     """Share of steps whose pace it set."""
     excess_ns: dict[str, float] = field(default_factory=dict)
@@ -174,17 +182,38 @@ def sample(x: np.ndarray) -> np.ndarray:
     return x[:: _every(x.shape[0])]
 
 
+def _dropped(n_steps: int) -> int:
+    """Steps with the largest gain left out of a trimmed mean over ``n_steps``."""
+    # At least two steps are left out (one of two): a straggler recurs, and two isolated
+    # spikes of a heavy-tailed run that happened to fall on one host are not one.
+    return max(int(TRIM * n_steps), min(2, n_steps - 1)) if n_steps >= 2 else 0
+
+
 def trimmed_mean(values: np.ndarray, n_steps: int) -> float:
     """Mean over ``n_steps`` of ``values`` (one entity's gains in the steps it has any;
     the other steps count as zero) after leaving out its largest `TRIM` share of the steps,
     and at least two (one of two)."""
     if n_steps <= 0:
         return float("nan")
-    # At least two steps are left out (one of two): a straggler recurs, and two isolated
-    # spikes of a heavy-tailed run that happened to fall on one host are not one.
-    drop = max(int(TRIM * n_steps), min(2, n_steps - 1)) if n_steps >= 2 else 0
+    drop = _dropped(n_steps)
     kept = np.sort(values)[: max(values.size - drop, 0)] if drop else values
     return float(kept.sum() / max(n_steps - drop, 1))
+
+
+def _trimmed_means(owner: np.ndarray, gain: np.ndarray, n_codes: int, n_steps: int) -> np.ndarray:
+    """`trimmed_mean` of every entity's gains at once: float64 (n_codes,), 0 for an entity
+    that sets no step."""
+    if n_steps <= 0:
+        return np.full(n_codes, np.nan)
+    drop = _dropped(n_steps)
+    valid = owner >= 0
+    o, g = owner[valid], gain[valid]
+    order = np.lexsort((g, o))
+    counts = np.bincount(o, minlength=n_codes)[:n_codes]
+    starts = np.cumsum(counts) - counts
+    csum = np.r_[0.0, np.cumsum(g[order])]
+    keep = np.maximum(counts - drop, 0)
+    return (csum[starts + keep] - csum[starts]) / max(n_steps - drop, 1)
 
 
 def _entity_max(busy: np.ndarray, codes: np.ndarray, n_codes: int) -> np.ndarray:
@@ -199,25 +228,6 @@ def _entity_max(busy: np.ndarray, codes: np.ndarray, n_codes: int) -> np.ndarray
     if order.size:
         out[sc[starts]] = np.maximum.reduceat(filled[order], starts, axis=0)
     return out
-
-
-def _step_gains(ent_max: np.ndarray, med: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per step the entity that sets it, the gain of replacing it by the median rank, and
-    the largest local time."""
-    n_ent, n_steps = ent_max.shape
-    if n_ent == 1:
-        top1 = ent_max[0]
-        owner = np.zeros(n_steps, dtype=np.int64)
-        gain = np.maximum(top1 - med, 0.0)
-    else:
-        part = np.partition(ent_max, n_ent - 2, axis=0)
-        top1, top2 = part[n_ent - 1], part[n_ent - 2]
-        owner = np.argmax(ent_max, axis=0)
-        gain = top1 - np.maximum(top2, med)
-    ok = np.isfinite(top1) & np.isfinite(med)
-    gain = np.where(ok, np.maximum(gain, 0.0), 0.0)
-    owner = np.where(ok, owner, -1)
-    return owner, gain, np.where(ok, top1, np.nan)
 
 
 @dataclass(frozen=True)
@@ -319,7 +329,9 @@ def localise(window: Window, decomp: Decomposition, top: int = 3) -> Localisatio
     seen = int(np.count_nonzero(np.isfinite(med)))
     cat_med = nanmedian(decomp.ns[:, :: _every(n_ranks)], axis=1)  # (C, S)
 
-    rank_owner, rank_gain, top1 = _step_gains(np.where(np.isfinite(busy), busy, -np.inf), med)
+    ranks = np.arange(n_ranks, dtype=np.int64)
+    filled = np.where(np.isfinite(busy), busy, -np.inf)
+    rank_owner, rank_gain, top1 = _step_gains(filled, busy, ranks, singles=True)
     setter = rank_owner.astype(np.int64)
     counts = np.bincount(setter[setter >= 0], minlength=n_ranks)
     stability = float(counts.max() / seen) if seen and counts.size else float("nan")
@@ -363,6 +375,130 @@ def _spread(busy: np.ndarray) -> np.ndarray:
     return np.maximum(mad, 0.005 * np.abs(med))
 
 
+def _median_outside(
+    busy: np.ndarray, codes: np.ndarray, owner: np.ndarray, singles: bool = False
+) -> np.ndarray:
+    """Per step, the median local time of the ranks outside the entity that sets it (NaN
+    where no entity does or none is outside).
+
+    What the setter would be re-timed to is its peers' typical time, not a median it is
+    part of: with two ranks that median is their mean, and the what-if would give back
+    only half of what a straggler costs. Read on `sample` rows, as the job's median is.
+
+    Args:
+        busy: float (R, S) local times.
+        codes: int64 (R,) entity code of each rank (-1: unknown).
+        owner: int64 (S,) the entity that sets each step (-1: none).
+        singles: every entity is one rank (``codes`` is the rank), so the setter is the
+            step's largest local time and its peers are the others.
+    """
+    every = _every(busy.shape[0])
+    if singles and every == 1:
+        ordered = np.sort(busy, axis=0)  # NaN last; the setter is the last finite value
+        m = np.count_nonzero(np.isfinite(busy), axis=0) - 1
+        cols = np.arange(busy.shape[1])
+        lo, hi = np.maximum((m - 1) // 2, 0), np.maximum(m // 2, 0)
+        med = 0.5 * (ordered[lo, cols] + ordered[hi, cols])
+        return np.where((m >= 1) & (owner >= 0), med, np.nan)
+    if every == 1:
+        return _median_without_members(busy, codes, owner)
+    rows, row_codes = busy[::every], codes[::every]
+    out = np.full(owner.shape, np.nan)
+    for e in np.unique(owner[owner >= 0]):
+        steps = np.flatnonzero(owner == e)
+        peers = rows[row_codes != e]
+        if peers.shape[0]:
+            out[steps] = nanmedian(peers[:, steps], axis=0)
+    return out
+
+
+def _median_without_members(busy: np.ndarray, codes: np.ndarray, owner: np.ndarray) -> np.ndarray:
+    """`_median_outside` on every row, from one sort: per step, the sorted positions of the
+    owner's members are stepped over to reach the middle of what remains."""
+    n_rows, n_steps = busy.shape
+    order = np.argsort(busy, axis=0)  # NaN last
+    ordered = np.take_along_axis(busy, order, axis=0)
+    pos = np.empty_like(order)
+    np.put_along_axis(pos, order, np.arange(n_rows)[:, None].repeat(n_steps, axis=1), axis=0)
+    finite = np.count_nonzero(np.isfinite(busy), axis=0)
+    # Each entity's member rows, padded with -1.
+    member = np.flatnonzero(codes >= 0)
+    by = member[np.argsort(codes[member], kind="stable")]
+    counts = np.bincount(codes[by], minlength=max(int(owner.max(initial=-1)) + 1, 1))
+    width = int(counts.max(initial=0))
+    members = np.full((counts.size, max(width, 1)), -1, dtype=np.int64)
+    if by.size:
+        starts = np.cumsum(counts) - counts
+        col = np.arange(by.size) - np.repeat(starts, counts)
+        members[codes[by], col] = by
+    cols = np.flatnonzero(owner >= 0)
+    rows = members[owner[cols]]  # (k, width)
+    gone = np.where(rows >= 0, pos[np.maximum(rows, 0), cols[:, None]], n_rows).astype(float)
+    gone[gone >= finite[cols][:, None]] = np.inf  # a NaN member is not among the finite
+    gone.sort(axis=1)
+    left = finite[cols] - np.count_nonzero(np.isfinite(gone), axis=1)
+    out = np.full(n_steps, np.nan)
+    picks = []
+    for t in ((left - 1) // 2, left // 2):
+        j = np.maximum(t, 0)
+        for i in range(gone.shape[1]):
+            j = j + (gone[:, i] <= j)
+        picks.append(ordered[np.minimum(j, n_rows - 1), cols])
+    out[cols] = np.where(left >= 1, 0.5 * (picks[0] + picks[1]), np.nan)
+    return out
+
+
+def _step_gains(
+    ent_max: np.ndarray, busy: np.ndarray, codes: np.ndarray, singles: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per step the entity that sets it, the gain of replacing it by the median rank
+    outside it (`_median_outside`), and the largest local time."""
+    n_ent, n_steps = ent_max.shape
+    if n_ent == 1:
+        top1, top2 = ent_max[0], np.full(n_steps, -np.inf)
+    else:
+        part = np.partition(ent_max, n_ent - 2, axis=0)
+        top1, top2 = part[n_ent - 1], part[n_ent - 2]
+    owner = np.where(np.isfinite(top1), np.argmax(ent_max, axis=0), -1)
+    med = _median_outside(busy, codes, owner, singles)
+    ok = np.isfinite(top1) & np.isfinite(med)
+    with np.errstate(invalid="ignore"):
+        gain = np.where(ok, np.maximum(top1 - np.maximum(top2, med), 0.0), 0.0)
+    owner = np.where(ok, owner, -1)
+    return owner, gain, np.where(ok, top1, np.nan)
+
+
+def _step_gains_to(ent_max: np.ndarray, med: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per step the entity that sets it and the gain of re-timing it to ``med``."""
+    n_ent, n_steps = ent_max.shape
+    if n_ent == 1:
+        top1, top2 = ent_max[0], np.full(n_steps, -np.inf)
+    else:
+        part = np.partition(ent_max, n_ent - 2, axis=0)
+        top1, top2 = part[n_ent - 1], part[n_ent - 2]
+    ok = np.isfinite(top1) & np.isfinite(med)
+    owner = np.where(ok, np.argmax(ent_max, axis=0), -1)
+    with np.errstate(invalid="ignore"):
+        gain = np.where(ok, np.maximum(top1 - np.maximum(top2, med), 0.0), 0.0)
+    return owner, gain
+
+
+def _entity_gains(
+    kind: _Kind, busy: np.ndarray, seen: int, med: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per step the entity of ``kind`` that sets it; per entity its trimmed mean gain (0
+    for one that sets no step) and the steps it sets. The setter is re-timed to the
+    median of the ranks outside it, or, given ``med``, to that per-step median."""
+    n_codes = len(kind.keys)
+    ent_max = _entity_max(busy, kind.codes, n_codes)
+    if med is None:
+        owner, gain, _ = _step_gains(ent_max, busy, kind.codes, kind.kind == "rank")
+    else:
+        owner, gain = _step_gains_to(ent_max, med)
+    sets = np.bincount(owner[owner >= 0], minlength=n_codes)[:n_codes]
+    return owner, _trimmed_means(owner, gain, n_codes, seen), sets
+
+
 def _suspects(
     kind: _Kind,
     busy: np.ndarray,
@@ -376,19 +512,16 @@ def _suspects(
     top: int,
 ) -> list[Suspect]:
     n_codes = len(kind.keys)
-    ent_max = _entity_max(busy, kind.codes, n_codes)
-    owner, gain, _ = _step_gains(ent_max, med)
-    gains = np.zeros(n_codes)
-    sets = np.bincount(owner[owner >= 0], minlength=n_codes)[:n_codes]
+    owner, gains, sets = _entity_gains(kind, busy, seen)
+    # Judged on the re-timing to the median of all ranks (the module's "Beyond chance").
+    judged = _entity_gains(kind, busy, seen, med)[1]
     has = np.flatnonzero(sets)
-    for e in has:
-        gains[e] = trimmed_mean(gain[owner == e], seen)
     present = np.bincount(kind.codes[kind.codes >= 0], minlength=n_codes)[:n_codes] > 0
     before_med = np.median(sample(before), axis=0)
     order = has[np.argsort(-gains[has], kind="stable")][:top]
     out = []
     for e in order:
-        others = gains[present & (np.arange(n_codes) != e)]
+        others = judged[present & (np.arange(n_codes) != e)]
         chance = float(np.median(others)) if others.size else 0.0
         steps = np.flatnonzero(owner == e)
         r = setter[steps]
@@ -407,7 +540,7 @@ def _suspects(
                 ranks=tuple(int(x) for x in np.flatnonzero(kind.codes == e)),
                 gain_ns=float(gains[e]),
                 gain=float(gains[e] / step_ns),
-                net_gain=float((gains[e] - chance) / step_ns),
+                net_gain=float((judged[e] - chance) / step_ns),
                 sets=float(sets[e] / seen),
                 excess_ns=excess,
             )
@@ -433,7 +566,9 @@ def what_if_gain(local: np.ndarray, ranks: tuple[int, ...] | list[int], step_ns:
     inside = np.zeros(n, dtype=bool)
     inside[[r for r in ranks if 0 <= r < n]] = True
     filled = np.where(np.isfinite(local), local, -np.inf)
-    med = nanmedian(sample(local), axis=0)
+    every = _every(n)
+    peers = local[::every][~inside[::every]]
+    med = nanmedian(peers, axis=0) if peers.shape[0] else np.full(local.shape[1], np.nan)
     top = filled.max(axis=0)
     outside = filled[~inside].max(axis=0) if (~inside).any() else np.full(top.shape, -np.inf)
     ok = np.isfinite(top) & np.isfinite(med)
@@ -511,7 +646,15 @@ def against_baseline(loc: Localisation, base: Localisation | None) -> Localisati
         net = s.net_gain if b is None or both else min(s.net_gain, s.gain - b.gain)
         out.append(
             Suspect(
-                s.kind, s.key, s.ranks, s.gain_ns, s.gain, float(net), s.sets, s.excess_ns, both
+                s.kind,
+                s.key,
+                s.ranks,
+                s.gain_ns,
+                s.gain,
+                float(net),
+                s.sets,
+                s.excess_ns,
+                both,
             )
         )
     out.sort(key=lambda s: -s.net_gain)

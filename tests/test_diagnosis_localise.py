@@ -129,6 +129,28 @@ def test_two_rank_job_with_noise_is_not_a_straggler():
         assert not d.finding.material, (seed, d.finding)
 
 
+def test_a_two_rank_straggler_gains_all_it_costs_not_half():
+    # The straggler is re-timed to its peer, not to a median it is part of (with two ranks
+    # that median is their mean, and the what-if would give back 10 of the 20 ms).
+    extra = _per_rank(2, 30, 1, 20 * MS)
+    d = diagnose(sync_job(n_ranks=2, ranks_per_host=1, extra_gap=extra, noise=0.0))
+    top = d.localisation.top
+    assert top is not None and top.key == "1"
+    assert top.gain_ns == pytest.approx(20 * MS, rel=0.01)
+    assert d.finding.material and d.verdict.top.ranks == (1,)
+
+
+def test_pauses_on_one_of_two_ranks_are_named_and_gain_what_they_cost():
+    # Five 50 ms pauses in twenty steps on rank 1: the trim leaves out two of them, and
+    # re-timed to its peer the rank gains the other three's 50 ms over the kept steps.
+    pauses = np.zeros((2, 20))
+    pauses[1, 3::4] = 50 * MS
+    d = diagnose(sync_job(n_ranks=2, n_steps=20, ranks_per_host=1, noise=0.01, gc=pauses))
+    top = d.localisation.of("rank", "1")
+    assert top is not None and top.gain_ns == pytest.approx(3 * 50 * MS / 18, rel=0.15)
+    assert d.finding.material and d.finding.suspect.key == "1", d.finding
+
+
 def test_one_isolated_spike_is_not_a_straggler_but_a_recurring_pause_is():
     spike = np.zeros((16, 30))
     spike[3, 17] = 300 * MS

@@ -232,14 +232,30 @@ def _top3(d):
 
 
 def _assert_verdict(got):
+    """The verdict names the case's mechanism (or an equally right one) on its rank.
+
+    Unless the machine also kept that rank off the cores (its compute phases at a CPU
+    share well below its peer's, `_cpu_loss`; seen in CI's loaded pass for the GC rank,
+    its forward at 0.44 CPU per wall second against 0.89): two real causes on one rank,
+    either may lead by what it costs, so ``cpu_contention`` on the rank may lead while
+    the case's mechanism is still named on it with a score of at least 0.5."""
+    from rankscope.diagnosis.hostside import MIN_CPU_LOSS
+
     d = _diagnose(got)
     truth = got.truth
     top = d.verdict.top
     right = (truth["mechanism"], *truth.get("alternatives", ()))
-    assert top.mechanism in right, _top3(d)
-    if truth["ranks"]:
-        assert top.mechanism != "healthy", _top3(d)
-        assert tuple(top.ranks[:1]) == tuple(truth["ranks"][:1]), _top3(d)
+    ranks = tuple(truth["ranks"][:1])
+    loss = _cpu_loss(got.window, ranks[0]) if ranks else 0.0
+    why = (round(loss, 2), _top3(d))
+    if ranks and loss >= MIN_CPU_LOSS + 0.1 and top.mechanism == "cpu_contention":
+        named = [h for h in d.verdict.hypotheses if h.mechanism in right and h.score >= 0.5]
+        assert any(h.ranks[:1] == ranks for h in named), why
+    else:
+        assert top.mechanism in right, why
+    if ranks:
+        assert top.mechanism != "healthy", why
+        assert tuple(top.ranks[:1]) == ranks, why
     return d
 
 
@@ -299,16 +315,15 @@ def test_gap_verdict_names_the_rank_never_healthy(gap_case):
 @pytest.mark.timeout(TIMEOUT_S["gap"])
 def test_gap_localised_to_the_rank(gap_case):
     top = _assert_localised(gap_case)
-    # What-if: fixing it gives back a large part of what the job waited for it, read from
-    # the collectives alone; not a fixed share of the 25 ms: where the machine also slows
-    # the other rank, the job waits for the gap rank less (8.5 ms of gain seen at load 5).
-    # With two ranks "the median rank" is their mean, so the what-if gives back about half
-    # the gap (12.8 of 27 ms waited, unloaded): a limit of the definition at two ranks.
+    # What-if: fixing it gives back most of what the job waited for it, read from the
+    # collectives alone (0.93-0.98 of it seen, quiet and at load 4); not a fixed share of
+    # the 25 ms: where the machine also slows the other rank, the job waits for the gap
+    # rank less. The rank is re-timed to its peer, not to the mean of the two.
     w = _diagnose(gap_case).window
     r = gap_case.case.ranks[0]
     waited_ns = _waited_for(w)[r] * float(np.nanmedian(_rank_step(w, w.step_ns)))
     assert waited_ns > 5 * MS, (waited_ns / MS, top)
-    assert top.gain_ns > 0.35 * waited_ns, (waited_ns / MS, top)
+    assert top.gain_ns > 0.7 * waited_ns, (waited_ns / MS, top)
 
 
 # -- (b) a CPU-throttled rank -------------------------------------------------------------
@@ -389,21 +404,7 @@ def test_gc_rank_pauses_every_few_steps(gc_case):
 
 @pytest.mark.timeout(TIMEOUT_S["gc"])
 def test_gc_verdict_is_host_pause_on_the_rank(gc_case):
-    from rankscope.diagnosis.hostside import MIN_CPU_LOSS
-
-    w, r = gc_case.window, gc_case.case.ranks[0]
-    loss = _cpu_loss(w, r)
-    if loss < MIN_CPU_LOSS + 0.1:
-        _assert_verdict(gc_case)
-        return
-    # The machine also kept the collecting rank off the cores (seen in CI's loaded pass:
-    # its compute phases at a share well below its peer's): two real causes on one rank.
-    # Either may lead, by what it costs; the pauses must still be named on it.
-    d = _diagnose(gc_case)
-    assert d.verdict.top.mechanism in ("host_pause", "cpu_contention"), (loss, _top3(d))
-    assert d.verdict.top.ranks[:1] == (r,), (loss, _top3(d))
-    pause = d.verdict.get("host_pause")
-    assert pause.score >= 0.5 and r in pause.ranks, (loss, _top3(d))
+    _assert_verdict(gc_case)
 
 
 def _cpu_loss(w, rank):
