@@ -4,6 +4,7 @@ writes. Every app comes from `make_app` with a static seeded source and fixed se
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import io
 import json
@@ -239,6 +240,33 @@ async def test_enter_zooms_into_a_group_then_opens_a_rank(tmp_path: Path) -> Non
         await pilot.press("escape")
         await settle(pilot, app, analysis=False)
         assert app.zoom is None and len(heatmap.grid) == 17  # 16 hosts + the pin
+
+
+@run_async
+async def test_host_rows_roll_up_into_racks_and_enter_opens_one() -> None:
+    # 16 hosts of 8 ranks in 4 racks, above a budget of 8 host rows: rack rows.
+    big = synthetic_run(128, 20, fault=Fault("slow_device", rank=77), run="big")
+    settings = deterministic_settings("")
+    settings = dataclasses.replace(
+        settings, view=dataclasses.replace(settings.view, group_rows_max=8)
+    )
+    app = make_app(settings, StaticSource([big]))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app)
+        heatmap = app.screen.query_one(Heatmap)
+        assert heatmap.grid.rolled_up == "rack" and len(heatmap.grid) == 4
+        assert "worst rank of each rack" in _rendered(app.screen.query_one("#legend"), 400)
+        for _ in range(2):
+            await pilot.press("down")
+        row = heatmap.selected()
+        assert row.kind == GROUP and row.group == 2 and row.rank == 77
+        await pilot.press("enter")
+        await settle(pilot, app, analysis=False)
+        # The rack's 32 ranks fit the rank rows: one row each.
+        assert app.zoom_up == 2 and heatmap.grid.rank.tolist() == list(range(64, 96))
+        await pilot.press("escape")
+        await settle(pilot, app, analysis=False)
+        assert app.zoom_up is None and heatmap.grid.rolled_up == "rack"
 
 
 @run_async

@@ -182,6 +182,33 @@ def test_zoom_and_filter() -> None:
     assert kept.rank.tolist() == [8, 9, 10, 11] and kept.hidden == 124
 
 
+def test_host_rows_roll_up_into_racks_above_the_group_budget_and_zoom_back_down() -> None:
+    # 128 ranks: 16 hosts of 8, 4 racks of 4 hosts (rack_layout's defaults); rank 100 slow.
+    w = _window(128, 6, slow={100: 60, 21: 25})
+    spec = METRIC_SPECS["step"]
+    vals = metric_values(w, "step")
+    host, rack = dimension(w, "host"), dimension(w, "rack")
+    kw = {"up": rack, "group_rows_max": 8, "rank_rows_max": 16, "pins": (21,)}
+    top = build_grid(vals, w.steps, spec, host, **kw)
+    # 16 host rows exceed the budget of 8: four rack rows, each its worst rank; the pin
+    # keeps its own row, labelled by its host.
+    assert top.rolled_up == "rack" and top.dimension == "host"
+    assert top.labels[0].startswith("● r21 node0002")
+    groups = top.kinds == GROUP
+    assert groups.sum() == 4 and top.members[groups].tolist() == [31, 32, 32, 32]
+    assert top.rank[groups].tolist()[3] == 100 and top.labels[4] == "rack003 ×32 r100"
+    assert np.allclose(top.values[4], vals[96:128].max(axis=0))
+    # Zoomed into rack 3: its four hosts as rows again, then host 12's ranks.
+    rack3 = build_grid(vals, w.steps, spec, host, zoom_up=3, **kw)
+    assert rack3.rolled_up == "" and rack3.zoom_up_name == "rack003"
+    assert (rack3.group[rack3.kinds == GROUP]).tolist() == [12, 13, 14, 15]
+    host12 = build_grid(vals, w.steps, spec, host, zoom_up=3, zoom=12, **kw)
+    assert host12.rank.tolist() == [21, *range(96, 104)]
+    # Within the budget, or without a level above, hosts stay rows.
+    assert build_grid(vals, w.steps, spec, host, up=rack, group_rows_max=16).rolled_up == ""
+    assert build_grid(vals, w.steps, spec, host, group_rows_max=8).rolled_up == ""
+
+
 def test_healthy_jitter_stays_cool() -> None:
     rng = np.random.default_rng(1)
     world, steps = 64, 30

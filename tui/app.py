@@ -114,6 +114,8 @@ class RankscopeApp(Clocks, App[int]):
     """Rank/host filter (see ``metrics.filter_mask``)."""
     zoom: reactive[int | None] = reactive(None)
     """Group code zoomed into (ranks of that group, one row each)."""
+    zoom_up: reactive[int | None] = reactive(None)
+    """Rolled-up group (a rack) zoomed into: its hosts shown as rows."""
     baseline_run: reactive[str | None] = reactive(None)
     """Run the header, decomposition and manifest compare against."""
 
@@ -224,7 +226,9 @@ class RankscopeApp(Clocks, App[int]):
             pins=self.pins,
             filter=self.filter_text,
             zoom=self.zoom,
+            zoom_up=self.zoom_up,
             rank_rows_max=self.settings.view.rank_rows_max,
+            group_rows_max=self.settings.view.group_rows_max,
             last_arrivals=self.settings.view.last_arrivals,
         )
 
@@ -427,6 +431,7 @@ class RankscopeApp(Clocks, App[int]):
             self._pins_run = None
             self.filter_text = ""
             self.zoom = None
+            self.zoom_up = None
             self.baseline_run = self.default_baseline
         finally:
             self._restoring = False
@@ -459,6 +464,7 @@ class RankscopeApp(Clocks, App[int]):
 
     def watch_group_by(self) -> None:
         self.zoom = None
+        self.zoom_up = None
         self._persist()
         self._view_changed()
 
@@ -475,6 +481,10 @@ class RankscopeApp(Clocks, App[int]):
         self._view_changed()
 
     def watch_zoom(self) -> None:
+        self._view_changed()
+
+    def watch_zoom_up(self) -> None:
+        self.zoom = None
         self._view_changed()
 
     def watch_baseline_run(self) -> None:

@@ -5,6 +5,10 @@ row while there are few enough (``rank_rows_max``) or while zoomed into one grou
 otherwise one row per group shows, per step, its worst rank (the maximum for a metric where
 high is bad, the minimum for the SM clock) — synchronous training runs at the pace of its
 slowest rank, so a group is as bad as its worst member, never its average.
+
+Above ``group_rows_max`` groups, rows roll up one level (hosts into their racks: 8,192
+host rows of a 65,536-rank job become a few hundred rack rows); zooming into a rolled-up
+row (``zoom_up``) shows its groups again, and zooming into one of those its ranks.
 """
 
 from __future__ import annotations
@@ -55,6 +59,13 @@ class HeatGrid:
     """Printable name of the zoomed group ("" when not zoomed)."""
     hidden: int
     """Ranks the filter hides."""
+    rolled_up: str = ""
+    """The dimension the group rows stand for when they rolled up one level above
+    ``dimension`` (``rack``), else ""."""
+    zoom_up: int | None = None
+    """Code of the rolled-up group zoomed into (its groups shown), or None."""
+    zoom_up_name: str = ""
+    """Printable name of that group ("" when none)."""
 
     def __len__(self) -> int:
         return int(self.values.shape[0])
@@ -144,6 +155,9 @@ def build_grid(
     zoom: int | None = None,
     rank_rows_max: int = 64,
     blame: np.ndarray | None = None,
+    up: Dimension | None = None,
+    zoom_up: int | None = None,
+    group_rows_max: int = 256,
 ) -> HeatGrid:
     """Arrange a metric's ``(R, S)`` values into heatmap rows.
 
@@ -160,6 +174,10 @@ def build_grid(
             the metric's mean over the window in its bad direction. The step time needs
             another score: in a synchronous job every rank's step is as long as the
             straggler's, so its busy time (``metrics.busy_mean``) names it.
+        up: the level above ``dim`` (racks above hosts), or None.
+        zoom_up: show only the ranks of this group code of ``up`` (as groups of ``dim``
+            while they are more than ``rank_rows_max``).
+        group_rows_max: most group rows before they roll up into ``up``'s groups.
 
     Returns:
         The grid; its colour scale spans the shown values.
@@ -168,6 +186,8 @@ def build_grid(
     n_ranks = values.shape[0]
     keep = np.ones(n_ranks, dtype=bool) if keep is None else np.asarray(keep, dtype=bool)
     hidden = int(n_ranks - keep.sum())
+    if up is not None and zoom_up is not None:
+        keep = keep & (up.codes == zoom_up)
     if zoom is not None:
         keep = keep & (dim.codes == zoom)
     pin_list = [p for p in dict.fromkeys(pins) if 0 <= p < n_ranks]
@@ -175,6 +195,16 @@ def build_grid(
     rest[pin_list] = False
     idx = np.flatnonzero(rest)
     codes = dim.codes
+    rolled, gdim = "", dim  # gdim: what the group rows group by
+    if (
+        up is not None
+        and zoom is None
+        and zoom_up is None
+        and idx.size > rank_rows_max
+        and (up.codes[idx] >= 0).all()
+        and np.unique(codes[idx]).size > group_rows_max
+    ):
+        gdim, rolled = up, up.name
 
     labels: list[str] = []
     blocks: list[np.ndarray] = []
@@ -201,8 +231,9 @@ def build_grid(
         groups.append(codes[order])
         members.append(np.ones(order.size, np.int64))
     elif idx.size:
-        order = idx[np.lexsort((idx, codes[idx]))]
-        sorted_codes = codes[order]
+        gcodes_all = gdim.codes
+        order = idx[np.lexsort((idx, gcodes_all[idx]))]
+        sorted_codes = gcodes_all[order]
         starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]])
         sub = values[order]
         worst = _group_reduce(sub, starts, np.fmax if spec.higher_is_worse else np.fmin)
@@ -220,7 +251,7 @@ def build_grid(
         gcodes = sorted_codes[starts]
         blocks.append(worst)
         labels += [
-            f"{dim.name_of(int(g))} ×{c} r{w}"
+            f"{gdim.name_of(int(g))} ×{c} r{w}"
             for g, c, w in zip(gcodes.tolist(), counts.tolist(), worst_rank.tolist())
         ]
         kinds.append(np.full(starts.size, GROUP, np.int8))
@@ -250,4 +281,7 @@ def build_grid(
         zoom=zoom,
         zoom_name=dim.name_of(zoom) if zoom is not None else "",
         hidden=hidden,
+        rolled_up=rolled,
+        zoom_up=zoom_up if up is not None else None,
+        zoom_up_name=up.name_of(zoom_up) if up is not None and zoom_up is not None else "",
     )

@@ -269,7 +269,14 @@ def legend(
     text.append("██", style=Style(color=missing))
     text.append(" none")
     if grid.kinds.size and (grid.kinds == GROUP).any():
-        text.append("  rows: worst rank of each " + grid.dimension, style="dim")
+        if grid.rolled_up:
+            text.append(
+                f"  rows: worst rank of each {grid.rolled_up} (too many {grid.dimension}s"
+                f" to list; enter shows a {grid.rolled_up}'s)",
+                style="dim",
+            )
+        else:
+            text.append("  rows: worst rank of each " + grid.dimension, style="dim")
     text.truncate(width)
     return text
 

@@ -153,6 +153,8 @@ class MainScreen(Screen):
         grid = model.grid
         text = legend(grid, self.heatmap.palette, self.heatmap.missing_colour, width=400)
         extra = []
+        if grid.zoom_up is not None:
+            extra.append(f"zoom: {grid.zoom_up_name} (esc)")
         if grid.zoom is not None:
             extra.append(f"zoom: {grid.zoom_name} (esc)")
         if model.view.filter:
@@ -208,7 +210,10 @@ class MainScreen(Screen):
         row = self.heatmap.selected()
         if row is None:
             return
-        if row.kind == GROUP:
+        grid = self.heatmap.grid
+        if row.kind == GROUP and grid is not None and grid.rolled_up:
+            self.rs_app.zoom_up = row.group
+        elif row.kind == GROUP:
             self.rs_app.zoom = row.group
         else:
             self.rs_app.open_detail(row.rank)
@@ -218,6 +223,8 @@ class MainScreen(Screen):
         app = self.rs_app
         if app.zoom is not None:
             app.zoom = None
+        elif app.zoom_up is not None:
+            app.zoom_up = None
         elif app.filter_text:
             app.filter_text = ""
 

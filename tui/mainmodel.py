@@ -27,6 +27,9 @@ from rankscope.tui.metrics import (
 )
 from rankscope.tui.sources import RunEntry, Sample
 
+UP = {"host": "rack"}
+"""The level a grouping's rows roll up to above ``view.group_rows_max`` groups."""
+
 
 @dataclass(frozen=True)
 class ViewState:
@@ -37,7 +40,9 @@ class ViewState:
     pins: tuple[int, ...] = ()
     filter: str = ""
     zoom: int | None = None
+    zoom_up: int | None = None
     rank_rows_max: int = 64
+    group_rows_max: int = 256
     last_arrivals: int = 6
 
 
@@ -326,6 +331,9 @@ def build_main_model(
         zoom=view.zoom,
         rank_rows_max=view.rank_rows_max,
         blame=busy_mean(w) if view.metric == "step" else None,
+        up=dimension(w, UP[view.group_by]) if view.group_by in UP else None,
+        zoom_up=view.zoom_up,
+        group_rows_max=view.group_rows_max,
     )
     return MainModel(
         header=header_model(w, sample.health, baseline),

@@ -73,6 +73,9 @@ class ViewSettings:
     rank_rows_max: int = 64
     """Up to this many ranks each get their own heatmap row; above it, rows are groups
     showing their worst rank (zoom into a group with ``enter``)."""
+    group_rows_max: int = 256
+    """Up to this many host rows; above it, hosts roll up into their racks (where the
+    ranks report racks), and ``enter`` on a rack shows its hosts."""
     pin_slowest: int = 4
     """How many ranks ``P`` pins: the slowest by mean busy time (step time minus the
     time spent waiting for other ranks) over the window."""
@@ -178,6 +181,11 @@ def _validate(settings: Settings, where: str) -> Settings:
         ),
         (v.window_steps >= 2, "view.window_steps", f"must be >= 2, got {v.window_steps}"),
         (v.rank_rows_max >= 1, "view.rank_rows_max", f"must be >= 1, got {v.rank_rows_max}"),
+        (
+            v.group_rows_max >= 1,
+            "view.group_rows_max",
+            f"must be >= 1, got {v.group_rows_max}",
+        ),
         (v.max_cells >= 1024, "view.max_cells", f"must be >= 1024, got {v.max_cells}"),
         (
             v.baseline_max_cells >= 1024,
