@@ -449,10 +449,15 @@ def _median_without_members(busy: np.ndarray, codes: np.ndarray, owner: np.ndarr
 
 
 def _step_gains(
-    ent_max: np.ndarray, busy: np.ndarray, codes: np.ndarray, singles: bool = False
+    ent_max: np.ndarray,
+    busy: np.ndarray,
+    codes: np.ndarray,
+    singles: bool = False,
+    med: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per step the entity that sets it, the gain of replacing it by the median rank
-    outside it (`_median_outside`), and the largest local time."""
+    outside it (`_median_outside`; or by ``med``, a given per-step median), and the
+    largest local time."""
     n_ent, n_steps = ent_max.shape
     if n_ent == 1:
         top1, top2 = ent_max[0], np.full(n_steps, -np.inf)
@@ -460,27 +465,13 @@ def _step_gains(
         part = np.partition(ent_max, n_ent - 2, axis=0)
         top1, top2 = part[n_ent - 1], part[n_ent - 2]
     owner = np.where(np.isfinite(top1), np.argmax(ent_max, axis=0), -1)
-    med = _median_outside(busy, codes, owner, singles)
+    if med is None:
+        med = _median_outside(busy, codes, owner, singles)
     ok = np.isfinite(top1) & np.isfinite(med)
     with np.errstate(invalid="ignore"):
         gain = np.where(ok, np.maximum(top1 - np.maximum(top2, med), 0.0), 0.0)
     owner = np.where(ok, owner, -1)
     return owner, gain, np.where(ok, top1, np.nan)
-
-
-def _step_gains_to(ent_max: np.ndarray, med: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per step the entity that sets it and the gain of re-timing it to ``med``."""
-    n_ent, n_steps = ent_max.shape
-    if n_ent == 1:
-        top1, top2 = ent_max[0], np.full(n_steps, -np.inf)
-    else:
-        part = np.partition(ent_max, n_ent - 2, axis=0)
-        top1, top2 = part[n_ent - 1], part[n_ent - 2]
-    ok = np.isfinite(top1) & np.isfinite(med)
-    owner = np.where(ok, np.argmax(ent_max, axis=0), -1)
-    with np.errstate(invalid="ignore"):
-        gain = np.where(ok, np.maximum(top1 - np.maximum(top2, med), 0.0), 0.0)
-    return owner, gain
 
 
 def _entity_gains(
@@ -491,10 +482,7 @@ def _entity_gains(
     median of the ranks outside it, or, given ``med``, to that per-step median."""
     n_codes = len(kind.keys)
     ent_max = _entity_max(busy, kind.codes, n_codes)
-    if med is None:
-        owner, gain, _ = _step_gains(ent_max, busy, kind.codes, kind.kind == "rank")
-    else:
-        owner, gain = _step_gains_to(ent_max, med)
+    owner, gain, _ = _step_gains(ent_max, busy, kind.codes, kind.kind == "rank", med)
     sets = np.bincount(owner[owner >= 0], minlength=n_codes)[:n_codes]
     return owner, _trimmed_means(owner, gain, n_codes, seen), sets
 

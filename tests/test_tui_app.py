@@ -205,6 +205,16 @@ async def test_filter_dialog_and_escape(slow13) -> None:
         assert app.filter_text == "" and len(app.screen.query_one(Heatmap).grid) == 64
 
 
+async def _enter_row(pilot, app: RankscopeApp, heatmap: Heatmap, row: int, rank: int) -> None:
+    """Move to group row ``row`` (asserting it names ``rank`` as its worst) and enter it."""
+    for _ in range(row):
+        await pilot.press("down")
+    got = heatmap.selected()
+    assert got.kind == GROUP and got.group == row and got.rank == rank
+    await pilot.press("enter")
+    await settle(pilot, app, analysis=False)
+
+
 @run_async
 async def test_enter_zooms_into_a_group_then_opens_a_rank(tmp_path: Path) -> None:
     big = synthetic_run(128, 20, fault=Fault("slow_device", rank=77), run="big")
@@ -213,12 +223,7 @@ async def test_enter_zooms_into_a_group_then_opens_a_rank(tmp_path: Path) -> Non
         await settle(pilot, app)
         heatmap = app.screen.query_one(Heatmap)
         assert (heatmap.grid.kinds == GROUP).all() and len(heatmap.grid) == 16
-        for _ in range(9):
-            await pilot.press("down")
-        row = heatmap.selected()
-        assert row.kind == GROUP and row.group == 9 and row.rank == 77
-        await pilot.press("enter")
-        await settle(pilot, app, analysis=False)
+        await _enter_row(pilot, app, heatmap, 9, rank=77)
         assert app.zoom == 9
         assert heatmap.grid.rank.tolist() == list(range(72, 80))
         assert heatmap.selected().kind == RANK
@@ -256,12 +261,7 @@ async def test_host_rows_roll_up_into_racks_and_enter_opens_one() -> None:
         heatmap = app.screen.query_one(Heatmap)
         assert heatmap.grid.rolled_up == "rack" and len(heatmap.grid) == 4
         assert "worst rank of each rack" in _rendered(app.screen.query_one("#legend"), 400)
-        for _ in range(2):
-            await pilot.press("down")
-        row = heatmap.selected()
-        assert row.kind == GROUP and row.group == 2 and row.rank == 77
-        await pilot.press("enter")
-        await settle(pilot, app, analysis=False)
+        await _enter_row(pilot, app, heatmap, 2, rank=77)
         # The rack's 32 ranks fit the rank rows: one row each.
         assert app.zoom_up == 2 and heatmap.grid.rank.tolist() == list(range(64, 96))
         await pilot.press("escape")
