@@ -357,7 +357,7 @@ def current_regime(window: Window) -> Regime | None:
         from rankscope.diagnosis.warmup import warmup_length
 
         warm = warmup_length(vals)
-        hit = arrival_start(late[:, ok], vals, first=warm)
+        hit = arrival_start(late if ok.size == y.size else late[:, ok], vals, first=warm)
         # A job whose step time was already rising before it is drifting (allocator
         # growth, heat): the trend analysis reads that over the whole window, and a rank
         # late at the end of it is no new level (the step-time rule's drift test).

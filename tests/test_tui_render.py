@@ -9,6 +9,7 @@ from rankscope.diagnosis.synthetic import make_window, rank_layout
 from rankscope.tui.charts import TICKS, sparkline, stacked_bar
 from rankscope.tui.heatgrid import GROUP, PIN, RANK, build_grid
 from rankscope.tui.heatmap_render import PALETTES, HeatmapPainter, legend, palette_for
+from rankscope.tui.mainmodel import _top
 from rankscope.tui.metrics import (
     METRIC_SPECS,
     Dimension,
@@ -207,6 +208,17 @@ def test_host_rows_roll_up_into_racks_above_the_group_budget_and_zoom_back_down(
     # Within the budget, or without a level above, hosts stay rows.
     assert build_grid(vals, w.steps, spec, host, up=rack, group_rows_max=16).rolled_up == ""
     assert build_grid(vals, w.steps, spec, host, group_rows_max=8).rolled_up == ""
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_top_few_are_a_full_sort_s_first_few(seed: int) -> None:
+    # Ties on the first key (times last, mostly 0) and on the second, in large worlds.
+    rng = np.random.default_rng(seed)
+    for n, k in ((1, 5), (7, 5), (300, 5), (5000, 3), (5000, 0)):
+        first = rng.integers(0, 3, n).astype(float)
+        second = rng.integers(0, 4, n).astype(float) if seed % 2 else rng.random(n)
+        want = np.lexsort((np.arange(n), -second, -first))[:k]
+        assert np.array_equal(_top(first, second, k), want), (n, k)
 
 
 def test_healthy_jitter_stays_cool() -> None:

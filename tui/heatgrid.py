@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rankscope.tui.metrics import Dimension, MetricSpec, finite_sum
+from rankscope.tui.metrics import Dimension, MetricSpec
 
 PIN, RANK, GROUP = 0, 1, 2
 """Row kinds."""
@@ -120,8 +120,9 @@ def _scale(values: np.ndarray, higher_is_worse: bool) -> tuple[float, float]:
 
 
 def _window_mean(values: np.ndarray) -> np.ndarray:
-    counts = np.sum(np.isfinite(values), axis=1)
-    total = finite_sum(values, 1)
+    finite = np.isfinite(values)
+    counts = np.count_nonzero(finite, axis=1)
+    total = np.sum(values, axis=1, where=finite)
     return np.where(counts > 0, total / np.maximum(counts, 1), np.nan)
 
 
@@ -202,7 +203,7 @@ def build_grid(
         and zoom_up is None
         and idx.size > rank_rows_max
         and (up.codes[idx] >= 0).all()
-        and np.unique(codes[idx]).size > group_rows_max
+        and np.count_nonzero(np.bincount(codes[idx] + 1)) > group_rows_max
     ):
         gdim, rolled = up, up.name
 
@@ -232,10 +233,12 @@ def build_grid(
         members.append(np.ones(order.size, np.int64))
     elif idx.size:
         gcodes_all = gdim.codes
-        order = idx[np.lexsort((idx, gcodes_all[idx]))]
+        order = idx[np.argsort(gcodes_all[idx], kind="stable")]
         sorted_codes = gcodes_all[order]
         starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]])
-        sub = values[order]
+        # Ranks laid out group by group (the usual host order) need no reordered copy.
+        in_place = order.size == n_ranks and bool((order == np.arange(n_ranks)).all())
+        sub = values if in_place else values[order]
         worst = _group_reduce(sub, starts, np.fmax if spec.higher_is_worse else np.fmin)
         if blame is not None:
             key = np.nan_to_num(np.asarray(blame, dtype=np.float64)[order], nan=-np.inf)
@@ -243,11 +246,14 @@ def build_grid(
             # Worst rank of each group over the window: the largest (or smallest) mean.
             mean = _window_mean(sub)
             key = np.nan_to_num(mean if spec.higher_is_worse else -mean, nan=-np.inf)
-        member_group = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, order.size]))
-        best = np.lexsort((order, -key, member_group))
-        first_of_group = best[np.r_[True, member_group[best][1:] != member_group[best][:-1]]]
-        worst_rank = order[first_of_group]
+        # Each group's worst rank: its largest key, the lowest rank of a tie (within a
+        # group the ranks are in ascending order).
         counts = np.diff(np.r_[starts, order.size])
+        top = np.repeat(np.maximum.reduceat(key, starts), counts)
+        hits = np.flatnonzero(key == top)
+        group_of_hit = np.searchsorted(starts, hits, side="right") - 1
+        first_of_group = hits[np.r_[True, group_of_hit[1:] != group_of_hit[:-1]]]
+        worst_rank = order[first_of_group]
         gcodes = sorted_codes[starts]
         blocks.append(worst)
         labels += [
