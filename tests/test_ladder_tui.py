@@ -86,11 +86,12 @@ def _no_stall_view():
 
 
 # Every fault's first scope is checked fast through the CLI ladder (test_ladder_sim); here
-# the TUI's path is walked for one fault a scope in the default tier, the rest in the slow.
+# the TUI's path is walked for one-rank and two-node in the default tier (~10 s each in a
+# busy suite), the rest in the slow.
 CASES = [
     ("slow-device", "one-rank"),
     pytest.param("data-imbalance", "one-node", marks=pytest.mark.slow),
-    ("local-fabric", "one-node"),
+    pytest.param("local-fabric", "one-node", marks=pytest.mark.slow),
     ("network-rail", "two-node"),
     pytest.param("placement", "two-node", marks=pytest.mark.slow),
 ]

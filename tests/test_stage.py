@@ -234,6 +234,7 @@ def test_a_run_that_fails_stops_the_staging_like_a_failed_check(tmp_path: Path) 
     json.dumps(attempt, allow_nan=False)
 
 
+@pytest.mark.slow  # ~9 s in a busy suite; the default tier stages the packer fix and a halving
 def test_rarer_longer_checkpoints_fail_the_tail_check_at_the_first_stage(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -104,9 +104,16 @@ async def test_help_stays_in_the_footer_at_80x24(slow13, healthy) -> None:
         assert isinstance(app.screen, HelpScreen)
 
 
-# j is bound with down (one line a press, the longest walk): in the slow tier.
+# down and j walk one line a press (the longest walks, ~9 s in a busy suite): in the slow
+# tier; end and pagedown reach the last key in the default one.
 @pytest.mark.parametrize(
-    "key", ["end", "pagedown", pytest.param("j", marks=pytest.mark.slow), "down"]
+    "key",
+    [
+        "end",
+        "pagedown",
+        pytest.param("j", marks=pytest.mark.slow),
+        pytest.param("down", marks=pytest.mark.slow),
+    ],
 )
 @run_async
 async def test_the_help_scrolls_to_its_last_key_with_the_keyboard(slow13, key) -> None:
