@@ -1,6 +1,6 @@
-"""TUI benchmark: main-screen frame time by world size, and memory at 16,384 ranks.
+"""TUI benchmark: main-screen frame time by world size up to 65,536 ranks, and memory.
 
-Frame time (target ≤ 50 ms at 16,384 ranks × 120 steps). A frame is what the view does
+Frame time (target ≤ 50 ms at 16,384 and at 65,536 ranks). A frame is what the view does
 for one new window, in two parts measured separately:
 
 - *model*: on the sampling thread, ``build_main_model`` (heatmap metric, grouping into
@@ -10,13 +10,17 @@ for one new window, in two parts measured separately:
   compositor renders the whole 200 × 60 screen (``render_update(full=True)``, what a
   screenshot renders), with the app running headless.
 
-Windows are synthetic, built directly as the arrays a `Window` holds: 8 ranks a host, one
-straggler, an all-reduce over every rank and one collective per host each step (the
+Windows are synthetic, built directly as the arrays a `Window` holds, of as many steps as
+the view asks the store for (``view.window_steps``, 120, within ``view.max_cells``: 64
+steps at 16,384 ranks, 16 at 65,536): 8 ranks a host, 32 hosts a rack (so above
+``view.group_rows_max`` hosts the rows are racks), one straggler, an all-reduce over every rank and one collective per host each step (the
 instance table the arrivals panel reads). The diagnosis runs on its own slower clock and
 is benchmarked in the diagnosis section.
 
-Memory (target ≤ 1 GiB for 16,384 ranks × 1,000 steps). A hub store (the one ``watch``
-runs, default budget) takes 1,000 steps from 16,384 ranks of a baseline run as real wire
+Memory (target ≤ 1 GiB for 16,384 and for 65,536 ranks × 1,000 steps; measured at
+16,384: the store's rings share one cell budget, so a larger world keeps fewer steps in
+the same cells). A hub store (the one ``watch`` runs, default budget) takes 1,000 steps
+from 16,384 ranks of a baseline run as real wire
 messages through its intake, then, an hour later on the steps' clock, 1,000 steps of the
 run under investigation, settling between chunks as the hub does on its timer; its rings
 share the store's one cell budget, so the finished baseline gives up its ring down to the
@@ -42,8 +46,9 @@ import tracemalloc
 
 import numpy as np
 
-SIZES = (512, 4096, 16384)
+SIZES = (512, 4096, 16384, 65536)
 STEPS = 120
+"""``view.window_steps``: the most steps the view asks for (`view_steps`)."""
 SCREEN = (200, 60)
 
 
@@ -53,7 +58,7 @@ def synthetic_window(n_ranks: int, n_steps: int, seed: int = 0):
     from rankscope.diagnosis.synthetic import instance_table, make_groups, make_window, rank_layout
 
     rng = np.random.default_rng(seed)
-    ranks = rank_layout(n_ranks, ranks_per_host=8)
+    ranks = rank_layout(n_ranks, ranks_per_host=8, hosts_per_rack=32)
     compute = 0.7e9 * (1 + 0.003 * rng.standard_normal((n_ranks, n_steps)))
     slow = n_ranks // 3
     compute[slow] *= 1.2
@@ -103,6 +108,15 @@ def synthetic_window(n_ranks: int, n_steps: int, seed: int = 0):
     )
 
 
+def view_steps(n_ranks: int) -> int:
+    """Steps of the window the view asks for at ``n_ranks`` (``sources.steps_within``)."""
+    from rankscope.tui.settings import deterministic_settings
+    from rankscope.tui.sources import steps_within
+
+    v = deterministic_settings().view
+    return steps_within(v.window_steps, n_ranks, v.max_cells)
+
+
 def _median_ms(fn, repeat: int) -> tuple[float, float]:
     cpu, wall = [], []
     for _ in range(repeat):
@@ -114,15 +128,16 @@ def _median_ms(fn, repeat: int) -> tuple[float, float]:
     return statistics.median(cpu), statistics.median(wall)
 
 
-def frame_times(n_ranks: int, repeat: int) -> tuple[tuple[float, float], tuple[float, float]]:
-    """Median (CPU, wall) ms of the model build and of the draw for one window size."""
+def frame_times(n_ranks: int, repeat: int) -> tuple[tuple[float, float], tuple[float, float], str]:
+    """Median (CPU, wall) ms of the model build and of the draw for one window size, and
+    what the heatmap's rows are ("64 hosts", "64 racks")."""
     from rankscope.tui.app import make_app
     from rankscope.tui.main_screen import MainScreen
     from rankscope.tui.mainmodel import ViewState, build_main_model
     from rankscope.tui.settings import deterministic_settings
     from rankscope.tui.sources import StaticSource, sample
 
-    window = synthetic_window(n_ranks, STEPS)
+    window = synthetic_window(n_ranks, view_steps(n_ranks))
     source = StaticSource([window], {"events_per_s": 0.0})
     smp = sample(source, None, STEPS)
     view = ViewState()
@@ -152,7 +167,10 @@ def frame_times(n_ranks: int, repeat: int) -> tuple[tuple[float, float], tuple[f
                 await pilot.pause(0.01)
 
     asyncio.run(session())
-    return model_ms, (statistics.median(draw_cpu), statistics.median(draw_wall))
+    grid = model.grid
+    assert grid is not None
+    rows = f"{len(grid):,} {grid.rolled_up or grid.dimension}s"
+    return model_ms, (statistics.median(draw_cpu), statistics.median(draw_wall)), rows
 
 
 def key_latency(n_ranks: int, presses: int) -> tuple[float, float]:
@@ -164,7 +182,7 @@ def key_latency(n_ranks: int, presses: int) -> tuple[float, float]:
     from rankscope.tui.settings import deterministic_settings
     from rankscope.tui.sources import StaticSource
 
-    window = synthetic_window(n_ranks, STEPS)
+    window = synthetic_window(n_ranks, view_steps(n_ranks))
     source = StaticSource([window], {"events_per_s": 0.0})
     cursor_ms: list[float] = []
     metric_ms: list[float] = []
@@ -245,6 +263,18 @@ def _traced(fn):
     current, _peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     return out, current / 2**20
+
+
+def feed_chunk(n_ranks: int, most: int) -> int:
+    """Steps per message when feeding ``n_ranks``: at most ``most``, and at most half the
+    ring the store keeps per rank at that world size. Collectors send a step or a few at a
+    time, so every rank's step arrives while the ring still holds it; a message of more
+    steps than the ring holds would have each rank evict the steps the next one is about
+    to send (65,536 ranks keep 61 steps in the default budget)."""
+    from rankscope.hub.store import Store
+
+    ring = Store().max_cells // n_ranks
+    return max(1, min(most, ring // 2))
 
 
 def store_and_view_memory(n_ranks: int, n_steps: int, chunk: int) -> dict[str, float]:
@@ -340,22 +370,26 @@ def run(quick: bool) -> str:
     lines = [
         "### TUI",
         "",
-        f"Main-screen frame for one new window of N ranks × {STEPS} steps on a "
-        f"{SCREEN[0]}×{SCREEN[1]} terminal (median of {repeat}); target ≤ 50 ms at 16,384. "
-        "CPU time of the process, then wall time in parentheses: the machine is shared, so "
-        "wall time includes waiting for a core.",
+        "Main-screen frame for one new window of N ranks (as many steps as the view asks "
+        f"for: {STEPS} within `view.max_cells`) on a {SCREEN[0]}×{SCREEN[1]} terminal "
+        f"(median of {repeat}); target ≤ 50 ms at 16,384 and 65,536. Rows: hosts, racks of "
+        "32 hosts above `view.group_rows_max` (256) hosts. CPU time of the process, then "
+        "wall time in parentheses: the machine is shared, so wall time includes waiting "
+        "for a core.",
         "",
-        "| ranks | model (sampling thread) ms | draw (UI thread) ms | frame ms | frame vs 512 |",
-        "|---:|---:|---:|---:|---:|",
+        "| ranks | steps | rows | model (sampling thread) ms | draw (UI thread) ms "
+        "| frame ms | frame vs 512 |",
+        "|---:|---:|---|---:|---:|---:|---:|",
     ]
     first = None
     for n in sizes:
-        (m_cpu, m_wall), (d_cpu, d_wall) = frame_times(n, repeat)
+        (m_cpu, m_wall), (d_cpu, d_wall), rows = frame_times(n, repeat)
         total = m_cpu + d_cpu
         first = first or total
         lines.append(
-            f"| {n:,} | {m_cpu:.1f} ({m_wall:.0f}) | {d_cpu:.1f} ({d_wall:.0f}) "
-            f"| {total:.1f} ({m_wall + d_wall:.0f}) | ×{total / first:.1f} |"
+            f"| {n:,} | {view_steps(n)} | {rows} | {m_cpu:.1f} ({m_wall:.0f}) "
+            f"| {d_cpu:.1f} ({d_wall:.0f}) | {total:.1f} ({m_wall + d_wall:.0f}) "
+            f"| ×{total / first:.1f} |"
         )
     big = sizes[-1]
     cursor_ms, metric_ms = key_latency(big, 5 if quick else 9)
@@ -364,8 +398,12 @@ def run(quick: bool) -> str:
         f"Keys at {big:,} ranks while the sampling clock keeps rebuilding the model (wall ms, "
         f"median): cursor move {cursor_ms:.0f}, next metric on screen {metric_ms:.0f}.",
     ]
+    # Memory at 16,384 ranks: at 65,536 the store keeps the same cells (its budget), but
+    # feeding 65.5 M rank-steps a message per rank and 30 steps takes ~10 min a run here.
     n_ranks, n_steps = (4096, 200) if quick else (16384, 1000)
-    mem = store_and_view_memory(n_ranks, n_steps, chunk=100 if not quick else 50)
+    mem = store_and_view_memory(
+        n_ranks, n_steps, chunk=feed_chunk(n_ranks, 100 if not quick else 50)
+    )
     total = mem["stores_mib"] + mem["view_mib"] + mem["baseline_mib"]
     lines += [
         "",
