@@ -425,6 +425,9 @@ def test_gc_localised_to_the_rank(gc_case):
 
 
 # -- (d) an unbalanced two-stage pipeline --------------------------------------------------
+# The pipeline and warm-up cases run in the slow tier (~21 s of torchruns in a busy default
+# suite); the default tier keeps the gap, CPU-quota, GC and healthy cases.
+@pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT_S["pipeline"])
 def test_pipeline_heavy_stage_computes_and_the_other_waits(pipeline_case):
     w = pipeline_case.window
@@ -453,6 +456,7 @@ def _microbatches(w):
     return int(cfg.get("microbatches", 1))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT_S["pipeline"])
 def test_pipeline_verdict_names_the_heavy_stage(pipeline_case):
     from rankscope.commands.eval_scoring import localise
@@ -461,12 +465,14 @@ def test_pipeline_verdict_names_the_heavy_stage(pipeline_case):
     assert localise(d, pipeline_case.truth)["stage"] is True, _top3(d)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT_S["pipeline"])
 def test_pipeline_localised_to_the_heavy_stage(pipeline_case):
     _assert_localised(pipeline_case, kind="stage")
 
 
 # -- (e) a healthy job with a slow warm-up --------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT_S["warmup"])
 def test_warmup_steps_are_slower_on_every_rank(warmup_case):
     w = warmup_case.window
@@ -486,6 +492,7 @@ def test_warmup_steps_are_slower_on_every_rank(warmup_case):
     assert np.median(step[:k]) > 2 * np.median(step[k:]), step / MS
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT_S["warmup"])
 def test_warmup_is_set_aside_and_the_verdict_is_healthy(warmup_case):
     d = _assert_healthy_unless_a_rank_straggled(warmup_case)

@@ -488,6 +488,7 @@ async def test_a_baseline_cut_to_its_own_bound_still_serves_every_comparison() -
         assert again is not None and [r for r in reads if r[0] == "run-0412"] == before
 
 
+@pytest.mark.slow  # ~7-10 s in a busy suite
 @run_async
 async def test_group_by_skips_dimensions_the_run_does_not_report(slow13) -> None:
     app = _app([slow13])

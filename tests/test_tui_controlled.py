@@ -38,6 +38,7 @@ def _verdict_on_screen(app: RankscopeApp) -> bool:
     return a is not None and a.run == "p" and bool(a.ranked)
 
 
+@pytest.mark.slow  # ~7-10 s in a busy suite
 @run_async
 async def test_the_menu_runs_the_proposed_shard_swap_and_shows_where_the_slowness_went(
     tmp_path: Path,
