@@ -331,7 +331,7 @@ def localise(window: Window, decomp: Decomposition, top: int = 3) -> Localisatio
 
     ranks = np.arange(n_ranks, dtype=np.int64)
     filled = np.where(np.isfinite(busy), busy, -np.inf)
-    rank_owner, rank_gain, top1 = _step_gains(filled, busy, ranks, singles=True)
+    rank_owner, rank_gain, top1 = _step_gains(filled, busy, ranks)
     setter = rank_owner.astype(np.int64)
     counts = np.bincount(setter[setter >= 0], minlength=n_ranks)
     stability = float(counts.max() / seen) if seen and counts.size else float("nan")
@@ -375,85 +375,59 @@ def _spread(busy: np.ndarray) -> np.ndarray:
     return np.maximum(mad, 0.005 * np.abs(med))
 
 
-def _median_outside(
-    busy: np.ndarray, codes: np.ndarray, owner: np.ndarray, singles: bool = False
-) -> np.ndarray:
+def _median_outside(busy: np.ndarray, codes: np.ndarray, owner: np.ndarray) -> np.ndarray:
     """Per step, the median local time of the ranks outside the entity that sets it (NaN
-    where no entity does or none is outside).
+    where no entity does or none is outside), from one sort: the sorted positions of the
+    setter's members are stepped over to reach the middle of what remains.
 
     What the setter would be re-timed to is its peers' typical time, not a median it is
     part of: with two ranks that median is their mean, and the what-if would give back
-    only half of what a straggler costs. Read on `sample` rows, as the job's median is.
+    only half of what a straggler costs. Read on `sample` rows, as the job's median is (a
+    member outside the sample is no part of it anyway); a value that is not finite counts
+    as not reported.
 
     Args:
         busy: float (R, S) local times.
         codes: int64 (R,) entity code of each rank (-1: unknown).
         owner: int64 (S,) the entity that sets each step (-1: none).
-        singles: every entity is one rank (``codes`` is the rank), so the setter is the
-            step's largest local time and its peers are the others.
     """
     every = _every(busy.shape[0])
-    if singles and every == 1:
-        ordered = np.sort(busy, axis=0)  # NaN last; the setter is the last finite value
-        m = np.count_nonzero(np.isfinite(busy), axis=0) - 1
-        cols = np.arange(busy.shape[1])
-        lo, hi = np.maximum((m - 1) // 2, 0), np.maximum(m // 2, 0)
-        med = 0.5 * (ordered[lo, cols] + ordered[hi, cols])
-        return np.where((m >= 1) & (owner >= 0), med, np.nan)
-    if every == 1:
-        return _median_without_members(busy, codes, owner)
-    rows, row_codes = busy[::every], codes[::every]
-    out = np.full(owner.shape, np.nan)
-    for e in np.unique(owner[owner >= 0]):
-        steps = np.flatnonzero(owner == e)
-        peers = rows[row_codes != e]
-        if peers.shape[0]:
-            out[steps] = nanmedian(peers[:, steps], axis=0)
-    return out
-
-
-def _median_without_members(busy: np.ndarray, codes: np.ndarray, owner: np.ndarray) -> np.ndarray:
-    """`_median_outside` on every row, from one sort: per step, the sorted positions of the
-    owner's members are stepped over to reach the middle of what remains."""
-    n_rows, n_steps = busy.shape
-    order = np.argsort(busy, axis=0)  # NaN last
-    ordered = np.take_along_axis(busy, order, axis=0)
+    rows = busy[::every]
+    rows = np.where(np.isfinite(rows), rows, np.nan)
+    codes = codes[::every]
+    n_rows, n_steps = rows.shape
+    order = np.argsort(rows, axis=0)  # NaN last
+    ordered = np.take_along_axis(rows, order, axis=0)
     pos = np.empty_like(order)
     np.put_along_axis(pos, order, np.arange(n_rows)[:, None].repeat(n_steps, axis=1), axis=0)
-    finite = np.count_nonzero(np.isfinite(busy), axis=0)
+    finite = np.count_nonzero(np.isfinite(rows), axis=0)
     # Each entity's member rows, padded with -1.
     member = np.flatnonzero(codes >= 0)
     by = member[np.argsort(codes[member], kind="stable")]
     counts = np.bincount(codes[by], minlength=max(int(owner.max(initial=-1)) + 1, 1))
-    width = int(counts.max(initial=0))
-    members = np.full((counts.size, max(width, 1)), -1, dtype=np.int64)
+    members = np.full((counts.size, max(int(counts.max(initial=0)), 1)), -1, dtype=np.int64)
     if by.size:
         starts = np.cumsum(counts) - counts
-        col = np.arange(by.size) - np.repeat(starts, counts)
-        members[codes[by], col] = by
+        members[codes[by], np.arange(by.size) - np.repeat(starts, counts)] = by
     cols = np.flatnonzero(owner >= 0)
-    rows = members[owner[cols]]  # (k, width)
-    gone = np.where(rows >= 0, pos[np.maximum(rows, 0), cols[:, None]], n_rows).astype(float)
+    mine = members[owner[cols]]  # (k, width)
+    gone = np.where(mine >= 0, pos[np.maximum(mine, 0), cols[:, None]], n_rows).astype(float)
     gone[gone >= finite[cols][:, None]] = np.inf  # a NaN member is not among the finite
     gone.sort(axis=1)
     left = finite[cols] - np.count_nonzero(np.isfinite(gone), axis=1)
-    out = np.full(n_steps, np.nan)
     picks = []
     for t in ((left - 1) // 2, left // 2):
         j = np.maximum(t, 0)
         for i in range(gone.shape[1]):
             j = j + (gone[:, i] <= j)
         picks.append(ordered[np.minimum(j, n_rows - 1), cols])
+    out = np.full(n_steps, np.nan)
     out[cols] = np.where(left >= 1, 0.5 * (picks[0] + picks[1]), np.nan)
     return out
 
 
 def _step_gains(
-    ent_max: np.ndarray,
-    busy: np.ndarray,
-    codes: np.ndarray,
-    singles: bool = False,
-    med: np.ndarray | None = None,
+    ent_max: np.ndarray, busy: np.ndarray, codes: np.ndarray, med: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per step the entity that sets it, the gain of replacing it by the median rank
     outside it (`_median_outside`; or by ``med``, a given per-step median), and the
@@ -466,7 +440,7 @@ def _step_gains(
         top1, top2 = part[n_ent - 1], part[n_ent - 2]
     owner = np.where(np.isfinite(top1), np.argmax(ent_max, axis=0), -1)
     if med is None:
-        med = _median_outside(busy, codes, owner, singles)
+        med = _median_outside(busy, codes, owner)
     ok = np.isfinite(top1) & np.isfinite(med)
     with np.errstate(invalid="ignore"):
         gain = np.where(ok, np.maximum(top1 - np.maximum(top2, med), 0.0), 0.0)
@@ -482,7 +456,7 @@ def _entity_gains(
     median of the ranks outside it, or, given ``med``, to that per-step median."""
     n_codes = len(kind.keys)
     ent_max = _entity_max(busy, kind.codes, n_codes)
-    owner, gain, _ = _step_gains(ent_max, busy, kind.codes, kind.kind == "rank", med)
+    owner, gain, _ = _step_gains(ent_max, busy, kind.codes, med)
     sets = np.bincount(owner[owner >= 0], minlength=n_codes)[:n_codes]
     return owner, _trimmed_means(owner, gain, n_codes, seen), sets
 
@@ -634,15 +608,7 @@ def against_baseline(loc: Localisation, base: Localisation | None) -> Localisati
         net = s.net_gain if b is None or both else min(s.net_gain, s.gain - b.gain)
         out.append(
             Suspect(
-                s.kind,
-                s.key,
-                s.ranks,
-                s.gain_ns,
-                s.gain,
-                float(net),
-                s.sets,
-                s.excess_ns,
-                both,
+                s.kind, s.key, s.ranks, s.gain_ns, s.gain, float(net), s.sets, s.excess_ns, both
             )
         )
     out.sort(key=lambda s: -s.net_gain)
