@@ -10,27 +10,28 @@ for one new window, in two parts measured separately:
   compositor renders the whole 200 × 60 screen (``render_update(full=True)``, what a
   screenshot renders), with the app running headless.
 
-Windows are synthetic, built directly as the arrays a `Window` holds, of as many steps as
-the view asks the store for (``view.window_steps``, 120, within ``view.max_cells``: 64
-steps at 16,384 ranks, 16 at 65,536): 8 ranks a host, 32 hosts a rack (so above
-``view.group_rows_max`` hosts the rows are racks), one straggler, an all-reduce over every rank and one collective per host each step (the
-instance table the arrivals panel reads). The diagnosis runs on its own slower clock and
-is benchmarked in the diagnosis section.
+Windows are synthetic, built directly as the arrays a `Window` holds, of as many steps
+as the view asks the store for (``view.window_steps``, 120, within ``view.max_cells``:
+64 steps at 16,384 ranks, 16 at 65,536): 8 ranks a host, 32 hosts a rack (so above
+``view.group_rows_max`` hosts the rows are racks), one straggler, an all-reduce over
+every rank and one collective per host each step (the instance table the arrivals panel
+reads). The diagnosis runs on its own slower clock and is benchmarked in the diagnosis
+section.
 
 Memory (target ≤ 1 GiB for 16,384 and for 65,536 ranks × 1,000 steps; measured at
 16,384: the store's rings share one cell budget, so a larger world keeps fewer steps in
 the same cells). A hub store (the one ``watch`` runs, default budget) takes 1,000 steps
-from 16,384 ranks of a baseline run as real wire
-messages through its intake, then, an hour later on the steps' clock, 1,000 steps of the
-run under investigation, settling between chunks as the hub does on its timer; its rings
-share the store's one cell budget, so the finished baseline gives up its ring down to the
-floor when the new run arrives. The view asks the store for the run's window, builds its
-model, and reads the baseline's window as the app does once a baseline is chosen
+from 16,384 ranks of a baseline run as real wire messages through its intake, then, an
+hour later on the steps' clock, 1,000 steps of the run under investigation, settling
+between chunks as the hub does on its timer; its rings share the store's one cell
+budget, so the finished baseline gives up its ring down to the floor when the new run
+arrives. The view asks the store for the run's window, builds its model, and reads the
+baseline's window as the app does once a baseline is chosen
 (``sources.baseline_window``, bounded by ``view.baseline_max_cells``). Reported: the
-store's rings (exact bytes), the store's memory (resident growth, and what it still holds
-once the C heap returns the memory freed by ingest, ``malloc_trim``), and what the view
-holds on top (window + model, baseline window), from tracemalloc. Absolute times depend on
-this machine; compare ratios across sizes.
+store's rings (exact bytes), the store's memory (resident growth, and what it still
+holds once the C heap returns the memory freed by ingest, ``malloc_trim``), and what the
+view holds on top (window + model, baseline window), from tracemalloc. Absolute times
+depend on this machine; compare ratios across sizes.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ otherwise one row per group shows, per step, its worst rank (the maximum for a m
 high is bad, the minimum for the SM clock) — synchronous training runs at the pace of its
 slowest rank, so a group is as bad as its worst member, never its average.
 
-Above ``group_rows_max`` groups, rows roll up one level (hosts into their racks: 8,192
-host rows of a 65,536-rank job become a few hundred rack rows); zooming into a rolled-up
+Above ``group_rows_max`` groups, rows roll up one level (hosts into their racks: the
+8,192 hosts of a 65,536-rank job in racks of 32 become 256 rack rows); zooming into a rolled-up
 row (``zoom_up``) shows its groups again, and zooming into one of those its ranks.
 """
 

@@ -271,8 +271,7 @@ def legend(
     if grid.kinds.size and (grid.kinds == GROUP).any():
         if grid.rolled_up:
             text.append(
-                f"  rows: worst rank of each {grid.rolled_up} (too many {grid.dimension}s"
-                f" to list; enter shows a {grid.rolled_up}'s)",
+                f"  rows: worst rank of each {grid.rolled_up} (enter: its {grid.dimension}s)",
                 style="dim",
             )
         else:
