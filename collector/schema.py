@@ -56,7 +56,7 @@ MAX_ROWS = 1_000_000
 NO_TIME = -1
 """Sentinel for a time that was not measured (e.g. device times without CUDA events)."""
 
-KINDS = ("hello", "groups", "steps", "samples", "stats", "beat")
+KINDS = ("hello", "groups", "steps", "samples", "stats", "beat", "reduced")
 
 SCOPES = ("full", "two-node", "one-node", "one-rank", "custom", "sweep")
 """Scope of a run (ARCHITECTURE §3). ``sweep`` is a run of the application's collectives
@@ -235,6 +235,50 @@ TABLES: dict[str, dict[str, np.dtype]] = {
     "samples": SAMPLE_COLUMNS,
 }
 
+CELL_COLUMNS: dict[str, np.dtype] = {
+    "rank": np.dtype("<i4"),
+    "inc": np.dtype("<i4"),
+    "step": np.dtype("<i8"),
+    "n": np.dtype("<i4"),
+    "times_last": np.dtype("<i4"),
+    "coll_ns": np.dtype("<f8"),
+    "wait_ns": np.dtype("<f8"),
+    "transfer_ns": np.dtype("<f8"),
+    "late_ns": np.dtype("<f8"),
+    "exposed_wait_ns": np.dtype("<f8"),
+    "exposed_transfer_ns": np.dtype("<f8"),
+    "overstay_ns": np.dtype("<f8"),
+}
+"""A ``reduced`` message's per rank-step sums over the collective instances a relay matched
+(``diagnosis.window.COLL_AGGREGATES``, in ns; ``n`` calls and ``times_last`` the times the
+rank arrived last), one row per (rank, incarnation, step) of those instances."""
+
+INSTANCE_COLUMNS: dict[str, np.dtype] = {
+    "group": np.dtype("<i4"),
+    "seq": np.dtype("<i8"),
+    "step": np.dtype("<i8"),
+    "inc": np.dtype("<i4"),
+    "op": np.dtype("<i1"),
+    "nbytes": np.dtype("<i8"),
+    "n_members": np.dtype("<i4"),
+    "first": np.dtype("<i8"),
+    "last": np.dtype("<i8"),
+    "last_rank": np.dtype("<i4"),
+    "margin": np.dtype("<f8"),
+    "transfer": np.dtype("<f8"),
+    "device_transfer": np.dtype("<f8"),
+}
+"""A ``reduced`` message's collective instances, every member arrived: ``first``/``last``
+the first and last entry (int64 ns on the hub's clock, as the rows' ``t_enter``), the rest
+as ``diagnosis.window.InstanceTable`` defines them (NaN where unknown)."""
+
+REDUCED_TABLES: dict[str, dict[str, np.dtype]] = {
+    "cells": CELL_COLUMNS,
+    "instances": INSTANCE_COLUMNS,
+}
+"""The tables of a ``reduced`` message, sent by a relay for the groups whose members all
+run on its node (`rankscope.hub.reduce`) in place of their collective rows."""
+
 OPTIONAL_COLUMNS: dict[str, frozenset[str]] = {
     "steps": frozenset({"expert_tokens", "gc_ns", "gc_count", "cpu_ns"}),
     "phases": frozenset({"cpu_ns"}),
@@ -323,13 +367,13 @@ def encode_table(name: str, cols: dict[str, np.ndarray]) -> dict[str, Any]:
     sent as unknown when absent; arrays are cast to the schema dtype.
 
     Args:
-        name: table name in ``TABLES``.
+        name: table name in ``TABLES`` or ``REDUCED_TABLES``.
         cols: column arrays of equal length.
 
     Returns:
         The msgpack-ready table map.
     """
-    spec = TABLES[name]
+    spec = TABLES[name] if name in TABLES else REDUCED_TABLES[name]
     optional = OPTIONAL_COLUMNS.get(name, frozenset())
     n = -1
     out: dict[str, bytes] = {}
@@ -430,6 +474,22 @@ def samples_message(header: dict[str, Any], samples: dict[str, np.ndarray]) -> b
     """Build a ``samples`` message from ``SAMPLE_COLUMNS`` arrays."""
     msg = dict(header)
     msg.update(kind="samples", tables={"samples": encode_table("samples", samples)})
+    return encode(msg)
+
+
+def reduced_message(
+    header: dict[str, Any], cells: dict[str, np.ndarray], instances: dict[str, np.ndarray]
+) -> bytes:
+    """Build a ``reduced`` message from ``CELL_COLUMNS`` and ``INSTANCE_COLUMNS`` arrays.
+    The header names the run, and as its ``rank`` and ``inc`` one of the ranks it covers."""
+    msg = dict(header)
+    msg.update(
+        kind="reduced",
+        tables={
+            "cells": encode_table("cells", cells),
+            "instances": encode_table("instances", instances),
+        },
+    )
     return encode(msg)
 
 
@@ -635,8 +695,10 @@ def _check_identity(ident: dict[str, Any], header_rank: int) -> None:
         )
 
 
-def _decode_table(name: str, raw: Any) -> dict[str, np.ndarray]:
-    spec = TABLES.get(name)
+def _decode_table(
+    name: str, raw: Any, specs: dict[str, dict[str, np.dtype]] = TABLES
+) -> dict[str, np.ndarray]:
+    spec = specs.get(name)
     if spec is None:
         raise SchemaError("bad_table", f"unknown table {name!r}")
     if (
@@ -762,6 +824,13 @@ def decode(data: bytes, max_header_bytes: int = MAX_HEADER_BYTES) -> Message:
             raise SchemaError("bad_table", "steps message without a steps table")
         if kind == "samples" and "samples" not in tables:
             raise SchemaError("bad_table", "samples message without a samples table")
+    elif kind == "reduced":
+        if not isinstance(raw_tables, dict) or set(raw_tables) != set(REDUCED_TABLES):
+            raise SchemaError(
+                "bad_table", f"reduced message needs exactly the tables {sorted(REDUCED_TABLES)}"
+            )
+        for name, raw in raw_tables.items():
+            tables[name] = _decode_table(name, raw, REDUCED_TABLES)
     if kind == "hello":
         ident = obj.get("identity")
         if not isinstance(ident, dict):

@@ -23,7 +23,8 @@ P2P_OPS = np.array([OP_INDEX["send"], OP_INDEX["recv"]])
 
 
 def rows_cover_window(window: Window) -> bool:
-    """True when the raw rows hold every rank-step that recorded collectives.
+    """True when the raw rows hold every call of every rank-step that recorded collectives,
+    but those a node's relay matched itself and sent as sums (`Window.reduced`).
 
     Args:
         window: the window.
@@ -38,10 +39,14 @@ def rows_cover_window(window: Window) -> bool:
     j = np.searchsorted(window.steps, rows.step)
     inside = (j < n_steps) & (window.steps[np.minimum(j, n_steps - 1)] == rows.step)
     ok = inside & (rows.rank >= 0) & (rows.rank < n_ranks)
-    cells = np.zeros(n_ranks * n_steps, dtype=bool)
-    cells[rows.rank[ok].astype(np.int64) * n_steps + j[ok]] = True
-    need = (np.nan_to_num(window.coll["n"], nan=0.0) > 0).ravel()
-    return bool(cells[need].all())
+    held = np.bincount(
+        rows.rank[ok].astype(np.int64) * n_steps + j[ok], minlength=n_ranks * n_steps
+    )
+    calls = np.nan_to_num(window.coll["n"], nan=0.0).ravel()
+    if window.reduced:
+        calls = calls - np.nan_to_num(window.reduced["n"], nan=0.0).ravel()
+    need = calls > 0
+    return bool((held[need] >= calls[need]).all())
 
 
 def _row_last(window: Window) -> tuple[np.ndarray, np.ndarray]:
@@ -121,6 +126,9 @@ def exposed_union(window: Window) -> dict[str, np.ndarray]:
             w = np.clip(last[order] - start, 0.0, piece)
             np.add.at(wait, cells, w)
             np.add.at(transfer, cells, piece - w)
+    if window.reduced:  # calls matched on their node: blocking, their sums are exact
+        wait += np.nan_to_num(window.reduced["exposed_wait_ns"], nan=0.0).ravel()
+        transfer += np.nan_to_num(window.reduced["exposed_transfer_ns"], nan=0.0).ravel()
     out = {
         "exposed_wait_ns": wait.reshape(n_ranks, n_steps),
         "exposed_transfer_ns": transfer.reshape(n_ranks, n_steps),

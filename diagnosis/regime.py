@@ -420,4 +420,5 @@ def since(window: Window, first_index: int, stop_index: int | None = None) -> Wi
         rows=rows,
         host=grid(window.host),
         phase_cpu_ns=grid(window.phase_cpu_ns),
+        reduced=grid(window.reduced),
     )

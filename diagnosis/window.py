@@ -127,6 +127,10 @@ class CollRows:
         return int(self.rank.shape[0])
 
 
+REDUCED_AGGREGATES = ("n", "exposed_wait_ns", "exposed_transfer_ns")
+"""The part of ``COLL_AGGREGATES`` a window keeps apart for the calls a relay reduced
+(`Window.reduced`): what the exposed-time union (`diagnosis.exposure`) adds for them."""
+
 COLL_AGGREGATES = (
     "n",
     "coll_ns",
@@ -232,6 +236,10 @@ class Window:
     """Phase name -> float64 (R, S) Σ training-thread CPU ns of the phase's spans, 0 where
     the rank ran no such span, NaN where a span's CPU time is unknown. A phase absent from
     the dict: no rank reported its CPU time."""
+    reduced: dict[str, np.ndarray] = field(default_factory=dict)
+    """Of the calls in ``coll``, those a node's relay matched (`rankscope.hub.reduce`),
+    whose rows are not in ``rows``: ``REDUCED_AGGREGATES`` -> float64 (R, S), every one
+    blocking. Empty when no relay reduced any."""
 
     @property
     def world_size(self) -> int:

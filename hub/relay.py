@@ -49,6 +49,7 @@ from rankscope.collector import schema
 from rankscope.collector.clock import clock_endpoint
 from rankscope.collector.security import ClientCurve
 from rankscope.collector.sender import check_endpoint
+from rankscope.hub.reduce import NodeReducer
 
 log = logging.getLogger("rankscope")
 
@@ -164,6 +165,7 @@ class Relay:
         rcvhwm: int = RCVHWM,
         max_message_bytes: int = schema.MAX_MESSAGE_BYTES,
         clock: bool = True,
+        reduce: bool = False,
     ) -> None:
         """Configure (nothing is bound until `start`).
 
@@ -180,6 +182,8 @@ class Relay:
             max_message_bytes: a larger message from a collector resets its connection
                 (as at the hub).
             clock: pass clock pings through to the upstream's clock socket.
+            reduce: match the collectives of groups whose members all send here and
+                forward their sums instead of their rows (`hub.reduce`).
 
         Raises:
             RelayError: a bad address or setting.
@@ -208,6 +212,7 @@ class Relay:
         self.max_message_bytes = min(int(max_message_bytes), schema.MAX_MESSAGE_BYTES)
         self.clock = clock
         self.counters = RelayCounters()
+        self.reducer = NodeReducer() if reduce else None
         self._ctx: zmq.Context | None = None
         self._pull: zmq.Socket | None = None
         self._push: zmq.Socket | None = None
@@ -370,6 +375,7 @@ class Relay:
         # collectors until it leaves (their own queues then fill, and they drop and count,
         # where the hub sees it).
         held: tuple[list[bytes], int] | None = None
+        expire_at = 0.0
         try:
             while not self._stop.is_set():
                 wait = 100.0 if not bundle else max(0.0, (due - time.monotonic()) * 1000)
@@ -382,6 +388,13 @@ class Relay:
                     if not bundle:
                         due = time.monotonic() + self.flush_s
                     size = self._fill(pull, bundle, size)
+                if held is None and not bundle and self.reducer is not None:
+                    # Rows held for a member that stopped sending leave on their own.
+                    now = time.monotonic()
+                    if now >= expire_at:
+                        expire_at = now + 1.0
+                        size = self._add_reduced(bundle, size)
+                        due = now
                 if front is not None and front in ready:
                     self._clock_up(front, back)
                 if back is not None and back in ready:
@@ -393,6 +406,7 @@ class Relay:
                     and bundle
                     and (self._full(bundle, size) or time.monotonic() >= due)
                 ):
+                    size = self._add_reduced(bundle, size)
                     if not self._ship(bundle, size):
                         held = (bundle, size)
                         poller.unregister(pull)
@@ -420,8 +434,15 @@ class Relay:
                 held = None
         if held is not None:
             self._count_dropped(*held)
-        while time.monotonic() < deadline and (bundle or pull.poll(50)):
+        final = False
+        while time.monotonic() < deadline:
+            if not bundle and not pull.poll(50):
+                if final or self.reducer is None:
+                    break
+                # Nothing more arrives: what the reduction still holds leaves as rows.
+                final = True
             size = self._fill(pull, bundle, size)
+            size = self._add_reduced(bundle, size, final)
             if not bundle:
                 continue
             while not self._ship(bundle, size):
@@ -433,24 +454,49 @@ class Relay:
         if bundle:
             self._count_dropped(bundle, size)
 
+    def _add_reduced(self, bundle: list[bytes], size: int, final: bool = False) -> int:
+        """Append what the reduction has ready (its sums; rows that gave up waiting; on
+        ``final``, everything it holds); returns the bundle's size."""
+        if self.reducer is None:
+            return size
+        try:
+            more = self.reducer.flush_all() if final else self.reducer.due()
+        except Exception as exc:  # a reduction bug must not stop the relay
+            self._error("reduce", exc)
+            return size
+        bundle += more
+        return size + sum(map(len, more))
+
     def _full(self, bundle: list[bytes], size: int) -> bool:
         return len(bundle) >= self.max_bundle_messages or size >= self.max_bundle_bytes
 
     def _fill(self, pull: zmq.Socket, bundle: list[bytes], size: int) -> int:
         """Add what the collectors have sent to ``bundle`` until it is full or nothing is
         waiting; returns its size in bytes."""
+        c = self.counters
+        reducer = self.reducer
         while not self._full(bundle, size):
             try:
                 frame = pull.recv(zmq.NOBLOCK, copy=True)
             except zmq.Again:
                 break
-            bundle.append(frame)
-            size += len(frame)
+            c.received += 1
+            c.received_bytes += len(frame)
+            if reducer is None:
+                bundle.append(frame)
+                size += len(frame)
+                continue
+            try:
+                out = reducer.take(frame)
+            except Exception as exc:  # a reduction bug must not lose the node's data
+                self._error("reduce", exc)
+                out = [frame]
+            for f in out:
+                bundle.append(f)
+                size += len(f)
         return size
 
     def _count_dropped(self, bundle: list[bytes], size: int) -> None:
-        self.counters.received += len(bundle)
-        self.counters.received_bytes += size
         self.counters.dropped += len(bundle)
         self.counters.dropped_bytes += size
 
@@ -469,8 +515,6 @@ class Relay:
             self._count_dropped(bundle, size)
             return True  # gone: not retried
         c = self.counters
-        c.received += len(bundle)
-        c.received_bytes += size
         c.forwarded += len(bundle)
         c.bundles += 1
         return True

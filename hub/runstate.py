@@ -22,6 +22,7 @@ from rankscope.diagnosis.window import (
     COLL_AGGREGATES,
     HOST_COLUMNS,
     MEMORY_COLUMNS,
+    REDUCED_AGGREGATES,
     WORK_COLUMNS,
     GroupInfo,
     InstanceTable,
@@ -47,6 +48,9 @@ _INSTANCE_DTYPES = {
     "device_transfer": np.float64,
     "epoch": np.int64,
 }
+REDUCED = "reduced:"
+"""Prefix of the ring's grids of `REDUCED_AGGREGATES` (made at a first ``reduced``
+message): the calls a relay matched, kept apart beside ``COLL_AGGREGATES``."""
 _STEP_VALUES = ("t_start", "t_end", *WORK_COLUMNS, *MEMORY_COLUMNS, *HOST_COLUMNS)
 """Columns of a steps table the ring keeps."""
 HOST_SLACK_NS = 1_000_000
@@ -189,6 +193,9 @@ class RunState:
         self.life_late = np.zeros(R, np.float64)
         self.life_complete = 0
         self.life_incomplete = 0
+        self.reduced_seq: dict[tuple[int, int], int] = {}
+        """(group, incarnation) -> the last ``seq`` a relay's ``reduced`` message folded
+        (`add_reduced`): a repeat is refused, not added twice."""
         self.beats = Beats(R)
         """Each rank's latest heartbeat (`collector.heartbeat`)."""
 
@@ -704,6 +711,63 @@ class RunState:
         cols = {k: getattr(inst, k)[mask] for k in _INSTANCE_DTYPES if k != "epoch"}
         cols["epoch"] = epoch[mask]
         self.instances.append(cols, int(mask.sum()))
+
+    def add_reduced(self, tables: Mapping[str, Mapping[str, np.ndarray]]) -> int:
+        """Take a validated ``reduced`` message (`hub.reduce`): fold its per rank-step sums
+        into the collective aggregates and its instances into the instance table, as the
+        matching pass does with the rows it matches itself. Returns the calls it covers."""
+        cells, inst = tables["cells"], tables["instances"]
+        k = inst["group"].shape[0]
+        if k == 0:
+            return 0
+        if not self._t0_set:
+            self.t0, self._t0_set = int(inst["first"].min()), True
+        rank = cells["rank"].astype(np.int64)
+        cell, ok = self.cells(rank, cells["step"], cells["inc"].astype(np.int64))
+        n = cells["n"].astype(np.float64)
+        folds = {"n": (cell[ok], n[ok]), "times_last": (cell[ok], cells["times_last"][ok])}
+        for name in COLL_AGGREGATES:
+            if name not in folds:
+                folds[name] = (cell[ok], cells[name][ok])
+        if REDUCED + "n" not in self.coll:  # kept apart too: see `Window.reduced`
+            for name in REDUCED_AGGREGATES:
+                self.coll[REDUCED + name] = np.zeros((self.world_size, self.H))
+        for name in REDUCED_AGGREGATES:
+            folds[REDUCED + name] = folds[name]
+        self.fold(folds)
+        R = self.world_size
+        calls = cells["n"].astype(np.int64)
+        self.life_rows += np.bincount(rank, calls, minlength=R)[:R].astype(np.int64)
+        self.life_done += np.bincount(rank, calls, minlength=R)[:R].astype(np.int64)
+        self.life_last += np.bincount(rank, cells["times_last"], minlength=R)[:R].astype(np.int64)
+        self.life_late += np.bincount(rank, cells["late_ns"], minlength=R)[:R]
+        first = inst["first"] - np.int64(self.t0)
+        last = inst["last"] - np.int64(self.t0)
+        table = InstanceTable(
+            group=inst["group"],
+            seq=inst["seq"],
+            step=inst["step"],
+            op=inst["op"],
+            nbytes=inst["nbytes"],
+            n_members=inst["n_members"],
+            n_arrived=inst["n_members"],
+            first=first.astype(np.float64),
+            last=last.astype(np.float64),
+            last_rank=inst["last_rank"],
+            margin=inst["margin"],
+            skew=(last - first).astype(np.float64),
+            transfer=inst["transfer"],
+            device_transfer=inst["device_transfer"],
+        )
+        self.add_instances(table, inst["inc"].astype(np.int64), np.ones(k, bool))
+        self.life_complete += k
+        for gid, e, top in zip(
+            inst["group"].tolist(), inst["inc"].tolist(), inst["seq"].tolist(), strict=True
+        ):
+            key = (gid, e)
+            if top > self.reduced_seq.get(key, -2):
+                self.reduced_seq[key] = top
+        return int(calls.sum())
 
     def raw_cutoff(self) -> int | None:
         """Oldest step whose raw rows are kept: the last ``raw_steps`` step ids."""

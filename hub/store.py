@@ -62,13 +62,14 @@ from rankscope.diagnosis.window import (
     DEVICE_COLUMNS,
     HOST_COLUMNS,
     MEMORY_COLUMNS,
+    REDUCED_AGGREGATES,
     WORK_COLUMNS,
     InstanceTable,
     Window,
 )
 from rankscope.hub.matching import settle
 from rankscope.hub.ringbudget import RingClaim, plan
-from rankscope.hub.runstate import RunState, RunSummary
+from rankscope.hub.runstate import REDUCED, RunState, RunSummary
 
 MIN_RING_STEPS = 16
 """Fewest steps a ring holds, whatever the world size and the budget."""
@@ -298,6 +299,8 @@ class Store:
                 self._counters["events"] += events
                 if run.pending.new_rows >= self.settle_rows:
                     self._settle_run(run)
+            elif msg.kind == "reduced":
+                self._counters["events"] += run.add_reduced(msg.tables)
             elif msg.kind == "groups":
                 run.set_groups(h["groups"])
             elif msg.kind == "samples":
@@ -575,6 +578,11 @@ class Store:
             health=r.health(),
             host={name: nan_or(r.host.get(name)) for name in HOST_COLUMNS},
             phase_cpu_ns={name: grid(a) for name, a in r.phase_cpu.items()},
+            reduced={
+                name: grid(r.coll[REDUCED + name])
+                for name in REDUCED_AGGREGATES
+                if REDUCED + name in r.coll
+            },
         )
 
     def _window_instances(self, r: RunState, steps: np.ndarray, shift: float) -> InstanceTable:

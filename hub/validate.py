@@ -47,6 +47,15 @@ repeated. Each failure is a `Reject` with a stable ``reason`` tag the hub counts
 ``bad_groups``          a group that lists a rank twice, or no rank
 ``too_many_frames``     frames of one multipart message past ``server.MAX_BUNDLE_FRAMES``
                         (a relay's bundle holds fewer; counted by the receive loop)
+``bad_reduced``         a relay's ``reduced`` message that does not add up: a cell of a rank
+                        outside the world or of another incarnation than the rank's
+                        latest, counts or sums that cannot be (``times_last`` above ``n``,
+                        a negative or non-finite sum), an instance of a group the run does
+                        not know or of another size, its last arriver outside the group,
+                        calls in the cells that are not the instances' members, a
+                        (rank, step) or instance twice
+``duplicate_instance``  a ``reduced`` message repeating an instance the hub already folded
+                        (one at or below the last ``seq`` folded for its group)
 
 The values of the tables are checked without hub state (`check_values`); the live hub
 checks a batch's values together first (`values_plausible`) and asks message by message
@@ -272,7 +281,137 @@ def check(
         return _ACCEPT
     if kind == "beat":  # field types and sizes were checked in decoding (bad_beat, bad_fr)
         return _ACCEPT
+    if kind == "reduced":
+        check_reduced(msg, run, now_ns, limits)
+        return _ACCEPT
     return _check_steps(msg, run, values, now_ns, limits)
+
+
+_CELL_SUMS = (
+    "coll_ns",
+    "wait_ns",
+    "transfer_ns",
+    "late_ns",
+    "exposed_wait_ns",
+    "exposed_transfer_ns",
+    "overstay_ns",
+)
+
+
+def check_reduced(msg: schema.Message, run: RunState, now_ns: int | None, limits: Limits) -> None:
+    """A relay's ``reduced`` message (`hub.reduce`) adds up and fits the run.
+
+    The hub never sees the rows behind it, so what can be checked is checked: every cell is
+    a current rank's, its sums are what sums of collective times can be (finite, not
+    negative, ``times_last`` at most ``n``, each at most ``n`` times the longest collective),
+    every instance is of a group the run knows and of its size, with its last arriver a
+    member and its times in the window, the cells count exactly one call per member of each
+    instance, and no (rank, step) or instance comes twice, in this message or after one
+    the hub already folded.
+
+    Raises:
+        Reject: ``bad_reduced``, ``bad_time``, ``bad_step``, ``bad_op``, ``bad_nbytes`` or
+            ``duplicate_instance``, naming the column and the value.
+    """
+    cells, inst = msg.tables["cells"], msg.tables["instances"]
+    lo, hi = limits.time_bounds(now_ns)
+    span = float(limits.max_duration_s * 1e9)
+    world = run.world_size
+    rank, inc, step, n = cells["rank"], cells["inc"], cells["step"], cells["n"]
+    if rank.shape[0]:
+        if int(rank.min()) < 0 or int(rank.max()) >= world:
+            bad = int(rank[(rank < 0) | (rank >= world)][0])
+            raise Reject("bad_reduced", f"cells.rank holds {bad}, outside world size {world}")
+        stale = inc != run.incarnation[rank]
+        if stale.any():
+            i = int(np.flatnonzero(stale)[0])
+            raise Reject(
+                "bad_reduced",
+                f"cells of rank {int(rank[i])} incarnation {int(inc[i])}, its latest hello "
+                f"is incarnation {int(run.incarnation[rank[i]])}",
+            )
+        _check_step_ids("cells.step", step)
+        if int(n.min()) < 1 or int(cells["times_last"].min()) < 0:
+            raise Reject("bad_reduced", "a cell with no call, or a negative times_last")
+        if (cells["times_last"] > n).any():
+            raise Reject("bad_reduced", "a cell whose rank arrived last more often than it called")
+        cap = n.astype(np.float64) * span
+        for name in _CELL_SUMS:
+            v = cells[name]
+            if not (np.isfinite(v).all() and v.min() >= 0 and (v <= cap).all()):
+                raise Reject(
+                    "bad_reduced",
+                    f"cells.{name} holds a value that is not finite, negative or over n x "
+                    f"Limits.max_duration_s",
+                )
+        key = rank.astype(np.int64) * (1 << 40) + step
+        if np.unique(key).shape[0] != key.shape[0]:
+            raise Reject("bad_reduced", "a (rank, step) cell twice in one message")
+    k = inst["group"].shape[0]
+    if k == 0:
+        if rank.shape[0]:
+            raise Reject("bad_reduced", "cells without instances")
+        return
+    group, seq = inst["group"], inst["seq"]
+    _check_step_ids("instances.step", inst["step"])
+    _check_step_ids("instances.seq", seq)
+    if int(inst["inc"].min()) < 0:
+        raise Reject("bad_reduced", f"instances.inc holds {int(inst['inc'].min())} < 0")
+    op = inst["op"]
+    if int(op.max()) >= _N_OPS or int(op.min()) < -1:
+        raise Reject("bad_op", f"instances.op outside -1..{_N_OPS - 1}")
+    if int(inst["nbytes"].min()) < -1:
+        raise Reject("bad_nbytes", f"instances.nbytes holds {int(inst['nbytes'].min())} < -1")
+    first, last = inst["first"], inst["last"]
+    _in_bounds("instances.first/last", np.concatenate((first, last)), lo, hi, unknown=False)
+    skew = last - first
+    if int(skew.min()) < 0:
+        raise Reject("bad_time", "an instance whose last entry is before its first")
+    margin = inst["margin"]  # NaN: a group of one member
+    known = ~np.isnan(margin)
+    if not (
+        np.isfinite(margin[known]).all()
+        and (margin[known] >= 0).all()
+        and (margin[known] <= skew[known]).all()
+    ):
+        raise Reject("bad_reduced", "instances.margin not within 0..last - first")
+    for name in ("transfer", "device_transfer"):
+        v = inst[name]
+        if (np.abs(v[~np.isnan(v)]) > span).any() or np.isinf(v).any():
+            raise Reject("bad_reduced", f"instances.{name} holds a value over the longest span")
+    members = 0
+    order = np.lexsort((seq, group))
+    g_sorted = group[order]
+    cuts = np.flatnonzero(np.diff(g_sorted)) + 1
+    for at in np.split(order, cuts):
+        gid = int(group[at[0]])
+        g = run.groups.get(gid)
+        if g is None:
+            raise Reject("bad_reduced", f"an instance of group {gid}, which the run does not know")
+        size = len(g["ranks"])
+        if (inst["n_members"][at] != size).any():
+            raise Reject("bad_reduced", f"an instance of group {gid} not of its {size} members")
+        if not np.isin(inst["last_rank"][at], g["ranks"]).all():
+            raise Reject("bad_reduced", f"an instance of group {gid} last reached by a non-member")
+        s, e_at = seq[at], inst["inc"][at]
+        by = np.lexsort((s, e_at))
+        if ((np.diff(s[by]) == 0) & (np.diff(e_at[by]) == 0)).any():
+            raise Reject("bad_reduced", f"an instance of group {gid} twice in one message")
+        for e in np.unique(e_at).tolist():
+            folded = run.reduced_seq.get((gid, int(e)))
+            mine = s[e_at == e]
+            if folded is not None and int(mine.min()) <= folded:
+                raise Reject(
+                    "duplicate_instance",
+                    f"group {gid} seq {int(mine.min())} incarnation {e} after seq {folded} "
+                    f"was folded",
+                )
+        members += size * at.shape[0]
+    if int(n.sum()) != members:
+        raise Reject(
+            "bad_reduced",
+            f"cells count {int(n.sum())} calls, the instances' members make {members}",
+        )
 
 
 _WHO = ("host", "pid")

@@ -122,8 +122,10 @@ class RankStreams:
         parent_run: str | None = None,
         steps_per_message: int = 1,
         sample_period_s: float = SAMPLE_PERIOD_S,
+        node_groups: bool = False,
     ) -> None:
         self.cluster = cluster
+        self.node_groups = node_groups
         self.emit = emit
         self.scope = scope
         self.parent_run = parent_run
@@ -160,6 +162,20 @@ class RankStreams:
             )
         # One table for the whole job, from rank 0 (the world group alone lists every rank).
         self.emit.send(0, schema.groups_message(self._header(0), c.groups))
+        if self.node_groups:
+            # And each node's groups from the node's first rank, as each node's collectors
+            # report the groups they belong to: a relay learns the groups it can reduce.
+            host = np.asarray(c.layout.host)
+            by_host: dict[int, list[dict[str, Any]]] = {}
+            for g in c.groups:
+                hosts = np.unique(host[np.asarray(g["ranks"], np.int64)])
+                if hosts.shape[0] == 1:
+                    by_host.setdefault(int(hosts[0]), []).append(g)
+            ids, firsts = np.unique(host, return_index=True)
+            first_of = dict(zip(ids.tolist(), firsts.tolist(), strict=True))
+            for h, mine in by_host.items():
+                first = first_of[h]
+                self.emit.send(first, schema.groups_message(self._header(first), mine))
 
     def add(self, tables: StepTables) -> None:
         """Take one simulated step; send whatever is due."""

@@ -1,0 +1,217 @@
+"""A relay's reduction (`rankscope.hub.reduce`): the same seeded run direct and reduced on
+its nodes gives the hub the same aggregates, instances and diagnosis; what does not add up
+is refused."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from rankscope.collector import schema
+from rankscope.diagnosis import diagnose
+from rankscope.diagnosis.serialize import to_dict
+from rankscope.diagnosis.window import COLL_AGGREGATES
+from rankscope.hub.intake import Intake
+from rankscope.hub.reduce import NodeReducer
+from rankscope.hub.store import Store
+from rankscope.sim import Cluster, load_scenario
+from rankscope.sim.emit import Emitter, RankStreams
+
+T0 = 1_700_000_000_000_000_000
+INSTANCE_FIELDS = (
+    "group",
+    "seq",
+    "step",
+    "op",
+    "nbytes",
+    "n_members",
+    "n_arrived",
+    "first",
+    "last",
+    "last_rank",
+    "margin",
+    "skew",
+    "transfer",
+    "device_transfer",
+)
+
+
+class _Keep(Emitter):
+    def __init__(self) -> None:
+        super().__init__([], 0.0, None)
+        self.out: list[tuple[int, bytes]] = []
+
+    def send(self, rank: int, data: bytes) -> None:
+        self.out.append((rank, data))
+        self.messages += 1
+
+
+def _messages(name: str, steps: int, **over: object) -> tuple[list[tuple[int, bytes]], Cluster]:
+    scenario = load_scenario(name, ranks=32, topology__gpus_per_host=8, seed=3, **over)
+    cluster = Cluster(scenario, t0_ns=T0)
+    keep = _Keep()
+    streams = RankStreams(cluster, keep, run_id="r", scope="full", node_groups=True)
+    streams.start()
+    for k in range(steps):
+        streams.add(cluster.step(k))
+    streams.finish()
+    return keep.out, cluster
+
+
+def _without_steps_of(
+    msgs: list[tuple[int, bytes]], rank: int, first: int
+) -> list[tuple[int, bytes]]:
+    """The stream with ``rank`` gone silent from step ``first`` (its process died)."""
+    out = []
+    for r, data in msgs:
+        if r == rank:
+            m = schema.decode(data)
+            if m.kind == "steps" and int(m.tables["steps"]["step"].min()) >= first:
+                continue
+        out.append((r, data))
+    return out
+
+
+def _direct_and_reduced(
+    msgs: list[tuple[int, bytes]], host: np.ndarray
+) -> tuple[Store, Store, list[NodeReducer]]:
+    direct = Store(history_steps=64, raw_steps=16)
+    Intake(direct).feed_many([d for _, d in msgs], 0)
+    reduced = Store(history_steps=64, raw_steps=16)
+    intake = Intake(reduced)
+    relays: dict[int, NodeReducer] = {}
+    for r, data in msgs:
+        relay = relays.setdefault(int(host[r]), NodeReducer())
+        for out in relay.take(data, now=0.0) + relay.due(now=0.0):
+            assert intake.feed(out)
+    for relay in relays.values():
+        for out in relay.flush_all():
+            assert intake.feed(out)
+    direct.settle()
+    reduced.settle()
+    return direct, reduced, list(relays.values())
+
+
+CASES = [
+    ("slow-device", {"layout__tp": 8}, None),
+    ("healthy", {"layout__tp": 8}, None),
+    # async and point-to-point rows stay rows: the exposed-time union needs them
+    ("pipeline-imbalance", {}, None),
+    # tensor-parallel groups split across hosts: those go on as rows
+    ("placement", {}, None),
+    # rank 5 stops at step 6: its node's held rows give up and the hub closes them
+    ("slow-device", {"layout__tp": 8}, (5, 6)),
+]
+
+
+@pytest.mark.parametrize(("name", "over", "dead"), CASES)
+def test_reduced_run_gives_the_hub_what_the_direct_run_does(
+    name: str, over: dict[str, object], dead: tuple[int, int] | None
+) -> None:
+    msgs, cluster = _messages(name, 12, **over)
+    if dead is not None:
+        msgs = _without_steps_of(msgs, *dead)
+    direct, reduced, relays = _direct_and_reduced(msgs, np.asarray(cluster.layout.host))
+    assert direct.health["rejects"] == {} and reduced.health["rejects"] == {}
+    assert sum(r.counters.reduced_rows for r in relays) > 0
+    if dead is not None:  # the dead rank's peers' rows went on for the hub to close
+        assert sum(r.counters.passed_rows for r in relays) > 0
+    wd, wr = direct.window("r"), reduced.window("r")
+    for agg in COLL_AGGREGATES:
+        np.testing.assert_array_equal(wd.coll[agg], wr.coll[agg], err_msg=agg)
+    a, b = wd.instances, wr.instances
+    assert len(a) == len(b)
+    oa, ob = np.lexsort((a.seq, a.group)), np.lexsort((b.seq, b.group))
+    for f in INSTANCE_FIELDS:
+        np.testing.assert_array_equal(getattr(a, f)[oa], getattr(b, f)[ob], err_msg=f)
+    da = json.dumps(to_dict(diagnose(wd)), sort_keys=True, default=str)
+    db = json.dumps(to_dict(diagnose(wr)), sort_keys=True, default=str)
+    assert da == db
+
+
+def test_reduction_carries_fewer_bytes_and_keeps_the_slow_rank() -> None:
+    msgs, cluster = _messages("slow-device", 6, layout__tp=8)
+    direct, reduced, relays = _direct_and_reduced(msgs, np.asarray(cluster.layout.host))
+    sent = sum(len(d) for _, d in msgs)
+    assert sum(r.counters.messages for r in relays) > 0
+    w = reduced.window("r")
+    late = np.nansum(w.coll["late_ns"], axis=1)
+    slow = int(np.argmax(late))
+    assert slow == int(np.argmax(np.nansum(direct.window("r").coll["late_ns"], axis=1)))
+    # what left the relays: the rows of node-local groups became sums
+    out = []
+    host = np.asarray(cluster.layout.host)
+    again: dict[int, NodeReducer] = {}
+    for r, data in msgs:
+        relay = again.setdefault(int(host[r]), NodeReducer())
+        out += relay.take(data, now=0.0) + relay.due(now=0.0)
+    assert sum(map(len, out)) < sent / 2
+
+
+# -- what does not add up is refused ------------------------------------------------
+
+
+def _hub_with_run() -> tuple[Store, Intake, list[bytes]]:
+    msgs, cluster = _messages("healthy", 2, layout__tp=8)
+    store = Store(history_steps=16, raw_steps=2)
+    intake = Intake(store)
+    host = np.asarray(cluster.layout.host)
+    relay = NodeReducer()
+    reduced: list[bytes] = []
+    for r, data in msgs:
+        if host[r] != host[0]:
+            intake.feed(data)
+            continue
+        for out in relay.take(data, now=0.0) + relay.due(now=0.0):
+            (reduced if schema.decode(out).kind == "reduced" else []).append(out)
+            if schema.decode(out).kind != "reduced":
+                intake.feed(out)
+    assert reduced
+    return store, intake, reduced
+
+
+def _tampered(data: bytes, table: str, col: str, fn) -> bytes:  # type: ignore[no-untyped-def]
+    m = schema.decode(data)
+    tabs = {k: {c: v.copy() for c, v in t.items()} for k, t in m.tables.items()}
+    tabs[table][col] = fn(tabs[table][col])
+    return schema.reduced_message(
+        {k: m.header[k] for k in ("job", "run", "rank", "inc")}, tabs["cells"], tabs["instances"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("table", "col", "fn", "reason"),
+    [
+        ("cells", "rank", lambda a: a + 10_000, "bad_reduced"),
+        ("cells", "inc", lambda a: a + 1, "bad_reduced"),
+        ("cells", "n", lambda a: a + 1, "bad_reduced"),
+        ("cells", "times_last", lambda a: a + 10_000, "bad_reduced"),
+        ("cells", "wait_ns", lambda a: -a - 1, "bad_reduced"),
+        ("cells", "late_ns", lambda a: np.full_like(a, np.nan), "bad_reduced"),
+        ("instances", "group", lambda a: a + 999, "bad_reduced"),
+        ("instances", "n_members", lambda a: a + 1, "bad_reduced"),
+        ("instances", "last_rank", lambda a: a + 8, "bad_reduced"),
+        ("instances", "first", lambda a: a + 10**15, "bad_time"),
+        ("instances", "seq", lambda a: np.zeros_like(a), "bad_reduced"),
+        ("instances", "op", lambda a: a + 100, "bad_op"),
+    ],
+)
+def test_a_reduced_message_that_does_not_add_up_is_refused(table, col, fn, reason) -> None:  # type: ignore[no-untyped-def]
+    store, intake, reduced = _hub_with_run()
+    before = store.window("r")
+    assert not intake.feed(_tampered(reduced[0], table, col, fn))
+    assert store.health["rejects"].get(reason) == 1
+    after = store.window("r")
+    for agg in COLL_AGGREGATES:  # nothing of it was folded
+        np.testing.assert_array_equal(before.coll[agg], after.coll[agg])
+
+
+def test_a_reduced_message_is_folded_once() -> None:
+    store, intake, reduced = _hub_with_run()
+    assert intake.feed(reduced[0])
+    once = store.window("r").coll["n"].copy()
+    assert not intake.feed(reduced[0])
+    assert store.health["rejects"].get("duplicate_instance") == 1
+    np.testing.assert_array_equal(store.window("r").coll["n"], once)
