@@ -1,23 +1,27 @@
-"""Hub CPU per rank-step, direct and in relays' bundles (`rankscope.hub.relay`).
+"""Hub CPU per rank-step, direct, in relays' bundles, and with relays that reduce.
 
-The simulated healthy job (tp=8, 200 collectives per rank and step, 8 ranks a host) is
-encoded once; the same messages then go to a real hub in another process four ways, back to
-back in each repetition:
+The simulated healthy job (tp=8 inside hosts of 8 GPUs, 200 collectives per rank and step)
+is encoded once; the same messages then go to a real hub in another process, one way after
+another in each repetition:
 
 - *direct*: one message at a time, as ranks send without a relay;
 - *a node a bundle*: multipart bundles of the consecutive messages of one host (8: one
-  node's ranks, one step), what a node's relay forwards per step at one message per rank
-  and step;
+  node's ranks, one step), what a forwarding relay sends per step;
 - *full bundles*: bundles of 1,024 messages, the relay's bound, which a busy relay reaches;
 - *through a relay*: through one real `rankscope relay` process over ipc, which forms its
-  own bundles; its CPU is given too (it runs on the node, not on the hub's machine).
+  own bundles; its CPU is given too (it runs on the node, not on the hub's machine);
+- *node relays reducing*: what a ``rankscope relay --reduce`` on each host sends
+  (`rankscope.hub.reduce`: the host's tensor-parallel collectives matched on the node, the
+  host's messages gathered into one per step), made beforehand by one reducer per host
+  in this process; its CPU per rank-step is the relay column;
+- *node and rack relays*: the same node messages gathered again by a relay per rack of 32
+  hosts (``--reduce`` one level up): one message per rack and step.
 
 The sender is this process, waiting for room rather than dropping. What is compared is the
-hub process's CPU time (all its threads: ZeroMQ's I/O thread, receive, matching; no
-recording) from its start to the last message ingested, per rank-step. Relays forward
-messages unchanged, so the hub's decode, validation and matching are the same work in
-every way: the ratio is what bundling saves of the hub's transport work, and the relay's
-column what forwarding costs a node.
+hub process's CPU time (all its threads: ZeroMQ's I/O thread, receive, validation,
+matching; no recording) over the steady state: from when the first two steps (hellos,
+group tables, the rings' first allocations) are ingested and matched to when the last
+message is, per rank-step of the steps after them.
 
     python benchmarks/run.py relay            # or: python benchmarks/bench_relay.py [--quick]
 """
@@ -30,30 +34,42 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import zmq
 
+from rankscope.collector import schema
+from rankscope.hub.reduce import NodeReducer
 from rankscope.sim import Cluster, load_scenario
 from rankscope.sim.emit import Emitter, RankStreams
 
 RANKS_PER_HOST = 8
+HOSTS_PER_RACK = 32
+WARM_STEPS = 2
+"""Steps ingested before the hub's CPU is read: hellos, group tables, first allocations."""
 
 _HUB_CHILD = r"""
 import json, sys, time
-c0 = time.process_time()
 from rankscope.hub.server import Hub
 from rankscope.hub.store import Store
 hub = Hub(store=Store(history_steps=16, raw_steps=2)).start()
 print(hub.endpoint, flush=True)
-want = int(sys.stdin.readline())
-deadline = time.monotonic() + 600
-while time.monotonic() < deadline:
-    h = hub.health
-    if h["messages"] + sum(h["rejects"].values()) >= want:
-        break
-    time.sleep(0.005)
-hub.store.settle()
+warm, want = map(int, sys.stdin.readline().split())
+
+def reach(n):
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        h = hub.health
+        if h["messages"] + sum(h["rejects"].values()) >= n:
+            break
+        time.sleep(0.005)
+    hub.store.settle()
+
+reach(warm)
+c0 = time.process_time()
+print("warm", flush=True)
+reach(want)
 cpu = time.process_time() - c0
 h = hub.health
 hub.stop()
@@ -89,17 +105,28 @@ class _Keep(Emitter):
         self.messages += 1
 
 
-def messages(ranks: int, steps: int) -> list[tuple[int, bytes]]:
-    """The healthy tp=8 job's messages, with the rank that sends each."""
-    scenario = load_scenario("healthy", ranks=ranks, layout__tp=8, workload__grad_accum=2)
+def messages(ranks: int, steps: int) -> list[list[tuple[int, bytes]]]:
+    """The healthy tp=8 job's messages, step by step (the first holds the hellos and
+    group tables, each node's too), with the rank that sends each."""
+    scenario = load_scenario(
+        "healthy",
+        ranks=ranks,
+        layout__tp=8,
+        workload__grad_accum=2,
+        topology__gpus_per_host=RANKS_PER_HOST,
+    )
     cluster = Cluster(scenario, t0_ns=time.time_ns())
     keep = _Keep()
-    streams = RankStreams(cluster, keep, run_id=f"bench-{ranks}", scope="full")
+    streams = RankStreams(cluster, keep, run_id=f"bench-{ranks}", scope="full", node_groups=True)
     streams.start()
+    out = []
     for k in range(steps):
         streams.add(cluster.step(k))
-    streams.finish()
-    return keep.out
+        if k == steps - 1:
+            streams.finish()
+        out.append(keep.out)
+        keep.out = []
+    return out
 
 
 def by_node(msgs: list[tuple[int, bytes]]) -> list[list[bytes]]:
@@ -115,6 +142,44 @@ def by_node(msgs: list[tuple[int, bytes]]) -> list[list[bytes]]:
     return out
 
 
+def reduced(per_step: list[list[tuple[int, bytes]]]) -> tuple[list[list[bytes]], float]:
+    """What a reducing relay on each host sends, step by step (each flushes once a step),
+    and the CPU seconds the relays took together."""
+    relays: dict[int, NodeReducer] = {}
+    out = []
+    c0 = time.process_time()
+    for msgs in per_step:
+        step: list[bytes] = []
+        for rank, data in msgs:
+            relay = relays.setdefault(rank // RANKS_PER_HOST, NodeReducer())
+            step += relay.take(data, now=0.0)
+        for relay in relays.values():
+            step += relay.due(now=0.0)
+        out.append(step)
+    out[-1] += [f for relay in relays.values() for f in relay.flush_all()]
+    return out, time.process_time() - c0
+
+
+def racked(per_step: list[list[bytes]], ranks: int) -> tuple[list[list[bytes]], float]:
+    """The node relays' messages gathered by a reducing relay per rack of
+    `HOSTS_PER_RACK` hosts, step by step, and those relays' CPU seconds."""
+    racks: dict[int, NodeReducer] = {}
+    per_rack = RANKS_PER_HOST * HOSTS_PER_RACK
+    out = []
+    c0 = time.process_time()
+    for frames in per_step:
+        step: list[bytes] = []
+        for data in frames:
+            rank = int(schema.decode(data).header["rank"])
+            relay = racks.setdefault(rank // per_rack, NodeReducer())
+            step += relay.take(data, now=0.0)
+        for relay in racks.values():
+            step += relay.due(now=0.0)
+        out.append(step)
+    out[-1] += [f for relay in racks.values() for f in relay.flush_all()]
+    return out, time.process_time() - c0
+
+
 def _hub() -> tuple[subprocess.Popen[str], str]:
     hub = subprocess.Popen(
         [sys.executable, "-c", _HUB_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
@@ -123,26 +188,25 @@ def _hub() -> tuple[subprocess.Popen[str], str]:
     return hub, hub.stdout.readline().strip()
 
 
-def _send(endpoint: str, bundles: list[list[bytes]]) -> None:
-    ctx = zmq.Context.instance()
-    push = ctx.socket(zmq.PUSH)
-    push.setsockopt(zmq.SNDHWM, 1000)
-    push.connect(endpoint)
+def _send(push: zmq.Socket, bundles: list[list[bytes]]) -> None:
     for b in bundles:
         if len(b) == 1:
             push.send(b[0])  # waits for room: the harness never drops
         else:
             push.send_multipart(b)
-    push.close(linger=-1)
 
 
-def _once(bundles: list[list[bytes]], relayed: bool) -> dict:
+def _once(warm: list[list[bytes]], rest: list[list[bytes]], relayed: bool) -> dict:
+    """One way: ``warm`` then (once the hub has ingested it) ``rest``; the hub's CPU over
+    ``rest``."""
     hub, endpoint = _hub()
     assert hub.stdin is not None and hub.stdout is not None
-    n = sum(len(b) for b in bundles)
-    hub.stdin.write(f"{n}\n")
+    n_warm = sum(len(b) for b in warm)
+    n = n_warm + sum(len(b) for b in rest)
+    hub.stdin.write(f"{n_warm} {n}\n")
     hub.stdin.flush()
     relay_out: dict = {}
+    target = endpoint
     if relayed:
         listen = f"ipc://{tempfile.mkdtemp(prefix='bench-relay-')}/r"
         relay = subprocess.Popen(
@@ -151,10 +215,16 @@ def _once(bundles: list[list[bytes]], relayed: bool) -> dict:
             text=True,
         )
         assert relay.stdout is not None and relay.stdout.readline().strip() == "ready"
-        _send(listen, bundles)
+        target = listen
+    ctx = zmq.Context.instance()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.SNDHWM, 1000)
+    push.connect(target)
+    _send(push, warm)
+    assert hub.stdout.readline().strip() == "warm"
     t0 = time.perf_counter()
-    if not relayed:
-        _send(endpoint, bundles)
+    _send(push, rest)
+    push.close(linger=-1)
     got = json.loads(hub.stdout.readline())
     got["wall_s"] = time.perf_counter() - t0
     hub.wait(timeout=60)
@@ -170,57 +240,97 @@ def _once(bundles: list[list[bytes]], relayed: bool) -> dict:
 
 def run(quick: bool) -> str:
     """Benchmark section (Markdown)."""
-    sizes = [(512, 6), (4096, 2)] if quick else [(512, 10), (4096, 3)]
-    reps = 2 if quick else 5
+    sizes = [(512, 6), (4096, 4)] if quick else [(4096, 5), (16384, 4)]
+    reps = 2 if quick else 3
     rows = [
-        "| ranks | steps | way | hub CPU µs per rank-step | ratio to direct (range) | hub "
-        "bundles | relay CPU µs per rank-step | accepted/sent |",
+        "| ranks | steps timed | way | hub CPU µs per rank-step | ratio to direct (range) | "
+        "hub messages | relay CPU µs per rank-step | accepted/sent |",
         "|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     for ranks, steps in sizes:
-        msgs = messages(ranks, steps)
-        data = [d for _, d in msgs]
-        ways = [
-            ("direct", [[d] for d in data], False),
-            ("a node a bundle", by_node(msgs), False),
-            ("full bundles", [data[i : i + 1024] for i in range(0, len(data), 1024)], False),
-            ("through a relay", [[d] for d in data], True),
+        per_step = messages(ranks, steps)
+        timed = ranks * (steps - WARM_STEPS)
+        node, node_cpu = reduced(per_step)
+        rack, rack_cpu = racked(node, ranks)
+
+        def split(
+            stream: list[list[bytes]], form: Callable[[list[bytes]], list[list[bytes]]]
+        ) -> tuple[list[list[bytes]], list[list[bytes]]]:
+            flat = [[d for step in stream[:WARM_STEPS] for d in step]]
+            more = [[d for step in stream[WARM_STEPS:] for d in step]]
+            return form(flat[0]), form(more[0])
+
+        raw = [[d for _, d in step] for step in per_step]
+        one = split(raw, lambda ds: [[d] for d in ds])
+        ways: list[tuple[str, tuple[list[list[bytes]], list[list[bytes]]], bool, str]] = [
+            ("direct", one, False, "-"),
+            (
+                "a node a bundle",
+                (
+                    by_node([m for step in per_step[:WARM_STEPS] for m in step]),
+                    by_node([m for step in per_step[WARM_STEPS:] for m in step]),
+                ),
+                False,
+                "-",
+            ),
+            (
+                "full bundles",
+                split(raw, lambda ds: [ds[i : i + 1024] for i in range(0, len(ds), 1024)]),
+                False,
+                "-",
+            ),
+            ("through a relay", one, True, ""),
+            (
+                "node relays reducing",
+                split(node, lambda ds: [[d] for d in ds]),
+                False,
+                f"{node_cpu / (ranks * steps) * 1e6:.0f}",
+            ),
+            (
+                f"node and rack relays ({HOSTS_PER_RACK} hosts a rack)",
+                split(rack, lambda ds: [[d] for d in ds]),
+                False,
+                f"{node_cpu / (ranks * steps) * 1e6:.0f} + {rack_cpu / (ranks * steps) * 1e6:.0f}",
+            ),
         ]
-        cpu: dict[str, list[float]] = {w: [] for w, _, _ in ways}
-        ratio: dict[str, list[float]] = {w: [] for w, _, _ in ways}
+        cpu: dict[str, list[float]] = {w: [] for w, _, _, _ in ways}
+        ratio: dict[str, list[float]] = {w: [] for w, _, _, _ in ways}
         relay_cpu: list[float] = []
         last: dict[str, dict] = {}
         for _ in range(reps):
             base = None
-            for name, bundles, relayed in ways:
-                got = _once(bundles, relayed)
-                us = got["cpu_s"] / (ranks * steps) * 1e6
+            for name, (warm, rest), relayed, _ in ways:
+                got = _once(warm, rest, relayed)
+                assert not got["rejects"], (name, got["rejects"])
+                us = got["cpu_s"] / timed * 1e6
                 base = us if base is None else base
                 cpu[name].append(us)
                 ratio[name].append(us / base)
                 if relayed:
                     relay_cpu.append(got["relay"]["cpu_s"] / (ranks * steps) * 1e6)
                 last[name] = got
-        for name, _, relayed in ways:
+        for name, _, relayed, rc in ways:
             g = last[name]
             r = ratio[name]
-            rc = f"{statistics.median(relay_cpu):.1f}" if relayed else "-"
+            if relayed:
+                rc = f"{statistics.median(relay_cpu):.0f}"
             rows.append(
-                f"| {ranks:,} | {steps} | {name} | {statistics.median(cpu[name]):.1f} | "
-                f"{statistics.median(r):.2f} ({min(r):.2f}–{max(r):.2f}) | {g['bundles']:,} | "
+                f"| {ranks:,} | {steps - WARM_STEPS} | {name} | {statistics.median(cpu[name]):.1f} | "
+                f"{statistics.median(r):.3f} ({min(r):.3f}–{max(r):.3f}) | {g['messages']:,} | "
                 f"{rc} | {g['messages']:,}/{g['sent']:,} |"
             )
             print(rows[-1], flush=True)
     return (
-        "Hub CPU per rank-step (all threads of the hub process, from its start to the last "
-        f"message ingested and matched), medians of {reps} repetitions, each running the four "
-        "ways back to back on the same encoded messages; *ratio*: the per-repetition ratio "
-        "to direct (median, lowest–highest). Relays forward messages unchanged, so the "
-        "hub's decode, validation and matching are the same work; the ratio is what "
-        "bundling saves of its transport work.\n\n" + "\n".join(rows) + "\n\n"
-        "Target (issue: relays) hub CPU per rank-step ≤ 1/8 of direct: not met by "
-        "forwarding, which leaves the hub every collective row to match; it needs the "
-        "reduction inside the relay, not built yet.\n"
+        "Hub CPU per rank-step over the steady state (all threads of the hub process, from "
+        f"the first {WARM_STEPS} steps ingested and matched to the last message), medians of "
+        f"{reps} repetitions, each running every way back to back on the same encoded "
+        "messages; *ratio*: the per-repetition ratio to direct (median, lowest–highest). "
+        "Forwarding relays leave the hub the same decode, validation and matching; reducing "
+        "relays leave it one message per node (or rack) and step, with the node's "
+        "tensor-parallel instances already matched. *Relay CPU*: the reducing relays' CPU per "
+        "rank-step on their nodes (node + rack), one process each here.\n\n"
+        + "\n".join(rows)
+        + "\n"
     )
 
 

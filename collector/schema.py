@@ -267,17 +267,31 @@ INSTANCE_COLUMNS: dict[str, np.dtype] = {
     "margin": np.dtype("<f8"),
     "transfer": np.dtype("<f8"),
     "device_transfer": np.dtype("<f8"),
+    "first_exit": np.dtype("<i8"),
+    "last_exit": np.dtype("<i8"),
 }
 """A ``reduced`` message's collective instances, every member arrived: ``first``/``last``
-the first and last entry (int64 ns on the hub's clock, as the rows' ``t_enter``), the rest
-as ``diagnosis.window.InstanceTable`` defines them (NaN where unknown)."""
+the first and last entry and ``first_exit``/``last_exit`` the first and last exit (int64 ns
+on the hub's clock, as the rows' times), the rest as ``diagnosis.window.InstanceTable``
+defines them (NaN where unknown)."""
+
+_RANK = {"rank": np.dtype("<i4"), "inc": np.dtype("<i4")}
 
 REDUCED_TABLES: dict[str, dict[str, np.dtype]] = {
     "cells": CELL_COLUMNS,
     "instances": INSTANCE_COLUMNS,
+    "steps": {**STEP_COLUMNS, **_RANK},
+    "phases": {**PHASE_COLUMNS, **_RANK},
+    "colls": {**COLL_COLUMNS, **_RANK},
+    "samples": {**SAMPLE_COLUMNS, **_RANK},
 }
-"""The tables of a ``reduced`` message, sent by a relay for the groups whose members all
-run on its node (`rankscope.hub.reduce`) in place of their collective rows."""
+"""The tables of a ``reduced`` message: what a relay sends for its node's ranks in one
+message per run and flush (`rankscope.hub.reduce`). ``cells`` and ``instances`` (always
+present) hold what it matched itself; ``steps``, ``phases``, ``colls`` and ``samples``
+(each optional) are its ranks' own rows with their ``rank`` and ``inc`` (incarnation)
+added, phase codes indexing the message's ``phase_names``."""
+
+REDUCED_REQUIRED = frozenset({"cells", "instances"})
 
 OPTIONAL_COLUMNS: dict[str, frozenset[str]] = {
     "steps": frozenset({"expert_tokens", "gc_ns", "gc_count", "cpu_ns"}),
@@ -360,20 +374,23 @@ def empty_table(name: str, n: int) -> dict[str, np.ndarray]:
     return cols
 
 
-def encode_table(name: str, cols: dict[str, np.ndarray]) -> dict[str, Any]:
+def encode_table(
+    name: str, cols: dict[str, np.ndarray], specs: dict[str, dict[str, np.dtype]] = TABLES
+) -> dict[str, Any]:
     """Encode one table as ``{"n": rows, "cols": {name: bytes}}``.
 
     Every schema column must be present, except those of ``OPTIONAL_COLUMNS``, which are
     sent as unknown when absent; arrays are cast to the schema dtype.
 
     Args:
-        name: table name in ``TABLES`` or ``REDUCED_TABLES``.
+        name: table name in ``specs``.
         cols: column arrays of equal length.
+        specs: ``TABLES``, or ``REDUCED_TABLES`` for a ``reduced`` message.
 
     Returns:
         The msgpack-ready table map.
     """
-    spec = TABLES[name] if name in TABLES else REDUCED_TABLES[name]
+    spec = specs[name]
     optional = OPTIONAL_COLUMNS.get(name, frozenset())
     n = -1
     out: dict[str, bytes] = {}
@@ -478,18 +495,22 @@ def samples_message(header: dict[str, Any], samples: dict[str, np.ndarray]) -> b
 
 
 def reduced_message(
-    header: dict[str, Any], cells: dict[str, np.ndarray], instances: dict[str, np.ndarray]
+    header: dict[str, Any],
+    tables: dict[str, dict[str, np.ndarray]],
+    phase_names: list[str] | None = None,
 ) -> bytes:
-    """Build a ``reduced`` message from ``CELL_COLUMNS`` and ``INSTANCE_COLUMNS`` arrays.
-    The header names the run, and as its ``rank`` and ``inc`` one of the ranks it covers."""
+    """Build a ``reduced`` message (`REDUCED_TABLES`): ``cells`` and ``instances`` (empty
+    when absent) and whichever of the rank tables are given. The header names the run, and
+    as its ``rank`` and ``inc`` one of the ranks it covers."""
+    encoded = {}
+    for name in REDUCED_TABLES:
+        cols = tables.get(name)
+        if cols is None and name in REDUCED_REQUIRED:
+            cols = {c: np.zeros(0, dt) for c, dt in REDUCED_TABLES[name].items()}
+        if cols is not None:
+            encoded[name] = encode_table(name, cols, REDUCED_TABLES)
     msg = dict(header)
-    msg.update(
-        kind="reduced",
-        tables={
-            "cells": encode_table("cells", cells),
-            "instances": encode_table("instances", instances),
-        },
-    )
+    msg.update(kind="reduced", tables=encoded, phase_names=list(phase_names or []))
     return encode(msg)
 
 
@@ -825,12 +846,20 @@ def decode(data: bytes, max_header_bytes: int = MAX_HEADER_BYTES) -> Message:
         if kind == "samples" and "samples" not in tables:
             raise SchemaError("bad_table", "samples message without a samples table")
     elif kind == "reduced":
-        if not isinstance(raw_tables, dict) or set(raw_tables) != set(REDUCED_TABLES):
+        if (
+            not isinstance(raw_tables, dict)
+            or not set(raw_tables) >= REDUCED_REQUIRED
+            or not set(raw_tables) <= set(REDUCED_TABLES)
+        ):
             raise SchemaError(
-                "bad_table", f"reduced message needs exactly the tables {sorted(REDUCED_TABLES)}"
+                "bad_table",
+                f"a reduced message holds the tables {sorted(REDUCED_REQUIRED)} and may hold "
+                f"{sorted(set(REDUCED_TABLES) - REDUCED_REQUIRED)}",
             )
         for name, raw in raw_tables.items():
             tables[name] = _decode_table(name, raw, REDUCED_TABLES)
+        if obj.get("messages") is not None:  # collector messages it stands for
+            _check_int("messages", obj["messages"], 0, reason="bad_header")
     if kind == "hello":
         ident = obj.get("identity")
         if not isinstance(ident, dict):
@@ -862,7 +891,7 @@ def decode(data: bytes, max_header_bytes: int = MAX_HEADER_BYTES) -> Message:
             _check_int("group id", g["id"], 0, reason="bad_groups")
             for key in ("name", "backend", "desc"):
                 _check_optional_name(f"group {g['id']} {key}", g.get(key), reason="bad_groups")
-    if kind == "steps":
+    if kind in ("steps", "reduced"):
         names = obj.get("phase_names")
         if names is not None:
             if not isinstance(names, list) or len(names) > MAX_PHASE_NAMES:

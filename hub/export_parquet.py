@@ -27,7 +27,9 @@ collective instances not yet matched):
     the end of the recording.
 
 The tables hold what the recording holds: every message the schema decodes, of every run
-(or one, ``run``); a step a rank sent twice appears twice. Messages that do not decode are
+(or one, ``run``); a step a rank sent twice appears twice. Where a relay reduced a node's
+collectives (`hub.reduce`), their instances are in ``instances.parquet`` but their rows are
+not in ``collectives.parquet``. Messages that do not decode are
 left out and counted (`ParquetSummary.undecodable`).
 """
 
@@ -41,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from rankscope.collector import schema
+from rankscope.hub.reduce import unpack_node
 
 QUERIES: dict[str, str] = {
     "steps.parquet": (
@@ -430,14 +433,20 @@ def write_parquet(
                 for g in h.get("groups") or []:
                     matcher.members[(code, int(g["id"]))] = len(g["ranks"])
                 continue
-            if msg.kind != "steps":
+            if msg.kind == "reduced":  # a relay's: its ranks' rows, and what it matched
+                _add_reduced(tables["instances.parquet"], msg.tables["instances"], code, runs)
+                parts = [m for m in unpack_node(msg) if m.kind == "steps"]
+            elif msg.kind == "steps":
+                parts = [msg]
+            else:
                 continue
-            rank = int(h["rank"])
-            _add_steps(tables, msg, code, runs, rank)
-            colls = msg.tables.get("colls")
-            if colls is not None and colls["step"].shape[0]:
-                _add_colls(tables["collectives.parquet"], colls, code, runs, rank)
-                matcher.add(code, rank, colls)
+            for part in parts:
+                rank = int(part.header["rank"])
+                _add_steps(tables, part, code, runs, rank)
+                colls = part.tables.get("colls")
+                if colls is not None and colls["step"].shape[0]:
+                    _add_colls(tables["collectives.parquet"], colls, code, runs, rank)
+                    matcher.add(code, rank, colls)
         matcher.match(final=True)
     finally:
         for t in tables.values():
@@ -476,6 +485,38 @@ def _add_steps(
             "t0": ph["t0"],
             "t1": ph["t1"],
             "cpu_ns": ph["cpu_ns"],
+        },
+    )
+
+
+def _add_reduced(table: _Table, inst: dict[str, np.ndarray], code: int, runs: list[str]) -> None:
+    """The instances a relay matched on its node (`hub.reduce`): complete, every member
+    arrived; their rows are not in the recording."""
+    n = inst["group"].shape[0]
+    if not n:
+        return
+    op = inst["op"].astype(np.int64)
+    op = np.where((op >= 0) & (op < len(schema.OPS)), op, len(schema.OPS))
+    table.add(
+        n,
+        {
+            "run": (np.full(n, code, np.int32), list(runs)),
+            "group": inst["group"],
+            "seq": inst["seq"],
+            "op": (op.astype(np.int32), list(_OPS_OUT)),
+            "step": inst["step"],
+            "nbytes": inst["nbytes"],
+            "n_members": inst["n_members"],
+            "n_arrived": inst["n_members"],
+            "first_ns": inst["first"],
+            "last_ns": inst["last"],
+            "skew_ns": inst["last"] - inst["first"],
+            "last_rank": inst["last_rank"],
+            "margin_ns": np.nan_to_num(inst["margin"], nan=0.0).astype(np.int64),
+            "transfer_ns": inst["transfer"],
+            "first_exit_ns": inst["first_exit"],
+            "last_exit_ns": inst["last_exit"],
+            "complete": np.ones(n, bool),
         },
     )
 

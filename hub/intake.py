@@ -134,6 +134,8 @@ class Intake:
             self._reject(
                 "duplicate_step", f"rank {h['rank']} of run {h['run']!r} sent {n} step(s) again", n
             )
+        for reason, detail, n in verdict.rejects:
+            self._reject(reason, detail, n)
         if verdict.empty:
             return False
         if self.recorder is not None:

@@ -1,34 +1,42 @@
-"""Matching on the node: a relay reduces the collectives of groups whose members it carries.
+"""Reduction on the node: a relay matches its node's groups and sends one message per flush.
 
-A tensor-parallel group lives on one node, and most of a hybrid-parallel job's collective
-calls are its. A relay (`hub.relay`, ``--reduce``) that carries every member of such a
-group matches the group's instances itself, with the hub's own block arithmetic
-(`diagnosis.blocks.match_block` and `block_sums`), and sends the hub, in place of the rows,
-one ``reduced`` message (``collector.schema.REDUCED_TABLES``) per run and flush:
+The hub's cost is per message and per collective row. A relay with ``--reduce``
+(`hub.relay`) cuts both for its node:
 
-- *cells*: per (rank, incarnation, step) the sums the hub's matching folds into its ring
-  (``diagnosis.window.COLL_AGGREGATES``): calls, time inside, wait, transfer, lateness,
-  times last, exposed wait and transfer, overstay;
-- *instances*: per instance its first and last entry (int64 ns, the rows' own clock), last
-  arriver, margin and median transfers, as the hub's instance table holds them.
+- **Matching on the node.** A tensor-parallel group lives on one node, and most of a
+  hybrid-parallel job's collective calls are its. A relay that carries every member of a
+  group matches the group's blocking instances itself, with the hub's own block
+  arithmetic (`diagnosis.blocks.match_block` and `block_sums`), and sends their sums in
+  place of their rows: *cells*, per (rank, incarnation, step) the sums the hub's matching
+  folds into its ring (``diagnosis.window.COLL_AGGREGATES``: calls, time inside, wait,
+  transfer, lateness, times last, exposed wait and transfer, overstay), and *instances*,
+  each with its first and last entry and exit (int64 ns on the rows' clock), last arriver,
+  margin and median transfers, as the hub's instance table holds them.
+- **One message per node and flush.** Every steps and samples message of the node's ranks
+  that the hub would take joins the node's next ``reduced`` message
+  (``collector.schema.REDUCED_TABLES``): its rows with their rank and incarnation, phase
+  codes mapped to the message's names, beside the sums. A relay one level up with
+  ``--reduce`` gathers its nodes' messages the same way (one per rack and flush). The
+  message says how many of the collectors' messages it stands for.
 
 Exact, not approximate: every value is a sum, min, max or median of integer-ns times of one
 node's rows, and the hub computes the same from the same rows (its origin differs, which
 moves no integer below 2**53). ``tests/test_relay_reduce.py`` holds a direct and a reduced
-run of the same seeded simulation to identical aggregates, instances and verdicts.
+run of the same seeded simulations to identical aggregates, instances and diagnoses.
 
-What is not reduced goes on as it came: rows of groups with a member on another node, of
-async calls, of calls that never finished (a hang's evidence), of members that disagree on
-what they called, of a rank whose steps message the hub would refuse, and rows still held
-when their group cannot complete (a member stopped sending: after `STALE_STEPS` steps, or
-`HOLD_S` seconds, or when `MAX_HELD_ROWS` are held) are forwarded as that rank's rows, for
-the hub's own matching to settle or close as incomplete.
+What is not matched goes on as rows: rows of groups with a member on another node (the
+hub matches those), of async and point-to-point calls (the exposed-time union needs their
+rows), of calls that never finished (a hang's evidence), of members that disagree on what
+they called, and rows still held when their group cannot complete (a member stopped
+sending: after `STALE_STEPS` steps, or `HOLD_S` seconds, or when `MAX_HELD_ROWS` are held).
+A message the hub would refuse (its values, a repeated step, an incarnation the relay did
+not see say hello) goes on alone, for the hub to refuse and count.
 
 The relay learns groups from the ``groups`` messages it carries (each node's collectors
 send theirs) and its ranks from their hellos; what it never saw it never reduces. The raw
-rows of reduced groups do not reach the hub: its exposed-time union (`diagnosis.exposure`)
-then stands down for those cells (the per-row sums it refines are exact for blocking
-calls), and a recording holds the reduced sums, not the rows.
+rows of matched groups do not reach the hub, so the hub keeps their exposed sums apart
+(``diagnosis.window.Window.reduced``), for its exposed-time union to stay exact; a
+recording holds the sums, not those rows.
 """
 
 from __future__ import annotations
@@ -54,6 +62,9 @@ HOLD_S = 30.0
 
 MAX_HELD_ROWS = 1_000_000
 """Most rows held for members still to report; the oldest go on unreduced beyond."""
+
+MAX_NODE_ROWS = 100_000
+"""Rows gathered for a node message that make it leave at once (a few MB)."""
 
 _DONE_STEPS = 64
 """Steps a rank reported that are remembered (to hold rows only for steps not yet ended)."""
@@ -81,6 +92,8 @@ class ReduceCounters:
     """``reduced`` messages sent."""
     passed_rows: int = 0
     """Rows of reducible groups sent on unreduced (incomplete, irregular, refused)."""
+    merged: int = 0
+    """Node messages of lower relays gathered into this relay's."""
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -91,6 +104,8 @@ class _Held:
     since: float
     rows: dict[int, list[dict[str, np.ndarray]]] = field(default_factory=dict)
     """rank -> its row tables (of one group and step)."""
+    incs: dict[int, int] = field(default_factory=dict)
+    """rank -> the incarnation that sent them."""
     n: int = 0
 
 
@@ -110,6 +125,33 @@ class _Run:
     newest: int = -1
     cells: list[dict[str, np.ndarray]] = field(default_factory=list)
     instances: list[dict[str, np.ndarray]] = field(default_factory=list)
+    tables: dict[str, list[dict[str, np.ndarray]]] = field(default_factory=dict)
+    """Rank tables gathered for the next node message (``rank`` and ``inc`` added)."""
+    pending: int = 0
+    """Rows in ``tables``."""
+    carried: int = 0
+    """Collector messages gathered into ``tables`` (the node message says it)."""
+    phase_names: list[str] = field(default_factory=list)
+    """The user phase names the run's node messages index (every rank's, in order seen)."""
+    _codes: dict[tuple[str, ...], np.ndarray] = field(default_factory=dict)
+
+    def phase_codes(self, names: tuple[str, ...]) -> np.ndarray | None:
+        """Phase code of a message naming ``names`` -> code in the node messages, or None
+        when the run's names would pass what a message may carry."""
+        lut = self._codes.get(names)
+        if lut is None:
+            new = [n for n in names if n not in self.phase_names]
+            if len(self.phase_names) + len(set(new)) > schema.MAX_PHASE_NAMES:
+                return None
+            for n in new:
+                if n not in self.phase_names:
+                    self.phase_names.append(n)
+            base = len(schema.PHASES)
+            lut = np.array(
+                [*range(base), *(base + self.phase_names.index(n) for n in names)], np.int64
+            )
+            self._codes[names] = lut
+        return lut
 
     def relocal(self) -> None:
         known = self.inc.keys()
@@ -150,8 +192,9 @@ class NodeReducer:
         return self._held_rows
 
     def take(self, frame: bytes, now: float | None = None) -> list[bytes]:
-        """What to forward for one message from a collector: the message itself, or its
-        steps message without the rows this relay keeps to reduce."""
+        """What to forward at once for one message from a collector: nothing when its
+        rows join the node's next message (`due`), else the message itself (after the
+        node's message so far, where order matters)."""
         try:
             msg = schema.decode(frame, self.limits.max_header_bytes)
         except schema.SchemaError:
@@ -159,10 +202,13 @@ class NodeReducer:
         h = msg.header
         kind = msg.kind
         if kind == "hello":
+            run = self._runs.get(h["run"])
+            # Rows of an incarnation the hello ends leave before it.
+            first = self._node(h["run"], run) if run is not None and run.pending else []
             self._hello(h)
-            return [frame]
+            return [*first, frame]
         run = self._runs.get(h["run"])
-        if run is None or run.job != h["job"]:
+        if run is None or run.job != h["job"] or run.inc.get(h["rank"]) != h["inc"]:
             return [frame]
         if kind == "groups":
             for g in h["groups"]:
@@ -171,18 +217,31 @@ class NodeReducer:
                     run.groups[int(g["id"])] = tuple(sorted(ranks))
             run.relocal()
             return [frame]
-        if kind != "steps" or not run.local:
+        if kind == "samples":
+            if not self._checked(msg):
+                return [frame]
+            self._add(run, "samples", msg.tables["samples"], h["rank"], h["inc"])
+            run.carried += 1
+        elif kind == "steps":
+            if not self._steps(run, msg, time.monotonic() if now is None else now):
+                return [frame]
+            run.carried += 1
+        elif kind == "reduced":
+            if not self._merge(run, msg):
+                return [frame]
+            run.carried += int(h.get("messages") or 0)
+        else:
             return [frame]
-        return self._steps(run, msg, frame, time.monotonic() if now is None else now)
+        return self._node(h["run"], run) if run.pending >= MAX_NODE_ROWS else []
 
     def due(self, now: float | None = None) -> list[bytes]:
-        """The messages ready to leave: ``reduced`` messages of the instances completed
-        since the last call, and held rows that gave up waiting (sent on as rows)."""
+        """The messages ready to leave: one ``reduced`` message per run with what its
+        ranks sent since the last call and the instances completed meanwhile, and held
+        rows that gave up waiting (sent on as rows)."""
         now = time.monotonic() if now is None else now
         for run_id, run in self._runs.items():
             self._expire(run, now)
-            if run.cells:
-                self._out.append(self._reduced(run_id, run))
+            self._out += self._node(run_id, run)
         out, self._out = self._out, []
         return out
 
@@ -210,47 +269,106 @@ class NodeReducer:
         if new:
             run.relocal()
 
-    def _steps(self, run: _Run, msg: schema.Message, frame: bytes, now: float) -> list[bytes]:
-        h = msg.header
-        rank, inc = int(h["rank"]), int(h["inc"])
-        co = msg.tables.get("colls")
-        st = msg.tables["steps"]
-        steps = st["step"]
-        done = run.done.setdefault(rank, set())
-        if (
-            co is None
-            or not co["step"].shape[0]
-            or run.inc.get(rank) != inc
-            or any(s in done for s in steps.tolist())
-        ):
-            self._note_steps(run, rank, steps)
-            return [frame]
-        # Blocking collectives of the node's groups; point-to-point and async calls go on
-        # as rows (the exposed-time union needs them: `diagnosis.exposure`).
-        mine = (
-            np.isin(co["group"], run.local_arr)
-            & ((co["flags"] & ASYNC_FLAGS) == 0)
-            & ~np.isin(co["op"], P2P_OPS)
-        )
-        if not mine.any():
-            self._note_steps(run, rank, steps)
-            return [frame]
+    def _checked(self, msg: schema.Message) -> bool:
+        """Whether the hub would take the values of ``msg`` (those it would refuse go on
+        alone, for the hub to name the column)."""
         try:
             check_values(msg, None, self.limits)
         except Reject:
-            return [frame]  # the hub refuses it, naming the column
-        rest = {k: v[~mine] for k, v in co.items()}
-        kept = {k: v[mine] for k, v in co.items()}
-        self._hold(run, rank, kept, now)
-        tables: dict[str, Any] = {"steps": schema.encode_table("steps", dict(st))}
+            return False
+        return True
+
+    def _steps(self, run: _Run, msg: schema.Message, now: float) -> bool:
+        """Take a steps message into the node's next one; False to send it on alone."""
+        h = msg.header
+        rank, inc = int(h["rank"]), int(h["inc"])
+        st = msg.tables["steps"]
+        steps = st["step"]
+        done = run.done.setdefault(rank, set())
+        if any(s in done for s in steps.tolist()) or not self._checked(msg):
+            return False  # a repeat (the hub drops it and counts) or refused values
         ph = msg.tables.get("phases")
-        if ph is not None:
-            tables["phases"] = schema.encode_table("phases", dict(ph))
-        tables["colls"] = schema.encode_table("colls", rest)
-        out = dict(h)
-        out["tables"] = tables
+        if ph is not None and ph["step"].shape[0]:
+            codes = run.phase_codes(tuple(h.get("phase_names") or ()))
+            if codes is None:
+                return False  # more user phase names than a message may carry
+            ph = dict(ph, phase=codes[ph["phase"]].astype(np.int16))
+        co = msg.tables.get("colls")
+        if co is not None and co["step"].shape[0]:
+            # Blocking collectives of the node's groups; point-to-point and async calls go
+            # on as rows (the exposed-time union needs them: `diagnosis.exposure`).
+            mine = (
+                np.isin(co["group"], run.local_arr)
+                & ((co["flags"] & ASYNC_FLAGS) == 0)
+                & ~np.isin(co["op"], P2P_OPS)
+            )
+            if mine.any():
+                self._hold(run, rank, inc, {k: v[mine] for k, v in co.items()}, now)
+                co = {k: v[~mine] for k, v in co.items()}
+            if co["step"].shape[0]:
+                self._add(run, "colls", co, rank, inc)
+        self._add(run, "steps", st, rank, inc)
+        if ph is not None and ph["step"].shape[0]:
+            self._add(run, "phases", ph, rank, inc)
         self._note_steps(run, rank, steps)
-        return [schema.encode(out)]
+        return True
+
+    def _merge(self, run: _Run, msg: schema.Message) -> bool:
+        """Take a lower relay's node message into this one's (a rack's relay gathers its
+        nodes'); False to send it on alone (a rank or incarnation this relay did not see
+        say hello, or more phase names than a message may carry)."""
+        tables = dict(msg.tables)
+        for t in tables.values():
+            if "rank" not in t or not t["rank"].shape[0]:
+                continue
+            ranks, inv = np.unique(t["rank"], return_inverse=True)
+            want = np.array([run.inc.get(r, -1) for r in ranks.tolist()], np.int64)
+            if (t["inc"] != want[inv]).any():
+                return False
+        ph = tables.get("phases")
+        if ph is not None and ph["step"].shape[0]:
+            codes = run.phase_codes(tuple(msg.header.get("phase_names") or ()))
+            if codes is None or int(ph["phase"].max()) >= codes.shape[0]:
+                return False
+            tables["phases"] = dict(ph, phase=codes[ph["phase"]].astype(np.int16))
+        for name in ("steps", "phases", "colls", "samples"):
+            t = tables.get(name)
+            if t is not None and t["rank"].shape[0]:
+                run.tables.setdefault(name, []).append(t)
+                run.pending += t["rank"].shape[0]
+        if tables["cells"]["rank"].shape[0]:
+            run.cells.append(tables["cells"])
+            run.instances.append(tables["instances"])
+        self.counters.merged += 1
+        return True
+
+    def _add(
+        self, run: _Run, table: str, cols: Mapping[str, np.ndarray], rank: int, inc: int
+    ) -> None:
+        n = next(iter(cols.values())).shape[0]
+        if not n:
+            return
+        run.tables.setdefault(table, []).append(
+            {**cols, "rank": np.full(n, rank, np.int32), "inc": np.full(n, inc, np.int32)}
+        )
+        run.pending += n
+
+    def _node(self, run_id: str, run: _Run) -> list[bytes]:
+        """The run's node message of what is gathered, if anything is."""
+        if not run.pending and not run.cells:
+            return []
+        tables = {name: _concat(parts) for name, parts in run.tables.items()}
+        if run.cells:
+            tables["cells"] = _concat(run.cells)
+            tables["instances"] = _concat(run.instances)
+        carried = run.carried
+        run.tables, run.cells, run.instances, run.pending, run.carried = {}, [], [], 0, 0
+        # The header names a rank the message covers, as every message names its sender,
+        # and how many of the collectors' messages it stands for.
+        rank = min(int(t["rank"].min()) for t in tables.values() if "rank" in t)
+        self.counters.messages += 1
+        header = {**run.header[rank], "messages": carried}
+        return [schema.reduced_message(header, tables, run.phase_names)]
 
     def _note_steps(self, run: _Run, rank: int, steps: np.ndarray) -> None:
         """A rank's step rows came: its held rows of those steps are all here."""
@@ -269,7 +387,7 @@ class NodeReducer:
             if all(key[1] in run.done.get(r, ()) for r in members):
                 self._complete(run, key)
 
-    def _hold(self, run: _Run, rank: int, co: dict[str, np.ndarray], now: float) -> None:
+    def _hold(self, run: _Run, rank: int, inc: int, co: dict[str, np.ndarray], now: float) -> None:
         order = np.lexsort((co["step"], co["group"]))
         g, s = co["group"][order], co["step"][order]
         cut = np.flatnonzero((np.diff(g) != 0) | (np.diff(s) != 0)) + 1
@@ -279,6 +397,7 @@ class NodeReducer:
             if held is None:
                 held = run.held[key] = _Held(since=now)
             held.rows.setdefault(rank, []).append({k: v[at] for k, v in co.items()})
+            held.incs[rank] = inc
             held.n += at.shape[0]
             self._held_rows += at.shape[0]
 
@@ -319,7 +438,7 @@ class NodeReducer:
         flags = np.stack([t["flags"] for t in parts])
         if (flags & ASYNC_FLAGS).any() or (exit_i == schema.NO_TIME).any():
             return self._rows_on(run, held)
-        incs = {run.inc.get(r, -1) for r in members}
+        incs = {held.incs[r] for r in members}
         if len(incs) != 1:
             return self._rows_on(run, held)
         inc = incs.pop()
@@ -364,21 +483,13 @@ class NodeReducer:
                 "margin": m.margin,
                 "transfer": m.transfer,
                 "device_transfer": m.device_transfer,
+                "first_exit": exit_i.min(axis=0),
+                "last_exit": exit_i.max(axis=0),
             }
         )
         self.counters.reduced_rows += c * k
         self.counters.instances += k
         return None
-
-    def _reduced(self, run_id: str, run: _Run) -> bytes:
-        cells = _concat(run.cells)
-        inst = _concat(run.instances)
-        run.cells, run.instances = [], []
-        # The header names a rank the message covers, as every message names its sender.
-        rank = int(cells["rank"].min())
-        header = dict(run.header[rank])
-        self.counters.messages += 1
-        return schema.reduced_message(header, cells, inst)
 
     def _expire(self, run: _Run, now: float) -> None:
         stale = run.newest - self.stale_steps
@@ -397,13 +508,11 @@ class NodeReducer:
         self._rows_on(run, held)
 
     def _rows_on(self, run: _Run, held: _Held) -> None:
-        """Send held rows on as their ranks' rows (a steps message without step rows)."""
+        """Send held rows on as their ranks' rows, for the hub to match."""
         for rank, tabs in held.rows.items():
             co = _concat(tabs)
             self.counters.passed_rows += co["step"].shape[0]
-            self._out.append(
-                schema.steps_message(run.header[rank], schema.empty_table("steps", 0), None, co)
-            )
+            self._add(run, "colls", co, rank, held.incs[rank])
 
 
 def _relative(t: np.ndarray, origin: int) -> np.ndarray:
@@ -417,3 +526,46 @@ def _concat(parts: Iterable[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
     if len(parts) == 1:
         return dict(parts[0])
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def unpack_node(msg: schema.Message) -> list[schema.Message]:
+    """The ``steps`` and ``samples`` messages of each rank a ``reduced`` message gathers
+    (its sums aside), for readers that walk a recording message by message.
+
+    Args:
+        msg: a decoded ``reduced`` message.
+
+    Returns:
+        One ``steps`` message per (rank, incarnation) with rows, then one ``samples``
+        message per one with samples; headers ``job``, ``run``, ``rank``, ``inc`` and the
+        node message's ``phase_names``.
+    """
+    h = msg.header
+    names = list(h.get("phase_names") or [])
+    out: list[schema.Message] = []
+    per: dict[tuple[int, int], dict[str, dict[str, np.ndarray]]] = {}
+    for name in ("steps", "phases", "colls", "samples"):
+        t = msg.tables.get(name)
+        if t is None or not t["rank"].shape[0]:
+            continue
+        who = t["rank"].astype(np.int64) * (1 << 32) + t["inc"]
+        order = np.argsort(who, kind="stable")
+        cuts = np.flatnonzero(np.diff(who[order])) + 1
+        for at in np.split(order, cuts):
+            key = (int(t["rank"][at[0]]), int(t["inc"][at[0]]))
+            cols = {k: v[at] for k, v in t.items() if k not in ("rank", "inc")}
+            per.setdefault(key, {})[name] = cols
+    samples = []
+    for (rank, inc), tables in sorted(per.items()):
+        header = {"job": h["job"], "run": h["run"], "rank": rank, "inc": inc}
+        rows = {k: v for k, v in tables.items() if k != "samples"}
+        if rows:
+            rows.setdefault("steps", schema.empty_table("steps", 0))
+            out.append(
+                schema.Message(kind="steps", header={**header, "phase_names": names}, tables=rows)
+            )
+        if "samples" in tables:
+            samples.append(
+                schema.Message(kind="samples", header=header, tables={"samples": tables["samples"]})
+            )
+    return out + samples

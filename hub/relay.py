@@ -49,7 +49,7 @@ from rankscope.collector import schema
 from rankscope.collector.clock import clock_endpoint
 from rankscope.collector.security import ClientCurve
 from rankscope.collector.sender import check_endpoint
-from rankscope.hub.reduce import NodeReducer
+from rankscope.hub.reduce import NodeReducer, ReduceCounters
 
 log = logging.getLogger("rankscope")
 
@@ -588,7 +588,7 @@ def _refuse_live_socket(path: str) -> None:
     raise zmq.ZMQError(zmq.EADDRINUSE, f"{path} is in use (another relay listens there)")
 
 
-def status_line(c: RelayCounters) -> str:
+def status_line(c: RelayCounters, reduced: ReduceCounters | None = None) -> str:
     """One line of a relay's counters."""
     line = (
         f"received {c.received} ({c.received_bytes / (1 << 20):.1f} MiB)"
@@ -596,6 +596,12 @@ def status_line(c: RelayCounters) -> str:
         f" | upstream {'up' if c.connects > c.disconnects else 'down'}"
         f" | clock pings {c.clock_pings}"
     )
+    if reduced is not None:
+        line += (
+            f" | reduced {reduced.reduced_rows} rows to {reduced.instances} instances"
+            f" | {reduced.messages} node messages ({reduced.merged} gathered)"
+            f" | {reduced.passed_rows} rows on unreduced"
+        )
     if c.errors:
         line += " | errors " + ", ".join(f"{k} {v}" for k, v in sorted(c.errors.items()))
     return line

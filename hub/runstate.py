@@ -179,7 +179,9 @@ class RunState:
         """(rank, slot or slots, steps table, rows kept or None) of each message."""
         self._staged_one: list[tuple[int, int, list[Any]]] = []
         """(rank, slot, values of ``_STEP_VALUES``) of each single-step message."""
-        self._staged_phases: list[tuple[int, int, Mapping[str, np.ndarray], Any, np.ndarray]] = []
+        self._staged_phases: list[tuple[Any, Any, Mapping[str, np.ndarray], Any, np.ndarray]] = []
+        self._staged_node: list[tuple[np.ndarray, np.ndarray, Mapping[str, np.ndarray], Any]] = []
+        """Step rows of node messages: (ranks, slots, table, rows of it)."""
         self.pending = PendingRows(raw_steps)
         self._luts: dict[tuple[str, ...], np.ndarray] = {}
         self.instances = Columns(_INSTANCE_DTYPES, 1024)
@@ -193,6 +195,7 @@ class RunState:
         self.life_late = np.zeros(R, np.float64)
         self.life_complete = 0
         self.life_incomplete = 0
+        self._group_index: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self.reduced_seq: dict[tuple[int, int], int] = {}
         """(group, incarnation) -> the last ``seq`` a relay's ``reduced`` message folded
         (`add_reduced`): a repeat is refused, not added twice."""
@@ -261,6 +264,7 @@ class RunState:
 
     def set_groups(self, groups: list[dict[str, Any]]) -> None:
         self._info = None
+        self._group_index = None
         for g in groups:
             gid = int(g["id"])
             self.groups[gid] = {
@@ -272,8 +276,11 @@ class RunState:
             }
 
     def add_samples(self, rank: int, table: Mapping[str, np.ndarray]) -> None:
+        self._add_sample_rows(rank, table)
+
+    def _add_sample_rows(self, rank: Any, table: Mapping[str, np.ndarray]) -> None:
         n = table["t"].shape[0]
-        self.samples.append({"rank": rank, **table}, n)
+        self.samples.append({"rank": rank, **{k: table[k] for k in schema.SAMPLE_COLUMNS}}, n)
         if len(self.samples) > _MAX_SAMPLES:
             keep = np.zeros(len(self.samples), bool)
             keep[len(self.samples) // 2 :] = True
@@ -640,6 +647,13 @@ class RunState:
                     )
 
             self._write_steps(rank, slot, col)
+        if self._staged_node:
+            node, self._staged_node = self._staged_node, []
+            rank = np.concatenate([r for r, _, _, _ in node])
+            slot = np.concatenate([s for _, s, _, _ in node])
+            self._write_steps(
+                rank, slot, lambda name: np.concatenate([t[name][sel] for _, _, t, sel in node])
+            )
         if self._staged_phases:
             staged_p, self._staged_phases = self._staged_phases, []
             parts = [
@@ -647,8 +661,12 @@ class RunState:
                 for r, inc, ph, sel, lut in staged_p
             ]
             n = [p["step"].shape[0] for _, _, p, _ in parts]
-            rank = np.repeat([r for r, _, _, _ in parts], n)
-            inc = np.repeat([i for _, i, _, _ in parts], n)
+            if any(isinstance(r, np.ndarray) for r, _, _, _ in parts):  # node messages'
+                rank = np.concatenate([np.broadcast_to(r, k) for (r, _, _, _), k in zip(parts, n)])
+                inc = np.concatenate([np.broadcast_to(i, k) for (_, i, _, _), k in zip(parts, n)])
+            else:
+                rank = np.repeat([r for r, _, _, _ in parts], n)
+                inc = np.repeat([i for _, i, _, _ in parts], n)
             code = np.concatenate([lut[p["phase"]] for _, _, p, lut in parts])
             step = np.concatenate([p["step"] for _, _, p, _ in parts]).astype(np.int64)
             t0 = np.concatenate([p["t0"] for _, _, p, _ in parts])
@@ -712,10 +730,82 @@ class RunState:
         cols["epoch"] = epoch[mask]
         self.instances.append(cols, int(mask.sum()))
 
-    def add_reduced(self, tables: Mapping[str, Mapping[str, np.ndarray]]) -> int:
-        """Take a validated ``reduced`` message (`hub.reduce`): fold its per rank-step sums
-        into the collective aggregates and its instances into the instance table, as the
-        matching pass does with the rows it matches itself. Returns the calls it covers."""
+    def add_node(
+        self, h: Mapping[str, Any], tables: Mapping[str, Mapping[str, np.ndarray]]
+    ) -> tuple[int, int]:
+        """Take a validated ``reduced`` message (`hub.reduce`): its ranks' step, phase,
+        collective and sample rows as their own messages' would be, then its sums.
+        Returns (steps too old for the ring, rows and reduced calls)."""
+        if not self._t0_set:
+            self._set_t0(tables)
+        late = rows = 0
+        st = tables.get("steps")
+        if st is not None and st["step"].shape[0]:
+            late = self._add_step_rows(st)
+        ph = tables.get("phases")
+        if ph is not None and ph["step"].shape[0]:
+            lut = self._lut(tuple(h.get("phase_names") or ()))
+            rank = ph["rank"].astype(np.int64)
+            self._staged_phases.append((rank, ph["inc"].astype(np.int64), ph, None, lut))
+        co = tables.get("colls")
+        if co is not None and co["step"].shape[0]:
+            cutoff = self.raw_cutoff()
+            who = co["rank"].astype(np.int64) * (1 << 32) + co["inc"]
+            starts = np.flatnonzero(np.append(True, who[1:] != who[:-1]))
+            cols = {k: co[k] for k in schema.COLL_COLUMNS}
+            if np.unique(who[starts]).shape[0] != starts.shape[0]:  # a rank's rows apart
+                order = np.argsort(who, kind="stable")
+                who = who[order]
+                cols = {k: v[order] for k, v in cols.items()}
+                starts = np.flatnonzero(np.append(True, who[1:] != who[:-1]))
+            # Each rank's rows are its own part, as if its own message had brought them.
+            ends = np.append(starts[1:], who.shape[0])
+            for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+                r, inc = int(who[a] >> 32), int(who[a] & 0xFFFFFFFF)
+                self.pending.add(r, inc, {k: v[a:b] for k, v in cols.items()}, cutoff)
+                self.life_rows[r] += b - a
+            rows += co["step"].shape[0]
+        sa = tables.get("samples")
+        if sa is not None and sa["t"].shape[0]:
+            self._add_sample_rows(sa["rank"], sa)
+        return late, rows + self._add_sums(tables)
+
+    def _add_step_rows(self, st: Mapping[str, np.ndarray]) -> int:
+        """Step rows of several ranks (`add_node`); returns how many were too old."""
+        r = st["rank"].astype(np.int64)
+        inc = st["inc"].astype(np.int64)
+        ids = st["step"].astype(np.int64)
+        t_end = st["t_end"]
+        self.last_ns = max(self.last_ns, int(t_end.max()))
+        uniq, inv = np.unique(ids, return_inverse=True)
+        slots = self._alloc(uniq)[inv]
+        ok = slots >= 0
+        late = int((~ok).sum())
+        sel = np.flatnonzero(ok)
+        if late:
+            r, inc, ids, slots = r[sel], inc[sel], ids[sel], slots[sel]
+        if not sel.shape[0]:
+            return late
+        was = self.cell_inc[r, slots]
+        old = (was >= 0) & (was != inc)
+        if old.any():  # a restarted rank re-executes steps: its cells start over
+            self.flush()
+            self._clear(r[old], slots[old])
+        self.present[r, slots] = True
+        self.cell_inc[r, slots] = inc
+        self._staged_node.append((r, slots, st, sel))
+        top, low = int(ids.max()), int(ids.min())
+        self.max_step = top if self.max_step is None else max(self.max_step, top)
+        self.first_step = low if self.first_step is None else min(self.first_step, low)
+        for rank, step in zip(r.tolist(), ids.tolist(), strict=True):
+            if step > self.newest_step[rank]:
+                self.newest_step[rank] = step
+        return late
+
+    def _add_sums(self, tables: Mapping[str, Mapping[str, np.ndarray]]) -> int:
+        """Fold a ``reduced`` message's per rank-step sums into the collective aggregates
+        and its instances into the instance table, as the matching pass does with the rows
+        it matches itself. Returns the calls they cover."""
         cells, inst = tables["cells"], tables["instances"]
         k = inst["group"].shape[0]
         if k == 0:
@@ -724,23 +814,22 @@ class RunState:
             self.t0, self._t0_set = int(inst["first"].min()), True
         rank = cells["rank"].astype(np.int64)
         cell, ok = self.cells(rank, cells["step"], cells["inc"].astype(np.int64))
-        n = cells["n"].astype(np.float64)
-        folds = {"n": (cell[ok], n[ok]), "times_last": (cell[ok], cells["times_last"][ok])}
-        for name in COLL_AGGREGATES:
-            if name not in folds:
-                folds[name] = (cell[ok], cells[name][ok])
         if REDUCED + "n" not in self.coll:  # kept apart too: see `Window.reduced`
             for name in REDUCED_AGGREGATES:
                 self.coll[REDUCED + name] = np.zeros((self.world_size, self.H))
-        for name in REDUCED_AGGREGATES:
-            folds[REDUCED + name] = folds[name]
-        self.fold(folds)
-        R = self.world_size
+        # A message names each (rank, step) once (validation): the cells are distinct, so
+        # a plain indexed add does what np.add.at would.
+        at = cell[ok] if not ok.all() else cell
+        for name in COLL_AGGREGATES:
+            v = cells[name] if ok.all() else cells[name][ok]
+            self.coll[name].reshape(-1)[at] += v
+            if name in REDUCED_AGGREGATES:
+                self.coll[REDUCED + name].reshape(-1)[at] += v
         calls = cells["n"].astype(np.int64)
-        self.life_rows += np.bincount(rank, calls, minlength=R)[:R].astype(np.int64)
-        self.life_done += np.bincount(rank, calls, minlength=R)[:R].astype(np.int64)
-        self.life_last += np.bincount(rank, cells["times_last"], minlength=R)[:R].astype(np.int64)
-        self.life_late += np.bincount(rank, cells["late_ns"], minlength=R)[:R]
+        np.add.at(self.life_rows, rank, calls)
+        np.add.at(self.life_done, rank, calls)
+        np.add.at(self.life_last, rank, cells["times_last"])
+        np.add.at(self.life_late, rank, cells["late_ns"])
         first = inst["first"] - np.int64(self.t0)
         last = inst["last"] - np.int64(self.t0)
         table = InstanceTable(
@@ -761,13 +850,32 @@ class RunState:
         )
         self.add_instances(table, inst["inc"].astype(np.int64), np.ones(k, bool))
         self.life_complete += k
+        # The last seq of each (group, incarnation): validation refuses what comes again.
+        group, epoch, seq = inst["group"], inst["inc"], inst["seq"]
+        order = np.lexsort((seq, epoch, group))
+        last = np.append(
+            (group[order][1:] != group[order][:-1]) | (epoch[order][1:] != epoch[order][:-1]), True
+        )
+        at = order[last]
         for gid, e, top in zip(
-            inst["group"].tolist(), inst["inc"].tolist(), inst["seq"].tolist(), strict=True
+            group[at].tolist(), epoch[at].tolist(), seq[at].tolist(), strict=True
         ):
-            key = (gid, e)
-            if top > self.reduced_seq.get(key, -2):
-                self.reduced_seq[key] = top
+            if top > self.reduced_seq.get((gid, e), -2):
+                self.reduced_seq[(gid, e)] = top
         return int(calls.sum())
+
+    def group_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The run's groups for vectorized lookups: ids ascending, their sizes, and every
+        membership as ``id << 32 | rank``, ascending."""
+        if self._group_index is None:
+            gids = np.array(sorted(self.groups), np.int64)
+            sizes = np.array([len(self.groups[g]["ranks"]) for g in gids.tolist()], np.int64)
+            keys = [
+                (g << 32) + np.asarray(self.groups[g]["ranks"], np.int64) for g in gids.tolist()
+            ]
+            member = np.sort(np.concatenate(keys)) if keys else np.zeros(0, np.int64)
+            self._group_index = (gids, sizes, member)
+        return self._group_index
 
     def raw_cutoff(self) -> int | None:
         """Oldest step whose raw rows are kept: the last ``raw_steps`` step ids."""

@@ -300,7 +300,22 @@ class Store:
                 if run.pending.new_rows >= self.settle_rows:
                     self._settle_run(run)
             elif msg.kind == "reduced":
-                self._counters["events"] += run.add_reduced(msg.tables)
+                # What the relays gathered into it: the collectors' messages it stands for.
+                c = self._counters
+                c["node_messages"] = c.get("node_messages", 0) + 1
+                c["gathered"] = c.get("gathered", 0) + int(h.get("messages") or 0)
+                for name in ("steps", "phases", "colls", "samples"):
+                    t = msg.tables.get(name)
+                    if t is not None:
+                        for r in np.unique(t["rank"]).tolist():
+                            run.heard_ns[r] = heard
+                            if name == "steps":
+                                run.stepped_ns[r] = heard
+                late, events = run.add_node(h, msg.tables)
+                self._counters["late_steps"] += late
+                self._counters["events"] += events
+                if run.pending.new_rows >= self.settle_rows:
+                    self._settle_run(run)
             elif msg.kind == "groups":
                 run.set_groups(h["groups"])
             elif msg.kind == "samples":
@@ -613,8 +628,10 @@ class Store:
     @property
     def health(self) -> dict[str, Any]:
         """Counters: ``messages``, ``bytes``, ``events`` (collective rows), ``events_per_s``
-        (over the last few seconds), ``rejects`` (reason -> count), ``late_steps``,
-        ``drops`` (``batches``/``events`` reported by collectors), ``collector_errors``
+        (over the last few seconds), ``rejects`` (reason -> count), ``late_steps``; once a
+        relay's node message came, ``node_messages`` and ``gathered`` (the collectors'
+        messages they stood for); ``drops`` (``batches``/``events`` reported by
+        collectors), ``collector_errors``
         (reason -> count), ``clock_error_ns`` (run -> {rank: ns}), plus `extra_health`."""
         with self._lock:
             out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self._counters.items()}

@@ -194,6 +194,9 @@ class Verdict:
     """Step rows dropped as duplicates."""
     empty: bool = False
     """Nothing is left to ingest (every step was a duplicate)."""
+    rejects: tuple[tuple[str, str, int], ...] = ()
+    """(reason, detail, count) of the parts of a ``reduced`` message left out (the rows of
+    a rank the hub does not know in that incarnation), the rest being kept."""
 
 
 _ACCEPT = Verdict()
@@ -282,8 +285,7 @@ def check(
     if kind == "beat":  # field types and sizes were checked in decoding (bad_beat, bad_fr)
         return _ACCEPT
     if kind == "reduced":
-        check_reduced(msg, run, now_ns, limits)
-        return _ACCEPT
+        return check_reduced(msg, run, now_ns, limits)
     return _check_steps(msg, run, values, now_ns, limits)
 
 
@@ -298,52 +300,153 @@ _CELL_SUMS = (
 )
 
 
-def check_reduced(msg: schema.Message, run: RunState, now_ns: int | None, limits: Limits) -> None:
-    """A relay's ``reduced`` message (`hub.reduce`) adds up and fits the run.
+def check_reduced(
+    msg: schema.Message, run: RunState, now_ns: int | None, limits: Limits
+) -> Verdict:
+    """A relay's ``reduced`` message (`hub.reduce`): its ranks' own rows are checked as
+    their own messages would be, and its sums add up and fit the run.
 
-    The hub never sees the rows behind it, so what can be checked is checked: every cell is
-    a current rank's, its sums are what sums of collective times can be (finite, not
-    negative, ``times_last`` at most ``n``, each at most ``n`` times the longest collective),
-    every instance is of a group the run knows and of its size, with its last arriver a
-    member and its times in the window, the cells count exactly one call per member of each
-    instance, and no (rank, step) or instance comes twice, in this message or after one
-    the hub already folded.
+    The rows of a rank the hub does not know in the incarnation they name, and repeated
+    steps, are left out and counted (the message's other ranks are kept, as their own
+    messages would be); the tables of the message are filtered in place.
+
+    The hub never sees the rows behind the sums, so what can be checked is checked: every
+    cell is a current rank's, its sums are what sums of collective times can be (finite,
+    not negative, ``times_last`` at most ``n``, each at most ``n`` times the longest
+    collective), every instance is of a group the run knows and of its size, with its last
+    arriver a member and its times in the window, the cells count exactly one call per
+    member of each instance, and no (rank, step) or instance comes twice, in this message
+    or after one the hub already folded.
+
+    Returns:
+        The `Verdict` (rows left out, with their reasons).
 
     Raises:
-        Reject: ``bad_reduced``, ``bad_time``, ``bad_step``, ``bad_op``, ``bad_nbytes`` or
-            ``duplicate_instance``, naming the column and the value.
+        Reject: a value no reader could use (as for a steps message), or ``bad_reduced``,
+            ``bad_time``, ``bad_step``, ``bad_op``, ``bad_nbytes``, ``duplicate_instance``,
+            naming the column and the value.
     """
+    rejects = _check_rank_tables(msg, run, now_ns, limits)
+    tables = msg.tables
+    cells = tables["cells"]
+    rank = cells["rank"]
+    if rank.shape[0] and int(rank.min()) >= 0 and int(rank.max()) < run.world_size:
+        off = cells["inc"] != run.incarnation[rank]
+        if off.any():  # sums of an incarnation the hub does not hold: all of them go
+            i = int(np.flatnonzero(off)[0])
+            inc, latest = int(cells["inc"][i]), int(run.incarnation[rank[i]])
+            reason = "stale_incarnation" if 0 <= inc < latest else "unknown_rank"
+            detail = f"sums of rank {int(rank[i])} incarnation {inc}, its latest hello is {latest}"
+            rejects.append((reason, detail, 1))
+            for name in ("cells", "instances"):
+                tables[name] = {k: v[:0] for k, v in tables[name].items()}
+    _check_sums(msg, run, now_ns, limits)
+    empty = not any(next(iter(t.values())).shape[0] for t in tables.values())
+    dup = sum(n for reason, _, n in rejects if reason == "duplicate_step")
+    other = tuple(r for r in rejects if r[0] != "duplicate_step")
+    return Verdict(duplicate_steps=dup, empty=empty, rejects=other)
+
+
+_RANK_TABLES = ("steps", "phases", "colls", "samples")
+
+
+def _check_rank_tables(
+    msg: schema.Message, run: RunState, now_ns: int | None, limits: Limits
+) -> list[tuple[str, str, int]]:
+    """The rank tables of a ``reduced`` message: values as `check_values` checks a steps
+    or samples message's, ranks in the world; rows of a rank in another incarnation than
+    the hub's latest, and steps a rank already reported (or repeats inside the message),
+    are left out. Returns what was left out."""
+    tables = msg.tables
+    world = run.world_size
+    out: list[tuple[str, str, int]] = []
+    for name in _RANK_TABLES:
+        t = tables.get(name)
+        if t is None or not t["rank"].shape[0]:
+            continue
+        rank = t["rank"]
+        if int(rank.min()) < 0 or int(rank.max()) >= world:
+            bad = int(rank[(rank < 0) | (rank >= world)][0])
+            raise Reject("rank_out_of_range", f"{name}.rank holds {bad}, world size {world}")
+        known = run.incarnation[rank]
+        off = t["inc"] != known
+        if off.any():
+            i = int(np.flatnonzero(off)[0])
+            r, inc, latest = int(rank[i]), int(t["inc"][i]), int(known[i])
+            reason = "stale_incarnation" if 0 <= inc < latest else "unknown_rank"
+            detail = f"{name} rows of rank {r} incarnation {inc}, its latest hello is {latest}"
+            out.append((reason, detail, 1))
+            tables[name] = {k: v[~off] for k, v in t.items()}
+    steps_msg = schema.Message(
+        kind="steps",
+        header={"phase_names": msg.header.get("phase_names") or []},
+        tables={
+            "steps": tables.get("steps") or _EMPTY_STEPS,
+            **{n: tables[n] for n in ("phases", "colls") if n in tables},
+        },
+    )
+    check_values(steps_msg, now_ns, limits)
+    if "samples" in tables:
+        samples = schema.Message(kind="samples", header={}, tables={"samples": tables["samples"]})
+        check_values(samples, now_ns, limits)
+    st = tables.get("steps")
+    if st is None or not st["step"].shape[0]:
+        return out
+    rank, steps, inc = st["rank"].astype(np.int64), st["step"], st["inc"]
+    slots = run.lookup(steps.astype(np.int64))
+    ok = slots >= 0
+    s = np.where(ok, slots, 0)
+    seen = ok & run.present[rank, s] & (run.cell_inc[rank, s] >= inc)
+    key = rank * (1 << 40) + steps
+    order = np.argsort(key, kind="stable")
+    again = np.zeros(key.shape[0], bool)
+    again[order[1:]] = key[order][1:] == key[order][:-1]
+    gone = seen | again
+    if gone.any():
+        n = int(gone.sum())
+        out.append(("duplicate_step", f"{n} step(s) of the node's ranks sent again", n))
+        # Their phase and collective rows go too, as with a steps message's.
+        lost = key[gone & ~np.isin(key, key[~gone])]
+        tables["steps"] = {k: v[~gone] for k, v in st.items()}
+        for name in ("phases", "colls"):
+            t = tables.get(name)
+            if t is not None and lost.shape[0]:
+                k = t["rank"].astype(np.int64) * (1 << 40) + t["step"]
+                tables[name] = {c: v[~np.isin(k, lost)] for c, v in t.items()}
+    return out
+
+
+_EMPTY_STEPS = schema.empty_table("steps", 0)
+
+
+def _check_sums(msg: schema.Message, run: RunState, now_ns: int | None, limits: Limits) -> None:
+    """The ``cells`` and ``instances`` of a ``reduced`` message (see `check_reduced`)."""
     cells, inst = msg.tables["cells"], msg.tables["instances"]
+
     lo, hi = limits.time_bounds(now_ns)
     span = float(limits.max_duration_s * 1e9)
     world = run.world_size
-    rank, inc, step, n = cells["rank"], cells["inc"], cells["step"], cells["n"]
+    rank, step, n = cells["rank"], cells["step"], cells["n"]
     if rank.shape[0]:
         if int(rank.min()) < 0 or int(rank.max()) >= world:
             bad = int(rank[(rank < 0) | (rank >= world)][0])
             raise Reject("bad_reduced", f"cells.rank holds {bad}, outside world size {world}")
-        stale = inc != run.incarnation[rank]
-        if stale.any():
-            i = int(np.flatnonzero(stale)[0])
-            raise Reject(
-                "bad_reduced",
-                f"cells of rank {int(rank[i])} incarnation {int(inc[i])}, its latest hello "
-                f"is incarnation {int(run.incarnation[rank[i]])}",
-            )
         _check_step_ids("cells.step", step)
         if int(n.min()) < 1 or int(cells["times_last"].min()) < 0:
             raise Reject("bad_reduced", "a cell with no call, or a negative times_last")
         if (cells["times_last"] > n).any():
             raise Reject("bad_reduced", "a cell whose rank arrived last more often than it called")
-        cap = n.astype(np.float64) * span
-        for name in _CELL_SUMS:
-            v = cells[name]
-            if not (np.isfinite(v).all() and v.min() >= 0 and (v <= cap).all()):
-                raise Reject(
-                    "bad_reduced",
-                    f"cells.{name} holds a value that is not finite, negative or over n x "
-                    f"Limits.max_duration_s",
-                )
+        sums = np.stack([cells[name] for name in _CELL_SUMS])
+        # NaN fails every comparison: one test each for finite, negative and too long.
+        if not ((sums >= 0) & (sums <= n.astype(np.float64) * span)).all():
+            culprits = [
+                x for x in _CELL_SUMS if not ((cells[x] >= 0) & (cells[x] <= n * span)).all()
+            ]
+            raise Reject(
+                "bad_reduced",
+                f"cells.{culprits[0]} holds a value that is not finite, negative or over n x "
+                f"Limits.max_duration_s",
+            )
         key = rank.astype(np.int64) * (1 << 40) + step
         if np.unique(key).shape[0] != key.shape[0]:
             raise Reject("bad_reduced", "a (rank, step) cell twice in one message")
@@ -379,34 +482,38 @@ def check_reduced(msg: schema.Message, run: RunState, now_ns: int | None, limits
         v = inst[name]
         if (np.abs(v[~np.isnan(v)]) > span).any() or np.isinf(v).any():
             raise Reject("bad_reduced", f"instances.{name} holds a value over the longest span")
-    members = 0
-    order = np.lexsort((seq, group))
-    g_sorted = group[order]
-    cuts = np.flatnonzero(np.diff(g_sorted)) + 1
-    for at in np.split(order, cuts):
-        gid = int(group[at[0]])
-        g = run.groups.get(gid)
-        if g is None:
-            raise Reject("bad_reduced", f"an instance of group {gid}, which the run does not know")
-        size = len(g["ranks"])
-        if (inst["n_members"][at] != size).any():
-            raise Reject("bad_reduced", f"an instance of group {gid} not of its {size} members")
-        if not np.isin(inst["last_rank"][at], g["ranks"]).all():
-            raise Reject("bad_reduced", f"an instance of group {gid} last reached by a non-member")
-        s, e_at = seq[at], inst["inc"][at]
-        by = np.lexsort((s, e_at))
-        if ((np.diff(s[by]) == 0) & (np.diff(e_at[by]) == 0)).any():
-            raise Reject("bad_reduced", f"an instance of group {gid} twice in one message")
-        for e in np.unique(e_at).tolist():
-            folded = run.reduced_seq.get((gid, int(e)))
-            mine = s[e_at == e]
-            if folded is not None and int(mine.min()) <= folded:
-                raise Reject(
-                    "duplicate_instance",
-                    f"group {gid} seq {int(mine.min())} incarnation {e} after seq {folded} "
-                    f"was folded",
-                )
-        members += size * at.shape[0]
+    gids, sizes, member = run.group_index()
+    g64 = group.astype(np.int64)
+    pos = np.minimum(np.searchsorted(gids, g64), max(gids.shape[0] - 1, 0))
+    if not gids.shape[0] or (gids[pos] != g64).any():
+        bad = int(group[0] if not gids.shape[0] else group[gids[pos] != g64][0])
+        raise Reject("bad_reduced", f"an instance of group {bad}, which the run does not know")
+    size = sizes[pos]
+    if (inst["n_members"] != size).any():
+        gid = int(group[inst["n_members"] != size][0])
+        raise Reject("bad_reduced", f"an instance of group {gid} not of its members' number")
+    key = (g64 << 32) + inst["last_rank"]
+    at = np.minimum(np.searchsorted(member, key), member.shape[0] - 1)
+    if (member[at] != key).any():
+        gid = int(group[member[at] != key][0])
+        raise Reject("bad_reduced", f"an instance of group {gid} last reached by a non-member")
+    members = int(size.sum())
+    # Runs of one (group, incarnation), seq ascending: one per group the message covers.
+    inc = inst["inc"]
+    order = np.lexsort((seq, inc, group))
+    g, e, s = group[order], inc[order], seq[order]
+    same = (g[1:] == g[:-1]) & (e[1:] == e[:-1])
+    if (same & (s[1:] == s[:-1])).any():
+        raise Reject("bad_reduced", "an instance twice in one message")
+    starts = np.flatnonzero(np.concatenate(([True], ~same)))
+    folded_seq = run.reduced_seq
+    for gid, epoch, low in zip(g[starts].tolist(), e[starts].tolist(), s[starts].tolist()):
+        folded = folded_seq.get((gid, epoch))
+        if folded is not None and low <= folded:
+            raise Reject(
+                "duplicate_instance",
+                f"group {gid} seq {low} incarnation {epoch} after seq {folded} was folded",
+            )
     if int(n.sum()) != members:
         raise Reject(
             "bad_reduced",

@@ -18,6 +18,40 @@ def _slice_table(cols: Mapping[str, np.ndarray], keep: np.ndarray) -> dict[str, 
     return {k: np.asarray(v)[keep] for k, v in cols.items()}
 
 
+def _span(
+    st: Mapping[str, np.ndarray] | None, wanted: np.ndarray, lo: int | None, hi: int | None
+) -> tuple[int | None, int | None]:
+    """``(lo, hi)`` widened to the known starts and ends of the wanted steps of ``st``."""
+    if st is None:
+        return lo, hi
+    keep = np.isin(st["step"], wanted)
+    starts, ends = st["t_start"][keep], st["t_end"][keep]
+    starts, ends = starts[starts != schema.NO_TIME], ends[ends != schema.NO_TIME]
+    if starts.size:
+        lo = int(starts.min()) if lo is None else min(lo, int(starts.min()))
+    if ends.size:
+        hi = int(ends.max()) if hi is None else max(hi, int(ends.max()))
+    return lo, hi
+
+
+def _cut_node(msg: schema.Message, wanted: np.ndarray) -> tuple[bytes | None, list[schema.Message]]:
+    """A ``reduced`` message restricted to the wanted steps (None when none is left), and
+    its samples as each rank's own samples message (judged with the others, by time)."""
+    from rankscope.hub.reduce import unpack_node
+
+    tables = {
+        name: _slice_table(t, np.isin(t["step"], wanted))
+        for name, t in msg.tables.items()
+        if name != "samples"
+    }
+    samples = [m for m in unpack_node(msg) if m.kind == "samples"]
+    if not any(next(iter(t.values())).shape[0] for t in tables.values()):
+        return None, samples
+    header = {k: v for k, v in msg.header.items() if k not in ("kind", "v", "phase_names")}
+    payload = schema.reduced_message(header, tables, list(msg.header.get("phase_names") or []))
+    return payload, samples
+
+
 def window_frames(path: str | Path, run: str, steps: Iterable[int]) -> Iterator[tuple[bytes, int]]:
     """The recorded messages of one run restricted to some steps, as ``(payload, t_recv)``.
 
@@ -58,6 +92,13 @@ def window_frames(path: str | Path, run: str, steps: Iterable[int]) -> Iterator[
             beats.pop(int(msg.header["rank"]), None)
             beats[int(msg.header["rank"])] = (frame.payload, frame.t_recv_ns)
             continue
+        if msg.kind == "reduced":  # a relay's node message: every table cut by step
+            cut, samples = _cut_node(msg, wanted)
+            held += [(s, frame.t_recv_ns) for s in samples]
+            if cut is not None:
+                t_lo, t_hi = _span(msg.tables.get("steps"), wanted, t_lo, t_hi)
+                yield cut, frame.t_recv_ns
+            continue
         tables = msg.tables
         if "steps" not in tables:
             continue  # a kind this copy does not know how to cut
@@ -65,13 +106,7 @@ def window_frames(path: str | Path, run: str, steps: Iterable[int]) -> Iterator[
         if not keep.any():
             continue
         st = tables["steps"]
-        starts = st["t_start"][keep]
-        ends = st["t_end"][keep]
-        starts, ends = starts[starts != schema.NO_TIME], ends[ends != schema.NO_TIME]
-        if starts.size:
-            t_lo = int(starts.min()) if t_lo is None else min(t_lo, int(starts.min()))
-        if ends.size:
-            t_hi = int(ends.max()) if t_hi is None else max(t_hi, int(ends.max()))
+        t_lo, t_hi = _span(st, wanted, t_lo, t_hi)
         if keep.all() and all(
             np.isin(tables[t]["step"], wanted).all() for t in ("phases", "colls") if t in tables
         ):

@@ -107,7 +107,9 @@ class Emitter:
 
 
 class RankStreams:
-    """What every simulated rank sends, in order: its hello, then (rank 0) the group table,
+    """What every simulated rank sends, in order: its hello, then (rank 0) the group table
+    (with ``node_groups``, each node's first rank also the groups inside its node, as a
+    node's collectors tell its relay),
     then steps messages (``steps_per_message`` steps each), samples messages (at most one
     per ``sample_period_s`` of simulated time, like a collector's sampler thread) and, every
     `STATS_EVERY` steps and at the end, its health counters."""
@@ -335,6 +337,8 @@ def run(
             scope=spec.scope,
             parent_run=parent_run,
             steps_per_message=steps_per_message,
+            # Each node's relay learns the node's groups, as real collectors tell it.
+            node_groups=bool(relays),
         )
         streams.start()
         for k in range(steps):

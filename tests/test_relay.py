@@ -112,7 +112,8 @@ def test_direct_and_relayed_runs_of_one_seeded_simulation_are_the_same(tmp_path:
     try:
         a = _seeded(direct_hub.endpoint, None, "run")
         b = _seeded(None, [r.endpoint for r in relays], "run")
-        assert a.dropped == b.dropped == 0 and a.messages == b.messages
+        # The same messages, and each of the 4 hosts' own groups (their relay learns them).
+        assert a.dropped == b.dropped == 0 and b.messages == a.messages + 4
 
         def ingested(h: Hub, n: int) -> bool:
             return h.store.health["messages"] >= n
@@ -315,6 +316,66 @@ def test_rankscope_run_relay_puts_a_relay_between_the_command_and_the_hub(
     assert bad.returncode == 3, bad.stderr
 
 
+def test_direct_and_reducing_relays_give_the_hub_the_same_run(tmp_path: Path) -> None:
+    """The same seeded 32-rank run (tp=8 inside hosts of 8) straight to one hub, and to
+    another through four node relays that reduce and a rack relay that gathers them:
+    every aggregate, every instance and the verdict are identical, from a quarter of the
+    bytes."""
+    scenario = load_scenario(
+        "slow-device", ranks=32, seed=11, layout__tp=8, topology__gpus_per_host=8
+    )
+    direct_hub = Hub(bind="tcp://127.0.0.1:0", record_dir=None).start()
+    relayed_hub = Hub(bind="tcp://127.0.0.1:0", record_dir=None).start()
+    rack = Relay(_ipc(tmp_path, "rack"), relayed_hub.endpoint, reduce=True).start()
+    nodes = [Relay(_ipc(tmp_path, f"n{k}"), rack.endpoint, reduce=True).start() for k in range(4)]
+    try:
+        kw = {"steps": 12, "run_id": "run", "t0_ns": 1_700_000_000_000_000_000}
+        a = emit.run(scenario, direct_hub.endpoint, **kw)
+        b = emit.run(scenario, "tcp://127.0.0.1:9", relays=[n.endpoint for n in nodes], **kw)
+        assert a.dropped == b.dropped == 0
+        for n in nodes:
+            n.stop()  # what they hold leaves first
+        rack.stop()
+
+        def settled(h: Hub) -> bool:
+            return h.store.health["messages"] > 0 and h.store.run_state("run") is not None
+
+        assert wait_for(lambda: direct_hub.store.health["messages"] >= a.messages, timeout=60)
+        assert wait_for(lambda: settled(relayed_hub), timeout=60)
+        assert wait_for(
+            lambda: (
+                relayed_hub.store.window("run").present.sum()
+                == direct_hub.store.window("run").present.sum()
+            ),
+            timeout=60,
+        )
+        direct_hub.store.settle()
+        relayed_hub.store.settle()
+        wa, wb = direct_hub.store.window("run"), relayed_hub.store.window("run")
+        rejects = relayed_hub.store.health["rejects"]
+    finally:
+        for r in (*nodes, rack):
+            r.stop()
+        direct_hub.stop()
+        relayed_hub.stop()
+    assert rejects == {}
+    assert all(n.reducer is not None and n.reducer.counters.reduced_rows > 0 for n in nodes)
+    assert rack.reducer is not None and rack.reducer.counters.merged > 0
+    assert sum(n.counters.received_bytes for n in nodes) == b.bytes
+    assert rack.counters.received_bytes < b.bytes / 4
+    np.testing.assert_array_equal(wa.present, wb.present)
+    np.testing.assert_array_equal(wa.step_ns, wb.step_ns)
+    for name, values in wa.coll.items():
+        np.testing.assert_array_equal(values, wb.coll[name], err_msg=name)
+    ia, ib = wa.instances, wb.instances
+    oa, ob = np.lexsort((ia.seq, ia.group)), np.lexsort((ib.seq, ib.group))
+    for name in ("group", "seq", "last_rank", "first", "last", "margin", "transfer"):
+        np.testing.assert_array_equal(getattr(ia, name)[oa], getattr(ib, name)[ob])
+    da, db = diagnose(wa), diagnose(wb)
+    assert da.verdict.top.mechanism == db.verdict.top.mechanism == "slow_device"
+    assert da.verdict.top.ranks == db.verdict.top.ranks
+
+
 def test_demo_through_relay_processes(capsys) -> None:
     import json
 
@@ -330,6 +391,19 @@ def test_demo_through_relay_processes(capsys) -> None:
     assert all(f > 0 for f in forwarded) and sum(forwarded) == r["sent"]
     assert r["bundles"] >= 2
     assert main([*argv, "--relays", "-1"]) == 2
+    assert main([*argv, "--reduce"]) == 2  # reducing is what relays do
+
+
+def test_demo_through_reducing_relay_processes(capsys) -> None:
+    import json
+
+    from rankscope.cli import main
+
+    argv = ["demo", "--scenario", "slow-device", "--ranks", "32", "--headless", "--steps", "6"]
+    assert main([*argv, "--relays", "2", "--reduce", "--no-record", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert r["complete"] is True and r["lost"] == 0 and r["dropped"] == 0
+    assert all("node messages" in x["summary"] for x in r["relays"])
 
 
 def test_a_multipart_message_beyond_a_bundle_is_counted_not_fed(hub: Hub) -> None:

@@ -141,6 +141,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "as `rankscope run --relay` does on a node) instead of straight to the hub "
         "[default: %(default)s]",
     )
+    p.add_argument(
+        "--reduce",
+        action="store_true",
+        help="with --relays: each relay matches its hosts' own groups and gathers their "
+        "messages (`rankscope relay --reduce`)",
+    )
     p.add_argument("--json", action="store_true", help="print the result on exit as JSON")
     p.add_argument(
         "--view",
@@ -221,11 +227,13 @@ class DemoHandles:
         return info.messages + (self.baseline.messages if self.baseline is not None else 0)
 
     def reached(self) -> int | None:
-        """Messages the own hub has taken in, accepted or rejected (None: no own hub)."""
+        """Messages the own hub has taken in, accepted or rejected, those its relays
+        gathered into node messages counted as they were sent (None: no own hub)."""
         if self.hub is None:
             return None
         h = self.hub.health
-        return int(h["messages"] + sum(h["rejects"].values()))
+        gathered = h.get("gathered", 0) - h.get("node_messages", 0)
+        return int(h["messages"] + sum(h["rejects"].values()) + gathered)
 
     def wait_ingested(self, timeout: float = INGEST_WAIT_S) -> bool:
         """Wait until the own hub has taken in (accepted or rejected) every message sent;
@@ -268,11 +276,13 @@ class DemoRelay:
     """Its last status line, once stopped."""
 
     @classmethod
-    def spawn(cls, endpoint: str, upstream: str, insecure: bool) -> DemoRelay:
+    def spawn(cls, endpoint: str, upstream: str, insecure: bool, reduce: bool = False) -> DemoRelay:
         argv = [sys.executable, "-m", "rankscope", "relay", "--listen", endpoint]
         argv += ["--upstream", upstream, "--status-every", "0"]
         if insecure:
             argv.append("--insecure")
+        if reduce:
+            argv.append("--reduce")
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         return cls(endpoint, proc)
 
@@ -314,6 +324,7 @@ def start_demo(
     baseline_steps: int = 0,
     stop_linger_s: float = QUIT_WAIT_S,
     relays: int = 0,
+    reduce: bool = False,
 ) -> DemoHandles:
     """Start a hub and a simulated job in background threads.
 
@@ -335,6 +346,7 @@ def start_demo(
         stop_linger_s: once stopped, how long the job's queued messages may take to leave.
         relays: send through this many relay processes (`rankscope.hub.relay`), each
             host's ranks to one, instead of straight to the hub.
+        reduce: the relays reduce (`rankscope.hub.reduce`).
 
     Returns:
         Handles; call ``stop()`` when done.
@@ -367,7 +379,9 @@ def start_demo(
         try:
             for k in range(relays):
                 handles.relays.append(
-                    DemoRelay.spawn(f"ipc://{folder}/relay{k}", endpoint, insecure=hub is None)
+                    DemoRelay.spawn(
+                        f"ipc://{folder}/relay{k}", endpoint, insecure=hub is None, reduce=reduce
+                    )
                 )
             for r in handles.relays:
                 r.ready()
@@ -531,6 +545,8 @@ def _check_args(args: argparse.Namespace) -> str | None:
         return f"--ranks must be >= 0, got {args.ranks}"
     if not 0 <= args.relays <= MAX_RELAYS:
         return f"--relays must be 0..{MAX_RELAYS}, got {args.relays}"
+    if args.reduce and not args.relays:
+        return "--reduce is what relays do: give --relays N too"
     if args.hub is not None:
         if args.record is not None:
             return "--record belongs to the hub given by --hub: start it with --record DIR"
@@ -700,6 +716,7 @@ def run(args: argparse.Namespace) -> int:
             argv=argv,
             baseline_steps=baseline_steps,
             relays=args.relays,
+            reduce=args.reduce,
         )
     except BaseException as exc:
         if made and record is not None and not any(Path(record).iterdir()):

@@ -91,7 +91,8 @@ def parse_ranks(spec: str, window: Window) -> list[int]:
 
 
 def recorded_phases(path: str, window: Window) -> tuple[dict[str, np.ndarray], list[str]]:
-    """The raw phase spans of a window's run, read from the recording's ``steps`` messages.
+    """The raw phase spans of a window's run, read from the recording's ``steps`` messages
+    (and relays' ``reduced`` ones).
 
     The store keeps only per-step phase totals, so the spans come from the frames. Phase
     codes are per message (``PHASES`` + that sender's ``phase_names``); they are mapped to
@@ -105,6 +106,7 @@ def recorded_phases(path: str, window: Window) -> tuple[dict[str, np.ndarray], l
         ``(table, user_phase_names)``: a phases table with a ``rank`` column.
     """
     from rankscope.hub.recording import read_frames
+    from rankscope.hub.reduce import unpack_node
 
     names: list[str] = []
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ("rank", "step", "phase", "t0", "t1")}
@@ -114,29 +116,38 @@ def recorded_phases(path: str, window: Window) -> tuple[dict[str, np.ndarray], l
             msg = schema.decode(frame.payload)
         except schema.SchemaError:
             continue  # the hub recorded only accepted messages; a damaged one adds nothing
-        if msg.kind != "steps" or msg.header.get("run") != window.run:
+        if msg.kind not in ("steps", "reduced") or msg.header.get("run") != window.run:
             continue
-        ph = msg.tables.get("phases")
-        if ph is None or not ph["step"].shape[0]:
-            continue
-        keep = np.isin(ph["step"], list(wanted))
-        if not keep.any():
-            continue
-        own = [str(n) for n in msg.header.get("phase_names") or []]
-        codes = ph["phase"].astype(np.int64)[keep]
-        mapped = codes.copy()
-        for i, name in enumerate(own):
-            if name not in names:
-                names.append(name)
-            mapped[codes == len(schema.PHASES) + i] = len(schema.PHASES) + names.index(name)
-        n = int(keep.sum())
-        parts["rank"].append(np.full(n, int(msg.header["rank"]), dtype=np.int64))
-        parts["step"].append(ph["step"][keep].astype(np.int64))
-        parts["phase"].append(mapped)
-        parts["t0"].append(ph["t0"][keep].astype(np.int64))
-        parts["t1"].append(ph["t1"][keep].astype(np.int64))
+        for part in unpack_node(msg) if msg.kind == "reduced" else [msg]:
+            _phase_part(part, wanted, names, parts)
     table = {k: (np.concatenate(v) if v else np.zeros(0, dtype=np.int64)) for k, v in parts.items()}
     return table, names
+
+
+def _phase_part(
+    msg: schema.Message, wanted: set[int], names: list[str], parts: dict[str, list[np.ndarray]]
+) -> None:
+    """Add the phase spans of one rank's steps message of the wanted steps to ``parts``
+    (user phase names mapped into ``names``)."""
+    ph = msg.tables.get("phases")
+    if ph is None or not ph["step"].shape[0]:
+        return
+    keep = np.isin(ph["step"], list(wanted))
+    if not keep.any():
+        return
+    own = [str(n) for n in msg.header.get("phase_names") or []]
+    codes = ph["phase"].astype(np.int64)[keep]
+    mapped = codes.copy()
+    for i, name in enumerate(own):
+        if name not in names:
+            names.append(name)
+        mapped[codes == len(schema.PHASES) + i] = len(schema.PHASES) + names.index(name)
+    n = int(keep.sum())
+    parts["rank"].append(np.full(n, int(msg.header["rank"]), dtype=np.int64))
+    parts["step"].append(ph["step"][keep].astype(np.int64))
+    parts["phase"].append(mapped)
+    parts["t0"].append(ph["t0"][keep].astype(np.int64))
+    parts["t1"].append(ph["t1"][keep].astype(np.int64))
 
 
 def _parquet(args: argparse.Namespace) -> None:

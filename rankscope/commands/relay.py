@@ -65,6 +65,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "collectors drop and count (never block) [default: %(default)s]",
     )
     p.add_argument(
+        "--reduce",
+        action="store_true",
+        help="match the collectives of the groups whose members all send here (a node's "
+        "tensor-parallel groups) and send the hub their sums, and gather the node's "
+        "messages into one per flush; an upper relay with --reduce gathers its nodes' "
+        "(hub.reduce)",
+    )
+    p.add_argument(
         "--status-every",
         type=float,
         default=5.0,
@@ -104,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
             curve=curve,
             flush_s=args.flush_ms / 1000.0,
             hwm=args.hwm,
+            reduce=args.reduce,
         )
         relay.start()
     except RelayError as exc:
@@ -114,8 +123,11 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
-        status_until_signal(args.status_every, lambda: status_line(relay.counters))
+        status_until_signal(
+            args.status_every,
+            lambda: status_line(relay.counters, relay.reducer and relay.reducer.counters),
+        )
     finally:
         relay.stop()
-        print(status_line(relay.counters), flush=True)
+        print(status_line(relay.counters, relay.reducer and relay.reducer.counters), flush=True)
     return 0

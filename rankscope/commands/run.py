@@ -91,6 +91,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(`rankscope relay`); the command then runs as a child, not in place of rankscope",
     )
     parser.add_argument(
+        "--reduce",
+        action="store_true",
+        help="with --relay: the relay matches the node's own groups and gathers the node's "
+        "messages into one per flush (`rankscope relay --reduce`)",
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         help="print the environment and command instead of running them (writes nothing)",
@@ -204,6 +210,8 @@ def run(args: argparse.Namespace) -> int:
     if not command:
         raise CommandError("run: no command given (rankscope run [options] -- COMMAND ...)")
     exe = shutil.which(command[0])
+    if args.reduce and not args.relay:
+        raise CommandError("run: --reduce needs --relay (it is what the node's relay does)")
     if args.dry_run:
         # The bootstrap directory is named, not written: a dry run leaves no file behind.
         env = build_env(args, dict(os.environ), site_dir_path())
@@ -213,7 +221,8 @@ def run(args: argparse.Namespace) -> int:
             ):
                 print(f"{key}={env[key]}")
         if args.relay:
-            print(f"relay: {_relay_listen()} -> {env['RANKSCOPE_HUB']}")
+            what = " (reducing)" if args.reduce else ""
+            print(f"relay{what}: {_relay_listen()} -> {env['RANKSCOPE_HUB']}")
         print(shlex.join(command))
         if exe is None:
             print(f"rankscope: warning: command not found here: {command[0]!r}", file=sys.stderr)
@@ -226,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
         # The plugin creates one directory level only; make the per-run one here.
         os.makedirs(env["NCCL_INSPECTOR_DUMP_DIR"], exist_ok=True)
     if args.relay:
-        return _run_relayed(exe, command, env)
+        return _run_relayed(exe, command, env, reduce=args.reduce)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(exe, command, env)
@@ -240,7 +249,7 @@ def _relay_listen() -> str:
     return default_listen(str(os.getpid()))
 
 
-def _run_relayed(exe: str, command: list[str], env: dict[str, str]) -> int:
+def _run_relayed(exe: str, command: list[str], env: dict[str, str], reduce: bool = False) -> int:
     """Run ``command`` as a child whose ranks send to a relay in this process; the relay
     forwards to the hub ``env`` names. Ctrl-C and SIGTERM go to the child; when it exits
     the relay forwards what is left (briefly) and its summary goes to stderr."""
@@ -252,7 +261,9 @@ def _run_relayed(exe: str, command: list[str], env: dict[str, str]) -> int:
 
     upstream = env["RANKSCOPE_HUB"]
     try:
-        relay = Relay(_relay_listen(), upstream, curve=client_curve_from_env(env)).start()
+        relay = Relay(
+            _relay_listen(), upstream, curve=client_curve_from_env(env), reduce=reduce
+        ).start()
     except RelayError as exc:
         raise CommandError(f"--relay: {exc}") from None
     child_env = dict(env)
@@ -277,5 +288,9 @@ def _run_relayed(exe: str, command: list[str], env: dict[str, str]) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         relay.stop()
-        print(f"rankscope: relay: {status_line(relay.counters)}", file=sys.stderr, flush=True)
+        print(
+            f"rankscope: relay: {status_line(relay.counters, relay.reducer and relay.reducer.counters)}",
+            file=sys.stderr,
+            flush=True,
+        )
     return code if code >= 0 else 128 - code
