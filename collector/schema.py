@@ -292,6 +292,9 @@ present) hold what it matched itself; ``steps``, ``phases``, ``colls`` and ``sam
 added, phase codes indexing the message's ``phase_names``."""
 
 REDUCED_REQUIRED = frozenset({"cells", "instances"})
+"""The tables every ``reduced`` message holds (maybe empty). Its header may also carry
+``messages`` (the collectors' messages it stands for) and ``stats``, the node's ranks'
+``stats`` maps as ``[[rank, inc, map], ...]``."""
 
 OPTIONAL_COLUMNS: dict[str, frozenset[str]] = {
     "steps": frozenset({"expert_tokens", "gc_ns", "gc_count", "cpu_ns"}),
@@ -860,6 +863,21 @@ def decode(data: bytes, max_header_bytes: int = MAX_HEADER_BYTES) -> Message:
             tables[name] = _decode_table(name, raw, REDUCED_TABLES)
         if obj.get("messages") is not None:  # collector messages it stands for
             _check_int("messages", obj["messages"], 0, reason="bad_header")
+        stats = obj.get("stats")  # [[rank, incarnation, the rank's stats map], ...]
+        if stats is not None and (
+            not isinstance(stats, list)
+            or not all(
+                isinstance(e, list)
+                and len(e) == 3
+                and isinstance(e[0], int)
+                and isinstance(e[1], int)
+                and isinstance(e[2], dict)
+                for e in stats
+            )
+        ):
+            raise SchemaError(
+                "bad_stats", "a reduced message's stats must be [[rank, inc, {...}], ...]"
+            )
     if kind == "hello":
         ident = obj.get("identity")
         if not isinstance(ident, dict):

@@ -131,6 +131,8 @@ class _Run:
     """Rows in ``tables``."""
     carried: int = 0
     """Collector messages gathered into ``tables`` (the node message says it)."""
+    stats: list[list[Any]] = field(default_factory=list)
+    """The ranks' ``stats`` maps gathered, ``[rank, inc, map]``."""
     phase_names: list[str] = field(default_factory=list)
     """The user phase names the run's node messages index (every rank's, in order seen)."""
     _codes: dict[tuple[str, ...], np.ndarray] = field(default_factory=dict)
@@ -230,6 +232,9 @@ class NodeReducer:
             if not self._merge(run, msg):
                 return [frame]
             run.carried += int(h.get("messages") or 0)
+        elif kind == "stats" and isinstance(h.get("stats"), dict):
+            run.stats.append([int(h["rank"]), int(h["inc"]), h["stats"]])
+            run.carried += 1
         else:
             return [frame]
         return self._node(h["run"], run) if run.pending >= MAX_NODE_ROWS else []
@@ -331,6 +336,10 @@ class NodeReducer:
             if codes is None or int(ph["phase"].max()) >= codes.shape[0]:
                 return False
             tables["phases"] = dict(ph, phase=codes[ph["phase"]].astype(np.int16))
+        stats = msg.header.get("stats") or []
+        if any(run.inc.get(r) != inc for r, inc, _ in stats):
+            return False
+        run.stats += stats
         for name in ("steps", "phases", "colls", "samples"):
             t = tables.get(name)
             if t is not None and t["rank"].shape[0]:
@@ -355,19 +364,23 @@ class NodeReducer:
 
     def _node(self, run_id: str, run: _Run) -> list[bytes]:
         """The run's node message of what is gathered, if anything is."""
-        if not run.pending and not run.cells:
+        if not run.pending and not run.cells and not run.stats:
             return []
         tables = {name: _concat(parts) for name, parts in run.tables.items()}
         if run.cells:
             tables["cells"] = _concat(run.cells)
             tables["instances"] = _concat(run.instances)
-        carried = run.carried
+        carried, stats = run.carried, run.stats
         run.tables, run.cells, run.instances, run.pending, run.carried = {}, [], [], 0, 0
+        run.stats = []
         # The header names a rank the message covers, as every message names its sender,
         # and how many of the collectors' messages it stands for.
-        rank = min(int(t["rank"].min()) for t in tables.values() if "rank" in t)
+        ranks = [int(t["rank"].min()) for t in tables.values() if "rank" in t and len(t["rank"])]
+        rank = min(ranks + [r for r, _, _ in stats])
         self.counters.messages += 1
         header = {**run.header[rank], "messages": carried}
+        if stats:
+            header["stats"] = stats
         return [schema.reduced_message(header, tables, run.phase_names)]
 
     def _note_steps(self, run: _Run, rank: int, steps: np.ndarray) -> None:

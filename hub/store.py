@@ -311,6 +311,9 @@ class Store:
                             run.heard_ns[r] = heard
                             if name == "steps":
                                 run.stepped_ns[r] = heard
+                for r, _, stats in h.get("stats") or ():
+                    run.stats[r] = dict(stats)
+                    run.heard_ns[r] = heard
                 late, events = run.add_node(h, msg.tables)
                 self._counters["late_steps"] += late
                 self._counters["events"] += events

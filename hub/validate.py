@@ -327,6 +327,20 @@ def check_reduced(
             naming the column and the value.
     """
     rejects = _check_rank_tables(msg, run, now_ns, limits)
+    stats = msg.header.get("stats")
+    if stats:
+        kept = []
+        for r, inc, _ in stats:
+            if not 0 <= r < run.world_size:
+                raise Reject("rank_out_of_range", f"stats of rank {r}, world size {run.world_size}")
+            if inc == int(run.incarnation[r]):
+                kept.append(True)
+            else:
+                kept.append(False)
+                latest = int(run.incarnation[r])
+                reason = "stale_incarnation" if 0 <= inc < latest else "unknown_rank"
+                rejects.append((reason, f"stats of rank {r} incarnation {inc}, latest {latest}", 1))
+        msg.header["stats"] = [e for e, k in zip(stats, kept, strict=True) if k]
     tables = msg.tables
     cells = tables["cells"]
     rank = cells["rank"]
@@ -341,7 +355,9 @@ def check_reduced(
             for name in ("cells", "instances"):
                 tables[name] = {k: v[:0] for k, v in tables[name].items()}
     _check_sums(msg, run, now_ns, limits)
-    empty = not any(next(iter(t.values())).shape[0] for t in tables.values())
+    empty = not any(next(iter(t.values())).shape[0] for t in tables.values()) and not (
+        msg.header.get("stats")
+    )
     dup = sum(n for reason, _, n in rejects if reason == "duplicate_step")
     other = tuple(r for r in rejects if r[0] != "duplicate_step")
     return Verdict(duplicate_steps=dup, empty=empty, rejects=other)

@@ -141,6 +141,10 @@ def test_reduced_run_gives_the_hub_what_the_direct_run_does(
     wd, wr = direct.window("r"), reduced.window("r")
     for agg in COLL_AGGREGATES:
         np.testing.assert_array_equal(wd.coll[agg], wr.coll[agg], err_msg=agg)
+    run_d, run_r = direct.run_state("r"), reduced.run_state("r")
+    assert run_d is not None and run_r is not None
+    assert run_d.stats == run_r.stats and len(run_d.stats) == 32  # gathered too
+    assert reduced.health["gathered"] >= len(msgs) - 32 - 8  # but hellos and groups
     a, b = wd.instances, wr.instances
     assert len(a) == len(b)
     oa, ob = np.lexsort((a.seq, a.group)), np.lexsort((b.seq, b.group))
