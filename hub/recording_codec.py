@@ -60,7 +60,7 @@ import msgpack
 import numpy as np
 import zstandard
 
-from rankscope.collector.schema import MAX_MESSAGE_BYTES, TABLES
+from rankscope.collector.schema import MAX_MESSAGE_BYTES, REDUCED_TABLES, TABLES
 
 TAG_MESSAGE = 1
 TAG_BLOCK = 2
@@ -128,7 +128,15 @@ _REFS: dict[tuple[str, str], tuple[str, ...]] = {
 """Columns tried as the difference to an earlier column of the same table (earlier in
 schema order, so a reader has decoded the reference first)."""
 
-_ORDER = {(t, c): (i, j) for i, (t, spec) in enumerate(TABLES.items()) for j, c in enumerate(spec)}
+_SPECS = {
+    name: {**TABLES.get(name, {}), **REDUCED_TABLES.get(name, {})}
+    for name in (*TABLES, *(n for n in REDUCED_TABLES if n not in TABLES))
+}
+"""The columns stored as columns: every table of the schema, with the ``rank`` and ``inc``
+columns and the ``cells`` and ``instances`` tables of a relay's ``reduced`` messages (a
+superset: a message without them is stored as before)."""
+
+_ORDER = {(t, c): (i, j) for i, (t, spec) in enumerate(_SPECS.items()) for j, c in enumerate(spec)}
 
 
 class CodecError(ValueError):
@@ -164,7 +172,7 @@ def column_ranges(payload: bytes) -> list[tuple[str, str, int, int]]:
             return out
         for _ in range(up.read_map_header()):
             tname = _short_key(up, payload)
-            spec = TABLES.get(tname) if tname is not None else None
+            spec = _SPECS.get(tname) if tname is not None else None
             if spec is None:
                 up.skip()
                 continue
@@ -235,7 +243,7 @@ def _encode_column(
     """One column's data entry; ``done`` holds the table's columns encoded before it."""
     tname, cname = key
     tries: list[tuple[int, int, np.ndarray]] = []
-    if TABLES[tname][cname].kind != "f":
+    if _SPECS[tname][cname].kind != "f":
         for ref in _REFS.get(key, ()):
             got = done.get(ref)
             if got is not None and got[2] == sig:  # the same rows, message by message
@@ -326,7 +334,7 @@ class Encoder:
         done: dict[str, dict[str, tuple[int, np.ndarray, tuple]]] = {}
         for k in sorted(range(len(names)), key=lambda k: _ORDER[names[k]]):
             tname, cname = names[k]
-            x = _gather(parts[k], TABLES[tname][cname])
+            x = _gather(parts[k], _SPECS[tname][cname])
             sig = tuple(sigs[k])
             table = done.setdefault(tname, {})
             data.append(struct.pack("<H", k) + _encode_column(x, names[k], table, sig))
@@ -431,7 +439,7 @@ def decode_block(data: bytes) -> list[tuple[int, bytes]]:
     names = []
     for k in range(k_count):
         tname, cname = r.name("a table name"), r.name("a column name")
-        dt = TABLES.get(tname, {}).get(cname)
+        dt = _SPECS.get(tname, {}).get(cname)
         if dt is None:
             raise CodecError(f"column {k} is {tname}.{cname}, not a schema column")
         names.append((tname, cname, dt))

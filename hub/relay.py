@@ -50,6 +50,7 @@ from rankscope.collector.clock import clock_endpoint
 from rankscope.collector.security import ClientCurve
 from rankscope.collector.sender import check_endpoint
 from rankscope.hub.reduce import NodeReducer, ReduceCounters
+from rankscope.hub.security import HubSecurity
 
 log = logging.getLogger("rankscope")
 
@@ -84,15 +85,22 @@ class RelayError(ValueError):
     """A relay that cannot be set up as asked (the message says what and why)."""
 
 
-def check_listen(endpoint: str) -> str:
-    """The address a relay listens on, checked: ``ipc://PATH`` or loopback tcp only.
+def check_listen(endpoint: str, served: bool = False) -> str:
+    """The address a relay listens on, checked: ``ipc://PATH`` or loopback tcp, unless it
+    is ``served`` with the hub's keys (a rack's relay, which its nodes' relays reach over
+    the network, authenticated as the hub authenticates them).
 
-    The relay's listening side carries no keys: it must not be reachable from off the
-    node. (``tcp://127.0.0.1:0`` picks a free port.)
+    A node's relay carries no keys on its listening side: it must not be reachable from off
+    the node. (``tcp://127.0.0.1:0`` picks a free port.)
 
     Raises:
         RelayError: naming the address and what is wrong with it.
     """
+    if served and isinstance(endpoint, str) and endpoint.startswith("tcp://"):
+        host, _, port = endpoint[len("tcp://") :].rpartition(":")
+        if host and port.isdigit() and int(port) <= 65535:
+            return endpoint  # any interface: ZeroMQ says at bind whether it can
+        raise RelayError(f"relay listen address {endpoint!r}: expected tcp://HOST:PORT")
     try:
         ep = check_endpoint(endpoint)
     except ValueError as exc:
@@ -109,7 +117,8 @@ def check_listen(endpoint: str) -> str:
             return ep
     raise RelayError(
         f"relay listen address {endpoint!r}: a relay listens on its own node only "
-        "(ipc://PATH or tcp://127.0.0.1:PORT); its way to the hub (--upstream) carries the keys"
+        "(ipc://PATH or tcp://127.0.0.1:PORT); its way to the hub (--upstream) carries the keys. "
+        "A rack's relay that other nodes reach serves the hub's keys (--serve-keys DIR)"
     )
 
 
@@ -166,6 +175,7 @@ class Relay:
         max_message_bytes: int = schema.MAX_MESSAGE_BYTES,
         clock: bool = True,
         reduce: bool = False,
+        server: HubSecurity | None = None,
     ) -> None:
         """Configure (nothing is bound until `start`).
 
@@ -184,11 +194,16 @@ class Relay:
             clock: pass clock pings through to the upstream's clock socket.
             reduce: match the collectives of groups whose members all send here and
                 forward their sums instead of their rows (`hub.reduce`).
+            server: the hub's keys, for a relay that listens beyond its node (a rack's):
+                its listening and clock sockets are CURVE servers that take only the
+                authorised clients, as the hub's are.
 
         Raises:
             RelayError: a bad address or setting.
         """
-        self.listen = check_listen(listen)
+        self.listen = check_listen(listen, served=server is not None)
+        self.server = server
+        self._auth: Any = None
         try:
             self.upstream = check_endpoint(upstream)
         except ValueError as exc:
@@ -246,6 +261,8 @@ class Relay:
             return self
         ctx = self._ctx = zmq.Context()
         try:
+            if self.server is not None:
+                self._auth = self.server.start_authenticator(ctx)
             self._bind(ctx)
             push = self._push = ctx.socket(zmq.PUSH)
             push.setsockopt(zmq.SNDHWM, self.hwm)
@@ -277,6 +294,8 @@ class Relay:
 
     def _bind(self, ctx: zmq.Context) -> None:
         pull = self._pull = ctx.socket(zmq.PULL)
+        if self.server is not None:
+            self.server.apply(pull)
         pull.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
         pull.setsockopt(zmq.RCVHWM, self.rcvhwm)
         pull.setsockopt(zmq.LINGER, 0)
@@ -300,6 +319,8 @@ class Relay:
 
     def _bind_clock(self, ctx: zmq.Context, address: str) -> bool:
         front = ctx.socket(zmq.ROUTER)
+        if self.server is not None:
+            self.server.apply(front)
         front.setsockopt(zmq.LINGER, 0)
         front.setsockopt(zmq.MAXMSGSIZE, 4 * MAX_CLOCK_FRAME_BYTES)
         try:
@@ -342,6 +363,9 @@ class Relay:
             # What is queued upstream gets a short, bounded chance to leave.
             self._push.close(linger=500)
         self._pull = self._push = self._clock_front = self._clock_back = None
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
             self._ctx = None

@@ -492,3 +492,42 @@ def test_a_collector_with_keys_speaks_plain_to_its_nodes_relay(
         finally:
             rankscope.close()
         assert wait_for(lambda: "keyed" in hub.store.run_ids(), timeout=30)
+
+
+def test_a_racks_relay_serves_the_hubs_keys_to_the_nodes_relays(tmp_path: Path) -> None:
+    """A rack's relay, which other nodes reach over the network, listens as a CURVE server
+    with the hub's keys: a node's relay with an authorised client key gets through (its
+    node message reaches the hub), one speaking plain delivers nothing; without keys the
+    same address beyond loopback is refused."""
+    from rankscope.collector.security import load_client_curve
+    from rankscope.commands.keys import make_keys
+    from rankscope.hub.security import load_hub_security
+
+    keys = tmp_path / "keys"
+    make_keys(keys, ["client"], force=False)
+    with pytest.raises(RelayError, match="--serve-keys"):
+        Relay("tcp://10.1.2.3:7000", "tcp://127.0.0.1:9")
+    served = load_hub_security(keys)
+    assert Relay("tcp://0.0.0.0:7000", "tcp://127.0.0.1:9", server=served).listen
+
+    hub = Hub(bind="tcp://127.0.0.1:0", record_dir=None).start()
+    rack = Relay("tcp://127.0.0.1:0", hub.endpoint, reduce=True, server=served).start()
+    plain = Relay(_ipc(tmp_path, "plain"), rack.endpoint, reduce=True).start()
+    node = Relay(
+        _ipc(tmp_path, "node"), rack.endpoint, reduce=True, curve=load_client_curve(keys)
+    ).start()
+    scenario = load_scenario("healthy", ranks=16, seed=2, layout__tp=8, topology__gpus_per_host=8)
+    try:
+        emit.run(scenario, "tcp://127.0.0.1:9", steps=3, run_id="good", relays=[node.endpoint])
+        emit.run(scenario, "tcp://127.0.0.1:9", steps=3, run_id="bad", relays=[plain.endpoint])
+        node.stop()
+        plain.stop()
+        assert wait_for(lambda: hub.store.health.get("node_messages", 0) > 0, timeout=30)
+        rack.stop()
+        w = hub.store.window("good")
+        assert w.present.all() and np.nansum(w.reduced["n"]) > 0
+        assert "bad" not in hub.store.run_ids()
+    finally:
+        for r in (node, plain, rack):
+            r.stop()
+        hub.stop()

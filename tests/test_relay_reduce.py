@@ -252,3 +252,48 @@ def test_sums_of_an_incarnation_the_hub_does_not_hold_are_left_out_and_the_rows_
     after = store.window("r")
     assert before.reduced == {} and after.reduced == {}  # no sum folded
     assert after.present.sum() > before.present.sum()  # its ranks' steps were taken
+
+
+def test_a_recording_of_a_reduced_run_reads_back_byte_for_byte_and_replays_the_same(
+    tmp_path,  # type: ignore[no-untyped-def]
+) -> None:
+    """Node messages in a recording (format 2 stores their columns as columns): read back
+    byte for byte, replayed to the window the live hub held, and cut to a snapshot window
+    that replays to those steps."""
+    from rankscope.hub.recording import RecordingWriter, read_frames
+    from rankscope.hub.replay import load
+    from rankscope.snapshot_window import window_frames
+
+    msgs, cluster = _messages("slow-device", 8, layout__tp=8)
+    host = np.asarray(cluster.layout.host)
+    live = Store(history_steps=64, raw_steps=16)
+    intake = Intake(live)
+    relays: dict[int, NodeReducer] = {}
+    sent: list[bytes] = []
+    for r, data in msgs:
+        relay = relays.setdefault(int(host[r]), NodeReducer())
+        sent += relay.take(data, now=0.0) + relay.due(now=0.0)
+    for relay in relays.values():
+        sent += relay.flush_all()
+    writer = RecordingWriter(tmp_path / "rec")
+    for k, data in enumerate(sent):
+        assert intake.feed(data, T0 + k)
+        writer.append(data, T0 + k)
+    writer.close()
+    live.settle()
+    assert [f.payload for f in read_frames(tmp_path / "rec")] == sent
+    replayed = load(tmp_path / "rec", history_steps=64, raw_steps=16)
+    a, b = live.window("r"), replayed.window("r")
+    for agg in COLL_AGGREGATES:
+        np.testing.assert_array_equal(a.coll[agg], b.coll[agg], err_msg=agg)
+    assert len(a.instances) == len(b.instances)
+    cut = list(window_frames(tmp_path / "rec", "r", [3, 4]))
+    assert any(schema.decode(p).kind == "reduced" for p, _ in cut)
+    snap = Store(history_steps=64, raw_steps=16)
+    snap_intake = Intake(snap)
+    for payload, t in cut:
+        snap_intake.feed(payload, t)
+    snap.settle()
+    w = snap.window("r")
+    assert w.steps.tolist() == [3, 4] and w.present.all()
+    np.testing.assert_array_equal(w.coll["late_ns"], a.coll["late_ns"][:, 3:5])

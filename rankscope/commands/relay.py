@@ -65,6 +65,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "collectors drop and count (never block) [default: %(default)s]",
     )
     p.add_argument(
+        "--serve-keys",
+        metavar="DIR",
+        default=None,
+        help="a rack's relay, which other nodes' relays reach: listen beyond loopback as a "
+        "CURVE server with the hub's keys in DIR (hub.key_secret, authorized_clients/), "
+        "taking only the authorised clients, as the hub does",
+    )
+    p.add_argument(
         "--reduce",
         action="store_true",
         help="match the collectives of the groups whose members all send here (a node's "
@@ -105,6 +113,14 @@ def run(args: argparse.Namespace) -> int:
     curve = _curve(args)
     if not args.flush_ms > 0:
         raise CommandError(f"--flush-ms must be > 0, got {args.flush_ms}")
+    server = None
+    if args.serve_keys is not None:
+        from rankscope.hub.security import KeyFileError, load_hub_security
+
+        try:
+            server = load_hub_security(Path(args.serve_keys))
+        except KeyFileError as exc:
+            raise CommandError(f"--serve-keys {args.serve_keys}: {exc}") from None
     try:
         relay = Relay(
             args.listen or default_listen(),
@@ -113,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
             flush_s=args.flush_ms / 1000.0,
             hwm=args.hwm,
             reduce=args.reduce,
+            server=server,
         )
         relay.start()
     except RelayError as exc:
