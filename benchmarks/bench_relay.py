@@ -42,7 +42,7 @@ import zmq
 from rankscope.collector import schema
 from rankscope.hub.reduce import NodeReducer
 from rankscope.sim import Cluster, load_scenario
-from rankscope.sim.emit import Emitter, RankStreams
+from rankscope.sim.emit import Kept, RankStreams
 
 RANKS_PER_HOST = 8
 HOSTS_PER_RACK = 32
@@ -93,18 +93,6 @@ print(json.dumps({"forwarded": c.forwarded, "dropped": c.dropped, "bundles": c.b
 """
 
 
-class _Keep(Emitter):
-    """Keeps every (rank, message) in sending order instead of sending."""
-
-    def __init__(self) -> None:
-        super().__init__([], 0.0, None)
-        self.out: list[tuple[int, bytes]] = []
-
-    def send(self, rank: int, data: bytes) -> None:
-        self.out.append((rank, data))
-        self.messages += 1
-
-
 def messages(ranks: int, steps: int) -> list[list[tuple[int, bytes]]]:
     """The healthy tp=8 job's messages, step by step (the first holds the hellos and
     group tables, each node's too), with the rank that sends each."""
@@ -116,7 +104,7 @@ def messages(ranks: int, steps: int) -> list[list[tuple[int, bytes]]]:
         topology__gpus_per_host=RANKS_PER_HOST,
     )
     cluster = Cluster(scenario, t0_ns=time.time_ns())
-    keep = _Keep()
+    keep = Kept()
     streams = RankStreams(cluster, keep, run_id=f"bench-{ranks}", scope="full", node_groups=True)
     streams.start()
     out = []
@@ -140,16 +128,24 @@ def by_node(msgs: list[tuple[int, bytes]]) -> list[list[bytes]]:
     return out
 
 
-def reduced(per_step: list[list[tuple[int, bytes]]]) -> tuple[list[list[bytes]], float]:
-    """What a reducing relay on each host sends, step by step (each flushes once a step),
-    and the CPU seconds the relays took together."""
+def through_reducers(
+    per_step: list[list[tuple[int, bytes]]], ranks_per_relay: int
+) -> tuple[list[list[bytes]], float]:
+    """What reducing relays send, one per ``ranks_per_relay`` consecutive ranks (a host's,
+    or a rack's), step by step (each flushes once a step), and their CPU seconds together.
+
+    Args:
+        per_step: each step's messages with the rank that sent each (for a rack's relays,
+            the node messages with the lowest rank of each).
+        ranks_per_relay: ranks a relay carries.
+    """
     relays: dict[int, NodeReducer] = {}
     out = []
     c0 = time.process_time()
     for msgs in per_step:
         step: list[bytes] = []
         for rank, data in msgs:
-            relay = relays.setdefault(rank // RANKS_PER_HOST, NodeReducer())
+            relay = relays.setdefault(rank // ranks_per_relay, NodeReducer())
             step += relay.take(data, now=0.0)
         for relay in relays.values():
             step += relay.due(now=0.0)
@@ -158,24 +154,9 @@ def reduced(per_step: list[list[tuple[int, bytes]]]) -> tuple[list[list[bytes]],
     return out, time.process_time() - c0
 
 
-def racked(per_step: list[list[bytes]], ranks: int) -> tuple[list[list[bytes]], float]:
-    """The node relays' messages gathered by a reducing relay per rack of
-    `HOSTS_PER_RACK` hosts, step by step, and those relays' CPU seconds."""
-    racks: dict[int, NodeReducer] = {}
-    per_rack = RANKS_PER_HOST * HOSTS_PER_RACK
-    out = []
-    c0 = time.process_time()
-    for frames in per_step:
-        step: list[bytes] = []
-        for data in frames:
-            rank = int(schema.decode(data).header["rank"])
-            relay = racks.setdefault(rank // per_rack, NodeReducer())
-            step += relay.take(data, now=0.0)
-        for relay in racks.values():
-            step += relay.due(now=0.0)
-        out.append(step)
-    out[-1] += [f for relay in racks.values() for f in relay.flush_all()]
-    return out, time.process_time() - c0
+def _senders(per_step: list[list[bytes]]) -> list[list[tuple[int, bytes]]]:
+    """Messages with the rank each names as its sender."""
+    return [[(int(schema.decode(d).header["rank"]), d) for d in step] for step in per_step]
 
 
 def _hub() -> tuple[subprocess.Popen[str], str]:
@@ -249,8 +230,8 @@ def run(quick: bool) -> str:
     for ranks, steps in sizes:
         per_step = messages(ranks, steps)
         timed = ranks * (steps - WARM_STEPS)
-        node, node_cpu = reduced(per_step)
-        rack, rack_cpu = racked(node, ranks)
+        node, node_cpu = through_reducers(per_step, RANKS_PER_HOST)
+        rack, rack_cpu = through_reducers(_senders(node), RANKS_PER_HOST * HOSTS_PER_RACK)
 
         def split(
             stream: list[list[bytes]], form: Callable[[list[bytes]], list[list[bytes]]]

@@ -253,6 +253,9 @@ CELL_COLUMNS: dict[str, np.dtype] = {
 (``diagnosis.window.COLL_AGGREGATES``, in ns; ``n`` calls and ``times_last`` the times the
 rank arrived last), one row per (rank, incarnation, step) of those instances."""
 
+CELL_SUMS = tuple(name for name, dt in CELL_COLUMNS.items() if dt.kind == "f")
+"""The float sums of a cell (every column but its keys, ``n`` and ``times_last``)."""
+
 INSTANCE_COLUMNS: dict[str, np.dtype] = {
     "group": np.dtype("<i4"),
     "seq": np.dtype("<i8"),

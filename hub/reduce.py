@@ -69,16 +69,6 @@ MAX_NODE_ROWS = 100_000
 _DONE_STEPS = 64
 """Steps a rank reported that are remembered (to hold rows only for steps not yet ended)."""
 
-_CELL_SUMS = (
-    "coll_ns",
-    "wait_ns",
-    "transfer_ns",
-    "late_ns",
-    "exposed_wait_ns",
-    "exposed_transfer_ns",
-    "overstay_ns",
-)
-
 
 @dataclass
 class ReduceCounters:
@@ -478,7 +468,7 @@ class NodeReducer:
             "n": np.full(c, k, np.int32),
             "times_last": sums["times_last"][:, 0].astype(np.int32),
         }
-        for name in _CELL_SUMS:
+        for name in schema.CELL_SUMS:
             cells[name] = sums[name][:, 0]
         run.cells.append(cells)
         run.instances.append(

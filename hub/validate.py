@@ -289,17 +289,6 @@ def check(
     return _check_steps(msg, run, values, now_ns, limits)
 
 
-_CELL_SUMS = (
-    "coll_ns",
-    "wait_ns",
-    "transfer_ns",
-    "late_ns",
-    "exposed_wait_ns",
-    "exposed_transfer_ns",
-    "overstay_ns",
-)
-
-
 def check_reduced(
     msg: schema.Message, run: RunState, now_ns: int | None, limits: Limits
 ) -> Verdict:
@@ -452,11 +441,11 @@ def _check_sums(msg: schema.Message, run: RunState, now_ns: int | None, limits: 
             raise Reject("bad_reduced", "a cell with no call, or a negative times_last")
         if (cells["times_last"] > n).any():
             raise Reject("bad_reduced", "a cell whose rank arrived last more often than it called")
-        sums = np.stack([cells[name] for name in _CELL_SUMS])
+        sums = np.stack([cells[name] for name in schema.CELL_SUMS])
         # NaN fails every comparison: one test each for finite, negative and too long.
         if not ((sums >= 0) & (sums <= n.astype(np.float64) * span)).all():
             culprits = [
-                x for x in _CELL_SUMS if not ((cells[x] >= 0) & (cells[x] <= n * span)).all()
+                x for x in schema.CELL_SUMS if not ((cells[x] >= 0) & (cells[x] <= n * span)).all()
             ]
             raise Reject(
                 "bad_reduced",

@@ -106,6 +106,20 @@ class Emitter:
             self.dropped += 1
 
 
+class Kept(Emitter):
+    """An `Emitter` that keeps every ``(rank, message)`` in sending order instead of
+    sending (to feed a hub, a relay or a recording in process)."""
+
+    def __init__(self) -> None:
+        super().__init__([], 0.0, None)
+        self.out: list[tuple[int, bytes]] = []
+
+    def send(self, rank: int, data: bytes) -> None:
+        self.out.append((rank, data))
+        self.messages += 1
+        self.bytes += len(data)
+
+
 class RankStreams:
     """What every simulated rank sends, in order: its hello, then (rank 0) the group table
     (with ``node_groups``, each node's first rank also the groups inside its node, as a

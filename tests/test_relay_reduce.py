@@ -17,7 +17,7 @@ from rankscope.hub.intake import Intake
 from rankscope.hub.reduce import NodeReducer
 from rankscope.hub.store import Store
 from rankscope.sim import Cluster, load_scenario
-from rankscope.sim.emit import Emitter, RankStreams
+from rankscope.sim.emit import Kept, RankStreams
 
 T0 = 1_700_000_000_000_000_000
 INSTANCE_FIELDS = (
@@ -38,20 +38,10 @@ INSTANCE_FIELDS = (
 )
 
 
-class _Keep(Emitter):
-    def __init__(self) -> None:
-        super().__init__([], 0.0, None)
-        self.out: list[tuple[int, bytes]] = []
-
-    def send(self, rank: int, data: bytes) -> None:
-        self.out.append((rank, data))
-        self.messages += 1
-
-
 def _messages(name: str, steps: int, **over: object) -> tuple[list[tuple[int, bytes]], Cluster]:
     scenario = load_scenario(name, ranks=32, topology__gpus_per_host=8, seed=3, **over)
     cluster = Cluster(scenario, t0_ns=T0)
-    keep = _Keep()
+    keep = Kept()
     streams = RankStreams(cluster, keep, run_id="r", scope="full", node_groups=True)
     streams.start()
     for k in range(steps):
