@@ -66,6 +66,10 @@ MAX_HELD_ROWS = 1_000_000
 MAX_NODE_ROWS = 100_000
 """Rows gathered for a node message that make it leave at once (a few MB)."""
 
+_P2P = np.zeros(len(schema.OPS) + 1, bool)
+_P2P[P2P_OPS + 1] = True
+"""``op + 1`` -> whether the call is point-to-point (-1, unknown, at 0)."""
+
 _DONE_STEPS = 64
 """Steps a rank reported that are remembered (to hold rows only for steps not yet ended)."""
 
@@ -108,10 +112,13 @@ class _Run:
     groups: dict[int, tuple[int, ...]] = field(default_factory=dict)
     local: frozenset[int] = frozenset()
     """Groups every member of which said hello through this relay."""
-    local_arr: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    local_lut: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    """Group id -> whether it is in ``local``."""
     done: dict[int, set[int]] = field(default_factory=dict)
     """rank -> steps whose step row it sent (the last `_DONE_STEPS`)."""
     held: dict[tuple[int, int], _Held] = field(default_factory=dict)
+    by_step: dict[int, set[int]] = field(default_factory=dict)
+    """step -> the groups ``held`` holds rows of for it."""
     newest: int = -1
     cells: list[dict[str, np.ndarray]] = field(default_factory=list)
     instances: list[dict[str, np.ndarray]] = field(default_factory=list)
@@ -126,6 +133,14 @@ class _Run:
     phase_names: list[str] = field(default_factory=list)
     """The user phase names the run's node messages index (every rank's, in order seen)."""
     _codes: dict[tuple[str, ...], np.ndarray] = field(default_factory=dict)
+
+    def unhold(self, key: tuple[int, int]) -> _Held:
+        """Take the held rows of ``key`` (group, step) out."""
+        gids = self.by_step[key[1]]
+        gids.discard(key[0])
+        if not gids:
+            del self.by_step[key[1]]
+        return self.held.pop(key)
 
     def phase_codes(self, names: tuple[str, ...]) -> np.ndarray | None:
         """Phase code of a message naming ``names`` -> code in the node messages, or None
@@ -150,7 +165,9 @@ class _Run:
         self.local = frozenset(
             gid for gid, ranks in self.groups.items() if all(r in known for r in ranks)
         )
-        self.local_arr = np.array(sorted(self.local), np.int64)
+        lut = np.zeros(max(self.local, default=-1) + 1, bool)
+        lut[list(self.local)] = True
+        self.local_lut = lut
 
 
 class NodeReducer:
@@ -292,10 +309,16 @@ class NodeReducer:
         if co is not None and co["step"].shape[0]:
             # Blocking collectives of the node's groups; point-to-point and async calls go
             # on as rows (the exposed-time union needs them: `diagnosis.exposure`).
+            g, lut = co["group"], run.local_lut
             mine = (
-                np.isin(co["group"], run.local_arr)
-                & ((co["flags"] & ASYNC_FLAGS) == 0)
-                & ~np.isin(co["op"], P2P_OPS)
+                (
+                    (g < lut.shape[0])
+                    & lut[np.minimum(g, max(lut.shape[0] - 1, 0))]
+                    & ((co["flags"] & ASYNC_FLAGS) == 0)
+                    & ~_P2P[co["op"] + 1]  # op -1 (unknown) at 0
+                )
+                if lut.shape[0]
+                else np.zeros(g.shape[0], bool)
             )
             if mine.any():
                 self._hold(run, rank, inc, {k: v[mine] for k, v in co.items()}, now)
@@ -385,10 +408,13 @@ class NodeReducer:
         if len(done) > 2 * _DONE_STEPS:
             floor = top - _DONE_STEPS
             done.difference_update([s for s in done if s < floor])
-        for key in [k for k in run.held if k[1] in ids and rank in run.held[k].rows]:
-            members = run.groups[key[0]]
-            if all(key[1] in run.done.get(r, ()) for r in members):
-                self._complete(run, key)
+        for step in ids:
+            for gid in list(run.by_step.get(step, ())):
+                key = (gid, step)
+                if rank in run.held[key].rows and all(
+                    step in run.done.get(r, ()) for r in run.groups[gid]
+                ):
+                    self._complete(run, key)
 
     def _hold(self, run: _Run, rank: int, inc: int, co: dict[str, np.ndarray], now: float) -> None:
         order = np.lexsort((co["step"], co["group"]))
@@ -399,6 +425,7 @@ class NodeReducer:
             held = run.held.get(key)
             if held is None:
                 held = run.held[key] = _Held(since=now)
+                run.by_step.setdefault(key[1], set()).add(key[0])
             held.rows.setdefault(rank, []).append({k: v[at] for k, v in co.items()})
             held.incs[rank] = inc
             held.n += at.shape[0]
@@ -407,7 +434,7 @@ class NodeReducer:
     # -- reduction --------------------------------------------------------------------
 
     def _complete(self, run: _Run, key: tuple[int, int]) -> None:
-        held = run.held.pop(key)
+        held = run.unhold(key)
         self._held_rows -= held.n
         gid, step = key
         members = run.groups[gid]
@@ -506,7 +533,7 @@ class NodeReducer:
                     break
 
     def _pass_on(self, run: _Run, key: tuple[int, int]) -> None:
-        held = run.held.pop(key)
+        held = run.unhold(key)
         self._held_rows -= held.n
         self._rows_on(run, held)
 
