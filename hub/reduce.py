@@ -63,6 +63,18 @@ HOLD_S = 30.0
 MAX_HELD_ROWS = 1_000_000
 """Most rows held for members still to report; the oldest go on unreduced beyond."""
 
+MAX_RUNS = 64
+"""Runs a relay gathers and reduces at once; a new one retires the run heard from longest
+ago (what it holds goes on first)."""
+
+MAX_RANKS = 65_536
+"""Ranks of one run a relay gathers (a node holds a few, a rack's relay a few hundred);
+beyond, their messages go on as they came."""
+
+MAX_STATS_BYTES = 64 * 1024
+"""A ``stats`` message larger than this goes on alone (node messages stay far below the
+hub's header bound, whatever a rank's counters hold)."""
+
 MAX_NODE_ROWS = 100_000
 """Rows gathered for a node message that make it leave at once (a few MB)."""
 
@@ -112,14 +124,16 @@ class _Run:
     groups: dict[int, tuple[int, ...]] = field(default_factory=dict)
     local: frozenset[int] = frozenset()
     """Groups every member of which said hello through this relay."""
-    local_lut: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
-    """Group id -> whether it is in ``local``."""
+    local_arr: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """``local``, ascending."""
     done: dict[int, set[int]] = field(default_factory=dict)
     """rank -> steps whose step row it sent (the last `_DONE_STEPS`)."""
     held: dict[tuple[int, int], _Held] = field(default_factory=dict)
     by_step: dict[int, set[int]] = field(default_factory=dict)
     """step -> the groups ``held`` holds rows of for it."""
     newest: int = -1
+    heard: float = 0.0
+    """When a message of the run last came (monotonic s)."""
     cells: list[dict[str, np.ndarray]] = field(default_factory=list)
     instances: list[dict[str, np.ndarray]] = field(default_factory=list)
     tables: dict[str, list[dict[str, np.ndarray]]] = field(default_factory=dict)
@@ -165,9 +179,15 @@ class _Run:
         self.local = frozenset(
             gid for gid, ranks in self.groups.items() if all(r in known for r in ranks)
         )
-        lut = np.zeros(max(self.local, default=-1) + 1, bool)
-        lut[list(self.local)] = True
-        self.local_lut = lut
+        self.local_arr = np.array(sorted(self.local), np.int64)
+
+    def is_local(self, group: np.ndarray) -> np.ndarray:
+        """Which rows of a ``group`` column are of ``local`` groups."""
+        arr = self.local_arr
+        if not arr.shape[0]:
+            return np.zeros(group.shape[0], bool)
+        at = np.minimum(np.searchsorted(arr, group), arr.shape[0] - 1)
+        return arr[at] == group
 
 
 class NodeReducer:
@@ -214,11 +234,13 @@ class NodeReducer:
             run = self._runs.get(h["run"])
             # Rows of an incarnation the hello ends leave before it.
             first = self._node(h["run"], run) if run is not None and run.pending else []
-            self._hello(h)
-            return [*first, frame]
+            self._hello(h, time.monotonic() if now is None else now)
+            retired, self._out = self._out, []  # what a run it retired held, first
+            return [*first, *retired, frame]
         run = self._runs.get(h["run"])
         if run is None or run.job != h["job"] or run.inc.get(h["rank"]) != h["inc"]:
             return [frame]
+        run.heard = time.monotonic() if now is None else now
         if kind == "groups":
             for g in h["groups"]:
                 ranks = g["ranks"]
@@ -239,7 +261,7 @@ class NodeReducer:
             if not self._merge(run, msg):
                 return [frame]
             run.carried += int(h.get("messages") or 0)
-        elif kind == "stats" and isinstance(h.get("stats"), dict):
+        elif kind == "stats" and isinstance(h.get("stats"), dict) and msg.nbytes <= MAX_STATS_BYTES:
             run.stats.append([int(h["rank"]), int(h["inc"]), h["stats"]])
             run.carried += 1
         else:
@@ -257,6 +279,13 @@ class NodeReducer:
         out, self._out = self._out, []
         return out
 
+    def _retire(self, run_id: str) -> None:
+        run = self._runs[run_id]
+        for key in list(run.held):
+            self._pass_on(run, key)
+        self._out += self._node(run_id, run)
+        del self._runs[run_id]
+
     def flush_all(self) -> list[bytes]:
         """Stopping: everything held goes on as rows, after what is complete."""
         for run in self._runs.values():
@@ -266,13 +295,18 @@ class NodeReducer:
 
     # -- messages ---------------------------------------------------------------------
 
-    def _hello(self, h: Mapping[str, Any]) -> None:
+    def _hello(self, h: Mapping[str, Any], now: float) -> None:
         run = self._runs.get(h["run"])
         if run is None:
+            if len(self._runs) >= MAX_RUNS:  # the run heard from longest ago leaves
+                self._retire(min(self._runs, key=lambda k: self._runs[k].heard))
             run = self._runs[h["run"]] = _Run(job=h["job"])
         elif run.job != h["job"]:
             return
+        run.heard = now
         rank, inc = int(h["rank"]), int(h["inc"])
+        if rank not in run.inc and len(run.inc) >= MAX_RANKS:
+            return
         if inc < run.inc.get(rank, -1):
             return
         new = rank not in run.inc
@@ -309,16 +343,10 @@ class NodeReducer:
         if co is not None and co["step"].shape[0]:
             # Blocking collectives of the node's groups; point-to-point and async calls go
             # on as rows (the exposed-time union needs them: `diagnosis.exposure`).
-            g, lut = co["group"], run.local_lut
             mine = (
-                (
-                    (g < lut.shape[0])
-                    & lut[np.minimum(g, max(lut.shape[0] - 1, 0))]
-                    & ((co["flags"] & ASYNC_FLAGS) == 0)
-                    & ~_P2P[co["op"] + 1]  # op -1 (unknown) at 0
-                )
-                if lut.shape[0]
-                else np.zeros(g.shape[0], bool)
+                run.is_local(co["group"])
+                & ((co["flags"] & ASYNC_FLAGS) == 0)
+                & ~_P2P[co["op"] + 1]  # op -1 (unknown) at 0
             )
             if mine.any():
                 self._hold(run, rank, inc, {k: v[mine] for k, v in co.items()}, now)

@@ -287,3 +287,32 @@ def test_a_recording_of_a_reduced_run_reads_back_byte_for_byte_and_replays_the_s
     w = snap.window("r")
     assert w.steps.tolist() == [3, 4] and w.present.all()
     np.testing.assert_array_equal(w.coll["late_ns"], a.coll["late_ns"][:, 3:5])
+
+
+def test_a_relay_keeps_a_bounded_number_of_runs_and_hands_on_what_a_retired_one_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past `MAX_RUNS` runs a new run's hello retires the run heard from longest ago: what
+    it gathered leaves in a node message first, and its later messages go on unchanged."""
+    from rankscope.hub import reduce
+
+    monkeypatch.setattr(reduce, "MAX_RUNS", 2)
+    relay = NodeReducer()
+    streams = []
+    for k in range(3):
+        scenario = load_scenario("healthy", ranks=8, seed=k, topology__gpus_per_host=8)
+        cluster = Cluster(scenario, t0_ns=T0)
+        keep = Kept()
+        s = RankStreams(cluster, keep, run_id=f"run{k}", scope="full", node_groups=True)
+        s.start()
+        s.add(cluster.step(0))
+        streams.append(keep.out)
+    out: list[bytes] = []
+    for k, msgs in enumerate(streams):
+        for _, data in msgs:
+            out += relay.take(data, now=float(k))
+    runs = {schema.decode(d).header["run"] for d in out if schema.decode(d).kind == "reduced"}
+    assert runs == {"run0"}  # run0 was retired by run2's hello: its gathered rows left
+    assert set(relay._runs) == {"run1", "run2"}
+    steps0 = [d for _, d in streams[0] if schema.decode(d).kind == "steps"]
+    assert relay.take(steps0[0], now=9.0) == [steps0[0]]  # a retired run's message goes on
