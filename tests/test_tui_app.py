@@ -603,3 +603,59 @@ async def test_screens_say_why_they_have_nothing_to_compare(slow13) -> None:
         assert form.query_one("#change", Input).border_title == "the one change"
         await pilot.press("escape")
         assert isinstance(app.screen, MainScreen)
+
+
+@run_async
+async def test_a_run_reduced_by_relays_opens_in_every_view() -> None:
+    """A hub fed by reducing relays holds the node's tensor-parallel calls as sums, not
+    rows: the main view, a rank's detail and the report screens still open and name the
+    slow rank (`rankscope.hub.reduce`)."""
+    from rankscope.hub.intake import Intake
+    from rankscope.hub.reduce import NodeReducer
+    from rankscope.hub.store import Store
+    from rankscope.sim import Cluster, load_scenario
+    from rankscope.sim.emit import Kept, RankStreams
+
+    scenario = load_scenario(
+        "slow-device", ranks=32, seed=3, layout__tp=8, topology__gpus_per_host=8
+    )
+    cluster = Cluster(scenario, t0_ns=1_700_000_000_000_000_000)
+    keep = Kept()
+    streams = RankStreams(cluster, keep, run_id="reduced", scope="full", node_groups=True)
+    streams.start()
+    for k in range(12):
+        streams.add(cluster.step(k))
+    streams.finish()
+    store = Store(history_steps=64, raw_steps=8)
+    intake = Intake(store)
+    relays: dict[int, NodeReducer] = {}
+    for rank, data in keep.out:
+        relay = relays.setdefault(int(cluster.layout.host[rank]), NodeReducer())
+        for out in relay.take(data, now=0.0) + relay.due(now=0.0):
+            intake.feed(out)
+    for relay in relays.values():
+        for out in relay.flush_all():
+            intake.feed(out)
+    store.settle()
+    window = store.window("reduced")
+    assert window.reduced and np.nansum(window.reduced["n"]) > 0
+    slow = cluster.truth["ranks"][0]
+    app = _app([window])
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app)
+        assert app.analysis is not None
+        top = app.analysis.hypotheses[0]
+        assert top.mechanism == "slow_device" and top.ranks == (slow,)
+        assert app.model.ranking[0].rank == slow  # the last-arriver panel, from the sums
+        rank = slow
+        for key, screen in (("s", StructureScreen), ("c", CurvesScreen)):
+            await pilot.press(key)
+            assert isinstance(app.screen, screen)
+            await pilot.press("escape")
+        app.open_detail(rank)
+        await settle(pilot, app, analysis=False)
+        assert isinstance(app.screen, RankDetailScreen) and app.screen.rank == rank
+        assert app.detail is not None and app.detail.rank == rank
+        await pilot.press("escape")
+        await pilot.press("q")
+    assert app.return_code == 0
