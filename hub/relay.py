@@ -623,7 +623,7 @@ def status_line(c: RelayCounters, reduced: ReduceCounters | None = None) -> str:
     if reduced is not None:
         line += (
             f" | reduced {reduced.reduced_rows} rows to {reduced.instances} instances"
-            f" | {reduced.messages} node messages ({reduced.merged} gathered)"
+            f" | {reduced.messages} node messages ({reduced.merged} from lower relays)"
             f" | {reduced.passed_rows} rows on unreduced"
         )
     if c.errors:
