@@ -13,8 +13,13 @@ one per rank and step, and CURVE paid once per bundle on the node's way out, nev
 node itself (the listening side takes only ``ipc://`` or loopback, so keys never leave
 the hub's users).
 
-The relay decodes nothing: validation stays the hub's (`rankscope.hub.validate`). It only
-refuses a frame larger than the hub would take (``MAXMSGSIZE``, as the hub's own socket).
+A forwarding relay decodes nothing: validation stays the hub's (`rankscope.hub.validate`).
+It only refuses a frame larger than the hub would take (``MAXMSGSIZE``, as the hub's own
+socket). With ``reduce`` it decodes what its collectors send, matches the groups whose
+members all send through it and gathers its node's messages into one per flush
+(`rankscope.hub.reduce`); the hub still checks everything that arrives. A relay that
+listens beyond its node (a rack's, ``server``) serves the hub's keys and takes only the
+authorised clients.
 
 Never in the way of training: when the upstream has no room (hub slow, gone or
 restarting: ``hwm`` bundles queued), the relay keeps its bundle and stops reading until
