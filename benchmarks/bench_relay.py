@@ -321,8 +321,37 @@ def run(quick: bool) -> str:
         + "\n\nTarget (issue: relays) hub CPU per rank-step ≤ 1/8 (0.125) of direct: "
         + "; ".join(verdicts)
         + ".\n"
+        + ("" if quick else "\nAt scale (one repetition): " + at_scale(65536) + ".\n")
+    )
+
+
+def at_scale(ranks: int, steps: int = 4) -> str:
+    """The hub's CPU per step for ``ranks`` through node and rack relays only (one
+    repetition; the direct way is left out at this size): the 65,536-rank figure.
+
+        python benchmarks/bench_relay.py --scale 65536      # ~6 min, ~6 GB
+    """
+    per_step = messages(ranks, steps)
+    node, node_cpu = through_reducers(per_step, RANKS_PER_HOST)
+    del per_step
+    rack, rack_cpu = through_reducers(_senders(node), RANKS_PER_HOST * HOSTS_PER_RACK)
+    del node
+    warm = [[d] for step in rack[:WARM_STEPS] for d in step]
+    rest = [[d] for step in rack[WARM_STEPS:] for d in step]
+    got = _once(warm, rest, False)
+    assert not got["rejects"], got["rejects"]
+    per_step_s = got["cpu_s"] / (steps - WARM_STEPS)
+    return (
+        f"{ranks:,} ranks x 200 collectives through node and rack relays: hub CPU "
+        f"{per_step_s:.2f} s per step ({got['cpu_s'] / (ranks * (steps - WARM_STEPS)) * 1e6:.1f} "
+        f"us per rank-step; {1 / per_step_s:.2f} steps/s in its own CPU time, target >= 1); "
+        f"relays {node_cpu / (ranks * steps) * 1e6:.0f} + {rack_cpu / (ranks * steps) * 1e6:.0f} "
+        "us per rank-step on their nodes"
     )
 
 
 if __name__ == "__main__":
-    print(run(quick="--quick" in sys.argv))
+    if "--scale" in sys.argv:
+        print(at_scale(int(sys.argv[sys.argv.index("--scale") + 1])))
+    else:
+        print(run(quick="--quick" in sys.argv))
