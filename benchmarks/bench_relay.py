@@ -159,6 +159,21 @@ def _senders(per_step: list[list[bytes]]) -> list[list[tuple[int, bytes]]]:
     return [[(int(schema.decode(d).header["rank"]), d) for d in step] for step in per_step]
 
 
+def _split(
+    stream: list[list[bytes]], form: Callable[[list[bytes]], list[list[bytes]]]
+) -> tuple[list[list[bytes]], list[list[bytes]]]:
+    """A stream of steps as (the first `WARM_STEPS` steps, the rest), each formed into what
+    is sent at once (``form``: one message a send, or bundles)."""
+    return (
+        form([d for step in stream[:WARM_STEPS] for d in step]),
+        form([d for step in stream[WARM_STEPS:] for d in step]),
+    )
+
+
+def _singles(frames: list[bytes]) -> list[list[bytes]]:
+    return [[d] for d in frames]
+
+
 def _hub() -> tuple[subprocess.Popen[str], str]:
     hub = subprocess.Popen(
         [sys.executable, "-c", _HUB_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
@@ -233,15 +248,8 @@ def run(quick: bool) -> str:
         node, node_cpu = through_reducers(per_step, RANKS_PER_HOST)
         rack, rack_cpu = through_reducers(_senders(node), RANKS_PER_HOST * HOSTS_PER_RACK)
 
-        def split(
-            stream: list[list[bytes]], form: Callable[[list[bytes]], list[list[bytes]]]
-        ) -> tuple[list[list[bytes]], list[list[bytes]]]:
-            flat = [[d for step in stream[:WARM_STEPS] for d in step]]
-            more = [[d for step in stream[WARM_STEPS:] for d in step]]
-            return form(flat[0]), form(more[0])
-
         raw = [[d for _, d in step] for step in per_step]
-        one = split(raw, lambda ds: [[d] for d in ds])
+        one = _split(raw, _singles)
         ways: list[tuple[str, tuple[list[list[bytes]], list[list[bytes]]], bool, str]] = [
             ("direct", one, False, "-"),
             (
@@ -255,20 +263,20 @@ def run(quick: bool) -> str:
             ),
             (
                 "full bundles",
-                split(raw, lambda ds: [ds[i : i + 1024] for i in range(0, len(ds), 1024)]),
+                _split(raw, lambda ds: [ds[i : i + 1024] for i in range(0, len(ds), 1024)]),
                 False,
                 "-",
             ),
             ("through a relay", one, True, ""),
             (
                 "node relays reducing",
-                split(node, lambda ds: [[d] for d in ds]),
+                _split(node, _singles),
                 False,
                 f"{node_cpu / (ranks * steps) * 1e6:.0f}",
             ),
             (
                 f"node and rack relays ({HOSTS_PER_RACK} hosts a rack)",
-                split(rack, lambda ds: [[d] for d in ds]),
+                _split(rack, _singles),
                 False,
                 f"{node_cpu / (ranks * steps) * 1e6:.0f} + {rack_cpu / (ranks * steps) * 1e6:.0f}",
             ),
@@ -336,9 +344,7 @@ def at_scale(ranks: int, steps: int = 4) -> str:
     del per_step
     rack, rack_cpu = through_reducers(_senders(node), RANKS_PER_HOST * HOSTS_PER_RACK)
     del node
-    warm = [[d] for step in rack[:WARM_STEPS] for d in step]
-    rest = [[d] for step in rack[WARM_STEPS:] for d in step]
-    got = _once(warm, rest, False)
+    got = _once(*_split(rack, _singles), False)
     assert not got["rejects"], got["rejects"]
     per_step_s = got["cpu_s"] / (steps - WARM_STEPS)
     return (

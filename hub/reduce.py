@@ -101,9 +101,6 @@ class ReduceCounters:
     merged: int = 0
     """Node messages of lower relays gathered into this relay's."""
 
-    def as_dict(self) -> dict[str, int]:
-        return dict(self.__dict__)
-
 
 @dataclass
 class _Held:
@@ -215,10 +212,6 @@ class NodeReducer:
         self._runs: dict[str, _Run] = {}
         self._held_rows = 0
         self._out: list[bytes] = []
-
-    @property
-    def held_rows(self) -> int:
-        return self._held_rows
 
     def take(self, frame: bytes, now: float | None = None) -> list[bytes]:
         """What to forward at once for one message from a collector: nothing when its

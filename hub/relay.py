@@ -10,7 +10,7 @@ the rank had sent it (`rankscope.hub.server`), so what it stores and records is 
 whether a relay carried it or not; what changes is what the hub's network side sees: one
 connection per node instead of one per rank, one message per node and interval instead of
 one per rank and step, and CURVE paid once per bundle on the node's way out, never on the
-node itself (the listening side takes only ``ipc://`` or loopback, so keys never leave
+node itself (a node's relay listens only on ``ipc://`` or loopback, so keys never leave
 the hub's users).
 
 A forwarding relay decodes nothing: validation stays the hub's (`rankscope.hub.validate`).

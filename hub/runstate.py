@@ -198,7 +198,7 @@ class RunState:
         self._group_index: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self.reduced_seq: dict[tuple[int, int], int] = {}
         """(group, incarnation) -> the last ``seq`` a relay's ``reduced`` message folded
-        (`add_reduced`): a repeat is refused, not added twice."""
+        (`add_node`): a repeat is refused, not added twice."""
         self.beats = Beats(R)
         """Each rank's latest heartbeat (`collector.heartbeat`)."""
 

@@ -17,7 +17,8 @@ Per run the store keeps
 
 Memory is bounded across runs, not per run: the rings of all runs share one budget of
 ``max_cells`` rank × step cells (93 bytes each, plus 8 per work, memory or host column and
-per phase that some rank reports, and 8 more per phase whose CPU time some rank reports),
+per phase that some rank reports, 8 more per phase whose CPU time some rank reports, and
+24 in a run that relays reduced: `runstate.REDUCED`),
 planned by `hub.ringbudget`:
 
 - a new run's ring is sized when it says hello, from what the budget leaves it;
@@ -294,11 +295,7 @@ class Store:
             run.heard_ns[h["rank"]] = heard
             if msg.kind == "steps":  # nearly every message
                 run.stepped_ns[h["rank"]] = heard
-                late, events = run.add_steps(h, msg.tables, keep_steps)
-                self._counters["late_steps"] += late
-                self._counters["events"] += events
-                if run.pending.new_rows >= self.settle_rows:
-                    self._settle_run(run)
+                self._took_rows(run, *run.add_steps(h, msg.tables, keep_steps))
             elif msg.kind == "reduced":
                 # What the relays gathered into it: the collectors' messages it stands for.
                 c = self._counters
@@ -314,11 +311,7 @@ class Store:
                 for r, _, stats in h.get("stats") or ():
                     run.stats[r] = dict(stats)
                     run.heard_ns[r] = heard
-                late, events = run.add_node(h, msg.tables)
-                self._counters["late_steps"] += late
-                self._counters["events"] += events
-                if run.pending.new_rows >= self.settle_rows:
-                    self._settle_run(run)
+                self._took_rows(run, *run.add_node(h, msg.tables))
             elif msg.kind == "groups":
                 run.set_groups(h["groups"])
             elif msg.kind == "samples":
@@ -328,6 +321,13 @@ class Store:
             now = time.monotonic()
             if not self._rate or now - self._rate[-1][0] >= 0.25:
                 self._rate.append((now, self._counters["events"]))
+
+    def _took_rows(self, run: RunState, late: int, events: int) -> None:
+        """Count what a message of rows brought, and match once enough is pending."""
+        self._counters["late_steps"] += late
+        self._counters["events"] += events
+        if run.pending.new_rows >= self.settle_rows:
+            self._settle_run(run)
 
     # -- matching -------------------------------------------------------------------------
 

@@ -402,7 +402,8 @@ def _check_rank_tables(
     ok = slots >= 0
     s = np.where(ok, slots, 0)
     seen = ok & run.present[rank, s] & (run.cell_inc[rank, s] >= inc)
-    key = rank * (1 << 40) + steps
+    others = [n for n in ("phases", "colls") if n in tables]
+    key, *keys = _pair_keys(st, *(tables[n] for n in others))
     order = np.argsort(key, kind="stable")
     again = np.zeros(key.shape[0], bool)
     again[order[1:]] = key[order][1:] == key[order][:-1]
@@ -410,14 +411,28 @@ def _check_rank_tables(
     if gone.any():
         n = int(gone.sum())
         out.append(("duplicate_step", f"{n} step(s) of the node's ranks sent again", n))
-        # Their phase and collective rows go too, as with a steps message's.
-        lost = key[gone & ~np.isin(key, key[~gone])]
+        # A step reported before loses its phase and collective rows too, as with a steps
+        # message's (a repeat inside the message keeps its first row and so its rows).
+        lost = key[seen]
         tables["steps"] = {k: v[~gone] for k, v in st.items()}
-        for name in ("phases", "colls"):
-            t = tables.get(name)
-            if t is not None and lost.shape[0]:
-                k = t["rank"].astype(np.int64) * (1 << 40) + t["step"]
-                tables[name] = {c: v[~np.isin(k, lost)] for c, v in t.items()}
+        for name, k in zip(others, keys, strict=True):
+            if lost.shape[0]:
+                tables[name] = {c: v[~np.isin(k, lost)] for c, v in tables[name].items()}
+    return out
+
+
+def _pair_keys(*tables: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    """Each table's (rank, step) pairs as int64 keys, equal exactly where both are: the
+    step ids (any int64) renumbered densely over all the tables, so no sender's absurd step
+    can alias another rank's."""
+    steps = np.concatenate([t["step"] for t in tables])
+    _, code = np.unique(steps, return_inverse=True)
+    n = max(int(steps.shape[0]), 1)
+    out, at = [], 0
+    for t in tables:
+        m = t["step"].shape[0]
+        out.append(t["rank"].astype(np.int64) * n + code.reshape(-1)[at : at + m])
+        at += m
     return out
 
 
@@ -452,7 +467,7 @@ def _check_sums(msg: schema.Message, run: RunState, now_ns: int | None, limits: 
                 f"cells.{culprits[0]} holds a value that is not finite, negative or over n x "
                 f"Limits.max_duration_s",
             )
-        key = rank.astype(np.int64) * (1 << 40) + step
+        (key,) = _pair_keys(cells)
         if np.unique(key).shape[0] != key.shape[0]:
             raise Reject("bad_reduced", "a (rank, step) cell twice in one message")
     k = inst["group"].shape[0]

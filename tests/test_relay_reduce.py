@@ -16,6 +16,7 @@ from rankscope.diagnosis.window import COLL_AGGREGATES
 from rankscope.hub.intake import Intake
 from rankscope.hub.reduce import NodeReducer
 from rankscope.hub.store import Store
+from rankscope.hub.validate import REPLAY_LIMITS as REPLAY
 from rankscope.sim import Cluster, load_scenario
 from rankscope.sim.emit import Kept, RankStreams
 
@@ -316,3 +317,24 @@ def test_a_relay_keeps_a_bounded_number_of_runs_and_hands_on_what_a_retired_one_
     assert set(relay._runs) == {"run1", "run2"}
     steps0 = [d for _, d in streams[0] if schema.decode(d).kind == "steps"]
     assert relay.take(steps0[0], now=9.0) == [steps0[0]]  # a retired run's message goes on
+
+
+def test_an_absurd_step_id_of_one_rank_does_not_pass_for_another_ranks_step() -> None:
+    """Repeated steps are found on exact (rank, step) pairs: a rank's step 2**40 + s must
+    not read as its neighbour's step s (a packed key would alias them)."""
+    from rankscope.hub.validate import check_reduced
+
+    store, _, reduced = _hub_with_run()
+    m = schema.decode(reduced[0])
+    one = m.tables["steps"]
+    st = {k: np.concatenate([v[:1], v[:1]]) for k, v in one.items()}
+    r, s = int(st["rank"][1]), int(st["step"][1])
+    # rank r - 1 at step 2**40 + s: packed as rank * 2**40 + step, it reads as rank r at s
+    st["rank"][0], st["step"][0] = r - 1, (1 << 40) + s
+    tables = {**m.tables, "steps": st}
+    run = store.run_state("r")
+    assert run is not None
+    verdict = check_reduced(
+        schema.Message(kind="reduced", header=m.header, tables=tables), run, None, REPLAY
+    )
+    assert verdict.duplicate_steps == 0 and not verdict.empty
