@@ -22,7 +22,9 @@ import pytest
 import zmq
 
 import rankscope.commands.demo as demo
+import rankscope.sim.emit as sim_emit
 from rankscope.cli import main
+from rankscope.collector.sender import Sender
 from rankscope.hub.inspection import inspect_recording
 from rankscope.hub.replay import load
 from rankscope.hub.server import Hub
@@ -86,22 +88,39 @@ def test_hub_excludes_a_recording_of_its_own(capsys) -> None:
     assert "--record" in capsys.readouterr().err
 
 
-def _stopped_run_delivery(folder: Path, stop_linger_s: float) -> tuple[int, int, int]:
+def _stopped_run_delivery(
+    folder: Path, stop_linger_s: float, monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, int, bool]:
     """Stop a simulated run while its hub is behind, and count what reaches the hub.
 
-    The hub reads nothing until the run is stopped (once it is stuck on full queues); from
-    that moment it reads slowly (a millisecond a message), so they are still full when the
+    The hub reads nothing until the run is stopped, which happens once one of the run's
+    sends has found the queue full and waited for a second (the run is stuck, not merely
+    slow: a starved machine can pause a run without filling anything); from that moment
+    the hub reads slowly (a millisecond a message), so the queues are still full when the
     run closes its sockets: with no linger their contents are lost.
 
     Returns:
-        (messages the run counts as sent, messages the hub received, sends that waited).
+        (messages the run counts as sent, messages the hub received, whether the run was
+        seen stuck on a full queue before it was stopped).
     """
+    waiting_since: list[float | None] = [None]
+
+    class Watched(Sender):
+        def _wait_and_send(self, sock, data, timeout_ms, cancel):  # type: ignore[no-untyped-def]
+            waiting_since[0] = time.monotonic()
+            try:
+                return super()._wait_and_send(sock, data, timeout_ms, cancel)
+            finally:
+                waiting_since[0] = None
+
+    monkeypatch.setattr(sim_emit, "Sender", Watched)
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
     endpoint = f"ipc://{folder}/hub.sock"
     pull.bind(endpoint)
     stop, done = threading.Event(), threading.Event()
     got = [0]
+    stuck = [False]
 
     def hub() -> None:
         stop.wait()
@@ -111,13 +130,14 @@ def _stopped_run_delivery(folder: Path, stop_linger_s: float) -> tuple[int, int,
                 got[0] += 1
                 time.sleep(0.001)
 
-    progress = [time.monotonic()]
-
     def stop_when_stuck() -> None:
-        # The run is blocked on full queues once no step has been handed over for a while.
         deadline = time.monotonic() + HANG_S
-        while time.monotonic() - progress[0] < 2.0 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        while time.monotonic() < deadline and not stop.is_set():
+            since = waiting_since[0]
+            if since is not None and time.monotonic() - since >= 1.0:
+                stuck[0] = True
+                break
+            time.sleep(0.05)
         stop.set()
 
     reader = threading.Thread(target=hub, daemon=True)
@@ -132,14 +152,13 @@ def _stopped_run_delivery(folder: Path, stop_linger_s: float) -> tuple[int, int,
             hwm=50,
             send_timeout_s=HANG_S,
             stop=stop,
-            on_step=lambda _: progress.__setitem__(0, time.monotonic()),
             stop_linger_s=stop_linger_s,
         )
         deadline = time.monotonic() + HANG_S
         while got[0] < info.messages and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(0.2)  # anything beyond what was counted would show here
-        return info.messages, got[0], info.retries
+        return info.messages, got[0], stuck[0]
     finally:
         stop.set()
         done.set()
@@ -149,12 +168,12 @@ def _stopped_run_delivery(folder: Path, stop_linger_s: float) -> tuple[int, int,
         ctx.term()
 
 
-def test_a_stopped_run_s_queued_messages_still_reach_the_hub() -> None:
+def test_a_stopped_run_s_queued_messages_still_reach_the_hub(monkeypatch) -> None:
     # What the demo's quit does (`start_demo(stop_linger_s=QUIT_WAIT_S)`): everything the
     # run counts as sent reaches the hub, though its queues were full when it stopped.
     with tempfile.TemporaryDirectory(prefix="rs-") as folder:  # short: ipc path limit
-        sent, received, waited = _stopped_run_delivery(Path(folder), stop_linger_s=HANG_S)
-    assert waited > 0  # the hub was behind: messages were queued when the run stopped
+        sent, received, stuck = _stopped_run_delivery(Path(folder), HANG_S, monkeypatch)
+    assert stuck  # the hub was behind: messages were queued when the run stopped
     assert received == sent
 
 
