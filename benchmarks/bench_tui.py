@@ -174,6 +174,25 @@ def frame_times(n_ranks: int, repeat: int) -> tuple[tuple[float, float], tuple[f
     return model_ms, (statistics.median(draw_cpu), statistics.median(draw_wall)), rows
 
 
+def metric_models(n_ranks: int, repeat: int) -> dict[str, float]:
+    """Median CPU ms of the model build for each heatmap metric (the frame above times
+    the default one; the step time and the decomposition's metrics split every
+    rank-step first)."""
+    import dataclasses
+
+    from rankscope.tui.mainmodel import ViewState, build_main_model
+    from rankscope.tui.metrics import METRIC_SPECS
+    from rankscope.tui.sources import StaticSource, sample
+
+    window = synthetic_window(n_ranks, view_steps(n_ranks))
+    smp = sample(StaticSource([window], {"events_per_s": 0.0}), None, STEPS)
+    out = {}
+    for name in METRIC_SPECS:
+        view = dataclasses.replace(ViewState(), metric=name)
+        out[name] = _median_ms(lambda v=view: build_main_model(smp, v), repeat)[0]
+    return out
+
+
 def key_latency(n_ranks: int, presses: int) -> tuple[float, float]:
     """Median wall ms, with the sampling clock running, from a key's action to: the cursor
     moved and the screen rendered (``down``, all on the UI thread), and the heatmap holding
@@ -230,7 +249,16 @@ def _held_bytes() -> int:
     return _rss_bytes()
 
 
-def _feed(intake, run: str, n_ranks: int, n_steps: int, chunk: int, t0: int) -> None:
+NODE_RANKS = 256
+"""Ranks a node message carries when the memory run is fed through relays (a rack's)."""
+
+
+def _feed(
+    intake, run: str, n_ranks: int, n_steps: int, chunk: int, t0: int, nodes: bool = False
+) -> None:
+    """Every rank's hello, then ``n_steps`` steps ``chunk`` at a time: one steps message
+    per rank, or with ``nodes`` one node message per `NODE_RANKS` ranks (what a rack's
+    reducing relay sends, `hub.reduce`)."""
     from rankscope.collector import schema
 
     for r in range(n_ranks):
@@ -246,6 +274,23 @@ def _feed(intake, run: str, n_ranks: int, n_steps: int, chunk: int, t0: int) -> 
         intake.feed(schema.hello_message(header, ident, t_start_ns=t0), 0)
     for s0 in range(0, n_steps, chunk):
         steps = np.arange(s0, min(s0 + chunk, n_steps))
+        if nodes:
+            for r0 in range(0, n_ranks, NODE_RANKS):
+                ranks = np.arange(r0, min(r0 + NODE_RANKS, n_ranks))
+                cols = schema.empty_table("steps", steps.size * ranks.size)
+                cols["step"] = np.tile(steps, ranks.size)
+                rank = np.repeat(ranks, steps.size)
+                cols["t_start"] = t0 + cols["step"] * 1_300_000_000 + rank
+                cols["t_end"] = cols["t_start"] + 1_000_000_000
+                table = {
+                    **cols,
+                    "rank": rank.astype(np.int32),
+                    "inc": np.zeros(rank.size, np.int32),
+                }
+                header = {"job": "bench", "run": run, "rank": int(r0), "inc": 0, "batch": 1 + s0}
+                intake.feed(schema.reduced_message(header, {"steps": table}), 0)
+            intake.store.settle()
+            continue
         for r in range(n_ranks):
             cols = schema.empty_table("steps", steps.size)
             cols["step"] = steps
@@ -278,9 +323,12 @@ def feed_chunk(n_ranks: int, most: int) -> int:
     return max(1, min(most, ring // 2))
 
 
-def store_and_view_memory(n_ranks: int, n_steps: int, chunk: int) -> dict[str, float]:
+def store_and_view_memory(
+    n_ranks: int, n_steps: int, chunk: int, nodes: bool = False
+) -> dict[str, float]:
     """Feed ``n_steps`` steps of ``n_ranks`` ranks of a baseline run, then of the run under
-    investigation an hour later, into a hub store; build the view with the baseline chosen.
+    investigation an hour later, into a hub store (with ``nodes``, as rack relays' node
+    messages); build the view with the baseline chosen.
 
     Returns:
         ``store_mib`` (what the store holds for the run alone), ``stores_mib`` (for both
@@ -306,7 +354,7 @@ def store_and_view_memory(n_ranks: int, n_steps: int, chunk: int) -> dict[str, f
     store = Store(history_steps=n_steps)
     intake = Intake(store)
     t0 = time.perf_counter()
-    _feed(intake, "mem", n_ranks, n_steps, chunk, t_run)
+    _feed(intake, "mem", n_ranks, n_steps, chunk, t_run, nodes)
     ingest_s = time.perf_counter() - t0
     gc.collect()
     store_rss = _rss_bytes() - rss0
@@ -317,8 +365,8 @@ def store_and_view_memory(n_ranks: int, n_steps: int, chunk: int) -> dict[str, f
     rss0 = _rss_bytes()
     store = Store(history_steps=n_steps)
     intake = Intake(store)
-    _feed(intake, "base", n_ranks, n_steps, chunk, t_base)
-    _feed(intake, "mem", n_ranks, n_steps, chunk, t_run)
+    _feed(intake, "base", n_ranks, n_steps, chunk, t_base, nodes)
+    _feed(intake, "mem", n_ranks, n_steps, chunk, t_run, nodes)
     held2 = _held_bytes()
     rings = store.ring_nbytes()
 
@@ -366,6 +414,8 @@ def store_and_view_memory(n_ranks: int, n_steps: int, chunk: int) -> dict[str, f
 
 def run(quick: bool) -> str:
     """Measure and return the Markdown section."""
+    from rankscope.tui.mainmodel import ViewState
+
     sizes = SIZES[:2] if quick else SIZES
     repeat = 3 if quick else 7
     lines = [
@@ -393,47 +443,81 @@ def run(quick: bool) -> str:
             f"| ×{total / first:.1f} |"
         )
     big = sizes[-1]
+    models = metric_models(big, repeat)
+    default = ViewState().metric
+    lines += [
+        "",
+        f"The frame above shows the default metric ({default}). The model for each metric "
+        f"at {big:,} ranks (CPU ms, median of {repeat}): "
+        + ", ".join(f"{name} {ms:.0f}" for name, ms in models.items())
+        + ".",
+    ]
     cursor_ms, metric_ms = key_latency(big, 5 if quick else 9)
     lines += [
         "",
         f"Keys at {big:,} ranks while the sampling clock keeps rebuilding the model (wall ms, "
         f"median): cursor move {cursor_ms:.0f}, next metric on screen {metric_ms:.0f}.",
     ]
-    # Memory at 16,384 ranks: at 65,536 the store keeps the same cells (its budget), but
-    # feeding 65.5 M rank-steps a message per rank and 30 steps takes ~10 min a run here.
-    n_ranks, n_steps = (4096, 200) if quick else (16384, 1000)
-    mem = store_and_view_memory(
-        n_ranks, n_steps, chunk=feed_chunk(n_ranks, 100 if not quick else 50)
-    )
-    total = mem["stores_mib"] + mem["view_mib"] + mem["baseline_mib"]
+    # Memory at 16,384 ranks fed a message per rank, and at 65,536 fed through rack relays'
+    # node messages (a message per rank takes ~10 min a run here at 65,536).
+    cases = [(4096, 200, False)] if quick else [(16384, 1000, False), (65536, 1000, True)]
+    mems = [
+        store_and_view_memory(n, steps, feed_chunk(n, 50 if quick else 100), nodes)
+        for n, steps, nodes in cases
+    ]
+    heads = [
+        f"{n:,} × {steps:,}, {'node messages' if nodes else 'a message per rank'}"
+        for n, steps, nodes in cases
+    ]
+
+    def row(label: str, fmt) -> str:  # type: ignore[no-untyped-def]
+        return f"| {label} | " + " | ".join(fmt(m) for m in mems) + " |"
+
+    first = mems[0]
     lines += [
         "",
-        f"Memory with {n_ranks:,} ranks × {n_steps:,} steps of a baseline run fed to a hub "
-        "store through its intake, then, an hour later on the steps' clock, the same of the "
-        f"run under investigation ({mem['ingest_s']:.0f} s each). The rings of all runs "
-        f"share the store's budget of {mem['budget_cells'] / 1e6:.0f} M rank × step cells: "
-        f"the run keeps {mem['kept_steps']:.0f} steps per rank, the finished baseline "
-        f"{mem['baseline_kept_steps']:.0f} (its floor). The store's resident growth while "
-        f"ingesting one run was {mem['store_rss_mib']:.0f} MiB; the rest of that is heap "
-        "freed by ingest that the C library keeps for reuse (the view's windows reuse it), "
-        "so the table counts what the store holds once it is returned. Target ≤ 1 GiB.",
+        "Memory with N ranks × 1,000 steps of a baseline run fed to a hub store through its "
+        "intake, then, an hour later on the steps' clock, the same of the run under "
+        "investigation (one message per rank and chunk of steps, or one node message per "
+        f"{NODE_RANKS} ranks, what a rack's reducing relay sends). The rings of all runs "
+        f"share the store's budget of {first['budget_cells'] / 1e6:.0f} M rank × step "
+        "cells, so a larger world keeps fewer steps per rank; the finished baseline gives "
+        "up its ring down to its floor. *store* counts what the store holds once the C "
+        "heap returns what ingest freed (the view's windows reuse that heap); the view's "
+        "parts are from tracemalloc. Target ≤ 1 GiB.",
         "",
-        "| part | MiB |",
-        "|---|---:|",
-        f"| store: the run alone in a hub | {mem['store_mib']:.0f} |",
-        f"| store: the baseline run, then the run (rings: {mem['baseline_ring_mib']:.0f} "
-        f"+ {mem['ring_mib']:.0f}) | {mem['stores_mib']:.0f} |",
-        f"| view: window of {mem['view_steps']:.0f} steps (`view.max_cells`) + main model "
-        f"(tracemalloc) | {mem['view_mib']:.0f} |",
-        f"| view: baseline window of {mem['baseline_steps']:.0f} steps "
-        f"(`view.baseline_max_cells`) | {mem['baseline_mib']:.0f} |",
-        f"| **total, baseline chosen** | **{total:.0f}** |",
-        f"| (the baseline window within `view.max_cells` instead) "
-        f"| ({mem['uncapped_baseline_mib']:.0f}) |",
-        "",
-        f"The whole process with all of it alive (both runs in the store, the view, the "
-        f"baseline window) grew by {mem['process_rss_mib']:.0f} MiB resident, "
-        f"{mem['process_held_mib']:.0f} MiB once freed heap is returned.",
+        "| part | " + " | ".join(heads) + " |",
+        "|---|" + "---:|" * len(mems),
+        row("ingest of one run, s", lambda m: f"{m['ingest_s']:.0f}"),
+        row(
+            "steps per rank kept: run, baseline",
+            lambda m: f"{m['kept_steps']:.0f}, {m['baseline_kept_steps']:.0f}",
+        ),
+        row(
+            "store: resident growth while ingesting the run alone",
+            lambda m: f"{m['store_rss_mib']:.0f}",
+        ),
+        row("store: the run alone in a hub", lambda m: f"{m['store_mib']:.0f}"),
+        row(
+            "store: the baseline run, then the run (rings: baseline + run)",
+            lambda m: f"{m['stores_mib']:.0f} ({m['baseline_ring_mib']:.0f} + {m['ring_mib']:.0f})",
+        ),
+        row(
+            "view: window (`view.max_cells`) + main model",
+            lambda m: f"{m['view_mib']:.0f} ({m['view_steps']:.0f} steps)",
+        ),
+        row(
+            "view: baseline window (`view.baseline_max_cells`)",
+            lambda m: f"{m['baseline_mib']:.0f} ({m['baseline_steps']:.0f} steps)",
+        ),
+        row(
+            "**total, baseline chosen**",
+            lambda m: f"**{m['stores_mib'] + m['view_mib'] + m['baseline_mib']:.0f}**",
+        ),
+        row(
+            "whole process, all of it alive: resident growth (once freed heap is returned)",
+            lambda m: f"{m['process_rss_mib']:.0f} ({m['process_held_mib']:.0f})",
+        ),
     ]
     return "\n".join(lines) + "\n"
 

@@ -126,64 +126,112 @@ def decompose(window: Window, exposed: dict[str, np.ndarray] | None = None) -> D
     step[~present] = np.nan
     step = np.maximum(step, 0.0)
     shape = step.shape
+    # Zeros on demand: a category no rank measured is never written (at 65k ranks most of
+    # the array's pages are then never touched).
+    out = np.zeros((len(CATEGORIES), *shape))
+    overlap = np.empty(shape)
+    has_phases = np.empty(shape, bool)
+    # Every rank-step splits on its own: blocks of ranks keep each step's temporaries in
+    # the cache (the whole (R, S) arrays at a time cost several times more at 65k ranks).
+    rows = max(1, _BLOCK_CELLS // max(shape[1], 1))
+    for r0 in range(0, shape[0], rows):
+        at = slice(r0, r0 + rows)
+        _split(window, exposed, at, step[at], out[:, at], overlap[at], has_phases[at])
+    absent = ~present
+    if absent.any():
+        out[:, absent] = np.nan
+        overlap[absent] = np.nan
+    return Decomposition(ns=out, step_ns=step, overlap_ns=overlap, compute_from_phases=has_phases)
 
-    def phase(name: str) -> np.ndarray:
+
+_BLOCK_CELLS = 65_536
+"""Rank-steps `decompose` splits at a time."""
+
+
+def _split(
+    window: Window,
+    exposed: dict[str, np.ndarray] | None,
+    at: slice,
+    step: np.ndarray,
+    out: np.ndarray,
+    overlap: np.ndarray,
+    has_phases: np.ndarray,
+) -> None:
+    """`decompose` for the ranks ``at``: fills ``out`` (C, r, S), ``overlap`` and
+    ``has_phases`` (r, S) from their ``step`` (r, S)."""
+    shape = step.shape
+
+    def phase(name: str) -> np.ndarray | None:
         arr = window.phase_ns.get(name)
-        if arr is None:
-            return np.zeros(shape)
-        return np.nan_to_num(np.maximum(arr, 0.0), nan=0.0)
+        return None if arr is None else _known(arr[at])
 
     src = window.coll if exposed is None else exposed
-    wait = np.nan_to_num(np.maximum(src["exposed_wait_ns"], 0.0), nan=0.0)
-    transfer = np.nan_to_num(np.maximum(src["exposed_transfer_ns"], 0.0), nan=0.0)
-    if exposed is not None and "p2p_ns" in exposed and "pp_wait" in window.phase_ns:
+    wait = _known(src["exposed_wait_ns"][at])
+    transfer = _known(src["exposed_transfer_ns"][at])
+    pp_wait = phase("pp_wait")
+    if exposed is not None and "p2p_ns" in exposed and pp_wait is not None:
         # Take the send/recv time out of wait first, then transfer: pp_wait holds it.
-        p2p = np.minimum(np.nan_to_num(exposed["p2p_ns"], nan=0.0), phase("pp_wait"))
+        p2p = np.minimum(np.nan_to_num(exposed["p2p_ns"][at], nan=0.0), pp_wait)
         from_wait = np.minimum(p2p, wait)
         wait = wait - from_wait
         transfer = np.maximum(transfer - (p2p - from_wait), 0.0)
-    measured = {
+    measured: dict[str, np.ndarray | None] = {
         "exposed_comm": transfer,
         "arrival_wait": wait,
         **{cat: phase(ph) for cat, ph in PHASE_CATEGORIES.items()},
     }
-    compute_phases = sum(phase(p) for p in COMPUTE_PHASES)
-    assert isinstance(compute_phases, np.ndarray)
-    has_phases = compute_phases > 0
+    # A phase no rank recorded is zero everywhere: left out of the sums, written as zeros.
+    compute_phases = _total([phase(p) for p in COMPUTE_PHASES], shape)
+    has_phases[...] = compute_phases > 0
     coll = wait + transfer
-    measured_sum = sum(measured.values())
-    assert isinstance(measured_sum, np.ndarray)
+    measured_sum = _total(list(measured.values()), shape)
     covered = np.clip(compute_phases + measured_sum - step, 0.0, np.minimum(coll, compute_phases))
     compute = np.where(has_phases, compute_phases - covered, 0.0)
     total = compute + measured_sum
-    overlap = np.maximum(total - step, 0.0)
+    overlap[...] = np.maximum(total - step, 0.0)
     scale = np.where(total > step, step / np.where(total > 0, total, 1.0), 1.0)
-    for cat in measured:
-        measured[cat] = measured[cat] * scale
     compute = compute * scale
     room = np.maximum(step - compute - measured_sum * scale, 0.0)
     # Without compute phases, everything not measured is compute.
     compute = np.where(has_phases, compute, room)
-    user = np.zeros(shape)
-    for name, arr in window.phase_ns.items():
-        if name not in _BUILTIN_PHASES:
-            user = user + np.nan_to_num(np.maximum(arr, 0.0), nan=0.0)
+    user = _total(
+        [_known(arr[at]) for name, arr in window.phase_ns.items() if name not in _BUILTIN_PHASES],
+        shape,
+    )
     other = np.where(has_phases, np.minimum(room, user), 0.0)
-    gap = np.where(has_phases, room - other, 0.0)
-
-    out = np.empty((len(CATEGORIES), *shape))
     for i, cat in enumerate(CATEGORIES):
         if cat == "compute":
             out[i] = compute
         elif cat == "other":
             out[i] = other
         elif cat == "host_gap":
-            out[i] = gap
+            np.subtract(room, other, out=out[i])
+            out[i][~has_phases] = 0.0
         else:
-            out[i] = measured[cat]
-    out[:, ~present] = np.nan
-    overlap[~present] = np.nan
-    return Decomposition(ns=out, step_ns=step, overlap_ns=overlap, compute_from_phases=has_phases)
+            value = measured[cat]
+            if value is not None:  # else zero, as ``out`` came
+                np.multiply(value, scale, out=out[i])
+
+
+def _known(arr: np.ndarray) -> np.ndarray:
+    """A measured time as `decompose` counts it: NaN (unknown) and negative as 0, and an
+    infinity as the largest float (as ``np.nan_to_num``), in two passes."""
+    out = np.fmax(arr, 0.0)
+    return np.minimum(out, _FLOAT_MAX, out=out)
+
+
+_FLOAT_MAX = float(np.finfo(np.float64).max)
+
+
+def _total(parts: list[np.ndarray | None], shape: tuple[int, ...]) -> np.ndarray:
+    """Sum of the known ``parts`` (None: zero everywhere), in their order."""
+    known = [p for p in parts if p is not None]
+    if not known:
+        return np.zeros(shape)
+    out = known[0].copy()
+    for p in known[1:]:
+        out += p
+    return out
 
 
 @dataclass(frozen=True)

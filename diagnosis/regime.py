@@ -264,10 +264,17 @@ def arrival_start(late: np.ndarray, step_ns: np.ndarray, first: int = 0) -> tupl
     floor = MIN_STEP_SHIFT * float(np.min(step_ns[first:]))
     # Screen: the newest steps' excess over the rank's mean excess before them (cheap, one
     # pass; the mean is only the order in which ranks are tested in full).
-    newest = late[:, n_steps - MIN_AFTER :] - ref[n_steps - MIN_AFTER :]
-    newest = np.where(np.isfinite(newest), newest, -np.inf).min(axis=1)
+    # Column by column over the few newest steps (a reduction along that short axis costs
+    # several times more at 65,536 ranks); a rank with an unknown one among them (its sum
+    # is not finite) is no candidate.
+    tail = late[:, n_steps - MIN_AFTER :]
+    newest = tail[:, 0] - ref[n_steps - MIN_AFTER]
+    for c in range(1, MIN_AFTER):
+        np.minimum(newest, tail[:, c] - ref[n_steps - MIN_AFTER + c], out=newest)
+    newest[~np.isfinite(np.einsum("ij->i", tail))] = -np.inf
     earlier = late[:, first : n_steps - MIN_AFTER]
-    mean_before = earlier.mean(axis=1)  # NaN for a rank that missed a step: redone below
+    # In order along the steps; NaN for a rank that missed a step: redone below.
+    mean_before = np.einsum("ij->i", earlier) / max(earlier.shape[1], 1)
     gaps = ~np.isfinite(mean_before)
     if gaps.any():
         with np.errstate(all="ignore"), warnings.catch_warnings():

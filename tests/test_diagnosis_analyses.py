@@ -477,3 +477,38 @@ def test_pipeline_recv_time_stays_in_pipeline_idle() -> None:
     assert d.category("exposed_comm")[0, 0] == 0.0
     assert d.category("compute")[0, 0] == 600.0
     assert d.category("host_gap")[0, 0] == 50.0
+
+
+def test_decompose_splits_each_rank_step_alone_whatever_the_block_of_ranks(monkeypatch) -> None:
+    # decompose works through blocks of ranks; every rank-step's split is its own, so a
+    # block of 7 cells gives what one block of everything gives, bit for bit: unknown and
+    # negative measurements, absent rank-steps, user phases and point-to-point time.
+    import rankscope.diagnosis.decomposition as dec
+
+    rng = np.random.default_rng(11)
+    world, steps = 90, 23
+    step = rng.uniform(80, 120, (world, steps)) * 1e6
+    t_start = np.cumsum(np.full((world, steps), 150e6), axis=1)
+
+    def part(scale: float) -> np.ndarray:
+        a = rng.uniform(0, scale, (world, steps)) * 1e6
+        a[rng.random(a.shape) < 0.05] = np.nan
+        a[rng.random(a.shape) < 0.02] *= -1
+        return a
+
+    phases = {n: part(40) for n in ("forward", "backward", "pipeline_idle", "input")}
+    phases["forward"][::7] = 0.0  # ranks without compute phases: compute is the residual
+    phases["tokenize"] = part(5)
+    coll = {"exposed_wait_ns": part(20), "exposed_transfer_ns": part(20)}
+    present = rng.random((world, steps)) > 0.05
+    w = make_window(t_start, t_start + step, phase_ns=phases, coll=coll, present=present)
+    exposed = {**coll, "p2p_ns": part(10)}
+    whole = [decompose(w), decompose(w, exposed)]
+    monkeypatch.setattr(dec, "_BLOCK_CELLS", 7)
+    for d, small in zip(whole, [decompose(w), decompose(w, exposed)], strict=True):
+        assert np.array_equal(d.ns, small.ns, equal_nan=True)
+        assert np.array_equal(d.overlap_ns, small.overlap_ns, equal_nan=True)
+        assert np.array_equal(d.compute_from_phases, small.compute_from_phases)
+        sums = np.nansum(d.ns, axis=0)
+        assert np.isnan(d.ns[:, ~present]).all()
+        assert np.allclose(sums[present], d.step_ns[present], rtol=1e-9)

@@ -7,7 +7,7 @@ import pytest
 
 from rankscope.diagnosis.synthetic import make_window, rank_layout
 from rankscope.tui.charts import TICKS, sparkline, stacked_bar
-from rankscope.tui.heatgrid import GROUP, PIN, RANK, build_grid
+from rankscope.tui.heatgrid import GROUP, PIN, RANK, _group_reduce, build_grid
 from rankscope.tui.heatmap_render import PALETTES, HeatmapPainter, legend, palette_for
 from rankscope.tui.mainmodel import _top
 from rankscope.tui.metrics import (
@@ -15,6 +15,8 @@ from rankscope.tui.metrics import (
     Dimension,
     dimension,
     filter_mask,
+    finite_mean,
+    finite_sum,
     metric_values,
     slowest_ranks,
 )
@@ -216,6 +218,10 @@ def test_the_top_few_are_a_full_sort_s_first_few(seed: int) -> None:
     rng = np.random.default_rng(seed)
     for n, k in ((1, 5), (7, 5), (300, 5), (5000, 3), (5000, 0)):
         first = rng.integers(0, 3, n).astype(float)
+        if n > 7 and seed >= 2:
+            # A large world where fewer than k ranks were ever last (the bar is the lowest).
+            first = np.where(rng.random(n) < 0.0005, 1.0, 0.0)
+            first[: seed - 1] = 2.0
         second = rng.integers(0, 4, n).astype(float) if seed % 2 else rng.random(n)
         want = np.lexsort((np.arange(n), -second, -first))[:k]
         assert np.array_equal(_top(first, second, k), want), (n, k)
@@ -348,3 +354,37 @@ def test_hub_health_words() -> None:
     assert hub_health({"rejects": {}}) == []
     assert fmt_ms(1234.5) == "1,234" and fmt_ms(12.345) == "12.3" and fmt_ms(None) == "–"
     assert fmt_rate(950) == "950" and fmt_rate(float("nan")) == "–"
+
+
+def test_finite_sums_and_means_skip_exactly_the_unknown_values() -> None:
+    rng = np.random.default_rng(3)
+    x = rng.random((500, 16)) * 1e6
+    x[rng.random(x.shape) < 0.01] = np.nan
+    x[3, 4], x[9, 0], x[9, 1], x[11] = np.inf, np.inf, -np.inf, np.nan
+    finite = np.isfinite(x)
+    for axis in (0, 1):
+        want = np.sum(x, axis=axis, where=finite)
+        assert np.allclose(finite_sum(x, axis), want, rtol=1e-12, atol=0)
+    counts = finite.sum(axis=1)
+    with np.errstate(all="ignore"):
+        want_mean = np.where(counts > 0, np.sum(x, axis=1, where=finite) / counts, np.nan)
+    got = finite_mean(x)
+    assert np.isnan(got[11]) and np.allclose(got, want_mean, rtol=1e-12, equal_nan=True)
+    # Every value finite: the plain row sums.
+    y = rng.random((64, 7))
+    assert np.allclose(finite_sum(y, 1), y.sum(axis=1)) and np.allclose(finite_mean(y), y.mean(1))
+
+
+@pytest.mark.parametrize("sizes", [(8, 8, 8), (3, 5, 1, 7), (256, 256), (1,)])
+def test_group_rows_reduce_as_one_reduction_over_their_members(sizes) -> None:
+    rng = np.random.default_rng(len(sizes))
+    n = sum(sizes)
+    values = rng.random((n, 5))
+    values[rng.random(values.shape) < 0.2] = np.nan
+    starts = np.cumsum([0, *sizes[:-1]])
+    for ufunc in (np.fmax, np.fmin):
+        got = _group_reduce(values, starts, ufunc)
+        for g, (a, k) in enumerate(zip(starts.tolist(), sizes, strict=True)):
+            with np.errstate(invalid="ignore"):
+                want = ufunc.reduce(values[a : a + k], axis=0)
+            assert np.array_equal(got[g], want, equal_nan=True), (ufunc, g)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rankscope.tui.metrics import Dimension, MetricSpec
+from rankscope.tui.metrics import Dimension, MetricSpec, finite_mean
 
 PIN, RANK, GROUP = 0, 1, 2
 """Row kinds."""
@@ -119,13 +119,6 @@ def _scale(values: np.ndarray, higher_is_worse: bool) -> tuple[float, float]:
     return lo, hi
 
 
-def _window_mean(values: np.ndarray) -> np.ndarray:
-    finite = np.isfinite(values)
-    counts = np.count_nonzero(finite, axis=1)
-    total = np.sum(values, axis=1, where=finite)
-    return np.where(counts > 0, total / np.maximum(counts, 1), np.nan)
-
-
 def _group_reduce(values: np.ndarray, starts: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
     """Per group of consecutive rows (starting at ``starts``), the NaN-ignoring reduction
     over its rows. ``reduceat`` along rows is slow on a (ranks, steps) array, so groups are
@@ -138,11 +131,20 @@ def _group_reduce(values: np.ndarray, starts: np.ndarray, ufunc: np.ufunc) -> np
         with np.errstate(invalid="ignore"):
             return ufunc.reduceat(values, starts, axis=0)
     if (counts == k).all():
-        return ufunc.reduce(values.reshape(counts.size, k, n_cols), axis=1)
-    block = np.full((counts.size, k, n_cols), np.nan)
-    member = np.arange(n) - np.repeat(starts, counts)
-    block[np.repeat(np.arange(counts.size), counts), member] = values
-    return ufunc.reduce(block, axis=1)
+        block = values.reshape(counts.size, k, n_cols)
+    else:
+        block = np.full((counts.size, k, n_cols), np.nan)
+        member = np.arange(n) - np.repeat(starts, counts)
+        block[np.repeat(np.arange(counts.size), counts), member] = values
+    # Halving the members axis, one elementwise pass over half of what is left each time:
+    # several times faster than ``reduce`` along a short middle axis.
+    while block.shape[1] > 1:
+        half = block.shape[1] // 2
+        folded = ufunc(block[:, :half], block[:, half : 2 * half])
+        if block.shape[1] % 2:
+            ufunc(folded[:, 0], block[:, -1], out=folded[:, 0])
+        block = folded
+    return block[:, 0]
 
 
 def build_grid(
@@ -244,7 +246,7 @@ def build_grid(
             key = np.nan_to_num(np.asarray(blame, dtype=np.float64)[order], nan=-np.inf)
         else:
             # Worst rank of each group over the window: the largest (or smallest) mean.
-            mean = _window_mean(sub)
+            mean = finite_mean(sub)
             key = np.nan_to_num(mean if spec.higher_is_worse else -mean, nan=-np.inf)
         # Each group's worst rank: its largest key, the lowest rank of a tie (within a
         # group the ranks are in ascending order).

@@ -224,9 +224,9 @@ class HeatmapPainter:
             top = levels[top_row, cols].astype(np.int16)
             bottom = levels[bottom_row, cols].astype(np.int16) if bottom_row is not None else None
             code = top * 16 + (bottom if bottom is not None else 0)
-            cuts = np.flatnonzero(np.r_[True, code[1:] != code[:-1]])
-            ends = np.r_[cuts[1:], shown]
-            for a, b in zip(cuts.tolist(), ends.tolist()):
+            # Runs of one colour pair (``np.r_`` here cost more than the rest of the line).
+            cuts = [0, *(np.flatnonzero(code[1:] != code[:-1]) + 1).tolist()]
+            for a, b in zip(cuts, [*cuts[1:], shown], strict=True):
                 t = int(top[a])
                 run = (b - a) * cw
                 if bottom is not None:

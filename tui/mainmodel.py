@@ -145,7 +145,7 @@ def step_stats(window: Window) -> StepStats | None:
     # Ranks of a synchronous job finish a step together, so the median of an even spread
     # of ranks is the median of all of them; it keeps the header cheap at 16k ranks.
     ranks = np.unique(np.linspace(0, n - 1, min(n, MEDIAN_RANKS)).astype(np.int64))
-    step = np.where(window.present[ranks], window.step_ns[ranks], np.nan)
+    step = np.where(window.present[ranks], window.t_end[ranks] - window.t_start[ranks], np.nan)
     ok = np.isfinite(step).any(axis=0)
     if not ok.any():
         return None
@@ -168,11 +168,22 @@ def tokens_per_second(window: Window, stats: StepStats | None) -> float | None:
         Tokens per second, or None without ``valid_tokens`` or steps.
     """
     valid = window.work["valid_tokens"]
-    counted = window.present & np.isfinite(valid)
-    reported = counted.any(axis=0)
-    if stats is None or not reported.any():
+    if not window.present.all():
+        valid = np.where(window.present, valid, np.nan)
+    if stats is None or not valid.shape[0]:
         return None
-    per_step = np.sum(valid, axis=0, where=counted)
+    # Summed in order over the ranks; only a step whose sum is not finite holds an unknown
+    # value, and only such a step is summed again over its known ones (or has none).
+    per_step = np.einsum("ij->j", valid)
+    reported = np.ones(per_step.shape[0], bool)
+    unsure = np.flatnonzero(~np.isfinite(per_step))
+    if unsure.size:
+        sub = valid[:, unsure]
+        finite = np.isfinite(sub)
+        reported[unsure] = finite.any(axis=0)
+        per_step[unsure] = np.sum(sub, axis=0, where=finite)
+    if not reported.any():
+        return None
     ok = np.isfinite(stats.series) & reported
     seconds = float(np.sum(stats.series[ok])) / 1e3
     return float(np.sum(per_step[ok])) / seconds if seconds > 0 else None
@@ -233,9 +244,17 @@ def _top(first: np.ndarray, second: np.ndarray, k: int) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     cand = np.arange(n)
     if n > 4 * k:
-        bar = np.partition(first, n - k)[n - k]
-        above = np.flatnonzero(first > bar)
-        tied = np.flatnonzero(first == bar)
+        # The bar is the k-th largest. Partitioning a world of mostly equal values (ranks
+        # never last) is slow, so the values above the lowest are partitioned alone.
+        low = first.min()
+        high = np.flatnonzero(first > low)
+        if high.size >= k:
+            bar = np.partition(first[high], high.size - k)[high.size - k]
+            above = high[first[high] > bar]
+            tied = high[first[high] == bar]
+        else:
+            bar, above = low, high
+            tied = np.flatnonzero(first == low)
         need = k - above.size
         if tied.size > need:
             # Of the ties at the bar, those whose second key reaches the need-th largest.
