@@ -540,12 +540,19 @@ class Store:
                 g[absent] = np.nan
             return g
 
+        # What no rank ever reported is one read-only array shared by every such column
+        # (most of a window's columns on a job without devices or phases: a third of its
+        # memory at 65,536 ranks).
+        unknown = _constant(np.nan, present.shape)
+
         def nan_or(a: np.ndarray | None) -> np.ndarray:
-            return grid(a) if a is not None else np.full(present.shape, np.nan)
+            return grid(a) if a is not None else unknown
 
         # A phase never reported is zero wherever the rank reported the step.
+        never = np.where(present, 0.0, np.nan) if gaps else np.zeros(present.shape)
+        never.flags.writeable = False
         phase_ns = {
-            name: grid(r.phases[name]) if name in r.phases else np.where(present, 0.0, np.nan)
+            name: grid(r.phases[name]) if name in r.phases else never
             for name in (*schema.PHASES, *r.phase_names)
         }
         instances = self._window_instances(r, steps, shift)
@@ -565,7 +572,7 @@ class Store:
             }
             device = device_means(samples, step_rows, R, steps)
         else:
-            device = {name: np.full(present.shape, np.nan) for name in DEVICE_COLUMNS}
+            device = dict.fromkeys(DEVICE_COLUMNS, unknown)
         ranks, groups = r.info()
         clock = np.full(R, np.nan)
         for rank, st in r.stats.items():
@@ -677,3 +684,9 @@ def merge_counts(into: dict[str, int], more: Mapping[str, int]) -> dict[str, int
     for k, v in more.items():
         into[k] = into.get(k, 0) + int(v)
     return into
+
+
+def _constant(value: float, shape: tuple[int, ...]) -> np.ndarray:
+    """A read-only float64 array of ``shape`` holding ``value`` everywhere, in one
+    element's memory (a broadcast view)."""
+    return np.broadcast_to(np.float64(value), shape)
