@@ -58,8 +58,11 @@ class Columns:
             return
         need = self.n + n
         if self._lo + need > self.capacity:
+            # Moving the rows back to the start copies them all: with less than a fifth of
+            # the buffer free after it, a table trimmed at the front as fast as it grows
+            # (the instances of a ring of steps) would copy itself every step.
             cap = self.capacity
-            while cap < need:
+            while cap < need + need // 4:
                 cap *= 2
             self._resize(cap)  # also moves the rows back to the start
         start = self._lo + self.n

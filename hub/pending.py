@@ -403,6 +403,87 @@ class PendingRows:
                 self._raw = [p for p in self._raw if p[0] >= raw_cutoff]
                 self._raw_base = raw_cutoff
 
+    def add_many(
+        self,
+        rank: np.ndarray,
+        inc: np.ndarray,
+        cols: Mapping[str, np.ndarray],
+        raw_cutoff: int | None,
+        t0: int,
+    ) -> None:
+        """Queue the collective rows of several ranks at once (a relay's node message,
+        `hub.reduce`), as one piece per (rank, incarnation, group) of one batch: what
+        `add` and the pass's split make of each rank's own message, without a part and a
+        look at its columns per rank.
+
+        Args:
+            rank, inc: int64 per row, its sender and incarnation.
+            cols: ``COLL_COLUMNS`` arrays of every row, at least one.
+            raw_cutoff: oldest step whose raw rows the run keeps.
+            t0: the run's origin (the asynchronous rows' cut is relative to it).
+        """
+        n = rank.shape[0]
+        group = cols["group"].astype(np.int64)
+        order = np.lexsort((group, inc, rank))  # stable: each piece keeps its rows' order
+        r, i, g = rank[order], inc[order], group[order]
+        new = np.ones(n, bool)
+        new[1:] = (r[1:] != r[:-1]) | (i[1:] != i[:-1]) | (g[1:] != g[:-1])
+        starts = np.flatnonzero(new)
+        flags = cols["flags"][order]
+        is_async = (flags & ASYNC_FLAGS) != 0
+        has_async = np.logical_or.reduceat(is_async, starts)
+        has_dev = np.logical_or.reduceat((flags & schema.FLAG_DEVICE_TIMED) != 0, starts)
+        batch = dict(cols)
+        if has_async.any():
+            # The cut of a row depends on the asynchronous rows of its rank and step alone
+            # (as `prepare` computes it for a rank's own message).
+            rows = np.flatnonzero(cols["flags"] & ASYNC_FLAGS)
+            owner = rank[rows] * (1 << 32) + inc[rows]
+            cut = np.full(n, np.nan)
+            cut[rows] = async_cut(
+                owner,
+                cols["step"][rows],
+                cols["t_enter"][rows],
+                cols["flags"][rows],
+                t0,
+                cols["t_exit"][rows],
+            )
+            batch["cut"] = cut
+        heads = order[starts]
+        self._arrivals += 1
+        arrival = self._arrivals
+        sizes = np.diff(np.append(starts, n))
+        new_parts = self._new
+        make = Part.__new__
+        for a, m, rk, ic, gid, seq0, step0, asy, dev in zip(
+            starts.tolist(),
+            sizes.tolist(),
+            r[starts].tolist(),
+            i[starts].tolist(),
+            g[starts].tolist(),
+            cols["seq"][heads].tolist(),
+            cols["step"][heads].tolist(),
+            has_async.tolist(),
+            has_dev.tolist(),
+            strict=True,
+        ):
+            part = make(Part)
+            part.arrival, part.rank, part.inc, part.fresh = arrival, rk, ic, True
+            part._cols, part.batch, part.index, part.start, part.n = None, batch, order, a, m
+            part.group, part.is_async, part.dev = gid, asy, dev
+            part.seq0, part.step0 = seq0, step0
+            part.ref, part.same_sizes, part.newest = None, False, None
+            part.cut = batch["cut"][order[a : a + m]] if asy else None
+            new_parts.append(part)
+        self.rows += n
+        self.new_rows += n
+        if self.raw_steps:
+            self._raw_new.append((None, -1, {**cols, "rank": rank.astype(np.int32)}))
+            if raw_cutoff is not None and raw_cutoff - self._raw_base >= self.raw_steps:
+                self._index_raw()
+                self._raw = [p for p in self._raw if p[0] >= raw_cutoff]
+                self._raw_base = raw_cutoff
+
     def _compare(self, part: Part, cols: Mapping[str, np.ndarray]) -> None:
         """Compare the ``seq``, ``step`` and ``nbytes`` columns of a single-group ``part``
         with the reference of its signature (it becomes the reference when there is none)."""
@@ -486,9 +567,14 @@ class PendingRows:
         parts = [p for p in self._raw if cutoff is None or p[0] >= cutoff]
         if not parts:
             return None
-        lens = [p[2]["step"].shape[0] for p in parts]
         out = {c: np.concatenate([p[2][c] for p in parts]) for c in schema.COLL_COLUMNS}
-        out["rank"] = np.repeat([p[1] for p in parts], lens).astype(np.int32)
+        # An entry of several ranks (`add_many`) names each row's rank (its rank is -1).
+        out["rank"] = np.concatenate(
+            [
+                p[2]["rank"] if p[1] < 0 else np.full(p[2]["step"].shape[0], p[1], np.int32)
+                for p in parts
+            ]
+        )
         if cutoff is not None:
             keep = out["step"] >= cutoff
             out = {k: v[keep] for k, v in out.items()}

@@ -748,7 +748,17 @@ class RunState:
             rank = ph["rank"].astype(np.int64)
             self._staged_phases.append((rank, ph["inc"].astype(np.int64), ph, None, lut))
         co = tables.get("colls")
-        if co is not None and co["step"].shape[0]:
+        if co is not None and co["step"].shape[0] and self._t0_set:
+            # One piece per rank and group of one batch: as each rank's own message would
+            # be queued and split by group, with no part and look at its columns per rank.
+            rank = co["rank"].astype(np.int64)
+            cols = {k: co[k] for k in schema.COLL_COLUMNS}
+            self.pending.add_many(
+                rank, co["inc"].astype(np.int64), cols, self.raw_cutoff(), self.t0
+            )
+            self.life_rows += np.bincount(rank, minlength=self.world_size)[: self.world_size]
+            rows += co["step"].shape[0]
+        elif co is not None and co["step"].shape[0]:
             cutoff = self.raw_cutoff()
             who = co["rank"].astype(np.int64) * (1 << 32) + co["inc"]
             starts = np.flatnonzero(np.append(True, who[1:] != who[:-1]))
