@@ -144,6 +144,21 @@ def test_reduced_run_gives_the_hub_what_the_direct_run_does(
     da = json.dumps(to_dict(diagnose(wd)), sort_keys=True, default=str)
     db = json.dumps(to_dict(diagnose(wr)), sort_keys=True, default=str)
     assert da == db
+    # The rows that went on (the hub keeps the latest steps' raw rows) are the direct
+    # run's, each under its own rank: a node message's rows are queued several ranks at
+    # a time.
+    assert wd.rows is not None and wr.rows is not None and len(wr.rows) > 0
+    assert wd.t0_ns == wr.t0_ns
+
+    def raw(rows):  # type: ignore[no-untyped-def]
+        cols = ("rank", "group", "seq", "step", "t_enter", "t_exit", "flags")
+        return sorted(zip(*(getattr(rows, c).tolist() for c in cols), strict=True))
+
+    got, want = raw(wr.rows), raw(wd.rows)
+    # A (group, step) goes on whole or not at all: its rows are the direct run's, all of
+    # them, under the same ranks.
+    keys = {(row[1], row[3]) for row in got}
+    assert [row for row in want if (row[1], row[3]) in keys] == got
 
 
 def test_reduction_carries_fewer_bytes_and_keeps_the_slow_rank() -> None:
