@@ -62,6 +62,11 @@ _WALL_BOUNDED = ("gc_ns", "cpu_ns")
 _CHECKED = (*HOST_COLUMNS, "expert_tokens")
 """Step columns whose impossible values are read as unknown and counted."""
 
+MAX_INSTANCE_ROWS = 2_000_000
+"""Closed instances a run keeps by default (~105 bytes each): a 65,536-rank job's 200
+collectives a step close 1.5 M instances a step, which a ring of 61 steps would keep as
+10 GB; the oldest go first (`RunState.trim`)."""
+
 
 def host_value_bounds(values: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> np.ndarray:
     """Which host or MoE values cannot be: below -1 (the unknown mark), or, for a CPU or GC
@@ -185,6 +190,12 @@ class RunState:
         self.pending = PendingRows(raw_steps)
         self._luts: dict[tuple[str, ...], np.ndarray] = {}
         self.instances = Columns(_INSTANCE_DTYPES, 1024)
+        self.max_instance_rows = MAX_INSTANCE_ROWS
+        """Most closed instances kept (the store sets its own bound): beyond, those of the
+        oldest steps go first, whatever the ring still holds (their sums stay in
+        ``coll``)."""
+        self.instances_dropped = 0
+        """Closed instances dropped by ``max_instance_rows`` (not by the ring's age)."""
         self.samples = Columns(_SAMPLE_DTYPES, 256)
         self.finished = Columns({"step": np.int64, "step_ns": np.float64, "nrep": np.int32}, 256)
         self._trimmed_at: int | None = None
@@ -892,7 +903,20 @@ class RunState:
         return None if self.max_step is None else self.max_step - self.raw_steps + 1
 
     def trim(self) -> None:
-        """Drop instances and samples older than what the ring still holds."""
+        """Drop instances and samples older than what the ring still holds, and the oldest
+        instances beyond ``max_instance_rows``."""
+        n = len(self.instances)
+        if n > self.max_instance_rows:
+            # Whole steps, oldest first, down to three quarters of the bound (the next trim
+            # waits for a quarter more): the newest steps keep every instance they had.
+            step = self.instances.view()["step"]
+            target = self.max_instance_rows * 3 // 4
+            bar = np.partition(step, n - target)[n - target]
+            keep = step > bar
+            if not keep.any():  # the newest step alone is over: its latest-closed ones
+                keep = np.arange(n) >= n - target
+            self.instances_dropped += n - int(np.count_nonzero(keep))
+            self.instances.trim(keep)
         oldest = self.oldest_step()
         if oldest is None or oldest == self._trimmed_at:
             return
@@ -937,7 +961,10 @@ class RunState:
             err = st.get("clock_error_ns")
             if isinstance(err, (int, float)) and not isinstance(err, bool):
                 clock[rank] = float(err)
-        return {"drops": drops, "collector_errors": errors, "clock_error_ns": clock}
+        out: dict[str, Any] = {"drops": drops, "collector_errors": errors, "clock_error_ns": clock}
+        if self.instances_dropped:
+            out["instances_dropped"] = self.instances_dropped
+        return out
 
     def summary(self) -> RunSummary:
         hosts = tuple(sorted({str(i["host"]) for i in self.identities.values()}))

@@ -70,7 +70,7 @@ from rankscope.diagnosis.window import (
 )
 from rankscope.hub.matching import settle
 from rankscope.hub.ringbudget import RingClaim, plan
-from rankscope.hub.runstate import REDUCED, RunState, RunSummary
+from rankscope.hub.runstate import MAX_INSTANCE_ROWS, REDUCED, RunState, RunSummary
 
 MIN_RING_STEPS = 16
 """Fewest steps a ring holds, whatever the world size and the budget."""
@@ -124,6 +124,7 @@ class Store:
         max_cells: int = 4_000_000,
         floor_cells: int = 262_144,
         idle_s: float = 120.0,
+        max_instance_rows: int = MAX_INSTANCE_ROWS,
     ) -> None:
         """Create an empty store.
 
@@ -141,12 +142,16 @@ class Store:
                 the default holds a 16-step baseline window at 16,384 ranks.
             idle_s: seconds without a new step (on the steps' hub-aligned clock, behind
                 the newest step of any run) after which a run gives up ring space first.
+            max_instance_rows: closed collective instances a run keeps (~105 bytes each),
+                the newest; their sums stay in the ring whatever is dropped.
 
         Raises:
             ValueError: a bound out of range.
         """
         if history_steps < 1 or raw_steps < 0 or stale_steps < 1:
             raise ValueError("history_steps and stale_steps must be ≥ 1, raw_steps ≥ 0")
+        if max_instance_rows < 1:
+            raise ValueError(f"max_instance_rows must be ≥ 1, got {max_instance_rows}")
         if max_cells < 1 or floor_cells < 1 or idle_s < 0:
             raise ValueError(
                 f"max_cells ({max_cells}) and floor_cells ({floor_cells}) must be ≥ 1, "
@@ -159,6 +164,7 @@ class Store:
         self.max_cells = int(max_cells)
         self.floor_cells = int(floor_cells)
         self.idle_ns = int(idle_s * 1e9)
+        self.max_instance_rows = int(max_instance_rows)
         self._lock = threading.RLock()
         self._runs: dict[str, RunState] = {}
         self._watched: dict[str, float] = {}
@@ -287,6 +293,7 @@ class Store:
                     started = started if isinstance(started, int) else schema.NO_TIME
                     history = self._plan((world, started))
                     run = RunState(h["job"], h["run"], world, history, self.raw_steps)
+                    run.max_instance_rows = self.max_instance_rows
                     self._runs[h["run"]] = run
                 run.hello(h)
                 run.heard_ns[h["rank"]] = heard

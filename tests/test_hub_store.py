@@ -47,6 +47,29 @@ def test_store_window_equals_build_window_on_the_same_rows() -> None:
     assert store.health["rejects"] == {}
 
 
+def test_instances_beyond_the_bound_go_oldest_first_and_their_sums_stay() -> None:
+    j = job(world=4, steps=6, slow=2)
+    full, _ = fed(j)
+    capped, _ = fed(j, max_instance_rows=10)
+    capped.settle()
+    a, b = full.window(j.run), capped.window(j.run)
+    assert len(a.instances) == 24 and 0 < len(b.instances) <= 10
+    # Whole steps, the newest: every instance of the steps kept, none of the others.
+    kept_steps = set(b.instances.step.tolist())
+    assert min(kept_steps) > max(set(a.instances.step.tolist()) - kept_steps)
+
+    def keys(t):  # type: ignore[no-untyped-def]
+        return sorted(zip(t.step.tolist(), t.group.tolist(), t.seq.tolist(), strict=True))
+
+    assert keys(b.instances) == [k for k in keys(a.instances) if k[0] in kept_steps]
+    for name in a.coll:  # every instance's sums are in the ring, dropped or not
+        np.testing.assert_array_equal(a.coll[name], b.coll[name], err_msg=name)
+    assert capped.window(j.run).health["instances_dropped"] == 24 - len(b.instances)
+    assert "instances_dropped" not in a.health
+    with pytest.raises(ValueError, match="max_instance_rows"):
+        Store(max_instance_rows=0)
+
+
 def test_arrival_order_of_messages_does_not_matter() -> None:
     j = job(world=4, steps=5, slow=1, seed=3)
     a, _ = fed(j)
