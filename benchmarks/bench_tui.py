@@ -251,6 +251,50 @@ def _held_bytes() -> int:
 
 NODE_RANKS = 256
 """Ranks a node message carries when the memory run is fed through relays (a rack's)."""
+TP_INSTANCES = 190
+"""Tensor-parallel instances a host's group closes a step in the node-message feed (the
+simulator's tp=8 job with 200 collectives a rank-step)."""
+
+
+def _node_sums(ranks: np.ndarray, steps: np.ndarray, t0: int) -> dict[str, dict]:
+    """The ``cells`` and ``instances`` a rack relay sends for its hosts' tensor-parallel
+    groups (one group per host of 8, `TP_INSTANCES` a step, matched on the node)."""
+    from rankscope.collector import schema
+
+    k = TP_INSTANCES
+    cells = {
+        "rank": np.repeat(ranks, steps.size).astype(np.int32),
+        "inc": np.zeros(ranks.size * steps.size, np.int32),
+        "step": np.tile(steps, ranks.size),
+        "n": np.full(ranks.size * steps.size, k, np.int32),
+        "times_last": np.zeros(ranks.size * steps.size, np.int32),
+    }
+    cells["times_last"][(cells["rank"] % 8) == 0] = k  # each host's first rank, always
+    for name in schema.CELL_SUMS:
+        cells[name] = np.full(ranks.size * steps.size, 1e5 * k)
+    hosts = np.unique(ranks // 8)
+    h = np.repeat(hosts, steps.size * k)
+    st = np.tile(np.repeat(steps, k), hosts.size)
+    j = np.tile(np.arange(k), hosts.size * steps.size)
+    first = t0 + st * 1_300_000_000 + j * 4_000_000
+    inst = {
+        "group": h.astype(np.int32),
+        "seq": st * k + j,
+        "step": st,
+        "inc": np.zeros(h.size, np.int32),
+        "op": np.full(h.size, schema.OP_INDEX["all_reduce"], np.int8),
+        "nbytes": np.full(h.size, 1 << 20),
+        "n_members": np.full(h.size, 8, np.int32),
+        "first": first,
+        "last": first + 20_000,
+        "last_rank": (8 * h).astype(np.int32),
+        "margin": np.full(h.size, 10_000.0),
+        "transfer": np.full(h.size, 1e6),
+        "device_transfer": np.full(h.size, np.nan),
+        "first_exit": first + 1_020_000,
+        "last_exit": first + 1_030_000,
+    }
+    return {"cells": cells, "instances": inst}
 
 
 def _feed(
@@ -258,7 +302,9 @@ def _feed(
 ) -> None:
     """Every rank's hello, then ``n_steps`` steps ``chunk`` at a time: one steps message
     per rank, or with ``nodes`` one node message per `NODE_RANKS` ranks (what a rack's
-    reducing relay sends, `hub.reduce`)."""
+    reducing relay sends, `hub.reduce`); the node messages of the last chunk also carry
+    their hosts' tensor-parallel instances and sums (`_node_sums`): the store keeps the
+    newest instances up to its bound, so earlier ones would be dropped by the end."""
     from rankscope.collector import schema
 
     for r in range(n_ranks):
@@ -272,6 +318,13 @@ def _feed(
             "pid": 1000 + r,
         }
         intake.feed(schema.hello_message(header, ident, t_start_ns=t0), 0)
+    if nodes:
+        groups = [
+            {"id": h, "name": f"tp{h}", "ranks": list(range(8 * h, 8 * h + 8)), "backend": "nccl"}
+            for h in range(n_ranks // 8)
+        ]
+        header = {"job": "bench", "run": run, "rank": 0, "inc": 0, "batch": 0}
+        intake.feed(schema.groups_message(header, groups), 0)
     for s0 in range(0, n_steps, chunk):
         steps = np.arange(s0, min(s0 + chunk, n_steps))
         if nodes:
@@ -288,7 +341,10 @@ def _feed(
                     "inc": np.zeros(rank.size, np.int32),
                 }
                 header = {"job": "bench", "run": run, "rank": int(r0), "inc": 0, "batch": 1 + s0}
-                intake.feed(schema.reduced_message(header, {"steps": table}), 0)
+                tables = {"steps": table}
+                if s0 + chunk >= n_steps:
+                    tables.update(_node_sums(ranks, steps, t0))
+                assert intake.feed(schema.reduced_message(header, tables), 0)
             intake.store.settle()
             continue
         for r in range(n_ranks):

@@ -44,6 +44,7 @@ def settle(run: RunState, stale_steps: int) -> None:
     run.flush()
     pend = run.pending
     if pend.rows == 0:
+        run.trim()  # a relay's node messages bring closed instances without rows
         return
     parts, left = pend.take(run.t0)
     sizes = {gid: len(g["ranks"]) for gid, g in run.groups.items()}

@@ -62,7 +62,7 @@ _WALL_BOUNDED = ("gc_ns", "cpu_ns")
 _CHECKED = (*HOST_COLUMNS, "expert_tokens")
 """Step columns whose impossible values are read as unknown and counted."""
 
-MAX_INSTANCE_ROWS = 2_000_000
+MAX_INSTANCE_ROWS = 1_000_000
 """Closed instances a run keeps by default (~105 bytes each): a 65,536-rank job's 200
 collectives a step close 1.5 M instances a step, which a ring of 61 steps would keep as
 10 GB; the oldest go first (`RunState.trim`)."""
@@ -871,6 +871,8 @@ class RunState:
         )
         self.add_instances(table, inst["inc"].astype(np.int64), np.ones(k, bool))
         self.life_complete += k
+        if len(self.instances) > self.max_instance_rows:
+            self.trim()  # node messages may bring many steps' instances between passes
         # The last seq of each (group, incarnation): validation refuses what comes again.
         group, epoch, seq = inst["group"], inst["inc"], inst["seq"]
         order = np.lexsort((seq, epoch, group))

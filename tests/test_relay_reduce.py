@@ -161,6 +161,26 @@ def test_reduced_run_gives_the_hub_what_the_direct_run_does(
     assert [row for row in want if (row[1], row[3]) in keys] == got
 
 
+def test_instances_a_relay_matched_are_bounded_like_the_hub_s_own() -> None:
+    msgs, cluster = _messages("slow-device", 8, layout__tp=8)
+    host = np.asarray(cluster.layout.host)
+    direct, reduced, _ = _direct_and_reduced(msgs, host)
+    bounded = Store(history_steps=64, raw_steps=16, max_instance_rows=40)
+    intake = Intake(bounded)
+    relays: dict[int, NodeReducer] = {}
+    for r, data in msgs:  # no matching pass in between: node messages alone bring them
+        relay = relays.setdefault(int(host[r]), NodeReducer())
+        for out in relay.take(data, now=0.0) + relay.due(now=0.0):
+            assert intake.feed(out)
+    run = bounded.run_state("r")
+    assert run is not None and 0 < len(run.instances) <= 40 and run.instances_dropped > 0
+    bounded.settle()
+    w, full = bounded.window("r"), reduced.window("r")
+    assert len(w.instances) < len(full.instances)
+    for agg in COLL_AGGREGATES:  # the sums of dropped instances stay
+        np.testing.assert_array_equal(w.coll[agg], full.coll[agg], err_msg=agg)
+
+
 def test_reduction_carries_fewer_bytes_and_keeps_the_slow_rank() -> None:
     msgs, cluster = _messages("slow-device", 6, layout__tp=8)
     direct, reduced, relays = _direct_and_reduced(msgs, np.asarray(cluster.layout.host))
