@@ -963,10 +963,14 @@ class RunState:
             err = st.get("clock_error_ns")
             if isinstance(err, (int, float)) and not isinstance(err, bool):
                 clock[rank] = float(err)
-        out: dict[str, Any] = {"drops": drops, "collector_errors": errors, "clock_error_ns": clock}
+        health: dict[str, Any] = {
+            "drops": drops,
+            "collector_errors": errors,
+            "clock_error_ns": clock,
+        }
         if self.instances_dropped:
-            out["instances_dropped"] = self.instances_dropped
-        return out
+            health["instances_dropped"] = self.instances_dropped
+        return health
 
     def summary(self) -> RunSummary:
         hosts = tuple(sorted({str(i["host"]) for i in self.identities.values()}))

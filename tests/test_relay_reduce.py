@@ -164,7 +164,7 @@ def test_reduced_run_gives_the_hub_what_the_direct_run_does(
 def test_instances_a_relay_matched_are_bounded_like_the_hub_s_own() -> None:
     msgs, cluster = _messages("slow-device", 8, layout__tp=8)
     host = np.asarray(cluster.layout.host)
-    direct, reduced, _ = _direct_and_reduced(msgs, host)
+    _, reduced, _ = _direct_and_reduced(msgs, host)
     bounded = Store(history_steps=64, raw_steps=16, max_instance_rows=40)
     intake = Intake(bounded)
     relays: dict[int, NodeReducer] = {}
