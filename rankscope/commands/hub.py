@@ -17,6 +17,7 @@ from rankscope.commands import status_until_signal
 from rankscope.commands.keys import add_transport_options, hub_security_of
 from rankscope.errors import CommandError
 from rankscope.hub.recording import RecordingError
+from rankscope.hub.runstate import MAX_INSTANCE_ROWS
 from rankscope.hub.server import Hub
 from rankscope.hub.store import Store
 from rankscope.hub.validate import Limits
@@ -84,6 +85,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="CELLS",
         help="rank × step cells every run keeps whatever the others need (at least 16 "
         "steps) [default: %(default)s]",
+    )
+    p.add_argument(
+        "--max-instances",
+        type=int,
+        default=MAX_INSTANCE_ROWS,
+        metavar="N",
+        help="closed collective instances each run keeps in memory (~105 bytes each), "
+        "those of its newest steps; the sums of older ones stay [default: %(default)s]",
     )
     p.add_argument(
         "--idle",
@@ -189,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
                 max_cells=args.max_cells,
                 floor_cells=args.floor_cells,
                 idle_s=args.idle,
+                max_instance_rows=args.max_instances,
             ),
             resume=not args.no_resume,
             security=security,
