@@ -380,11 +380,12 @@ def feed_chunk(n_ranks: int, most: int) -> int:
 
 
 def store_and_view_memory(
-    n_ranks: int, n_steps: int, chunk: int, nodes: bool = False
+    n_ranks: int, n_steps: int, chunk: int, nodes: bool = False, max_instances: int | None = None
 ) -> dict[str, float]:
     """Feed ``n_steps`` steps of ``n_ranks`` ranks of a baseline run, then of the run under
     investigation an hour later, into a hub store (with ``nodes``, as rack relays' node
-    messages); build the view with the baseline chosen.
+    messages; ``max_instances``: the store's bound on closed instances, default its own);
+    build the view with the baseline chosen.
 
     Returns:
         ``store_mib`` (what the store holds for the run alone), ``stores_mib`` (for both
@@ -403,11 +404,12 @@ def store_and_view_memory(
     from rankscope.tui.settings import Settings
     from rankscope.tui.sources import StoreSource, baseline_window, sample
 
+    bound = {} if max_instances is None else {"max_instance_rows": max_instances}
     t_base = 10**18
     t_run = t_base + n_steps * 1_300_000_000 + 3_600 * 10**9
     held0 = _held_bytes()
     rss0 = _rss_bytes()
-    store = Store(history_steps=n_steps)
+    store = Store(history_steps=n_steps, **bound)
     intake = Intake(store)
     t0 = time.perf_counter()
     _feed(intake, "mem", n_ranks, n_steps, chunk, t_run, nodes)
@@ -419,7 +421,7 @@ def store_and_view_memory(
     del intake, store
     held0 = _held_bytes()
     rss0 = _rss_bytes()
-    store = Store(history_steps=n_steps)
+    store = Store(history_steps=n_steps, **bound)
     intake = Intake(store)
     _feed(intake, "base", n_ranks, n_steps, chunk, t_base, nodes)
     _feed(intake, "mem", n_ranks, n_steps, chunk, t_run, nodes)
@@ -516,14 +518,20 @@ def run(quick: bool) -> str:
     ]
     # Memory at 16,384 ranks fed a message per rank, and at 65,536 fed through rack relays'
     # node messages (a message per rank takes ~10 min a run here at 65,536).
-    cases = [(4096, 200, False)] if quick else [(16384, 1000, False), (65536, 1000, True)]
+    # The last: the same with a lower bound on closed instances (`--max-instances`).
+    cases = (
+        [(4096, 200, False, None)]
+        if quick
+        else [(16384, 1000, False, None), (65536, 1000, True, None), (65536, 1000, True, 250_000)]
+    )
     mems = [
-        store_and_view_memory(n, steps, feed_chunk(n, 50 if quick else 100), nodes)
-        for n, steps, nodes in cases
+        store_and_view_memory(n, steps, feed_chunk(n, 50 if quick else 100), nodes, bound)
+        for n, steps, nodes, bound in cases
     ]
     heads = [
         f"{n:,} × {steps:,}, {'node messages' if nodes else 'a message per rank'}"
-        for n, steps, nodes in cases
+        + (f", `--max-instances {bound:,}`" if bound else "")
+        for n, steps, nodes, bound in cases
     ]
 
     def row(label: str, fmt) -> str:  # type: ignore[no-untyped-def]
