@@ -15,7 +15,20 @@ class Columns:
     the buffers: `trim` forgets leading rows by moving ``lo``, without copying.
     """
 
-    def __init__(self, dtypes: Mapping[str, np.dtype | type], capacity: int = 1024) -> None:
+    def __init__(
+        self,
+        dtypes: Mapping[str, np.dtype | type],
+        capacity: int = 1024,
+        limit: int | None = None,
+    ) -> None:
+        """Args:
+        dtypes: column name -> dtype.
+        capacity: rows allocated at first.
+        limit: rows the owner keeps the table within (trimming it after appends), if
+            any: capacity doubles up to it and past it grows only as far as the rows need,
+            not to twice a bound.
+        """
+        self.limit = limit
         self.dtypes = {name: np.dtype(dt) for name, dt in dtypes.items()}
         self._min = max(int(capacity), 16)
         self._cols = {name: np.empty(self._min, dt) for name, dt in self.dtypes.items()}
@@ -62,8 +75,11 @@ class Columns:
             # the buffer free after it, a table trimmed at the front as fast as it grows
             # (the instances of a ring of steps) would copy itself every step.
             cap = self.capacity
-            while cap < need + need // 4:
+            want = need + need // 4
+            while cap < want:
                 cap *= 2
+            if self.limit is not None and cap > want:
+                cap = max(want, min(cap, self.limit + self.limit // 4))
             self._resize(cap)  # also moves the rows back to the start
         start = self._lo + self.n
         for name, col in self._cols.items():

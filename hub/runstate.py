@@ -189,7 +189,7 @@ class RunState:
         """Step rows of node messages: (ranks, slots, table, rows of it)."""
         self.pending = PendingRows(raw_steps)
         self._luts: dict[tuple[str, ...], np.ndarray] = {}
-        self.instances = Columns(_INSTANCE_DTYPES, 1024)
+        self.instances = Columns(_INSTANCE_DTYPES, 1024, limit=MAX_INSTANCE_ROWS)
         self.max_instance_rows = MAX_INSTANCE_ROWS
         """Most closed instances kept (the store sets its own bound): beyond, those of the
         oldest steps go first, whatever the ring still holds (their sums stay in

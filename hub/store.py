@@ -293,7 +293,7 @@ class Store:
                     started = started if isinstance(started, int) else schema.NO_TIME
                     history = self._plan((world, started))
                     run = RunState(h["job"], h["run"], world, history, self.raw_steps)
-                    run.max_instance_rows = self.max_instance_rows
+                    run.max_instance_rows = run.instances.limit = self.max_instance_rows
                     self._runs[h["run"]] = run
                 run.hello(h)
                 run.heard_ns[h["rank"]] = heard

@@ -217,3 +217,19 @@ def test_columns_trim_moves_past_a_leading_run_and_compacts_stragglers_later() -
     assert table.view()["x"].tolist() == [13.5, 0.0]
     table.append({"step": np.arange(20, 40), "x": 1.0}, 20)  # grows past the capacity
     assert table.view()["step"].tolist() == [9, 12, *range(20, 40)]
+
+
+def test_columns_with_a_limit_grow_to_what_the_rows_need_not_to_twice_the_bound() -> None:
+    from rankscope.hub.columns import Columns
+
+    free = Columns({"x": np.int64}, 16)
+    bounded = Columns({"x": np.int64}, 16, limit=1000)
+    for table in (free, bounded):
+        for k in range(11):  # 1,100 rows in batches of 100, the owner trimming nothing yet
+            table.append({"x": np.arange(100) + 100 * k}, 100)
+    assert free.capacity == 2048  # doubled past what the rows need
+    assert bounded.capacity == 1100 + 1100 // 4  # a quarter of headroom, not 2,048
+    assert bounded.view()["x"].tolist() == list(range(1100))
+    bounded.append({"x": np.arange(1100, 1600)}, 500)
+    assert bounded.capacity == 1600 + 1600 // 4
+    assert bounded.view()["x"].tolist() == list(range(1600))
