@@ -10,8 +10,9 @@ import numpy as np
 class Columns:
     """A table of equal-length numpy columns with amortised O(1) append of whole batches.
 
-    Capacity doubles when full and halves after many `keep` calls that left it mostly empty,
-    so memory follows the live row count without churning. Rows live at ``[lo, lo + n)`` of
+    Capacity doubles when full (keeping a quarter of it free; past a ``limit`` its owner
+    trims to, only as far as the rows need) and halves after many `keep` calls that left it
+    mostly empty, so memory follows the live row count without churning. Rows live at ``[lo, lo + n)`` of
     the buffers: `trim` forgets leading rows by moving ``lo``, without copying.
     """
 

@@ -163,8 +163,31 @@ class Part:
     ) -> Part:
         """One group's rows of ``parent``: ``batch[index[start:start + n]]``; ``first`` is
         the ``seq`` and ``step`` of its first row."""
+        p = cls.of_batch(
+            parent.rank, parent.inc, batch, index, start, n, group, first, is_async, dev
+        )
+        p.arrival, p.fresh = parent.arrival, parent.fresh
+        return p
+
+    @classmethod
+    def of_batch(
+        cls,
+        rank: int,
+        inc: int,
+        batch: Mapping[str, np.ndarray],
+        index: np.ndarray,
+        start: int,
+        n: int,
+        group: int,
+        first: tuple[int, int],
+        is_async: bool,
+        dev: bool,
+        arrival: int = 0,
+    ) -> Part:
+        """The rows ``batch[index[start:start + n]]`` of ``rank`` in one ``group`` (a piece,
+        see `piece`); ``batch`` holds ``cut`` when ``is_async``."""
         p = cls.__new__(cls)
-        p.arrival, p.rank, p.inc, p.fresh = parent.arrival, parent.rank, parent.inc, parent.fresh
+        p.arrival, p.rank, p.inc, p.fresh = arrival, rank, inc, True
         p._cols, p.batch, p.index, p.start, p.n = None, batch, index, start, n
         p.group, p.is_async, p.dev = group, is_async, dev
         p.seq0, p.step0 = first
@@ -362,7 +385,8 @@ class PendingRows:
         self.new_rows = 0
         """Rows arrived since the last pass."""
         self._raw: list[tuple[int, int, Mapping[str, np.ndarray]]] = []
-        """(newest step, rank, columns) of the parts whose raw rows may be kept."""
+        """(newest step, rank, columns) of the parts whose raw rows may be kept; rank -1:
+        the columns name each row's ``rank`` (a node message's, `add_many`)."""
         self._raw_new: list[tuple[int | None, int, Mapping[str, np.ndarray]]] = []
         """(newest step or None, rank, columns) of parts not in ``_raw`` yet (the unknown
         newest steps are found for all at once)."""
@@ -395,13 +419,20 @@ class PendingRows:
         self.rows += part.n
         self.new_rows += part.n
         if self.raw_steps:
-            self._raw_new.append((part.newest, rank, cols))
-            # Filter once the parts span twice the steps to keep: each part is looked at a
-            # bounded number of times, and what is kept depends only on the message order.
-            if raw_cutoff is not None and raw_cutoff - self._raw_base >= self.raw_steps:
-                self._index_raw()
-                self._raw = [p for p in self._raw if p[0] >= raw_cutoff]
-                self._raw_base = raw_cutoff
+            self._keep_raw((part.newest, rank, cols), raw_cutoff)
+
+    def _keep_raw(
+        self, entry: tuple[int | None, int, Mapping[str, np.ndarray]], raw_cutoff: int | None
+    ) -> None:
+        """Remember rows for the raw ring: (newest step or None, rank or -1 when the columns
+        name each row's ``rank``, columns)."""
+        self._raw_new.append(entry)
+        # Filter once the parts span twice the steps to keep: each part is looked at a
+        # bounded number of times, and what is kept depends only on the message order.
+        if raw_cutoff is not None and raw_cutoff - self._raw_base >= self.raw_steps:
+            self._index_raw()
+            self._raw = [p for p in self._raw if p[0] >= raw_cutoff]
+            self._raw_base = raw_cutoff
 
     def add_many(
         self,
@@ -454,7 +485,7 @@ class PendingRows:
         arrival = self._arrivals
         sizes = np.diff(np.append(starts, n))
         new_parts = self._new
-        make = Part.__new__
+        make = Part.of_batch
         for a, m, rk, ic, gid, seq0, step0, asy, dev in zip(
             starts.tolist(),
             sizes.tolist(),
@@ -467,22 +498,13 @@ class PendingRows:
             has_dev.tolist(),
             strict=True,
         ):
-            part = make(Part)
-            part.arrival, part.rank, part.inc, part.fresh = arrival, rk, ic, True
-            part._cols, part.batch, part.index, part.start, part.n = None, batch, order, a, m
-            part.group, part.is_async, part.dev = gid, asy, dev
-            part.seq0, part.step0 = seq0, step0
-            part.ref, part.same_sizes, part.newest = None, False, None
-            part.cut = batch["cut"][order[a : a + m]] if asy else None
-            new_parts.append(part)
+            new_parts.append(
+                make(rk, ic, batch, order, a, m, gid, (seq0, step0), asy, dev, arrival)
+            )
         self.rows += n
         self.new_rows += n
         if self.raw_steps:
-            self._raw_new.append((None, -1, {**cols, "rank": rank.astype(np.int32)}))
-            if raw_cutoff is not None and raw_cutoff - self._raw_base >= self.raw_steps:
-                self._index_raw()
-                self._raw = [p for p in self._raw if p[0] >= raw_cutoff]
-                self._raw_base = raw_cutoff
+            self._keep_raw((None, -1, {**cols, "rank": rank.astype(np.int32)}), raw_cutoff)
 
     def _compare(self, part: Part, cols: Mapping[str, np.ndarray]) -> None:
         """Compare the ``seq``, ``step`` and ``nbytes`` columns of a single-group ``part``

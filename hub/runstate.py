@@ -116,7 +116,15 @@ class RunSummary:
 class RunState:
     """Everything the store keeps about one run (see `hub.store`)."""
 
-    def __init__(self, job: str, run: str, world_size: int, history: int, raw_steps: int) -> None:
+    def __init__(
+        self,
+        job: str,
+        run: str,
+        world_size: int,
+        history: int,
+        raw_steps: int,
+        max_instance_rows: int = MAX_INSTANCE_ROWS,
+    ) -> None:
         self.job = job
         self.run = run
         self.world_size = R = int(world_size)
@@ -189,11 +197,10 @@ class RunState:
         """Step rows of node messages: (ranks, slots, table, rows of it)."""
         self.pending = PendingRows(raw_steps)
         self._luts: dict[tuple[str, ...], np.ndarray] = {}
-        self.instances = Columns(_INSTANCE_DTYPES, 1024, limit=MAX_INSTANCE_ROWS)
-        self.max_instance_rows = MAX_INSTANCE_ROWS
-        """Most closed instances kept (the store sets its own bound): beyond, those of the
-        oldest steps go first, whatever the ring still holds (their sums stay in
-        ``coll``)."""
+        self.max_instance_rows = int(max_instance_rows)
+        """Most closed instances kept: beyond, those of the oldest steps go first, whatever
+        the ring still holds (their sums stay in ``coll``)."""
+        self.instances = Columns(_INSTANCE_DTYPES, 1024, limit=self.max_instance_rows)
         self.instances_dropped = 0
         """Closed instances dropped by ``max_instance_rows`` (not by the ring's age)."""
         self.samples = Columns(_SAMPLE_DTYPES, 256)
@@ -759,32 +766,16 @@ class RunState:
             rank = ph["rank"].astype(np.int64)
             self._staged_phases.append((rank, ph["inc"].astype(np.int64), ph, None, lut))
         co = tables.get("colls")
-        if co is not None and co["step"].shape[0] and self._t0_set:
+        if co is not None and co["step"].shape[0]:
             # One piece per rank and group of one batch: as each rank's own message would
             # be queued and split by group, with no part and look at its columns per rank.
+            # (Every row has its entry, validation saw to it: the origin is set above.)
             rank = co["rank"].astype(np.int64)
             cols = {k: co[k] for k in schema.COLL_COLUMNS}
             self.pending.add_many(
                 rank, co["inc"].astype(np.int64), cols, self.raw_cutoff(), self.t0
             )
             self.life_rows += np.bincount(rank, minlength=self.world_size)[: self.world_size]
-            rows += co["step"].shape[0]
-        elif co is not None and co["step"].shape[0]:
-            cutoff = self.raw_cutoff()
-            who = co["rank"].astype(np.int64) * (1 << 32) + co["inc"]
-            starts = np.flatnonzero(np.append(True, who[1:] != who[:-1]))
-            cols = {k: co[k] for k in schema.COLL_COLUMNS}
-            if np.unique(who[starts]).shape[0] != starts.shape[0]:  # a rank's rows apart
-                order = np.argsort(who, kind="stable")
-                who = who[order]
-                cols = {k: v[order] for k, v in cols.items()}
-                starts = np.flatnonzero(np.append(True, who[1:] != who[:-1]))
-            # Each rank's rows are its own part, as if its own message had brought them.
-            ends = np.append(starts[1:], who.shape[0])
-            for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
-                r, inc = int(who[a] >> 32), int(who[a] & 0xFFFFFFFF)
-                self.pending.add(r, inc, {k: v[a:b] for k, v in cols.items()}, cutoff)
-                self.life_rows[r] += b - a
             rows += co["step"].shape[0]
         sa = tables.get("samples")
         if sa is not None and sa["t"].shape[0]:

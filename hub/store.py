@@ -292,8 +292,9 @@ class Store:
                     started = h.get("t_start_ns")
                     started = started if isinstance(started, int) else schema.NO_TIME
                     history = self._plan((world, started))
-                    run = RunState(h["job"], h["run"], world, history, self.raw_steps)
-                    run.max_instance_rows = run.instances.limit = self.max_instance_rows
+                    run = RunState(
+                        h["job"], h["run"], world, history, self.raw_steps, self.max_instance_rows
+                    )
                     self._runs[h["run"]] = run
                 run.hello(h)
                 run.heard_ns[h["rank"]] = heard
@@ -550,7 +551,7 @@ class Store:
         # What no rank ever reported is one read-only array shared by every such column
         # (most of a window's columns on a job without devices or phases: a third of its
         # memory at 65,536 ranks).
-        unknown = _constant(np.nan, present.shape)
+        unknown = np.broadcast_to(np.float64(np.nan), present.shape)
 
         def nan_or(a: np.ndarray | None) -> np.ndarray:
             return grid(a) if a is not None else unknown
@@ -691,9 +692,3 @@ def merge_counts(into: dict[str, int], more: Mapping[str, int]) -> dict[str, int
     for k, v in more.items():
         into[k] = into.get(k, 0) + int(v)
     return into
-
-
-def _constant(value: float, shape: tuple[int, ...]) -> np.ndarray:
-    """A read-only float64 array of ``shape`` holding ``value`` everywhere, in one
-    element's memory (a broadcast view)."""
-    return np.broadcast_to(np.float64(value), shape)

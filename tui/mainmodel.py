@@ -23,6 +23,7 @@ from rankscope.tui.metrics import (
     dimension,
     filter_mask,
     finite_sum,
+    finite_sum_count,
     metric_values,
 )
 from rankscope.tui.sources import RunEntry, Sample
@@ -167,21 +168,13 @@ def tokens_per_second(window: Window, stats: StepStats | None) -> float | None:
     Returns:
         Tokens per second, or None without ``valid_tokens`` or steps.
     """
+    if stats is None:
+        return None
     valid = window.work["valid_tokens"]
     if not window.present.all():
         valid = np.where(window.present, valid, np.nan)
-    if stats is None or not valid.shape[0]:
-        return None
-    # Summed in order over the ranks; only a step whose sum is not finite holds an unknown
-    # value, and only such a step is summed again over its known ones (or has none).
-    per_step = np.einsum("ij->j", valid)
-    reported = np.ones(per_step.shape[0], bool)
-    unsure = np.flatnonzero(~np.isfinite(per_step))
-    if unsure.size:
-        sub = valid[:, unsure]
-        finite = np.isfinite(sub)
-        reported[unsure] = finite.any(axis=0)
-        per_step[unsure] = np.sum(sub, axis=0, where=finite)
+    per_step, counts = finite_sum_count(valid, 0)
+    reported = counts > 0
     if not reported.any():
         return None
     ok = np.isfinite(stats.series) & reported

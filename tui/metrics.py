@@ -193,27 +193,45 @@ def filter_mask(window: Window, text: str) -> np.ndarray:
     return keep
 
 
-def finite_sum(x: np.ndarray, axis: int) -> np.ndarray:
-    """Sum of the finite values along ``axis`` (``np.nansum`` without its full copy).
+def finite_sum_count(x: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sum and number of the finite values of a 2-D float array along ``axis``.
 
-    A 2-D array is summed in order along the axis (``einsum``, a few times faster than
-    ``sum`` over a window's short step axis at 65,536 ranks); a line whose sum is not
-    finite holds a NaN or an infinity (a finite line's sum overflows to infinity at
-    worst), and only those lines are summed again over their finite values.
+    Summed in order along the axis (``einsum``, a few times faster than ``sum`` over a
+    window's short step axis at 65,536 ranks): a line whose sum is not finite holds a NaN
+    or an infinity (a finite line's sum overflows to infinity at worst), and only those
+    lines are summed and counted again over their finite values.
+
+    Returns:
+        float64 sums and int64 counts, one per line.
     """
-    x = np.asarray(x)
-    if x.ndim != 2 or x.dtype.kind != "f":
-        finite = np.isfinite(x)
-        if finite.all():
-            return x.sum(axis=axis)
-        return np.sum(x, axis=axis, where=finite)
     rows = axis in (1, -1)
-    out = np.einsum("ij->i" if rows else "ij->j", x)
-    bad = np.flatnonzero(~np.isfinite(out))
+    total = np.einsum("ij->i" if rows else "ij->j", x)
+    counts = np.full(total.shape[0], x.shape[1 if rows else 0], np.int64)
+    bad = np.flatnonzero(~np.isfinite(total))
     if bad.size:
         sub = x[bad] if rows else x[:, bad]
-        out[bad] = np.sum(sub, axis=axis, where=np.isfinite(sub))
-    return out
+        finite = np.isfinite(sub)
+        counts[bad] = np.count_nonzero(finite, axis=axis)
+        total[bad] = np.sum(sub, axis=axis, where=finite)
+    return total, counts
+
+
+def finite_sum(x: np.ndarray, axis: int) -> np.ndarray:
+    """Sum of the finite values along ``axis`` (``np.nansum`` without its full copy)."""
+    x = np.asarray(x)
+    if x.ndim == 2 and x.dtype.kind == "f":
+        return finite_sum_count(x, axis)[0]
+    finite = np.isfinite(x)
+    if finite.all():
+        return x.sum(axis=axis)
+    return np.sum(x, axis=axis, where=finite)
+
+
+def finite_mean(x: np.ndarray) -> np.ndarray:
+    """Per row of a 2-D float array, the mean of its finite values (NaN where none)."""
+    total, counts = finite_sum_count(x, 1)
+    with np.errstate(all="ignore"):
+        return np.where(counts > 0, total / np.maximum(counts, 1), np.nan)
 
 
 def busy_mean(window: Window) -> np.ndarray:
@@ -231,25 +249,6 @@ def busy_mean(window: Window) -> np.ndarray:
 
     # NaN where the rank did not report (the decomposition's step time is).
     return finite_mean(busy_ns(window, decompose(window)))
-
-
-def finite_mean(x: np.ndarray) -> np.ndarray:
-    """Per row of a 2-D float array, the mean of its finite values (NaN where none).
-
-    Summed in order along the row (the short step axis of a window: ``einsum``); only
-    rows whose sum is not finite hold an unknown value, and only they are counted one by
-    one (as `finite_sum`).
-    """
-    total = np.einsum("ij->i", x)
-    counts = np.full(x.shape[0], x.shape[1], np.int64)
-    bad = np.flatnonzero(~np.isfinite(total))
-    if bad.size:
-        sub = x[bad]
-        finite = np.isfinite(sub)
-        counts[bad] = np.count_nonzero(finite, axis=1)
-        total[bad] = np.sum(sub, axis=1, where=finite)
-    with np.errstate(all="ignore"):
-        return np.where(counts > 0, total / np.maximum(counts, 1), np.nan)
 
 
 def slowest_ranks(window: Window, k: int, candidates: np.ndarray | None = None) -> list[int]:
