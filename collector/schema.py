@@ -4,6 +4,17 @@ A message is one msgpack map. Tables travel as columns of raw little-endian nump
 a batch of thousands of collectives costs one ``frombuffer`` per column on the hub instead
 of one Python object per event. Nothing is ever pickled.
 
+An integer column of a table of `PACK_MIN_ROWS` rows or more travels *packed* when that
+is smaller:
+``[base, width, offsets]``, the values minus their minimum as unsigned integers of
+``width`` bytes (0: every row holds ``base``, 1, 2 or 4). Times of one message span well
+under 4.3 s, sequence numbers and steps a few thousand, and op, group, flags and byte
+counts are mostly one value, so a collective row is ~11-20 bytes on the wire instead of
+65. The hub's receive thread pays a widening per packed column; its ZeroMQ I/O thread
+reads (and under CURVE decrypts) a sixth of the bytes, which costs it less than that buys
+(benchmarks/RESULTS.md, hub ingest). A column that does not fit 4 bytes of span travels as
+it is. Readers take either form (`decode`).
+
 Message kinds (``"kind"``):
 
 ``hello``
@@ -38,8 +49,22 @@ from typing import Any
 import msgpack
 import numpy as np
 
-SCHEMA_VERSION = 1
-"""Bumped on any incompatible change; the hub rejects other versions with a counted reason."""
+SCHEMA_VERSION = 2
+"""Bumped on any incompatible change; the hub rejects other versions with a counted reason.
+2: integer columns may travel packed (module docstring); a hub of version 1 would have
+refused them as malformed tables, a version-1 message reads as it always did."""
+
+READ_VERSIONS = (1, 2)
+"""Schema versions `decode` reads (recordings keep the version their messages came with)."""
+
+PACK_MIN_ROWS = 256
+"""Tables of fewer rows send every column unpacked. Packing a table costs its sender a
+dozen numpy calls whatever its size (~40-90 µs in a collector's background thread on the
+2-core machine of benchmarks/RESULTS.md), worth it where the bytes are: the hub's I/O
+thread spends ~50 ns a row on a 65-byte row under CURVE, ~8 on a packed one."""
+
+_PACK_WIDTHS = (1, 2, 4)
+_UNSIGNED: dict[int, np.dtype] = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
 
 MAX_MESSAGE_BYTES = 32 * 1024 * 1024
 """Largest message the hub accepts (and the ZMQ ``MAXMSGSIZE`` it sets)."""
@@ -399,7 +424,7 @@ def encode_table(
     spec = specs[name]
     optional = OPTIONAL_COLUMNS.get(name, frozenset())
     n = -1
-    out: dict[str, bytes] = {}
+    present: dict[str, np.ndarray] = {}
     absent = []
     for col, dt in spec.items():
         if col not in cols and col in optional:
@@ -410,12 +435,136 @@ def encode_table(
             n = arr.shape[0]
         elif arr.shape[0] != n:
             raise SchemaError("bad_table", f"{name}.{col} has {arr.shape[0]} rows, expected {n}")
-        out[col] = arr.tobytes()
+        present[col] = arr
     n = max(n, 0)
+    out = dict(zip(present, pack_columns(list(present.values())), strict=True))
     for col in absent:
         dt = spec[col]
-        out[col] = np.full(n, np.nan if dt.kind == "f" else -1, dtype=dt).tobytes()
+        if dt.kind == "f" or n < PACK_MIN_ROWS:
+            out[col] = np.full(n, np.nan if dt.kind == "f" else -1, dtype=dt).tobytes()
+        else:
+            out[col] = [-1, 0, b""]
     return {"n": n, "cols": out}
+
+
+def _pack_fits(base: int, width: int, dt: np.dtype) -> bool:
+    """Whether every offset of ``width`` bytes above ``base`` is a value of ``dt`` (the one
+    rule both ends apply, so a packed column never overflows its dtype when unpacked)."""
+    lo_hi = _LIMITS.get(dt.str)
+    if lo_hi is None:
+        info = np.iinfo(dt)
+        lo_hi = _LIMITS[dt.str] = (int(info.min), int(info.max))
+    return width < dt.itemsize and lo_hi[0] <= base and base + (1 << (8 * width)) - 1 <= lo_hi[1]
+
+
+_LIMITS: dict[str, tuple[int, int]] = {}
+
+
+def pack_column(arr: np.ndarray) -> bytes | list[Any]:
+    """A column as it travels: its raw bytes, or, for an integer column of at least
+    `PACK_MIN_ROWS` rows whose values span fewer than 2**32, ``[base, width, offsets]``
+    (module docstring) when that is narrower. Exact: `decode` gives back the same values.
+    """
+    return pack_columns([arr])[0]
+
+
+def pack_columns(arrays: list[np.ndarray]) -> list[bytes | list[Any]]:
+    """`pack_column` of each array. The minima and maxima of the integer columns of one
+    dtype are taken together, one reduction of the stacked columns each instead of two per
+    column: the collector's background thread ships tables of ten columns, where the fixed
+    cost of a numpy call is most of the work."""
+    out: list[bytes | list[Any]] = [b""] * len(arrays)
+    by_dtype: dict[str, list[int]] = {}
+    for i, arr in enumerate(arrays):
+        if arr.dtype.kind in "iu" and arr.shape[0] >= PACK_MIN_ROWS:
+            by_dtype.setdefault(arr.dtype.str, []).append(i)
+        else:
+            out[i] = arr.tobytes()
+    for idx in by_dtype.values():
+        if len(idx) == 1:
+            lows, highs = [arrays[idx[0]].min()], [arrays[idx[0]].max()]
+        else:
+            stacked = np.stack([arrays[i] for i in idx])
+            lows, highs = stacked.min(axis=1), stacked.max(axis=1)
+        for i, lo, hi in zip(idx, lows, highs, strict=True):
+            out[i] = _packed(arrays[i], int(lo), int(hi))
+    return out
+
+
+def _packed(arr: np.ndarray, lo: int, hi: int) -> bytes | list[Any]:
+    dt = arr.dtype
+    span = hi - lo
+    if span == 0:
+        return [lo, 0, b""] if _pack_fits(lo, 0, dt) else arr.tobytes()
+    for width in _PACK_WIDTHS:
+        if span < 1 << (8 * width) and _pack_fits(lo, width, dt):
+            # The difference fits the narrow type; it is taken in the column's own type
+            # (no wrap: span < 2**32 and both ends are values of that type).
+            return [lo, width, (arr - dt.type(lo)).astype(_UNSIGNED[width]).tobytes()]
+    return arr.tobytes()
+
+
+def _unpack_column(where: str, value: Any, n: int, dt: np.dtype) -> np.ndarray:
+    """A column's values from either form; raises `SchemaError` naming ``where``."""
+    if isinstance(value, bytes):
+        if len(value) != n * dt.itemsize:
+            raise SchemaError(
+                "bad_size", f"{where} has {len(value)} bytes, expected {n} x {dt.itemsize}"
+            )
+        return np.frombuffer(value, dtype=dt)
+    if not isinstance(value, list) or len(value) != 3:
+        raise SchemaError(
+            "bad_table", f"{where} is missing, or neither bytes nor [base, width, offsets]"
+        )
+    base, width, data = value
+    if (
+        dt.kind not in "iu"
+        or type(base) is not int
+        or not isinstance(width, int)
+        or isinstance(width, bool)
+    ):
+        raise SchemaError(
+            "bad_table", f"{where}: a packed column needs an integer column, int base and width"
+        )
+    if (width != 0 and width not in _PACK_WIDTHS) or not _pack_fits(base, width, dt):
+        raise SchemaError(
+            "bad_table", f"{where}: packed base {base} and width {width} do not fit {dt.name}"
+        )
+    if not isinstance(data, bytes) or len(data) != n * width:
+        got = len(data) if isinstance(data, bytes) else type(data).__name__
+        raise SchemaError(
+            "bad_size", f"{where} packed offsets are {got}, expected {n} x {width} bytes"
+        )
+    if width == 0:
+        return _constant(n, base, dt)
+    out = np.frombuffer(data, dtype=_UNSIGNED[width]).astype(dt)
+    out += dt.type(base)  # no wrap: base and base + 2**(8 width) - 1 are values of dt
+    return out
+
+
+_CONSTANTS: dict[tuple[int, int, str], np.ndarray] = {}
+_CONSTANT_ROWS = 4096
+_CONSTANTS_MAX = 256
+
+
+def _constant(n: int, value: int, dt: np.dtype) -> np.ndarray:
+    """A read-only column of ``n`` rows of ``value``: decoded columns are read-only (views
+    of the message's bytes), so one array serves every message that repeats it (op,
+    group, flags, unknown device times: most of a stream's columns). At most
+    ``_CONSTANTS_MAX`` arrays of ``_CONSTANT_ROWS`` rows are kept (8 MiB), all dropped
+    at once when full."""
+    if n > _CONSTANT_ROWS:
+        out = np.full(n, value, dtype=dt)
+        out.flags.writeable = False
+        return out
+    key = (n, value, dt.str)
+    got = _CONSTANTS.get(key)
+    if got is None:
+        if len(_CONSTANTS) >= _CONSTANTS_MAX:
+            _CONSTANTS.clear()
+        got = _CONSTANTS[key] = np.full(n, value, dtype=dt)
+        got.flags.writeable = False
+    return got
 
 
 def encode(msg: dict[str, Any]) -> bytes:
@@ -744,13 +893,7 @@ def _decode_table(
         if buf is None and col in optional:
             cols[col] = np.full(n, np.nan if dt.kind == "f" else -1, dtype=dt)
             continue
-        if not isinstance(buf, bytes):
-            raise SchemaError("bad_table", f"{name}.{col} is missing or not bytes")
-        if len(buf) != n * dt.itemsize:
-            raise SchemaError(
-                "bad_size", f"{name}.{col} has {len(buf)} bytes, expected {n} x {dt.itemsize}"
-            )
-        cols[col] = np.frombuffer(buf, dtype=dt)
+        cols[col] = _unpack_column(f"{name}.{col}", buf, n, dt)
     return cols
 
 
@@ -817,9 +960,10 @@ def decode(data: bytes, max_header_bytes: int = MAX_HEADER_BYTES) -> Message:
     if not isinstance(obj, dict):
         raise SchemaError("bad_msgpack", f"top level is {type(obj).__name__}, not a map")
     version = obj.get("v")
-    if version != SCHEMA_VERSION:
+    if type(version) is not int or version not in READ_VERSIONS:
         raise SchemaError(
-            "bad_version", f"schema version {version!r}, this hub speaks {SCHEMA_VERSION}"
+            "bad_version",
+            f"schema version {version!r}, this hub reads {', '.join(map(str, READ_VERSIONS))}",
         )
     kind = obj.get("kind")
     if kind not in KINDS:

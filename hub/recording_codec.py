@@ -106,6 +106,8 @@ _RANGE = struct.Struct("<HII")
 _COLUMN = struct.Struct("<BBBqI")
 _INDEX = struct.Struct("<H")
 _BIN_HEADER = {0xC4: 2, 0xC5: 3, 0xC6: 5}
+_PACKED_HEADER = 0x93
+"""msgpack's header of an array of three: a packed column."""
 _TABLES_KEY = b"\xa6tables"
 
 _DIFF_FIRST = {
@@ -137,6 +139,25 @@ columns and the ``cells`` and ``instances`` tables of a relay's ``reduced`` mess
 superset: a message without them is stored as before)."""
 
 _ORDER = {(t, c): (i, j) for i, (t, spec) in enumerate(_SPECS.items()) for j, c in enumerate(spec)}
+
+_PACKED = "@u"
+"""A packed column's offsets (`schema.pack_column`) are stored under its name with this
+suffix and their width (``t_enter@u4``): unsigned integers of that width, whatever the
+column's dtype; the base and width themselves stay in the skeleton."""
+
+
+def _base_name(cname: str) -> str:
+    return cname.split(_PACKED, 1)[0]
+
+
+def _column_dtype(tname: str, cname: str) -> np.dtype | None:
+    """The dtype a stored column's bytes hold; None for a name this schema lacks."""
+    base, _, width = cname.partition(_PACKED)
+    dt = _SPECS.get(tname, {}).get(base)
+    if dt is None or not width:
+        return dt
+    got = _UINT.get(int(width)) if width in ("1", "2", "4") else None
+    return got if got is not None and dt.kind in "iu" else None
 
 
 class CodecError(ValueError):
@@ -183,8 +204,16 @@ def column_ranges(payload: bytes) -> list[tuple[str, str, int, int]]:
                 for _ in range(up.read_map_header()):
                     cname = _short_key(up, payload)
                     start = up.tell()
+                    if payload[start] == _PACKED_HEADER and cname is not None:
+                        # [base, width, offsets]: the offsets are the column's bytes.
+                        up.read_array_header()
+                        up.skip()
+                        width = up.unpack()
+                        if type(width) is int and 0 < width <= 4:
+                            cname = f"{cname}{_PACKED}{width}"
+                        start = up.tell()
                     up.skip()
-                    dt = spec.get(cname) if cname is not None else None
+                    dt = _column_dtype(tname, cname) if cname is not None and tname else None
                     head = _BIN_HEADER.get(payload[start])
                     if dt is None or head is None or tname is None or cname is None:
                         continue
@@ -242,13 +271,14 @@ def _encode_column(
 ) -> bytes:
     """One column's data entry; ``done`` holds the table's columns encoded before it."""
     tname, cname = key
+    base_key = (tname, _base_name(cname))
     tries: list[tuple[int, int, np.ndarray]] = []
-    if _SPECS[tname][cname].kind != "f":
-        for ref in _REFS.get(key, ()):
+    if _SPECS[tname][base_key[1]].kind != "f":
+        for ref in _REFS.get(base_key, ()):
             got = done.get(ref)
             if got is not None and got[2] == sig:  # the same rows, message by message
                 tries.append((_TRANSFORM_REF, got[0], x - got[1]))
-        if key in _DIFF_FIRST:
+        if base_key in _DIFF_FIRST:
             tries.append((_TRANSFORM_DIFF, 0, _diff(x)))
     tries.append((_TRANSFORM_NONE, 0, x))
     best = None
@@ -332,13 +362,16 @@ class Encoder:
         # Column data in schema order, so that a reference precedes its user.
         data: list[bytes] = []
         done: dict[str, dict[str, tuple[int, np.ndarray, tuple]]] = {}
-        for k in sorted(range(len(names)), key=lambda k: _ORDER[names[k]]):
+        order = {k: _ORDER[(t, _base_name(c))] for k, (t, c) in enumerate(names)}
+        for k in sorted(range(len(names)), key=order.__getitem__):
             tname, cname = names[k]
-            x = _gather(parts[k], _SPECS[tname][cname])
+            dt = _column_dtype(tname, cname)
+            assert dt is not None  # column_ranges keeps only columns that have one
+            x = _gather(parts[k], dt)
             sig = tuple(sigs[k])
             table = done.setdefault(tname, {})
             data.append(struct.pack("<H", k) + _encode_column(x, names[k], table, sig))
-            table[cname] = (k, x, sig)
+            table[_base_name(cname)] = (k, x, sig)
         whole_bytes = [messages[i][0] for i in whole]
         out = [
             _HEAD.pack(m, len(names), len(shape_parts), len(whole), sum(map(len, whole_bytes))),
@@ -439,7 +472,7 @@ def decode_block(data: bytes) -> list[tuple[int, bytes]]:
     names = []
     for k in range(k_count):
         tname, cname = r.name("a table name"), r.name("a column name")
-        dt = _SPECS.get(tname, {}).get(cname)
+        dt = _column_dtype(tname, cname)
         if dt is None:
             raise CodecError(f"column {k} is {tname}.{cname}, not a schema column")
         names.append((tname, cname, dt))

@@ -81,7 +81,7 @@ def test_robustness_every_bad_input_counted_and_valid_data_kept(ctx, tmp_path) -
             s.send(m)
         bad = [
             b"garbage bytes \x00\xff",
-            msgpack.packb({**header(j.run, 0), "v": 2, "kind": "steps"}),
+            msgpack.packb({**header(j.run, 0), "v": 99, "kind": "steps"}),
             schema.steps_message(header("nobody-said-hello", 0), _steps([100])),
         ]
         for b in bad:

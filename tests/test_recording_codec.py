@@ -136,11 +136,42 @@ def test_format_2_takes_a_small_part_of_format_1(tmp_path) -> None:
     size = {v: sum(p.stat().st_size for p in segments(tmp_path / v)) for v in ("v1", "v2")}
     rows = _coll_rows(messages)
     assert size["v1"] / rows > 60  # 65 bytes of columns a row, and the message's rest
+    assert size["v2"] < size["v1"] / 4, size
     assert size["v2"] / rows <= 24, size["v2"] / rows
     meta = json.loads((tmp_path / "v2" / "meta.json").read_text())
     (sess,) = meta["sessions"]
     assert sess["format"] == 2 and sess["stored_bytes"] == size["v2"] - 16
     assert sess["bytes"] == sum(map(len, messages))
+
+
+def _packed_and_unpacked(seed: int) -> list[bytes]:
+    """Steps messages of one rank whose collective columns travel packed at some widths,
+    unpacked in small tables, and unpacked where times span more than 4 bytes."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i, (n, spread) in enumerate([(300, 10**8), (8, 10**8), (300, 10**11), (300, 10**3)] * 3):
+        co = schema.empty_table("colls", n)
+        co["step"][:] = i
+        co["seq"][:] = i * 1000 + np.arange(n) * (1 + i % 2)
+        co["nbytes"][:] = rng.choice([4, 1 << 20, 1 << 34], n)
+        co["t_enter"][:] = 10**18 + np.sort(rng.integers(0, spread, n))
+        co["t_exit"][:] = co["t_enter"] + rng.integers(0, 10**6, n)
+        co["flags"][:] = 0
+        co["group"][:] = 0
+        co["op"][:] = 0
+        st = schema.empty_table("steps", 1)
+        st["step"][:] = i
+        out.append(schema.steps_message(header("r1", 0, batch=i), st, colls=co))
+    return out
+
+
+def test_packed_columns_are_stored_as_columns_and_come_back_byte_for_byte() -> None:
+    messages = _packed_and_unpacked(5)
+    names = {c for m in messages for _, c, _, _ in recording_codec.column_ranges(m)}
+    assert {"t_enter@u4", "t_exit@u4", "seq@u2"} <= names, names
+    assert "t_enter" in names  # the small and the wide tables
+    assert [p for _, p in _through_codec(messages)] == messages
+    assert [p for _, p in _through_codec(messages, block_bytes=300)] == messages
 
 
 # -- old recordings ----------------------------------------------------------------------------

@@ -362,7 +362,9 @@ def test_direct_and_reducing_relays_give_the_hub_the_same_run(tmp_path: Path) ->
     assert all(n.reducer is not None and n.reducer.counters.reduced_rows > 0 for n in nodes)
     assert rack.reducer is not None and rack.reducer.counters.merged > 0
     assert sum(n.counters.received_bytes for n in nodes) == b.bytes
-    assert rack.counters.received_bytes < b.bytes / 4
+    # ~0.35 of the ranks' packed messages reach the rack (under a quarter of them before
+    # integer columns travelled packed: node-local groups save rows, not bytes per row).
+    assert rack.counters.received_bytes < b.bytes / 2
     np.testing.assert_array_equal(wa.present, wb.present)
     np.testing.assert_array_equal(wa.step_ns, wb.step_ns)
     for name, values in wa.coll.items():
