@@ -57,12 +57,20 @@ def _header(rank: int, batch: int = 0) -> dict:
 
 
 def make_messages(
-    world: int, steps: int, colls: int, mixed: bool = False
+    world: int, steps: int, colls: int, mixed: bool = False, packed: bool = True
 ) -> tuple[list[bytes], list[bytes]]:
     """Hellos + groups, and one steps message per rank and step with ``colls`` rows.
 
     ``mixed``: every other call goes to the rank's parity group (even or odd ranks) instead
-    of the world group, so each message mixes two groups (split into pieces by the pass)."""
+    of the world group, so each message mixes two groups (split into pieces by the pass).
+    ``packed=False``: every column raw, as collectors of schema version 1 sent them."""
+    if not packed:
+        keep = schema.PACK_MIN_ROWS
+        schema.PACK_MIN_ROWS = schema.MAX_ROWS + 1
+        try:
+            return make_messages(world, steps, colls, mixed)
+        finally:
+            schema.PACK_MIN_ROWS = keep
     head = []
     for r in range(world):
         ident = {
@@ -105,8 +113,10 @@ def make_messages(
     return head, body
 
 
-def _sender(endpoint: str, world: int, steps: int, colls: int, ready, go, curve=None) -> None:
-    head, body = make_messages(world, steps, colls)
+def _sender(
+    endpoint: str, world: int, steps: int, colls: int, ready, go, curve=None, packed=True
+) -> None:
+    head, body = make_messages(world, steps, colls, packed=packed)
     ctx = zmq.Context()
     s = ctx.socket(zmq.PUSH)
     s.setsockopt(zmq.SNDHWM, 0)
@@ -123,11 +133,13 @@ def _sender(endpoint: str, world: int, steps: int, colls: int, ready, go, curve=
     ctx.term()
 
 
-def _spawn(endpoint: str, world: int, steps: int, colls: int, curve=None):
+def _spawn(endpoint: str, world: int, steps: int, colls: int, curve=None, packed=True):
     mpc = mp.get_context("spawn")
     ready, go = mpc.Event(), mpc.Event()
     p = mpc.Process(
-        target=_sender, args=(endpoint, world, steps, colls, ready, go, curve), daemon=True
+        target=_sender,
+        args=(endpoint, world, steps, colls, ready, go, curve, packed),
+        daemon=True,
     )
     p.start()
     return p, ready, go
@@ -272,7 +284,7 @@ def hub_loop(world: int, steps: int, colls: int, record: bool) -> tuple[float, f
 
 
 def queued_loop(
-    world: int, steps: int, colls: int, keys: Path | None = None
+    world: int, steps: int, colls: int, keys: Path | None = None, packed: bool = True
 ) -> tuple[float, float]:
     """(receive thread, I/O thread) CPU seconds for the hub to take a whole run that
     arrived while its receive thread waited: the sender (and, with ``keys``, its
@@ -300,7 +312,7 @@ def queued_loop(
     try:
         hub = Hub(security=security, rcvhwm=world * steps + world + 2).start()
         try:
-            p, ready, go = _spawn(hub.endpoint, world, steps, colls, curve)
+            p, ready, go = _spawn(hub.endpoint, world, steps, colls, curve, packed)
             ready.wait()
             while hub.store.message_count < world + 1:
                 time.sleep(0.001)
@@ -335,7 +347,9 @@ def queued_loop(
     return cpu, io
 
 
-def breakdown(world: int, steps: int, colls: int, mixed: bool = False) -> dict[str, float]:
+def breakdown(
+    world: int, steps: int, colls: int, mixed: bool = False, packed: bool = True
+) -> dict[str, float]:
     """CPU ns per collective row of each stage, in-process on the same batches.
 
     Steady state: the second half of the batches, a matching pass every 160k rows as the
@@ -350,7 +364,7 @@ def breakdown(world: int, steps: int, colls: int, mixed: bool = False) -> dict[s
     from rankscope.hub.validate import check
 
     keep_freed_memory()  # as `Hub.start` does
-    head, body = make_messages(world, steps, colls, mixed)
+    head, body = make_messages(world, steps, colls, mixed, packed)
     store = Store()
     intake = Intake(store)
     for m in head:
@@ -403,54 +417,75 @@ def curve_cost(world: int, steps: int, colls: int, reps: int) -> list[str]:
     """
     from rankscope.commands.keys import make_keys
 
-    runs = []
+    forms = (True, False)
+    runs: dict[bool, list[tuple[tuple[float, float], tuple[float, float]]]] = {f: [] for f in forms}
     with tempfile.TemporaryDirectory() as tmp:
         keys = Path(tmp) / "keys"
         make_keys(keys, ["client"], force=False)
         for i in range(reps):
-            order = (None, keys) if i % 2 == 0 else (keys, None)
-            got = {k is not None: queued_loop(world, steps, colls, k) for k in order}
-            runs.append((got[False], got[True]))
+            for packed in forms if i % 2 == 0 else forms[::-1]:
+                order = (None, keys) if i % 2 == 0 else (keys, None)
+                got = {k is not None: queued_loop(world, steps, colls, k, packed) for k in order}
+                runs[packed].append((got[False], got[True]))
     msgs = world * steps
-    events = msgs * colls
-    size = len(make_messages(1, 1, colls)[1][0])
-
-    def med(f) -> float:
-        return statistics.median(f(rep) for rep in runs)
+    size = {f: len(make_messages(1, 1, colls, packed=f)[1][0]) for f in forms}
 
     lines = [
         "",
-        f"CURVE: the hub taking {msgs:,} messages of {colls} rows ({size:,} bytes each, "
-        "integer columns packed) with CURVE on its sockets and an authorised client key "
-        f"at the sender, against plain ZeroMQ, back to back in each of {reps} "
-        "repetition(s). CURVE decrypts in ZeroMQ's I/O thread, so *ingest* is the receive "
-        "thread's CPU plus the hub's I/O thread's, per message. The run arrives while the "
-        "receive thread waits (`queued_loop`): the sender, which encrypts too, shares these "
-        "two cores, and in a flood its threads beside the hub's move the receive thread's "
-        "CPU per message by ±30 % between repetitions. Medians.",
+        f"CURVE: the hub taking {msgs:,} messages of {colls} rows with CURVE on its sockets "
+        "and an authorised client key at the sender, against plain ZeroMQ, back to back in "
+        f"each of {reps} repetition(s), with the integer columns packed (schema 2, "
+        f"{size[True]:,} bytes a message) and raw (schema 1, {size[False]:,} bytes). "
+        "CURVE decrypts in ZeroMQ's I/O thread, so *ingest* is the receive thread's CPU "
+        "plus the hub's I/O thread's, per message. The run arrives while the receive thread "
+        "waits (`queued_loop`): the sender, which encrypts too, shares these two cores, and "
+        "in a flood its threads beside the hub's move the receive thread's CPU per message "
+        "by ±30 % between repetitions. Medians.",
         "",
-        "| transport | receive thread µs/msg | I/O thread µs/msg | ingest µs/msg "
+        "| columns | transport | receive thread µs/msg | I/O thread µs/msg | ingest µs/msg "
         "| M events/s (cpu) |",
-        "|---|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|",
     ]
-    for name, j in (("plain", 0), ("CURVE", 1)):
-        recv = statistics.median(rep[j][0] for rep in runs) / msgs * 1e6
-        io = statistics.median(rep[j][1] for rep in runs) / msgs * 1e6
-        total = statistics.median(sum(rep[j]) for rep in runs) / msgs * 1e6
-        lines.append(
-            f"| {name} | {recv:.1f} | {io:.1f} | {total:.1f} | {events / total / msgs:.2f} |"
-        )
-    io_extra = med(lambda rep: (rep[1][1] - rep[0][1]) / sum(rep[0]))
-    io_share = med(lambda rep: (rep[1][1] - rep[0][1]) / sum(rep[1]))
-    extra = med(lambda rep: sum(rep[1]) / sum(rep[0]) - 1)
-    recv = med(lambda rep: rep[1][0] / rep[0][0] - 1)
+    for packed in forms:
+        for name, j in (("plain", 0), ("CURVE", 1)):
+            rs = runs[packed]
+            recv = statistics.median(rep[j][0] for rep in rs) / msgs * 1e6
+            io = statistics.median(rep[j][1] for rep in rs) / msgs * 1e6
+            total = statistics.median(sum(rep[j]) for rep in rs) / msgs * 1e6
+            lines.append(
+                f"| {'packed' if packed else 'raw'} | {name} | {recv:.1f} | {io:.1f} "
+                f"| {total:.1f} | {colls / total:.2f} |"
+            )
+
+    def med(packed: bool, f) -> float:
+        return statistics.median(f(rep) for rep in runs[packed])
+
+    def io_extra(rep) -> float:
+        return (rep[1][1] - rep[0][1]) / sum(rep[0])
+
+    def io_share(rep) -> float:
+        return (rep[1][1] - rep[0][1]) / sum(rep[1])
+
+    def extra(rep) -> float:
+        return sum(rep[1]) / sum(rep[0]) - 1
+
+    def recv(rep) -> float:
+        return rep[1][0] / rep[0][0] - 1
+
+    plain_ratio = statistics.median(
+        sum(p[0]) / sum(r[0]) for p, r in zip(runs[True], runs[False], strict=True)
+    )
     lines += [
         "",
-        f"The encryption (the I/O thread's extra CPU) costs {io_extra:.1%} of a plain hub's "
-        f"ingest CPU per message, {io_share:.1%} of a CURVE hub's (target ≤ 15 %). The "
-        f"receive thread does the same work either way (it sees the same decrypted bytes); "
-        f"its CPU per message differed by {recv:+.1%} (median of the pairs), and the "
-        f"whole ingest by {extra:+.1%}.",
+        f"Packed: the encryption (the I/O thread's extra CPU) costs "
+        f"{med(True, io_extra):.1%} of a plain hub's ingest CPU per message, "
+        f"{med(True, io_share):.1%} of a CURVE hub's (target ≤ 15 %); raw columns: "
+        f"{med(False, io_extra):.1%} and {med(False, io_share):.1%}. The receive thread "
+        "does the same work either way (it sees the same decrypted bytes); its CPU per "
+        f"message differed by {med(True, recv):+.1%} packed and {med(False, recv):+.1%} raw "
+        f"(medians of the pairs), the whole ingest by {med(True, extra):+.1%} and "
+        f"{med(False, extra):+.1%}. A plain hub's ingest CPU per message packed is "
+        f"{plain_ratio:.2f} of raw.",
     ]
     return lines
 
@@ -551,16 +586,19 @@ def run(quick: bool) -> str:
         "(ns/row, median of 3). *two groups*: every message mixes the world group and the "
         "rank's parity group, so the matching pass first splits each message into one piece "
         "per group (one stable sort of the pass's rows), then stacks the pieces of a group's "
-        "ranks as blocks:",
+        "ranks as blocks; *unpacked*: every column raw, as schema-1 collectors sent them "
+        "(tables of 1000 rows travel packed, 250 rows raw):",
         "",
         "| rows/batch | decode | validate + ingest | matching pass | recording | total |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
-    for colls, steps, mixed in [*((c, s, False) for c, s in cases), (1000, cases[0][1], True)]:
-        bs = [breakdown(world, steps, colls, mixed) for _ in range(1 if quick else 3)]
+    rows = [(c, s, False, True) for c, s in cases]
+    rows += [(1000, cases[0][1], True, True), (1000, cases[0][1], False, False)]
+    for colls, steps, mixed, packed in rows:
+        bs = [breakdown(world, steps, colls, mixed, packed) for _ in range(1 if quick else 3)]
         b = {k: statistics.median(x[k] for x in bs) for k in bs[0]}
         cells = " | ".join(f"{v:.0f}" for v in b.values())
-        name = f"{colls}, two groups" if mixed else f"{colls}"
+        name = f"{colls}" + (", two groups" if mixed else "") + ("" if packed else ", unpacked")
         lines.append(f"| {name} | {cells} | {sum(b.values()):.0f} |")
     lines += curve_cost(world, 80 if quick else 240, cases[0][0], 3 if quick else 7)
     lines += [
