@@ -168,6 +168,7 @@ MUTATION_KINDS = (
     "mesh",  # a mesh coordinate of a hello
     "column",  # every value of one table column set to an extreme
     "column_bytes",  # one table column's bytes replaced with random bytes of its length
+    "column_packed",  # one table column sent packed: the value as base, any width, random offsets
     "stats",  # a stats field
     "manifest",  # a manifest field
     "group",  # a groups message field
@@ -268,7 +269,9 @@ def _mutate(msg: dict[str, Any], m: Mutation, rng: random.Random) -> None:
         g = msg["groups"][where % len(msg["groups"])]
         if isinstance(g, dict):
             g[_pick(("id", "name", "ranks", "backend", "desc"), where)] = value
-    elif kind in ("column", "column_bytes") and isinstance(msg.get("tables"), dict):
+    elif kind in ("column", "column_bytes", "column_packed") and isinstance(
+        msg.get("tables"), dict
+    ):
         names = sorted(t for t in msg["tables"] if t in schema.TABLES)
         if not names:
             return
@@ -286,8 +289,12 @@ def _mutate(msg: dict[str, Any], m: Mutation, rng: random.Random) -> None:
             with np.errstate(over="ignore"):  # 1e308 as float32 is inf: extreme, as meant
                 arr = np.full(n, _column_value(dt, value), dtype=dt)
             table["cols"][col] = arr.tobytes()
-        else:
+        elif kind == "column_bytes":
             table["cols"][col] = bytes(rng.randrange(256) for _ in range(n * dt.itemsize))
+        else:
+            width = (0, 1, 2, 4, 3, 8)[where % 6]
+            offsets = bytes(rng.randrange(256) for _ in range(n * width))
+            table["cols"][col] = [value, width, offsets]
 
 
 def random_value(rng: random.Random) -> Any:
