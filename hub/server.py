@@ -29,11 +29,11 @@ from typing import Any
 
 import msgpack
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from rankscope.collector import schema
 from rankscope.collector.clock import clock_endpoint
 from rankscope.hub import allocator
+from rankscope.hub.gate import CLOCK_DOMAIN, DATA_DOMAIN, Gate
 from rankscope.hub.intake import Intake
 from rankscope.hub.recording import ReadReport, RecordingWriter, segments
 from rankscope.hub.replay import load
@@ -49,12 +49,6 @@ MAX_BUNDLE_FRAMES = 4096
 the rest are read off and counted as ``too_many_frames``."""
 _DRAIN = 512
 """Messages taken per wake-up before housekeeping (settle, flush) gets a turn."""
-_HANDSHAKE_FAILED = (
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-)
-"""Monitor events of a connection refused at the security handshake."""
 _STOP_GRACE_S = 0.05
 _STOP_DRAIN_MAX_S = 1.0
 """On stop, messages are drained until none came for ``_STOP_GRACE_S`` (at most
@@ -135,7 +129,7 @@ class Hub:
         """
         self.bind = bind
         self.security = security
-        self._auth: Any = None
+        self._gate: Gate | None = None
         self.transport, self.host, self.port = parse_bind(bind)
         self.record_dir = record_dir
         self.store = store if store is not None else Store()
@@ -160,14 +154,16 @@ class Hub:
             "connects": 0,
             "disconnects": 0,
             "refused": 0,
+            "too_many_connections": 0,
             "clock_pings": 0,
             "clock_bad": 0,
             "bundles": 0,
             "bundled": 0,
         }
         """Data connections accepted and lost, ``refused`` at the security handshake (no
-        keys, an unauthorised key, another hub's key), clock pings answered and bad, and
-        relays' bundles received with the messages they carried."""
+        keys, an unauthorised key, another hub's key) and for ``too_many_connections``
+        (`Limits.max_connections`, `hub.gate`), clock pings answered and bad, and relays'
+        bundles received with the messages they carried."""
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -189,9 +185,22 @@ class Hub:
                 self.resumed_frames = report.frames
             self._ctx = zmq.Context()
             try:
-                if self.security is not None:
-                    self._auth = self.security.start_authenticator(self._ctx)
+                self._gate = Gate(
+                    self._ctx,
+                    authorized=self.security.authorized if self.security is not None else None,
+                    max_connections=self.limits.max_connections,
+                    stats=self.transport_stats,
+                    refusal_hint=self._refusal_hint(),
+                )
+                if self.security is not None and self.security.authorized_count() == 0:
+                    log.warning(
+                        "hub: no authorised client keys in %s: every collector will be "
+                        "refused (rankscope keys writes one)",
+                        self.security.authorized,
+                    )
                 self._bind()
+                assert self._data is not None
+                self._gate.watch(self._data)
                 if self.record_dir is not None:
                     self.recorder = RecordingWriter(
                         self.record_dir,
@@ -205,7 +214,13 @@ class Hub:
             self.intake = Intake(self.store, self.recorder, limits=self.limits)
             self._started = True
             self._threads = [
-                threading.Thread(target=self._recv_loop, name="rankscope-hub-data", daemon=True)
+                threading.Thread(target=self._recv_loop, name="rankscope-hub-data", daemon=True),
+                threading.Thread(
+                    target=self._gate.run,
+                    args=(self._stop,),
+                    name="rankscope-hub-gate",
+                    daemon=True,
+                ),
             ]
             if self._clock is not None:
                 self._threads.append(
@@ -232,6 +247,8 @@ class Hub:
         s.setsockopt(zmq.LINGER, 0)
         if self.security is not None:
             self.security.apply(s)
+        if self._gate is not None:
+            self._gate.prepare(s, DATA_DOMAIN)
         return s
 
     def _new_clock_socket(self) -> zmq.Socket:
@@ -242,6 +259,8 @@ class Hub:
         clock.setsockopt(zmq.MAXMSGSIZE, max(64, 4 * self.limits.max_clock_frame_bytes))
         if self.security is not None:
             self.security.apply(clock)
+        if self._gate is not None:
+            self._gate.prepare(clock, CLOCK_DOMAIN)
         return clock
 
     def _bind(self) -> None:
@@ -317,13 +336,15 @@ class Hub:
         self._close_sockets()
 
     def _close_sockets(self) -> None:
+        if self._gate is not None:
+            if self._data is not None and self._gate.monitor is not None:
+                self._data.disable_monitor()
+            self._gate.close()  # its thread has ended (or never started)
+            self._gate = None
         for s in (self._data, self._clock):
             if s is not None:
                 s.close(0)
         self._data = self._clock = None
-        if self._auth is not None:
-            self._auth.stop()
-            self._auth = None
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
@@ -342,12 +363,8 @@ class Hub:
         feed = self.intake.feed
         feed_many = self.intake.feed_many
         max_bytes = self.limits.max_queued_bytes
-        monitor = data.get_monitor_socket(
-            zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | _HANDSHAKE_FAILED
-        )
         poller = zmq.Poller()
         poller.register(data, zmq.POLLIN)
-        poller.register(monitor, zmq.POLLIN)
         last_settle = time.monotonic()
         try:
             while not self._stop.is_set():
@@ -370,8 +387,6 @@ class Hub:
                     if batch:
                         feed_many(batch, time.time_ns())
                     del batch
-                if monitor in ready:
-                    self._read_monitor(monitor)
                 now = time.monotonic()
                 if now - last_settle >= self.settle_s:
                     last_settle = now
@@ -395,9 +410,6 @@ class Hub:
                     break
         except Exception as exc:  # never let the thread die silently
             log.exception("hub receive loop failed: %r", exc)
-        finally:
-            data.disable_monitor()
-            monitor.close(0)
 
     def _bundle(self, data: zmq.Socket, batch: list[bytes]) -> int:
         """Take the rest of a relay's bundle (a multipart message whose frames are
@@ -430,24 +442,6 @@ class Hub:
             f"a collector without keys, with a key not in {self.security.authorized}, or "
             "holding another hub's key"
         )
-
-    def _read_monitor(self, monitor: zmq.Socket) -> None:
-        while True:
-            try:
-                ev = recv_monitor_message(monitor, zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if ev["event"] == zmq.EVENT_ACCEPTED:
-                self.transport_stats["connects"] += 1
-            elif ev["event"] == zmq.EVENT_DISCONNECTED:
-                self.transport_stats["disconnects"] += 1
-            elif ev["event"] & _HANDSHAKE_FAILED:
-                self.transport_stats["refused"] += 1
-                if self.transport_stats["refused"] == 1:
-                    log.warning(
-                        "hub refused a connection at the security handshake: %s",
-                        self._refusal_hint(),
-                    )
 
     def _housekeeping(self) -> None:
         try:

@@ -137,6 +137,12 @@ class Limits:
     """Longest step, phase span or collective (``bad_time``)."""
     max_clock_frame_bytes: int = 256
     """Largest clock ping frame (``clock_bad`` in the transport counters)."""
+    max_connections: int = 0
+    """Most data connections open at once, past which a new one is refused at its
+    handshake (``too_many_connections`` in the transport counters; `hub.gate`); 0: no cap.
+    Each connection may hold up to ``max_message_bytes`` while a message arrives, so this
+    times that bounds what ZeroMQ holds for peers; direct collectors take one each, a
+    relay one for its node."""
     max_queued_bytes: int = 64 * 1024 * 1024
     """Most bytes the hub's receive loop takes off ZeroMQ before processing them (with at
     most 512 messages). What ZeroMQ itself holds is bounded per connection in messages
@@ -156,6 +162,8 @@ class Limits:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"Limits.{name} must be ≥ 1, got {getattr(self, name)}")
+        if self.max_connections < 0:
+            raise ValueError(f"Limits.max_connections must be ≥ 0, got {self.max_connections}")
         if self.max_incarnation_step < 0 or self.identity_quiet_s < 0:
             raise ValueError("Limits.max_incarnation_step and identity_quiet_s must be ≥ 0")
         if self.max_duration_s <= 0 or (self.time_window_s is not None and self.time_window_s <= 0):

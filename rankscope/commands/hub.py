@@ -133,6 +133,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="most runs of one job: its full run and reruns (too_many_runs) [default: %(default)s]",
     )
     p.add_argument(
+        "--max-connections",
+        type=int,
+        default=Limits.max_connections,
+        metavar="N",
+        help="most data connections open at once; more are refused at their handshake "
+        "(too_many_connections). Each may hold a message of up to 32 MiB while it "
+        "arrives, so N bounds that memory; a direct collector takes one, a relay one for "
+        "its node; 0: no cap [default: %(default)s]",
+    )
+    p.add_argument(
         "--no-resume",
         action="store_true",
         help="do not reload an existing recording in DIR into memory at start",
@@ -180,6 +190,8 @@ def status_line(health: dict[str, Any], store: Store) -> str:
         line += f" | relayed {t['bundled']} in {t['bundles']} bundles"
     if t.get("refused"):
         line += f" | refused {t['refused']} (keys)"
+    if t.get("too_many_connections"):
+        line += f" | refused {t['too_many_connections']} (--max-connections)"
     backlog = health.get("record_backlog_bytes", 0)
     if backlog >= BACKLOG_SHOWN:
         line += f" | recording {backlog / (1 << 20):.0f} MiB behind"
@@ -207,6 +219,7 @@ def run(args: argparse.Namespace) -> int:
                 max_world_size=args.max_world,
                 max_runs=args.max_runs,
                 max_runs_per_job=args.max_runs_per_job,
+                max_connections=args.max_connections,
             ),
         )
         hub.start()
