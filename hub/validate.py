@@ -141,8 +141,9 @@ class Limits:
     """Most data connections open at once, past which a new one is refused at its
     handshake (``too_many_connections`` in the transport counters; `hub.gate`); 0: no cap.
     Each connection may hold up to ``max_message_bytes`` while a message arrives, so this
-    times that bounds what ZeroMQ holds for peers; direct collectors take one each, a
-    relay one for its node."""
+    times that bounds what ZeroMQ holds of messages still arriving (whole ones wait in
+    each connection's queue, bounded in messages by the hub's ``rcvhwm``); direct
+    collectors take one connection each, a relay one for its node."""
     max_queued_bytes: int = 64 * 1024 * 1024
     """Most bytes the hub's receive loop takes off ZeroMQ before processing them (with at
     most 512 messages). What ZeroMQ itself holds is bounded per connection in messages
