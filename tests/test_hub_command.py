@@ -143,3 +143,14 @@ def test_status_line_counts_what_came_through_relays() -> None:
     assert "relayed" not in status_line(health, store)
     health["transport"] = {"bundles": 3, "bundled": 24}
     assert " | relayed 24 in 3 bundles" in status_line(health, store)
+
+
+def test_status_line_tells_refused_keys_from_refusals_for_the_connection_cap() -> None:
+    from rankscope.commands.hub import status_line
+
+    store = Store()
+    health = {**store.health, "transport": {"refused": 0, "too_many_connections": 0}}
+    assert "refused" not in status_line(health, store)
+    health["transport"] = {"refused": 2, "too_many_connections": 5}
+    line = status_line(health, store)
+    assert " | refused 2 (keys)" in line and " | refused 5 (--max-connections)" in line
