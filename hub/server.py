@@ -135,6 +135,8 @@ class Hub:
         self.store = store if store is not None else Store()
         self.settle_s = settle_s
         self.flush_s = flush_s
+        if rcvhwm < 1:
+            raise ValueError(f"rcvhwm must be ≥ 1 (ZeroMQ reads 0 as no bound), got {rcvhwm}")
         self.rcvhwm = rcvhwm
         self.resume = resume
         self.keep_freed_memory = keep_freed_memory

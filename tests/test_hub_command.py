@@ -154,3 +154,36 @@ def test_status_line_tells_refused_keys_from_refusals_for_the_connection_cap() -
     health["transport"] = {"refused": 2, "too_many_connections": 5}
     line = status_line(health, store)
     assert " | refused 2 (keys)" in line and " | refused 5 (--max-connections)" in line
+
+
+def test_a_message_over_max_message_bytes_never_reaches_the_hub() -> None:
+    j = job(world=4, steps=3)
+    assert max(map(len, j.messages)) < 1 << 20
+    hub = HubProcess(
+        "--bind",
+        "tcp://127.0.0.1:0",
+        "--status-every",
+        "0.2",
+        "--max-message-bytes",
+        str(1 << 20),
+        "--rcvhwm",
+        "64",
+    )
+    send(hub.endpoint, [b"\x00" * (2 << 20)])  # junk: a bad_msgpack reject if it got in
+    send(hub.endpoint, j.messages)
+    line = hub.wait_line(rf"messages {len(j.messages)} ").string
+    hub.proc.send_signal(signal.SIGTERM)
+    assert hub.proc.wait(timeout=30) == 0
+    assert "rejects 0" in line, line
+    assert not any("bad_msgpack" in x for x in hub.lines), hub.lines
+
+
+def test_hub_refuses_an_unbounded_receive_queue() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "rankscope", "hub", "--bind", "tcp://127.0.0.1:0", "--rcvhwm", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0
+    assert "rcvhwm must be ≥ 1" in proc.stderr

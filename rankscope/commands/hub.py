@@ -143,6 +143,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "its node; 0: no cap [default: %(default)s]",
     )
     p.add_argument(
+        "--max-message-bytes",
+        type=int,
+        default=Limits.max_message_bytes,
+        metavar="BYTES",
+        help="largest message taken; ZeroMQ resets a connection that sends a larger one "
+        "before holding it whole [default: %(default)s]",
+    )
+    p.add_argument(
+        "--rcvhwm",
+        type=int,
+        default=10_000,
+        metavar="N",
+        help="whole messages ZeroMQ queues per connection for the hub before pushing back "
+        "(senders then drop and count); with --max-connections and --max-message-bytes it "
+        "bounds what ZeroMQ holds [default: %(default)s]",
+    )
+    p.add_argument(
         "--no-resume",
         action="store_true",
         help="do not reload an existing recording in DIR into memory at start",
@@ -213,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
                 max_instance_rows=args.max_instances,
             ),
             resume=not args.no_resume,
+            rcvhwm=args.rcvhwm,
             security=security,
             limits=Limits(
                 time_window_s=args.time_window or None,
@@ -220,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
                 max_runs=args.max_runs,
                 max_runs_per_job=args.max_runs_per_job,
                 max_connections=args.max_connections,
+                max_message_bytes=args.max_message_bytes,
             ),
         )
         hub.start()
