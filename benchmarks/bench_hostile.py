@@ -32,6 +32,9 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE))
+
+from bench_hub import raw_columns  # noqa: E402
 
 from rankscope.collector import schema  # noqa: E402
 
@@ -218,12 +221,8 @@ def _live_case(limits_kw: dict[str, Any], n_conn: int) -> str:
     z = zmq.Context()
     # 28 MB messages: a steps message of an unknown run (rejected after decode).
     rows = 28 * MiB // 65  # 65 bytes a collective row raw: just under the 32 MiB cap
-    keep = schema.PACK_MIN_ROWS
-    schema.PACK_MIN_ROWS = schema.MAX_ROWS + 1  # raw columns: the size is the point
-    try:
+    with raw_columns():  # the size is the point
         big = _steps(run="nobody", ss=[0], rows=rows)
-    finally:
-        schema.PACK_MIN_ROWS = keep
     socks = []
     for _ in range(n_conn):
         s = z.socket(zmq.PUSH)

@@ -29,6 +29,7 @@ ratio.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import os
 import statistics
@@ -36,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,17 @@ def _header(rank: int, batch: int = 0) -> dict:
     return {"job": "bench", "run": "bench-run", "rank": rank, "inc": 0, "batch": batch}
 
 
+@contextlib.contextmanager
+def raw_columns() -> Iterator[None]:
+    """Messages built inside send every column raw, as collectors of schema 1 did."""
+    keep = schema.PACK_MIN_ROWS
+    schema.PACK_MIN_ROWS = schema.MAX_ROWS + 1
+    try:
+        yield
+    finally:
+        schema.PACK_MIN_ROWS = keep
+
+
 def make_messages(
     world: int, steps: int, colls: int, mixed: bool = False, packed: bool = True
 ) -> tuple[list[bytes], list[bytes]]:
@@ -65,12 +78,8 @@ def make_messages(
     of the world group, so each message mixes two groups (split into pieces by the pass).
     ``packed=False``: every column raw, as collectors of schema version 1 sent them."""
     if not packed:
-        keep = schema.PACK_MIN_ROWS
-        schema.PACK_MIN_ROWS = schema.MAX_ROWS + 1
-        try:
+        with raw_columns():
             return make_messages(world, steps, colls, mixed)
-        finally:
-            schema.PACK_MIN_ROWS = keep
     head = []
     for r in range(world):
         ident = {
@@ -417,17 +426,13 @@ def encode_cost(colls: int, packed: bool, reps: int = 5, n: int = 200) -> float:
     co["t_enter"][:] = BASE + np.arange(colls) * 20_000 + rng.integers(0, 5_000, colls)
     co["t_exit"][:] = co["t_enter"] + 8_000
     co["flags"][:] = 0
-    keep = schema.PACK_MIN_ROWS
-    schema.PACK_MIN_ROWS = keep if packed else schema.MAX_ROWS + 1
-    try:
-        times = []
+    times = []
+    with contextlib.nullcontext() if packed else raw_columns():
         for _ in range(reps):
             c0 = time.thread_time()
             for _ in range(n):
                 schema.steps_message(_header(0), st, colls=co)
             times.append((time.thread_time() - c0) / n * 1e6)
-    finally:
-        schema.PACK_MIN_ROWS = keep
     return statistics.median(times)
 
 

@@ -96,13 +96,17 @@ class HubSecurity:
         auth = ThreadAuthenticator(ctx, log=logging.getLogger("rankscope.hub.zap"))
         auth.start()
         auth.configure_curve(domain="*", location=str(self.authorized))
+        self.warn_if_no_clients()
+        return auth
+
+    def warn_if_no_clients(self) -> None:
+        """Log that every collector will be refused when no client key is authorised."""
         if self.authorized_count() == 0:
             log.warning(
                 "hub: no authorised client keys in %s: every collector will be refused "
                 "(rankscope keys writes one)",
                 self.authorized,
             )
-        return auth
 
 
 def load_hub_security(folder: Path) -> HubSecurity:

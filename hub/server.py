@@ -194,12 +194,8 @@ class Hub:
                     stats=self.transport_stats,
                     refusal_hint=self._refusal_hint(),
                 )
-                if self.security is not None and self.security.authorized_count() == 0:
-                    log.warning(
-                        "hub: no authorised client keys in %s: every collector will be "
-                        "refused (rankscope keys writes one)",
-                        self.security.authorized,
-                    )
+                if self.security is not None:
+                    self.security.warn_if_no_clients()
                 self._bind()
                 assert self._data is not None
                 self._gate.watch(self._data)
