@@ -121,8 +121,9 @@ class Contention:
     phase: tuple[str, ...]
     """(R,) the compute phase each rank's loss is read from ('' where none)."""
     lost_ns: np.ndarray
-    """float64 (R, S) wall ns of compute phases the thread did not run (beyond its peers'
-    median share, phase by phase)."""
+    """float64 (R, S) wall ns of compute phases the thread did not run: beyond its peers'
+    median share in each phase, or in the phase where the peers ran most freely where
+    that is higher."""
     saturated: np.ndarray
     """bool (R,) the rank's host reported CPU busy above `SATURATED_PCT`."""
 
@@ -177,10 +178,15 @@ def contention_of(ev: Evidence) -> Contention | None:
     loss = np.where(found, loss_pr[best, cols], np.nan)
     share = np.where(found, share_pr[best, cols], np.nan)
     ref = np.where(found, ref_pr[best, cols], np.nan)
+    # What a thread that ran freely gets, per rank: its peers' share in the phase where it
+    # is highest. A phase in which the peers block (waiting for this very rank in DDP's
+    # buckets) reads low, and against it the starved rank's loss there would vanish.
+    free = np.nanmax(np.where(usable, ref_pr, np.nan), axis=0)
     lost = np.zeros_like(walls[0])
     for wall, cpu, ratio, rp in zip(walls, cpus, ratios, refs):
         with np.errstate(invalid="ignore", divide="ignore"):
-            more = np.maximum(wall - np.nan_to_num(cpu, nan=0.0) / rp[:, None], 0.0)
+            due = np.fmax(rp, free)[:, None]
+            more = np.maximum(wall - np.nan_to_num(cpu, nan=0.0) / due, 0.0)
         lost += np.where(np.isfinite(ratio) & np.isfinite(more), more, 0.0)
     busy_pct = nanmedian(ev.window.device.get("cpu_pct", np.full(lost.shape, np.nan)), axis=1)
     saturated = np.isfinite(busy_pct) & (busy_pct >= SATURATED_PCT)

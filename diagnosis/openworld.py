@@ -83,10 +83,7 @@ def unexplained(loc: Localisation, found: Finding, claims: list[Claim]) -> Candi
         return Candidate(0.0, 0.0)
     share, by = explained_share(claims, found)
     residual = max(0.0, 1.0 - share)
-    # Judged on the part no mechanism explains: material on its own, it is a finding; and
-    # no surer than that the best fitting mechanism is not the explanation (a mechanism at
-    # 0.6 that covers the whole gain leaves a 0.4 chance, however large the gain).
-    strength = min(logistic(found.gain * residual, MATERIAL, MATERIAL / 4), residual)
+    strength = _remainder_strength(found.gain, by)
     evidence = []
     s = found.suspect
     if s is not None:
@@ -130,6 +127,28 @@ def unexplained(loc: Localisation, found: Finding, claims: list[Claim]) -> Candi
         ranks=tuple(ranks),
         evidence=tuple(evidence),
     )
+
+
+def _remainder_strength(gain: float, by: Claim | None) -> float:
+    """How surely a material part of the straggler's ``gain`` is left unexplained, given
+    the best fitting claim ``by`` (score ``s``, covering ``f`` of the gain).
+
+    Either the claim is right (odds ``s``): what it does not cover, ``gain × (1 − f)``, is
+    still unexplained, and is a finding if material on its own; or it is wrong (``1 − s``):
+    the whole gain is. A mechanism at 0.6 covering all of the gain leaves a 0.4 chance
+    however large the gain; a sure one covering a quarter of it leaves the other three
+    quarters as sure as the straggler itself (a rank both kept off its cores and asleep
+    between its phases: the CPU it lost is a tenth of the step, the sleep a third).
+    """
+
+    def material(x: float) -> float:
+        return logistic(x, MATERIAL, MATERIAL / 4) if x > 0 else 0.0
+
+    if by is None:
+        return material(gain)
+    s = min(max(by.score, 0.0), 1.0)
+    f = min(1.0, by.impact / gain) if gain > 0 else 1.0
+    return s * material(gain * (1.0 - f)) + (1.0 - s) * material(gain)
 
 
 def _frequent(loc: Localisation, k: int = 8) -> list[int]:
