@@ -329,7 +329,41 @@ def run(quick: bool) -> str:
         + "\n\nTarget (issue: relays) hub CPU per rank-step ≤ 1/8 (0.125) of direct: "
         + "; ".join(verdicts)
         + ".\n"
+        + "\n"
+        + ring_cost(512 if quick else 4096)
+        + ".\n"
         + ("" if quick else "\nAt scale (one repetition): " + at_scale(65536) + ".\n")
+    )
+
+
+def ring_cost(ranks: int = 4096, steps: int = 4, reps: int = 3) -> str:
+    """What a relay's raw ring (``--raw-ring``) adds to a reducing node relay's CPU: its
+    ``add`` of every message (a decode for kind, rank and steps, and the bookkeeping)
+    against the reduction's ``take`` of the same messages, per rank-step, both in this
+    process on the same encoded messages (medians of ``reps``).
+
+        python benchmarks/bench_relay.py --ring
+    """
+    from rankscope.hub.rawring import RawRing
+
+    per_step = messages(ranks, steps)
+    frames = [(r, d) for step in per_step for r, d in step]
+    ring_us, reduce_us = [], []
+    for _ in range(reps):
+        rings: dict[int, RawRing] = {}
+        c0 = time.process_time()
+        for rank, data in frames:
+            rings.setdefault(rank // RANKS_PER_HOST, RawRing(256 << 20)).add(data, 0)
+        ring_us.append((time.process_time() - c0) / (ranks * steps) * 1e6)
+        _, cpu = through_reducers(per_step, RANKS_PER_HOST)
+        reduce_us.append(cpu / (ranks * steps) * 1e6)
+    held = sum(r.nbytes for r in rings.values()) / len(rings) / steps
+    ring, red = statistics.median(ring_us), statistics.median(reduce_us)
+    return (
+        f"raw ring at {ranks:,} ranks x 200 collectives: {ring:.0f} us per rank-step on the "
+        f"node ({ring / red:.2f} of the reduction's {red:.0f} us, which it adds to); "
+        f"{held / (1 << 20):.2f} MiB a node a step held, so a 256 MiB ring keeps the last "
+        f"{int((256 << 20) // held)} steps of a node of {RANKS_PER_HOST}"
     )
 
 
@@ -357,7 +391,9 @@ def at_scale(ranks: int, steps: int = 4) -> str:
 
 
 if __name__ == "__main__":
-    if "--scale" in sys.argv:
+    if "--ring" in sys.argv:
+        print(ring_cost())
+    elif "--scale" in sys.argv:
         print(at_scale(int(sys.argv[sys.argv.index("--scale") + 1])))
     else:
         print(run(quick="--quick" in sys.argv))

@@ -54,6 +54,7 @@ from rankscope.collector import schema
 from rankscope.collector.clock import clock_endpoint
 from rankscope.collector.security import ClientCurve
 from rankscope.collector.sender import check_endpoint
+from rankscope.hub.rawring import MAX_REQUEST_BYTES, RawRing, answer
 from rankscope.hub.reduce import NodeReducer, ReduceCounters
 from rankscope.hub.security import HubSecurity
 
@@ -181,6 +182,8 @@ class Relay:
         clock: bool = True,
         reduce: bool = False,
         server: HubSecurity | None = None,
+        raw_ring_bytes: int = 0,
+        raw_endpoint: str | None = None,
     ) -> None:
         """Configure (nothing is bound until `start`).
 
@@ -202,6 +205,10 @@ class Relay:
             server: the hub's keys, for a relay that listens beyond its node (a rack's):
                 its listening and clock sockets are CURVE servers that take only the
                 authorised clients, as the hub's are.
+            raw_ring_bytes: keep this many bytes of the collectors' recent messages, as
+                sent, and serve them on ``raw_endpoint`` (`hub.rawring`; 0: none).
+            raw_endpoint: where drill-down requests are answered (default: ``PATH.raw``
+                beside an ``ipc://PATH`` listen address, else a free loopback port).
 
         Raises:
             RelayError: a bad address or setting.
@@ -233,6 +240,22 @@ class Relay:
         self.clock = clock
         self.counters = RelayCounters()
         self.reducer = NodeReducer() if reduce else None
+        if not isinstance(raw_ring_bytes, int) or isinstance(raw_ring_bytes, bool):
+            raise RelayError(f"raw_ring_bytes must be an int, got {raw_ring_bytes!r}")
+        if raw_ring_bytes < 0:
+            raise RelayError(f"raw_ring_bytes must be >= 0, got {raw_ring_bytes}")
+        self.ring = RawRing(raw_ring_bytes) if raw_ring_bytes else None
+        if raw_endpoint is not None and self.ring is None:
+            raise RelayError("a raw endpoint needs a raw ring (raw_ring_bytes > 0)")
+        if self.ring is not None and raw_endpoint is None:
+            raw_endpoint = (
+                self.listen + ".raw" if self.listen.startswith("ipc://") else "tcp://127.0.0.1:0"
+            )
+        self.raw_listen = (
+            check_listen(raw_endpoint, served=server is not None) if raw_endpoint else None
+        )
+        self._raw: zmq.Socket | None = None
+        self._raw_bound = ""
         self._ctx: zmq.Context | None = None
         self._pull: zmq.Socket | None = None
         self._push: zmq.Socket | None = None
@@ -256,6 +279,12 @@ class Relay:
         """Where the relay answers clock pings (None without clock pass-through)."""
         return clock_endpoint(self.endpoint) if self.clock else None
 
+    @property
+    def raw_endpoint(self) -> str | None:
+        """Where drill-down requests are answered (the bound address once started; None
+        without a raw ring)."""
+        return self._raw_bound or self.raw_listen
+
     def start(self) -> Relay:
         """Bind the listening sockets, connect upstream and start the forwarding thread.
 
@@ -269,6 +298,7 @@ class Relay:
             if self.server is not None:
                 self._auth = self.server.start_authenticator(ctx)
             self._bind(ctx)
+            self._bind_raw(ctx)
             push = self._push = ctx.socket(zmq.PUSH)
             push.setsockopt(zmq.SNDHWM, self.hwm)
             push.setsockopt(zmq.LINGER, 0)
@@ -322,6 +352,26 @@ class Relay:
         if clock is not None and not self._bind_clock(ctx, clock):
             raise zmq.ZMQError(zmq.EADDRINUSE, f"cannot bind the relay clock socket {clock}")
 
+    def _bind_raw(self, ctx: zmq.Context) -> None:
+        if self.raw_listen is None:
+            return
+        raw = self._raw = ctx.socket(zmq.ROUTER)
+        if self.server is not None:
+            self.server.apply(raw)
+        raw.setsockopt(zmq.LINGER, 0)
+        raw.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES + 1024)
+        raw.setsockopt(zmq.SNDHWM, 4)
+        if self.raw_listen.startswith("tcp://") and self.raw_listen.endswith(":0"):
+            host = self.raw_listen[len("tcp://") : -len(":0")]
+            port = raw.bind_to_random_port(f"tcp://{host}")
+            self._raw_bound = f"tcp://{host}:{port}"
+            return
+        if self.raw_listen.startswith("ipc://"):
+            _refuse_live_socket(self.raw_listen[len("ipc://") :])
+        raw.bind(self.raw_listen)
+        self._raw_bound = self.raw_listen
+        self._own_ipc(self.raw_listen)
+
     def _bind_clock(self, ctx: zmq.Context, address: str) -> bool:
         front = ctx.socket(zmq.ROUTER)
         if self.server is not None:
@@ -357,7 +407,7 @@ class Relay:
         self._close()
 
     def _close(self) -> None:
-        for s in (self._pull, self._clock_front, self._clock_back):
+        for s in (self._pull, self._clock_front, self._clock_back, self._raw):
             if s is not None:
                 s.close(0)
         if self._push is not None:
@@ -367,7 +417,7 @@ class Relay:
                 self._monitor = None
             # What is queued upstream gets a short, bounded chance to leave.
             self._push.close(linger=500)
-        self._pull = self._push = self._clock_front = self._clock_back = None
+        self._pull = self._push = self._clock_front = self._clock_back = self._raw = None
         if self._auth is not None:
             self._auth.stop()
             self._auth = None
@@ -391,10 +441,11 @@ class Relay:
     def _loop(self) -> None:
         pull, push = self._pull, self._push
         front, back, monitor = self._clock_front, self._clock_back, self._monitor
+        raw = self._raw
         assert pull is not None and push is not None
         poller = zmq.Poller()
         poller.register(pull, zmq.POLLIN)
-        for s in (front, back, monitor):
+        for s in (front, back, monitor, raw):
             if s is not None:
                 poller.register(s, zmq.POLLIN)
         bundle: list[bytes] = []
@@ -430,6 +481,8 @@ class Relay:
                     self._clock_down(back, front)
                 if monitor is not None and monitor in ready:
                     self._read_monitor(monitor)
+                if raw is not None and raw in ready:
+                    self._serve_raw(raw)
                 if (
                     held is None
                     and bundle
@@ -511,6 +564,11 @@ class Relay:
                 break
             c.received += 1
             c.received_bytes += len(frame)
+            if self.ring is not None:
+                try:
+                    self.ring.add(frame)
+                except Exception as exc:  # the ring must never cost the node its data
+                    self._error("raw_ring", exc)
             if reducer is None:
                 bundle.append(frame)
                 size += len(frame)
@@ -524,6 +582,25 @@ class Relay:
                 bundle.append(f)
                 size += len(f)
         return size
+
+    def _serve_raw(self, raw: zmq.Socket) -> None:
+        """Answer the drill-down requests waiting (`hub.rawring.answer`)."""
+        assert self.ring is not None
+        for _ in range(8):
+            try:
+                frames = raw.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            # [peer identity, b"", request] from a DEALER or REQ client.
+            if len(frames) != 3 or frames[1] != b"":
+                self.ring.counters.bad_requests += 1
+                continue
+            try:
+                raw.send_multipart(
+                    [frames[0], b"", *answer(self.ring, frames[2])], zmq.NOBLOCK, copy=False
+                )
+            except zmq.ZMQError as exc:  # the asker left, or its queue is full
+                self._error("raw_reply", exc)
 
     def _count_dropped(self, bundle: list[bytes], size: int) -> None:
         self.counters.dropped += len(bundle)
@@ -617,7 +694,9 @@ def _refuse_live_socket(path: str) -> None:
     raise zmq.ZMQError(zmq.EADDRINUSE, f"{path} is in use (another relay listens there)")
 
 
-def status_line(c: RelayCounters, reduced: ReduceCounters | None = None) -> str:
+def status_line(
+    c: RelayCounters, reduced: ReduceCounters | None = None, ring: RawRing | None = None
+) -> str:
     """One line of a relay's counters."""
     line = (
         f"received {c.received} ({c.received_bytes / (1 << 20):.1f} MiB)"
@@ -630,6 +709,12 @@ def status_line(c: RelayCounters, reduced: ReduceCounters | None = None) -> str:
             f" | reduced {reduced.reduced_rows} rows to {reduced.instances} instances"
             f" | {reduced.messages} node messages ({reduced.merged} from lower relays)"
             f" | {reduced.passed_rows} rows on unreduced"
+        )
+    if ring is not None:
+        rc = ring.counters
+        line += (
+            f" | raw ring {ring.nbytes / (1 << 20):.1f} MiB, {rc.evicted} evicted,"
+            f" {rc.requests} requests ({rc.bad_requests} bad), {rc.served_messages} served"
         )
     if c.errors:
         line += " | errors " + ", ".join(f"{k} {v}" for k, v in sorted(c.errors.items()))

@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "open": "open_",
     "hub": "hub",
     "relay": "relay",
+    "fetch": "fetch",
     "keys": "keys",
     "run": "run",
     "inspect": "inspect",

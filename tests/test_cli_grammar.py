@@ -71,7 +71,7 @@ def test_a_missing_recording_is_one_line_and_exit_2(tmp_path: Path, capsys) -> N
     cases = _missing_cases(missing, tmp_path)
     reading = {argv[0] for argv in cases}
     # Every command that reads a recording or snapshot is covered here.
-    assert reading == set(COMMANDS) - PRODUCERS - {"hub", "relay", "watch", "run", "keys"}
+    assert reading == set(COMMANDS) - PRODUCERS - {"hub", "relay", "fetch", "watch", "run", "keys"}
     for argv in cases:
         _one_line_error(capsys, argv, "nosuch")
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # and nothing was created

@@ -81,6 +81,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(hub.reduce)",
     )
     p.add_argument(
+        "--raw-ring",
+        type=float,
+        default=0.0,
+        metavar="MIB",
+        help="keep this many MiB of the collectors' recent messages, as sent, and serve "
+        "them for drill-down (`rankscope fetch`): what --reduce sums, the ring still holds "
+        "row by row [default: 0, none]",
+    )
+    p.add_argument(
+        "--raw-endpoint",
+        default=None,
+        metavar="ADDR",
+        help="where --raw-ring is served: ipc://PATH or tcp://127.0.0.1:PORT [default: "
+        "PATH.raw beside an ipc:// --listen, else a free loopback port]",
+    )
+    p.add_argument(
         "--status-every",
         type=float,
         default=5.0,
@@ -113,6 +129,10 @@ def run(args: argparse.Namespace) -> int:
     curve = _curve(args)
     if not args.flush_ms > 0:
         raise CommandError(f"--flush-ms must be > 0, got {args.flush_ms}")
+    if not 0 <= args.raw_ring <= 1 << 20:
+        raise CommandError(f"--raw-ring must be between 0 and {1 << 20} MiB, got {args.raw_ring}")
+    if args.raw_endpoint is not None and not args.raw_ring:
+        raise CommandError("--raw-endpoint needs --raw-ring MIB (the ring it serves)")
     server = None
     if args.serve_keys is not None:
         from rankscope.hub.security import KeyFileError, load_hub_security
@@ -130,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
             hwm=args.hwm,
             reduce=args.reduce,
             server=server,
+            raw_ring_bytes=int(args.raw_ring * (1 << 20)),
+            raw_endpoint=args.raw_endpoint,
         )
         relay.start()
     except RelayError as exc:
@@ -139,12 +161,19 @@ def run(args: argparse.Namespace) -> int:
         f"relay on {relay.endpoint} (clock {relay.clock_endpoint}) -> {relay.upstream} ({mode})",
         flush=True,
     )
-    try:
-        status_until_signal(
-            args.status_every,
-            lambda: status_line(relay.counters, relay.reducer and relay.reducer.counters),
+    if relay.ring is not None:
+        print(
+            f"raw ring of {args.raw_ring:g} MiB served on {relay.raw_endpoint} "
+            f"(rankscope fetch {relay.raw_endpoint} --ranks ... --record DIR)",
+            flush=True,
         )
+
+    def line() -> str:
+        return status_line(relay.counters, relay.reducer and relay.reducer.counters, relay.ring)
+
+    try:
+        status_until_signal(args.status_every, line)
     finally:
         relay.stop()
-        print(status_line(relay.counters, relay.reducer and relay.reducer.counters), flush=True)
+        print(line(), flush=True)
     return 0
