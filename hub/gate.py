@@ -35,6 +35,8 @@ ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 DATA_DOMAIN = b"rankscope-data"
 """ZAP domain of the hub's data socket (the cap counts its connections alone)."""
 CLOCK_DOMAIN = b"rankscope-clock"
+DRILL_DOMAIN = b"rankscope-drill"
+"""ZAP domain of the hub's drill socket (`hub.drill`): keys only, no cap."""
 
 HANDSHAKE_S = 10.0
 """Longest a peer may take over its greeting and handshake (ZeroMQ's ``HANDSHAKE_IVL``,

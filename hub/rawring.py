@@ -107,6 +107,8 @@ class RawRing:
         self._bytes = 0
         self._ids: dict[tuple[str, int], _Identity] = {}
         self._id_bytes = 0
+        self.version = 0
+        """Changes whenever the set of identities held does (what `runs` says)."""
 
     @property
     def nbytes(self) -> int:
@@ -146,6 +148,7 @@ class RawRing:
         if ident is None:
             self._ids[key] = _Identity(e)
             self._id_bytes += len(e.data)
+            self.version += 1
         else:
             self._id_bytes += len(e.data) - len(ident.hello.data)
             ident.hello = e
@@ -176,6 +179,7 @@ class RawRing:
             key = min(self._ids, key=lambda k: self._ids[k].hello.t_recv)
             gone = self._ids.pop(key)
             self._id_bytes -= len(gone.hello.data)
+            self.version += 1
             self.counters.evicted += 1
 
     def has(self, run: str | None, rank: int) -> bool:

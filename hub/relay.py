@@ -54,6 +54,7 @@ from rankscope.collector import schema
 from rankscope.collector.clock import clock_endpoint
 from rankscope.collector.security import ClientCurve
 from rankscope.collector.sender import check_endpoint
+from rankscope.hub.drill import DrillLink
 from rankscope.hub.rawring import MAX_REQUEST_BYTES, RawRing, answer
 from rankscope.hub.reduce import NodeReducer, ReduceCounters
 from rankscope.hub.security import HubSecurity
@@ -184,6 +185,7 @@ class Relay:
         server: HubSecurity | None = None,
         raw_ring_bytes: int = 0,
         raw_endpoint: str | None = None,
+        drill: str | None = None,
     ) -> None:
         """Configure (nothing is bound until `start`).
 
@@ -209,6 +211,9 @@ class Relay:
                 sent, and serve them on ``raw_endpoint`` (`hub.rawring`; 0: none).
             raw_endpoint: where drill-down requests are answered (default: ``PATH.raw``
                 beside an ``ipc://PATH`` listen address, else a free loopback port).
+            drill: the hub's drill address (``rankscope hub --drill``): the relay connects
+                to it with the upstream's keys, says what its ring holds and answers the
+                requests the hub routes to it (`hub.drill`).
 
         Raises:
             RelayError: a bad address or setting.
@@ -256,6 +261,13 @@ class Relay:
         )
         self._raw: zmq.Socket | None = None
         self._raw_bound = ""
+        if drill is not None and self.ring is None:
+            raise RelayError("--drill needs a raw ring (raw_ring_bytes > 0) to serve")
+        try:
+            self.drill = check_endpoint(drill) if drill is not None else None
+        except ValueError as exc:
+            raise RelayError(f"--drill: {exc}") from None
+        self._link: DrillLink | None = None
         self._ctx: zmq.Context | None = None
         self._pull: zmq.Socket | None = None
         self._push: zmq.Socket | None = None
@@ -299,6 +311,8 @@ class Relay:
                 self._auth = self.server.start_authenticator(ctx)
             self._bind(ctx)
             self._bind_raw(ctx)
+            if self.drill is not None:
+                self._link = DrillLink(ctx, self.drill, curve=self.curve)
             push = self._push = ctx.socket(zmq.PUSH)
             push.setsockopt(zmq.SNDHWM, self.hwm)
             push.setsockopt(zmq.LINGER, 0)
@@ -407,6 +421,9 @@ class Relay:
         self._close()
 
     def _close(self) -> None:
+        if self._link is not None:
+            self._link.close()
+            self._link = None
         for s in (self._pull, self._clock_front, self._clock_back, self._raw):
             if s is not None:
                 s.close(0)
@@ -442,10 +459,11 @@ class Relay:
         pull, push = self._pull, self._push
         front, back, monitor = self._clock_front, self._clock_back, self._monitor
         raw = self._raw
+        link = self._link
         assert pull is not None and push is not None
         poller = zmq.Poller()
         poller.register(pull, zmq.POLLIN)
-        for s in (front, back, monitor, raw):
+        for s in (front, back, monitor, raw, link.sock if link is not None else None):
             if s is not None:
                 poller.register(s, zmq.POLLIN)
         bundle: list[bytes] = []
@@ -483,6 +501,8 @@ class Relay:
                     self._read_monitor(monitor)
                 if raw is not None and raw in ready:
                     self._serve_raw(raw)
+                if link is not None:
+                    self._serve_drill(link, link.sock in ready)
                 if (
                     held is None
                     and bundle
@@ -601,6 +621,15 @@ class Relay:
                 )
             except zmq.ZMQError as exc:  # the asker left, or its queue is full
                 self._error("raw_reply", exc)
+
+    def _serve_drill(self, link: DrillLink, ready: bool) -> None:
+        """Say what the ring holds (every few seconds) and answer what the hub routed."""
+        ring = self.ring
+        assert ring is not None
+        link.announce(ring, time.monotonic())
+        if ready:
+            bad = link.serve(lambda req: answer(ring, req))
+            ring.counters.bad_requests += bad
 
     def _count_dropped(self, bundle: list[bytes], size: int) -> None:
         self.counters.dropped += len(bundle)

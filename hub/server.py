@@ -33,8 +33,10 @@ import zmq
 from rankscope.collector import schema
 from rankscope.collector.clock import clock_endpoint
 from rankscope.hub import allocator
-from rankscope.hub.gate import CLOCK_DOMAIN, DATA_DOMAIN, Gate
+from rankscope.hub.drill import DrillBroker, drill_endpoint
+from rankscope.hub.gate import CLOCK_DOMAIN, DATA_DOMAIN, DRILL_DOMAIN, Gate
 from rankscope.hub.intake import Intake
+from rankscope.hub.rawring import MAX_REPLY_BYTES
 from rankscope.hub.recording import ReadReport, RecordingWriter, segments
 from rankscope.hub.replay import load
 from rankscope.hub.security import HubSecurity
@@ -102,6 +104,7 @@ class Hub:
         keep_freed_memory: bool = True,
         security: HubSecurity | None = None,
         limits: Limits | None = None,
+        drill: bool = False,
     ) -> None:
         """Configure (nothing is bound until `start`).
 
@@ -126,6 +129,8 @@ class Hub:
             limits: what the hub accepts whatever a sender claims (`hub.validate.Limits`;
                 ``LIVE_LIMITS`` by default; a production hub adds a window around its
                 clock, ``Limits(time_window_s=DEFAULT_TIME_WINDOW_S)``).
+            drill: also bind the drill socket (``PORT + 2``, ``PATH.drill``), through which
+                relays that keep raw rows answer drill-down requests (`hub.drill`).
         """
         self.bind = bind
         self.security = security
@@ -147,6 +152,9 @@ class Hub:
         self._ctx: zmq.Context | None = None
         self._data: zmq.Socket | None = None
         self._clock: zmq.Socket | None = None
+        self.drill = drill
+        self._drill: zmq.Socket | None = None
+        self.broker: DrillBroker | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._started = False
@@ -226,6 +234,16 @@ class Hub:
                         target=self._clock_loop, name="rankscope-hub-clock", daemon=True
                     )
                 )
+            if self._drill is not None:
+                self.broker = DrillBroker(self._drill, self._latest_run)
+                self._threads.append(
+                    threading.Thread(
+                        target=self.broker.run,
+                        args=(self._stop,),
+                        name="rankscope-hub-drill",
+                        daemon=True,
+                    )
+                )
             for t in self._threads:
                 t.start()
             log.info(
@@ -261,6 +279,23 @@ class Hub:
             self._gate.prepare(clock, CLOCK_DOMAIN)
         return clock
 
+    def _new_drill_socket(self) -> zmq.Socket:
+        assert self._ctx is not None
+        s = self._ctx.socket(zmq.ROUTER)
+        s.setsockopt(zmq.LINGER, 0)
+        # Requests and relays' announcements are small; replies are relays' raw messages.
+        s.setsockopt(zmq.MAXMSGSIZE, MAX_REPLY_BYTES + (1 << 20))
+        s.setsockopt(zmq.SNDHWM, 64)
+        if self.security is not None:
+            self.security.apply(s)
+        if self._gate is not None:
+            self._gate.prepare(s, DRILL_DOMAIN)
+        return s
+
+    def _latest_run(self) -> str | None:
+        ids = self.store.run_ids()
+        return ids[-1] if ids else None
+
     def _bind(self) -> None:
         assert self._ctx is not None
         if self.transport != "tcp":
@@ -270,6 +305,9 @@ class Hub:
             if where is not None:  # ipc: the clock beside the data socket's path
                 self._clock = self._new_clock_socket()
                 self._clock.bind(where)
+            if self.drill and self.transport == "ipc":
+                self._drill = self._new_drill_socket()
+                self._drill.bind(drill_endpoint(self.bind))
             return
         tries = 50 if self.port == 0 else 1
         last_exc: Exception | None = None
@@ -287,14 +325,18 @@ class Hub:
                     exc.errno, f"cannot bind hub data socket {self.bind}: {exc}"
                 ) from None
             clock = self._new_clock_socket()
+            drill = self._new_drill_socket() if self.drill else None
             try:
                 clock.bind(f"tcp://{self.host}:{port + 1}")
+                if drill is not None:
+                    drill.bind(f"tcp://{self.host}:{port + 2}")
             except zmq.ZMQError as exc:
-                clock.close(0)
-                data.close(0)
+                for s in (drill, clock, data):
+                    if s is not None:
+                        s.close(0)
                 last_exc = exc
-                continue  # the clock port is taken: try another pair
-            self._data, self._clock, self.port = data, clock, port
+                continue  # the clock (or drill) port is taken: try other ports
+            self._data, self._clock, self._drill, self.port = data, clock, drill, port
             return
         raise zmq.ZMQError(
             getattr(last_exc, "errno", zmq.EADDRINUSE),
@@ -310,6 +352,11 @@ class Hub:
         if host in ("*", "0.0.0.0", "::", "[::]"):
             host = socket.gethostname()
         return f"tcp://{host}:{self.port}"
+
+    @property
+    def drill_endpoint(self) -> str | None:
+        """Where drill-down requests are taken (None without ``drill``)."""
+        return drill_endpoint(self.endpoint) if self._drill is not None else None
 
     @property
     def clock_endpoint(self) -> str | None:
@@ -339,10 +386,10 @@ class Hub:
                 self._data.disable_monitor()
             self._gate.close()  # its thread has ended (or never started)
             self._gate = None
-        for s in (self._data, self._clock):
+        for s in (self._data, self._clock, self._drill):
             if s is not None:
                 s.close(0)
-        self._data = self._clock = None
+        self._data = self._clock = self._drill = None
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None

@@ -24,8 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "endpoint",
         metavar="ENDPOINT",
-        help="the relay's raw endpoint, as `rankscope relay --raw-ring` printed it "
-        "(ipc://PATH.raw, tcp://HOST:PORT)",
+        help="a relay's raw endpoint, as `rankscope relay --raw-ring` printed it "
+        "(ipc://PATH.raw, tcp://HOST:PORT), or the hub's drill endpoint (`rankscope hub "
+        "--drill`: tcp://HUB:PORT+2), which asks the relays that hold the ranks",
     )
     p.add_argument("--record", metavar="DIR", required=True, help="recording to write into")
     add_run(p, "run id (default: the newest run the relay holds)")
@@ -62,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--keys",
         metavar="DIR",
         default=None,
-        help="CURVE client keys, for a rack's relay that serves the hub's keys "
+        help="CURVE client keys, for a hub (or a rack's relay) that serves the hub's keys "
         "(default: those `rankscope keys` made, else plain)",
     )
     p.add_argument("--insecure", action="store_true", help="plain ZeroMQ even where keys are found")

@@ -160,6 +160,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "bounds what ZeroMQ holds [default: %(default)s]",
     )
     p.add_argument(
+        "--drill",
+        action="store_true",
+        help="also take drill-down requests on PORT+2 (PATH.drill): relays started with "
+        "--raw-ring and --drill ADDR connect to it and answer for their ranks' raw rows "
+        "(`rankscope fetch tcp://HUB:PORT+2 --ranks ...`), with the data socket's keys",
+    )
+    p.add_argument(
         "--no-resume",
         action="store_true",
         help="do not reload an existing recording in DIR into memory at start",
@@ -232,6 +239,7 @@ def run(args: argparse.Namespace) -> int:
             resume=not args.no_resume,
             rcvhwm=args.rcvhwm,
             security=security,
+            drill=args.drill,
             limits=Limits(
                 time_window_s=args.time_window or None,
                 max_world_size=args.max_world,
@@ -288,6 +296,8 @@ def run(args: argparse.Namespace) -> int:
         f"rankscope hub on {hub.endpoint} (clock {hub.clock_endpoint}, {mode}){where}{resumed}",
         flush=True,
     )
+    if hub.drill_endpoint is not None:
+        print(f"drill-down requests on {hub.drill_endpoint} (rankscope fetch)", flush=True)
     try:
         status_until_signal(args.status_every, lambda: status_line(hub.health, hub.store))
     finally:

@@ -97,6 +97,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "PATH.raw beside an ipc:// --listen, else a free loopback port]",
     )
     p.add_argument(
+        "--drill",
+        default=None,
+        metavar="ADDR",
+        help="the hub's drill address (rankscope hub --drill: tcp://HUB:PORT+2): connect "
+        "to it with the upstream's keys and answer, from --raw-ring, the drill-down "
+        "requests the hub routes here; no port opens on the node",
+    )
+    p.add_argument(
         "--status-every",
         type=float,
         default=5.0,
@@ -133,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--raw-ring must be between 0 and {1 << 20} MiB, got {args.raw_ring}")
     if args.raw_endpoint is not None and not args.raw_ring:
         raise CommandError("--raw-endpoint needs --raw-ring MIB (the ring it serves)")
+    if args.drill is not None and not args.raw_ring:
+        raise CommandError("--drill needs --raw-ring MIB (the ring it answers from)")
     server = None
     if args.serve_keys is not None:
         from rankscope.hub.security import KeyFileError, load_hub_security
@@ -152,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
             server=server,
             raw_ring_bytes=int(args.raw_ring * (1 << 20)),
             raw_endpoint=args.raw_endpoint,
+            drill=args.drill,
         )
         relay.start()
     except RelayError as exc:
