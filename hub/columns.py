@@ -92,6 +92,14 @@ class Columns:
         lo, hi = self._lo, self._lo + self.n
         return {name: col[lo:hi] for name, col in self._cols.items()}
 
+    def fit(self, limit: int) -> None:
+        """Set ``limit`` and give back the capacity beyond what it lets the table grow to
+        (a quarter above it, as `append` grows), keeping the rows."""
+        self.limit = int(limit)
+        most = max(self._min, self.n, self.limit + self.limit // 4)
+        if self.capacity > most:
+            self._resize(most)
+
     def keep(self, mask: np.ndarray) -> None:
         """Keep only the rows where ``mask`` is True, in order."""
         idx = np.flatnonzero(mask)

@@ -63,9 +63,10 @@ _CHECKED = (*HOST_COLUMNS, "expert_tokens")
 """Step columns whose impossible values are read as unknown and counted."""
 
 MAX_INSTANCE_ROWS = 1_000_000
-"""Closed instances a run keeps by default (~105 bytes each): a 65,536-rank job's 200
-collectives a step close 1.5 M instances a step, which a ring of 61 steps would keep as
-10 GB; the oldest go first (`RunState.trim`)."""
+"""Closed instances the store keeps by default over all its runs (~105 bytes each, shared
+as the ring cells are, `Store`): a 65,536-rank job's 200 collectives a step close 1.5 M
+instances a step, which a ring of 61 steps would keep as 10 GB; the oldest go first
+(`RunState.trim`)."""
 
 
 def host_value_bounds(values: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> np.ndarray:
@@ -894,6 +895,18 @@ class RunState:
     def raw_cutoff(self) -> int | None:
         """Oldest step whose raw rows are kept: the last ``raw_steps`` step ids."""
         return None if self.max_step is None else self.max_step - self.raw_steps + 1
+
+    def bound_instances(self, rows: int) -> None:
+        """Keep at most ``rows`` closed instances from now on (the store shares its budget
+        among the runs, `Store`): the oldest beyond go at once, and the table gives back
+        the memory it no longer needs."""
+        rows = max(1, int(rows))
+        if rows == self.max_instance_rows:
+            return
+        self.max_instance_rows = rows
+        if len(self.instances) > rows:
+            self.trim()
+        self.instances.fit(rows)
 
     def trim(self) -> None:
         """Drop instances and samples older than what the ring still holds, and the oldest

@@ -34,6 +34,11 @@ planned by `hub.ringbudget`:
   offers an active run a quarter more than it holds, the ring grows. The plan is revisited
   when a run says hello and on every `Store.settle`.
 
+Closed collective instances share one budget too, ``max_instance_rows`` over all runs, in
+proportion to the rings' cells (at least `MIN_INSTANCE_ROWS` a run, or an eighth of a
+smaller budget): a finished baseline
+at its floor gives up its instances to the run under study, and its table the memory.
+
 Beyond the rings: the pending rows of at most ``stale_steps`` steps (more while a rank
 that still sends steps lags, `LAG_HOLD_S`, and never older than the ring) and the raw rows
 of ``raw_steps`` steps per run; identities and manifests, packed, within the identity budget
@@ -74,6 +79,9 @@ from rankscope.hub.runstate import MAX_INSTANCE_ROWS, REDUCED, RunState, RunSumm
 
 MIN_RING_STEPS = 16
 """Fewest steps a ring holds, whatever the world size and the budget."""
+MIN_INSTANCE_ROWS = 65_536
+"""Closed instances a run keeps whatever the others hold (a few steps of a large job, all
+of a small one's window); the budget's shares start from it."""
 WATCH_S = 30.0
 """How long a `Store.watch` keeps a run planned as active after the viewer's last read."""
 LAG_HOLD_S = 60.0
@@ -142,8 +150,9 @@ class Store:
                 the default holds a 16-step baseline window at 16,384 ranks.
             idle_s: seconds without a new step (on the steps' hub-aligned clock, behind
                 the newest step of any run) after which a run gives up ring space first.
-            max_instance_rows: closed collective instances a run keeps (~105 bytes each),
-                the newest; their sums stay in the ring whatever is dropped.
+            max_instance_rows: closed collective instances the store keeps over all runs
+                (~105 bytes each), shared as the ring cells are (`_bound_instances`), the
+                newest of each run; their sums stay in the rings whatever is dropped.
 
         Raises:
             ValueError: a bound out of range.
@@ -296,6 +305,7 @@ class Store:
                         h["job"], h["run"], world, history, self.raw_steps, self.max_instance_rows
                     )
                     self._runs[h["run"]] = run
+                    self._bound_instances()
                 run.hello(h)
                 run.heard_ns[h["rank"]] = heard
                 return
@@ -418,7 +428,21 @@ class Store:
             for i in order:
                 if grow[i]:
                     runs[i].resize(target[i])
+        self._bound_instances()
         return target[-1] if new is not None else 0
+
+    def _bound_instances(self) -> None:
+        """Share ``max_instance_rows`` among the runs as their rings share the cells: a
+        run keeps instances in proportion to its ring's cells (a finished baseline at its
+        floor keeps few, the run under study most), and every run at least
+        `MIN_INSTANCE_ROWS` (an eighth of the budget, when that is smaller)."""
+        runs = list(self._runs.values())
+        cells = [r.world_size * r.H for r in runs]
+        total = sum(cells)
+        least = min(MIN_INSTANCE_ROWS, max(1, self.max_instance_rows // 8))
+        for r, c in zip(runs, cells, strict=True):
+            share = self.max_instance_rows * c // total if total else self.max_instance_rows
+            r.bound_instances(max(least, share))
 
     def ring_cells(self) -> dict[str, int]:
         """Rank × step cells of every run's ring (run -> cells); their sum stays within

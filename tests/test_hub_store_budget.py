@@ -253,3 +253,48 @@ def test_the_views_sampler_marks_the_run_it_shows() -> None:
     store.settle()
     assert sample(StoreSource(store, "test"), "a", 16).window is not None
     assert set(store._watched) == {"a"}
+
+
+def test_the_instance_budget_is_shared_as_the_ring_cells_are() -> None:
+    world = 4
+    store = Store(history_steps=40, max_cells=224, floor_cells=32, idle_s=60, max_instance_rows=24)
+    intake = Intake(store)
+    feed(intake, hello("base", world, T0) + steps("base", world, 0, 50, T0))
+    store.settle()
+    base = store.run_state("base")
+    # Alone, the baseline run holds the whole budget: its newest steps' instances.
+    assert 12 <= len(base.instances) <= 24
+    assert store.window("base").instances.step.max() == 49
+
+    t1 = T0 + GAP_NS
+    feed(intake, hello("live", world, t1))
+    # Idle at its floor (16 of the 224 cells' steps, 64 cells against the new run's 160),
+    # the baseline keeps its share of the budget, 24 x 64 / 224: the newest of its steps.
+    assert base.max_instance_rows == 24 * 64 // 224
+    assert 0 < len(base.instances) <= 6
+    assert store.window("base").instances.step.min() >= 44
+    feed(intake, steps("live", world, 0, 60, t1))
+    store.settle()
+    live = store.run_state("live")
+    assert live.max_instance_rows == 24 * 160 // 224
+    assert 0 < len(live.instances) <= 17
+    assert len(live.instances) + len(base.instances) <= 24
+    assert store.window("live").instances.step.max() == 59
+    # What was dropped is counted; the sums of every instance stay in the rings.
+    assert live.instances_dropped > 0
+    w = store.window("live")
+    assert w.coll["times_last"][world - 1].tolist() == [1.0] * 40
+
+
+def test_a_table_bound_lower_gives_its_memory_back() -> None:
+    from rankscope.hub.columns import Columns
+
+    t = Columns({"a": np.int64}, 16, limit=100_000)
+    t.append({"a": np.arange(90_000)}, 90_000)
+    t.keep(np.arange(90_000) >= 89_000)  # a thousand rows left in a large buffer
+    big = t.capacity
+    t.fit(2_000)
+    assert t.capacity == 2_500 < big and t.limit == 2_000
+    assert t.view()["a"].tolist() == list(range(89_000, 90_000))
+    t.fit(100)  # never below the rows held
+    assert t.capacity == 1_000 and len(t) == 1_000

@@ -91,8 +91,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=MAX_INSTANCE_ROWS,
         metavar="N",
-        help="closed collective instances each run keeps in memory (~105 bytes each), "
-        "those of its newest steps; the sums of older ones stay [default: %(default)s]",
+        help="closed collective instances the hub keeps in memory over all runs (~105 "
+        "bytes each), shared as the rings are: each run those of its newest steps; the "
+        "sums of older ones stay [default: %(default)s]",
     )
     p.add_argument(
         "--idle",
