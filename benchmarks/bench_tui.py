@@ -546,7 +546,7 @@ def run(quick: bool) -> str:
         f"one node message per {NODE_RANKS} ranks, what a rack's reducing relay sends, whose "
         "last chunk also carries its hosts' tensor-parallel instances and their sums "
         f"({TP_INSTANCES} a host a step, 1.6 M a step at 65,536 ranks; the store keeps the "
-        "newest `max_instance_rows`, 1 M, so earlier ones would be gone by the end). The "
+        "newest `max_instance_rows`, 1 M over all runs, shared as the rings' cells are, so earlier ones would be gone by the end). The "
         "rings of all runs "
         f"share the store's budget of {first['budget_cells'] / 1e6:.0f} M rank × step "
         "cells, so a larger world keeps fewer steps per rank; the finished baseline gives "
