@@ -55,6 +55,9 @@ REPLY_S = 5.0
 MAX_PENDING = 64
 """Requests in flight at once; more are refused until some are answered."""
 MAX_ANNOUNCED_RANKS = 1 << 20
+MAX_HELD_BYTES = 512 << 20
+"""Bytes of relays' answers the hub holds at once over all requests in flight; an answer
+that would go past it is left out (its ranks said missing, the reply marked cut)."""
 
 
 def drill_endpoint(data_endpoint: str) -> str:
@@ -85,9 +88,13 @@ class _Pending:
     asked: list[int]
     waiting: set[bytes]
     deadline: float
+    share: int = 0
+    """Bytes each relay may answer with (the request's bound over the relays asked)."""
     missing: set[int] = field(default_factory=set)
     heads: list[dict[str, Any]] = field(default_factory=list)
     messages: list[bytes] = field(default_factory=list)
+    held: int = 0
+    cut: bool = False
 
 
 @dataclass
@@ -117,6 +124,8 @@ class DrillBroker:
         self.counters = DrillCounters()
         self._relays: dict[bytes, _Relay] = {}
         self._pending: dict[bytes, _Pending] = {}
+        self._held = 0
+        """Bytes of answers held over all requests in flight (`MAX_HELD_BYTES`)."""
         self._ids = itertools.count(1)
 
     def run(self, stop: threading.Event) -> None:
@@ -134,7 +143,9 @@ class DrillBroker:
                     except Exception as exc:  # one bad peer must not stop the broker
                         self.counters.bad += 1
                         log.warning("drill: %r", exc)
-            self.expire(time.monotonic())
+            now = time.monotonic()
+            self.expire(now)
+            self._forget(now)
 
     # -- frames -------------------------------------------------------------------------
     def handle(self, frames: list[bytes]) -> None:
@@ -215,10 +226,10 @@ class DrillBroker:
             self._finish(rid, pend)
             return
         self._pending[rid] = pend
-        share = max(1, req.max_bytes // len(parts))
+        pend.share = max(1, req.max_bytes // len(parts))
         for peer, ranks in parts.items():
             sub = Request(
-                run=run, ranks=tuple(ranks), steps=req.steps, last=req.last, max_bytes=share
+                run=run, ranks=tuple(ranks), steps=req.steps, last=req.last, max_bytes=pend.share
             )
             self._send(peer, [b"fetch", rid, sub.encode()])
 
@@ -228,30 +239,41 @@ class DrillBroker:
             self.counters.bad += 1  # late (its request timed out) or not asked
             return
         pend.waiting.discard(peer)
+        size = sum(map(len, messages))
         try:
             h = msgpack.unpackb(head, raw=False)
             ok = isinstance(h, dict) and h.get("ok") is True
             t_recv = h.get("t_recv") if ok else None
             if not ok or not isinstance(t_recv, list) or len(t_recv) != len(messages):
                 raise ValueError("bad reply")
+            if size > pend.share:  # a relay answers within what it was given
+                raise ValueError("reply over its share")
         except Exception:
             self.counters.bad += 1
-            pend.missing |= self._relays.get(peer, _Relay({}, 0.0)).runs.get(pend.run, set())
+            pend.missing |= self._asked_of(peer, pend)
         else:
-            pend.heads.append(h)
-            pend.messages += messages
+            if self._held + size > MAX_HELD_BYTES:
+                pend.missing |= self._asked_of(peer, pend)
+                pend.cut = True
+            else:
+                self._held += size
+                pend.held += size
+                pend.heads.append(h)
+                pend.messages += messages
         if not pend.waiting:
             del self._pending[rid]
             self._finish(rid, pend)
+
+    def _asked_of(self, peer: bytes, pend: _Pending) -> set[int]:
+        relay = self._relays.get(peer)
+        return relay.runs.get(pend.run, set()) & set(pend.asked) if relay is not None else set()
 
     def expire(self, now: float) -> None:
         for rid, pend in list(self._pending.items()):
             if now >= pend.deadline:
                 self.counters.timed_out += len(pend.waiting)
                 for peer in pend.waiting:
-                    relay = self._relays.get(peer)
-                    if relay is not None:
-                        pend.missing |= relay.runs.get(pend.run, set()) & set(pend.asked)
+                    pend.missing |= self._asked_of(peer, pend)
                 del self._pending[rid]
                 self._finish(rid, pend)
 
@@ -277,12 +299,13 @@ class DrillBroker:
             "ok": True,
             "run": pend.run if pend.messages else None,
             "messages": len(pend.messages),
-            "cut": any(bool(h.get("cut")) for h in pend.heads),
+            "cut": pend.cut or any(bool(h.get("cut")) for h in pend.heads),
             "held": held,
             "missing": sorted(pend.missing)[:1000],
             "t_recv": t_recv,
         }
         self.counters.answered += 1
+        self._held -= pend.held
         self._send(pend.client, [msgpack.packb(head), *pend.messages])
 
 

@@ -36,7 +36,6 @@ from rankscope.hub import allocator
 from rankscope.hub.drill import DrillBroker, drill_endpoint
 from rankscope.hub.gate import CLOCK_DOMAIN, DATA_DOMAIN, DRILL_DOMAIN, Gate
 from rankscope.hub.intake import Intake
-from rankscope.hub.rawring import MAX_REPLY_BYTES
 from rankscope.hub.recording import ReadReport, RecordingWriter, segments
 from rankscope.hub.replay import load
 from rankscope.hub.security import HubSecurity
@@ -283,8 +282,9 @@ class Hub:
         assert self._ctx is not None
         s = self._ctx.socket(zmq.ROUTER)
         s.setsockopt(zmq.LINGER, 0)
-        # Requests and relays' announcements are small; replies are relays' raw messages.
-        s.setsockopt(zmq.MAXMSGSIZE, MAX_REPLY_BYTES + (1 << 20))
+        # Requests and relays' announcements are small; a relay's answer is frames of its
+        # collectors' messages, each within the data socket's bound.
+        s.setsockopt(zmq.MAXMSGSIZE, schema.MAX_MESSAGE_BYTES + (1 << 20))
         s.setsockopt(zmq.SNDHWM, 64)
         if self.security is not None:
             self.security.apply(s)

@@ -153,3 +153,52 @@ def test_drill_flags_need_their_ring(tmp_path: Path, capsys) -> None:
     ]
     assert main(argv) == 2
     assert "--drill needs --raw-ring" in capsys.readouterr().err
+
+
+class _Sent:
+    """A stand-in for the broker's socket that keeps what it sends."""
+
+    def __init__(self) -> None:
+        self.out: list[list[bytes]] = []
+
+    def send_multipart(self, frames, *args, **kw) -> None:  # type: ignore[no-untyped-def]
+        self.out.append([bytes(f) for f in frames])
+
+
+def _announce(broker, peer: bytes, runs) -> None:  # type: ignore[no-untyped-def]
+    broker.handle([peer, b"", b"serve", msgpack.packb({"v": PROTOCOL, "runs": runs})])
+
+
+def _reply_head(n: int) -> bytes:
+    return msgpack.packb({"v": PROTOCOL, "ok": True, "messages": n, "t_recv": [0] * n})
+
+
+def test_the_broker_holds_relays_to_their_share_and_its_own_bound(monkeypatch) -> None:
+    from rankscope.hub import drill
+
+    sent = _Sent()
+    broker = drill.DrillBroker(sent, lambda: "r")  # type: ignore[arg-type]
+    _announce(broker, b"A", {"r": [1, 2]})
+    _announce(broker, b"B", {"r": [3]})
+    broker.handle([b"client", b"", Request(ranks=(1, 3), max_bytes=1000).encode()])
+    fetches = {f[0]: f for f in sent.out}
+    assert set(fetches) == {b"A", b"B"} and fetches[b"A"][2] == b"fetch"
+    rid = fetches[b"A"][3]
+    asked = msgpack.unpackb(fetches[b"A"][4])
+    assert asked["ranks"] == [1] and asked["max_bytes"] == 500  # split between the relays
+    # A answers beyond its share: refused, its ranks said missing; B's answer is kept.
+    broker.handle([b"A", b"", b"reply", rid, _reply_head(1), b"x" * 600])
+    broker.handle([b"B", b"", b"reply", rid, _reply_head(1), b"y" * 400])
+    client = sent.out[-1]
+    assert client[0] == b"client"
+    head = msgpack.unpackb(client[2])
+    assert head["ok"] and head["missing"] == [1] and client[3:] == [b"y" * 400]
+    assert broker.counters.bad == 1
+    # Past the bound on what the hub holds at once, an answer is left out and said cut.
+    monkeypatch.setattr(drill, "MAX_HELD_BYTES", 300)
+    broker.handle([b"client", b"", Request(ranks=(3,), max_bytes=1000).encode()])
+    rid = sent.out[-1][3]
+    broker.handle([b"B", b"", b"reply", rid, _reply_head(1), b"z" * 400])
+    head = msgpack.unpackb(sent.out[-1][2])
+    assert head["cut"] and head["missing"] == [3] and len(sent.out[-1]) == 3
+    assert broker._held == 0  # nothing left held once answered

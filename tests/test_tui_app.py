@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from textual.widgets import Static
 
 from rankscope.tui.app import RankscopeApp, make_app
 from rankscope.tui.detail_screen import RankDetailScreen
@@ -656,6 +657,10 @@ async def test_a_run_reduced_by_relays_opens_in_every_view() -> None:
         await settle(pilot, app, analysis=False)
         assert isinstance(app.screen, RankDetailScreen) and app.screen.rank == rank
         assert app.detail is not None and app.detail.rank == rank
+        # The calls its node's relay matched are counted, and where their rows are is said.
+        assert app.detail.reduced_calls > 0
+        note = app.screen.query_one("#reduced", Static)
+        assert note.display and f"--ranks {rank}" in str(note.render())
         await pilot.press("escape")
         await pilot.press("q")
     assert app.return_code == 0

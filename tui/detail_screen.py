@@ -96,6 +96,17 @@ def series_text(detail: RankDetail, width: int) -> Text:
     return text
 
 
+def reduced_note(detail: RankDetail) -> Text:
+    """What a reducing relay left on the node, and how to get it."""
+    return Text.assemble(
+        (f"{detail.reduced_calls:.3g} calls a step", "bold"),
+        " matched on the rank's node by its relay: counted above, their rows kept there. "
+        "Raw rows: ",
+        (f"rankscope fetch tcp://HUB:PORT+2 --ranks {detail.rank} --steps 16 --record DIR", "bold"),
+        " (hub --drill, relay --raw-ring MIB --drill)",
+    )
+
+
 class RankDetailScreen(Screen):
     """One rank against the median rank: over time, phases, collectives, device and host
     samples, work per step."""
@@ -116,6 +127,7 @@ class RankDetailScreen(Screen):
     DEFAULT_CSS = """
     RankDetailScreen #title { height: 1; background: $panel; padding: 0 1; }
     RankDetailScreen #series { height: auto; padding: 0 1; }
+    RankDetailScreen #reduced { height: auto; padding: 0 1 1 1; }
     RankDetailScreen DataTable { height: auto; margin: 0 1 1 0; }
     RankDetailScreen Horizontal { height: auto; }
     RankDetailScreen Horizontal > DataTable { width: 1fr; }
@@ -151,6 +163,7 @@ class RankDetailScreen(Screen):
             for i, label in enumerate(labels):
                 table.add_column(label, key=f"c{i}")
             yield table
+            yield Static(id="reduced")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -182,6 +195,10 @@ class RankDetailScreen(Screen):
         sync_table(self.query_one("#collectives", DataTable), compare_rows(detail.collectives))
         sync_table(self.query_one("#samples", DataTable), compare_rows(detail.samples))
         sync_table(self.query_one("#work", DataTable), compare_rows(detail.work))
+        reduced = self.query_one("#reduced", Static)
+        reduced.display = detail.reduced_calls > 0
+        if detail.reduced_calls > 0:
+            reduced.update(reduced_note(detail))
         calls = self.query_one("#calls", DataTable)
         calls.display = bool(detail.coll_rows)
         sync_table(

@@ -105,6 +105,9 @@ class RankDetail:
     samples: tuple[Compare, ...]
     work: tuple[Compare, ...]
     """Mean work per step."""
+    reduced_calls: float = 0.0
+    """Mean calls a step of the rank that its node's relay matched (`Window.reduced`):
+    counted in ``collectives``, their rows not at the hub (the relay's raw ring has them)."""
 
 
 def _median_rank(x: np.ndarray) -> np.ndarray:
@@ -206,7 +209,16 @@ def rank_detail(window: Window, rank: int) -> RankDetail:
         coll_rows=_coll_rows(window, rank),
         samples=tuple(s for s in samples if math.isfinite(s.rank) or math.isfinite(s.median)),
         work=tuple(w for w in work if math.isfinite(w.rank) or math.isfinite(w.median)),
+        reduced_calls=_reduced_calls(window, rank),
     )
+
+
+def _reduced_calls(window: Window, rank: int) -> float:
+    n = window.reduced.get("n")
+    if n is None:
+        return 0.0
+    mean = _mean(np.where(window.present[rank], n[rank], np.nan))
+    return mean if math.isfinite(mean) else 0.0
 
 
 def _coll_rows(window: Window, rank: int) -> tuple[CollRow, ...]:
