@@ -13,7 +13,7 @@ import argparse
 import numpy as np
 
 from rankscope.collector import schema
-from rankscope.commands.grammar import add_run, add_steps, load_run, recording_of
+from rankscope.commands.grammar import add_run, add_steps, load_run, rank_ranges, recording_of
 from rankscope.diagnosis.window import Window
 from rankscope.errors import CommandError
 from rankscope.sanitize import terminal_text
@@ -77,17 +77,7 @@ def parse_ranks(spec: str, window: Window) -> list[int]:
         late = np.nansum(window.coll["late_ns"], axis=1)
         order = np.lexsort((np.arange(world), -late, -times))
         return sorted(int(r) for r in order[:n])
-    out: set[int] = set()
-    for part in spec.split(","):
-        lo, sep, hi = part.strip().partition("-")
-        try:
-            a, b = int(lo), int(hi) if sep else int(lo)
-        except ValueError:
-            raise ValueError(f"--ranks {spec!r}: {part!r} is not a rank or a range A-B") from None
-        if not 0 <= a <= b < world:
-            raise ValueError(f"--ranks {spec!r}: {part!r} is outside the run's ranks 0-{world - 1}")
-        out.update(range(a, b + 1))
-    return sorted(out)
+    return rank_ranges(spec, world)
 
 
 def recorded_phases(path: str, window: Window) -> tuple[dict[str, np.ndarray], list[str]]:

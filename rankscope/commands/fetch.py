@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from rankscope.commands.grammar import add_run, steps_count
+from rankscope.commands.grammar import add_run, rank_ranges, steps_count
 from rankscope.errors import CommandError
 from rankscope.sanitize import terminal_text
 
@@ -69,27 +69,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--insecure", action="store_true", help="plain ZeroMQ even where keys are found")
 
 
-def rank_spec(spec: str) -> tuple[int, ...]:
-    """``A-B,C,...`` (inclusive ranges) as sorted ranks.
-
-    Raises:
-        ValueError: naming the bad part.
-    """
-    out: set[int] = set()
-    for part in spec.split(","):
-        lo, sep, hi = part.strip().partition("-")
-        try:
-            a, b = int(lo), int(hi) if sep else int(lo)
-        except ValueError:
-            raise ValueError(f"--ranks {spec!r}: {part!r} is not a rank or a range A-B") from None
-        if not 0 <= a <= b < 1 << 31:
-            raise ValueError(f"--ranks {spec!r}: {part!r} is not a range of ranks")
-        if b - a >= 1 << 20:
-            raise ValueError(f"--ranks {spec!r}: {part!r} names more than {1 << 20} ranks")
-        out.update(range(a, b + 1))
-    return tuple(sorted(out))
-
-
 def _step_range(text: str) -> tuple[int, int]:
     a, sep, b = text.partition(":")
     try:
@@ -107,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     from rankscope.hub.recording import RecordingWriter
 
     try:
-        ranks = rank_spec(args.ranks) if args.ranks is not None else None
+        ranks = tuple(rank_ranges(args.ranks)) if args.ranks is not None else None
     except ValueError as exc:
         raise CommandError(str(exc)) from None
     steps = _step_range(args.step_range) if args.step_range is not None else None

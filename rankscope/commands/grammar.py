@@ -48,6 +48,31 @@ METAVARS: dict[str, str] = {
 """The metavar of each shared option: what kind of value it takes, the same everywhere."""
 
 
+def rank_ranges(spec: str, world: int = 1 << 31) -> list[int]:
+    """The ranks of a ``--ranks A-B,C,...`` spec (inclusive ranges), sorted.
+
+    Args:
+        spec: the option's value.
+        world: ranks are below it (the run's world size, where known).
+
+    Raises:
+        ValueError: naming the bad part of the spec.
+    """
+    out: set[int] = set()
+    for part in spec.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        try:
+            a, b = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise ValueError(f"--ranks {spec!r}: {part!r} is not a rank or a range A-B") from None
+        if not 0 <= a <= b < world:
+            raise ValueError(f"--ranks {spec!r}: {part!r} is outside the run's ranks 0-{world - 1}")
+        if b - a >= 1 << 20:
+            raise ValueError(f"--ranks {spec!r}: {part!r} names more than {1 << 20} ranks")
+        out.update(range(a, b + 1))
+    return sorted(out)
+
+
 def warn(text: str) -> None:
     """One line on stderr that does not stop the command."""
     print(f"rankscope: warning: {text}", file=sys.stderr)
