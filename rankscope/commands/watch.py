@@ -37,6 +37,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_run(p, "run to show (default: the newest full run)")
     p.add_argument("--config", default=None, help="settings file (see config/default.toml)")
+    p.add_argument(
+        "--drill",
+        action="store_true",
+        help="also take drill-down requests on PORT+2, as `rankscope hub --drill` does",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     record = args.record or settings.hub.record_dir or None
     security = hub_security_of(args, bind)
     try:
-        hub = Hub(bind, record_dir=record, security=security)
+        hub = Hub(bind, record_dir=record, security=security, drill=args.drill)
         hub.start()
     except (ValueError, RecordingError, zmq.ZMQError) as exc:
         raise CommandError(f"cannot start the hub on {bind}: {exc}") from None
