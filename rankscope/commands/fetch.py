@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  ... and {len(reply.held) - 16} more ranks")
     if reply.missing:
         print(
-            f"rankscope: warning: not held by this relay: ranks {_short(reply.missing)}",
+            f"rankscope: warning: held by no relay that answered: ranks {_short(reply.missing)}",
             file=sys.stderr,
         )
     if reply.cut:
