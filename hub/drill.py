@@ -35,7 +35,6 @@ import zmq
 
 from rankscope.collector import schema
 from rankscope.hub.rawring import (
-    MAX_REPLY_BYTES,
     MAX_REQUEST_BYTES,
     PROTOCOL,
     RawRequestError,
@@ -361,7 +360,6 @@ class DrillLink:
 
 __all__ = [
     "ANNOUNCE_S",
-    "MAX_REPLY_BYTES",
     "DrillBroker",
     "DrillLink",
     "drill_endpoint",
