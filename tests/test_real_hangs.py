@@ -19,6 +19,7 @@ end (its process group gets SIGKILL, which also ends a stopped one).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -154,6 +155,10 @@ def _kill(proc: subprocess.Popen) -> None:
 def hangs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hangs")
     (tmp / "job.py").write_text(JOB)
+    # The hub's own log and each run's verdicts as they change: a failure says why.
+    hub_log = logging.FileHandler(tmp / "hub.log")
+    hub_log.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logging.getLogger("rankscope").addHandler(hub_log)
     hub = Hub(record_dir=str(tmp / "rec")).start()
     marker = tmp / "hook.txt"
     hook = f"{sys.executable} -c \"import sys; open({str(marker)!r}, 'a').write(sys.argv[1] + chr(10))\""
@@ -168,12 +173,15 @@ def hangs(tmp_path_factory):
     procs = {mode: _launch(tmp, hub, mode) for mode in CASES}
     named: dict[str, dict] = {}
     stalls: dict[str, list] = {m: [] for m in CASES}
+    history: dict[str, list[str]] = {m: [] for m in CASES}
+    began = time.monotonic()
     try:
         deadline = time.monotonic() + DEADLINE_S
         while time.monotonic() < deadline:
             time.sleep(0.5)
             for mode in CASES:
                 rec = watch.records.get(f"hang-{mode}")
+                _follow(history[mode], _run_of(hub, mode), rec, time.monotonic() - began)
                 if rec is not None and rec.hang.stalled:
                     stalls[mode].append(rec.hang)
                     if mode not in named and rec.bundle is not None:
@@ -192,18 +200,58 @@ def hangs(tmp_path_factory):
             "tmp": tmp,
             "marker": marker,
             "hub": hub,
+            "history": history,
         }
     finally:
         for proc in procs.values():
             _kill(proc)
         watch.stop()
         hub.stop()
+        logging.getLogger("rankscope").removeHandler(hub_log)
+        hub_log.close()
+
+
+def _run_of(hub: Hub, mode: str):
+    return hub.store.run_state(f"hang-{mode}")
+
+
+def _follow(history: list[str], run, rec, at_s: float) -> None:
+    """Append a line to ``history`` when the run's beats or verdict change."""
+    if run is None:
+        return
+    beats = run.beats.copy()
+    state = {k: beats[k].tolist() for k in ("state", "error", "group", "seq", "step") if k in beats}
+    verdict = "no verdict"
+    if rec is not None:
+        h = rec.hang
+        verdict = (
+            f"stalled={h.stalled} case={h.case!r} idle={h.idle_s:.1f}s "
+            f"threshold={h.threshold_s:.1f}s bundle={rec.bundle is not None} "
+            f"culprits={[c.rank for c in h.culprits]}"
+        )
+    line = f"beats {state}; {verdict}"
+    if not history or history[-1].split(": ", 1)[1] != line:
+        history.append(f"{at_s:6.1f} s: {line}")
+
+
+def _why_not_named(hangs, mode: str) -> str:
+    """The job's log, how its verdict went, and the hub's log."""
+    tmp = hangs["tmp"]
+    return "\n".join(
+        [
+            (tmp / f"{mode}.log").read_text()[-3000:],
+            "--- beats and verdicts as they changed:",
+            *hangs["history"][mode][-40:],
+            "--- hub log:",
+            (tmp / "hub.log").read_text()[-3000:],
+        ]
+    )
 
 
 @pytest.mark.parametrize("mode", [m for m, c in CASES.items() if c[3] is not None])
 def test_hung_job_names_the_rank_and_case(hangs, mode):
     got = hangs["named"].get(mode)
-    assert got is not None, (hangs["tmp"] / f"{mode}.log").read_text()[-3000:]
+    assert got is not None, _why_not_named(hangs, mode)
     hang = got["hang"]
     assert [c.rank for c in hang.culprits] == [1], hang
     assert hang.case == CASES[mode][3], hang
@@ -221,7 +269,8 @@ def test_hung_job_names_the_rank_and_case(hangs, mode):
 
 @pytest.mark.parametrize("mode", [m for m, c in CASES.items() if c[3] is not None])
 def test_bundle_holds_the_evidence(hangs, mode):
-    got = hangs["named"][mode]
+    got = hangs["named"].get(mode)
+    assert got is not None, _why_not_named(hangs, mode)
     part = got["bundle"] / "hang"
     verdict = json.loads((part / "verdict.json").read_text())
     assert verdict["stalled"] and [c["rank"] for c in verdict["culprits"]] == [1]
