@@ -154,6 +154,10 @@ def _parse_ceiling(path: Path) -> float:
     return len(data) / 1e6 / (time.process_time() - t)
 
 
+REPEATS = 3
+"""Rounds of the import (each in a fresh subprocess) and of the orjson ceiling."""
+
+
 def run(quick: bool = False) -> str:
     """Generate, import, measure; returns the Markdown section."""
     steps = 20 if quick else 100
@@ -170,11 +174,18 @@ def run(quick: bool = False) -> str:
         gen = time.perf_counter() - gen
         size = sum(f.stat().st_size for f in files)
         base = _child(["baseline"])
-        ceiling = _parse_ceiling(files[0])
-        res = _child([str(d / "rec"), *map(str, files)])
-        rec = sum(p.stat().st_size for p in (d / "rec").iterdir() if p.suffix == ".rsrec")
+        # Repeated, alternating with the ceiling: the shared machine's speed drifts by tens
+        # of percent within minutes; the medians and the ratio of the same round are kept.
+        rounds = []
+        for k in range(1 if quick else REPEATS):
+            ceiling = _parse_ceiling(files[0])
+            res = _child([str(d / f"rec{k}"), *map(str, files)])
+            rounds.append((size / 1e6 / res["cpu_s"], ceiling, res))
+        rec = sum(p.stat().st_size for p in (d / "rec0").iterdir() if p.suffix == ".rsrec")
+    rounds.sort(key=lambda r: r[0])
+    rate, ceiling, res = rounds[len(rounds) // 2]
+    ratios = sorted(r[0] / r[1] for r in rounds)
     mb = size / 1e6
-    rate = mb / res["cpu_s"]
     extra = (res["rss_kb"] - base["rss_kb"]) * 1024
     lines = [
         "## Import (`rankscope import kineto`)",
@@ -182,22 +193,28 @@ def run(quick: bool = False) -> str:
         f"Synthetic Kineto traces: {ranks} ranks x {steps} steps x {ops} aten ops (each with "
         "its launch, kernel and flow event; a copy every 50 ops, an NCCL all-reduce with comm "
         f"metadata every 40): {mb:.0f} MB of JSON, {res['steps']} step rows and "
-        f"{res['colls']} collective rows. One subprocess imports them.",
+        f"{res['colls']} collective rows. One subprocess imports them, {len(rounds)} times.",
         "",
         "| measure | value | target |",
         "|---|---|---|",
         f"| CPU time (user + system) | {res['cpu_s']:.1f} s | |",
-        f"| throughput per core | {rate:.1f} MB/s of trace JSON | ≥ 50 MB/s |",
-        f"| same machine, same run: `orjson.loads` of one whole file, nothing else | "
-        f"{ceiling:.1f} MB/s ({rate / ceiling:.2f}x of it) | |",
+        f"| throughput per core (median of {len(rounds)}; lowest–highest) | {rate:.1f} MB/s of "
+        f"trace JSON ({rounds[0][0]:.1f}–{rounds[-1][0]:.1f}) | ≥ 50 MB/s |",
+        f"| same machine, same round: `orjson.loads` of one whole file, nothing else | "
+        f"{ceiling:.1f} MB/s (import {rate / ceiling:.2f}x of it; "
+        f"{ratios[0]:.2f}–{ratios[-1]:.2f}x over the rounds) | |",
         f"| recording written | {rec / 1024:.0f} KiB on disk, {res['bytes'] / 2**20:.1f} MiB of "
         f"wire messages ({res['messages']}) | |",
         f"| peak RSS of the import | {res['rss_kb'] / 1024:.0f} MiB (baseline after imports "
         f"{base['rss_kb'] / 1024:.0f} MiB) | |",
-        f"| memory above baseline | {extra / 2**20:.1f} MiB = {extra / max(res['bytes'], 1):.1f}x "
-        "the recording's wire messages | ≤ 2x the recording |",
+        f"| memory above baseline | {extra / 2**20:.1f} MiB = {extra / size:.2f}x the trace set, "
+        f"{extra / max(res['bytes'], 1):.0f}x the recording's wire messages | ≤ 2x the recording |",
         "",
-        f"(trace generation {gen:.1f} s, not counted)",
+        f"(trace generation {gen:.1f} s, not counted.) The memory above the baseline is the "
+        "reader's chunk and its scratch (a few tens of MiB whatever the trace) and the device "
+        "events' intervals (kept until the step windows are known, ~25 bytes a kernel); it "
+        "grows with the trace, at well under its size, not with the recording, which holds "
+        "steps, phases and collectives only.",
         "",
     ]
     return "\n".join(lines)

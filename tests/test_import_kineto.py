@@ -250,7 +250,9 @@ def test_the_chunked_fast_path_and_the_ijson_stream_read_the_same(monkeypatch) -
     from rankscope.hub.importers import open_binary
 
     with open_binary(DATA / NCCL) as f:
-        fast_events = sum(s + len(e) for s, e in kineto._fast_events(kineto._EdgeReader(f)))
+        fast_events = sum(
+            b.unparsed + len(b.events) for b in kineto._fast_events(kineto._EdgeReader(f))
+        )
     monkeypatch.setattr(kineto, "_orjson", lambda: None)
     slow = kineto.parse_file(DATA / NCCL, ImportReport())
     assert fast is not None and slow is not None
@@ -440,7 +442,7 @@ def _three_ways(path: Path, monkeypatch) -> tuple[kineto.RankTrace, int]:
 
     with open_binary(path) as f:
         batches = list(kineto._fast_events(kineto._EdgeReader(f)))
-    skipped = sum(s for s, _ in batches)
+    skipped = sum(b.unparsed for b in batches)
     pre = kineto.parse_file(path, ImportReport())
     with monkeypatch.context() as m:
         m.setattr(kineto, "_prefilter", lambda buf: None)
@@ -451,7 +453,7 @@ def _three_ways(path: Path, monkeypatch) -> tuple[kineto.RankTrace, int]:
     assert pre is not None and whole is not None and slow is not None
     _same_trace(pre, whole)
     _same_trace(pre, slow)
-    assert sum(s + len(evs) for s, evs in batches) == pre.events
+    assert sum(b.unparsed + len(b.events) for b in batches) == pre.events
     return pre, skipped
 
 
@@ -505,3 +507,25 @@ def test_a_cut_trace_is_still_reported_where_it_breaks(tmp_path: Path, monkeypat
     assert tr is not None and slow is not None
     _same_trace(tr, slow)
     assert rep.problems == rep_slow.problems and rep.problems
+
+
+def test_each_step_counts_the_device_events_that_overlap_it() -> None:
+    # A long kernel across three steps, a step without any device event, events out of
+    # order: each step's breakdown is the whole-trace breakdown clipped to its window.
+    rng = np.random.default_rng(4)
+    t0 = np.sort(rng.integers(0, 900_000, 2000))
+    t1 = t0 + rng.integers(1, 5_000, 2000)
+    t0 = np.r_[t0, 100_000]
+    t1 = np.r_[t1, 420_000]
+    cls = rng.integers(0, 4, t0.shape[0]).astype(np.int8)
+    order = rng.permutation(t0.shape[0])
+    steps = [(i, i * 100_000, (i + 1) * 100_000 - 10) for i in range(9)] + [
+        (9, 2_000_000, 2_100_000)
+    ]
+    tr = kineto.RankTrace(file="x", steps=steps)
+    tr.dev_t0, tr.dev_t1, tr.dev_cls = t0[order], t1[order], cls[order]
+    got = kineto.step_breakdown(tr)
+    want = [{**kineto.gpu_breakdown(t0, t1, cls, a, b), "step": s} for s, a, b in steps]
+    assert got == want
+    assert got[-1]["idle"] == got[-1]["window"] == 100_000
+    assert got[3]["compute"] + got[3]["non_compute"] == got[3]["window"] - got[3]["idle"] > 0

@@ -1,8 +1,12 @@
 """Import PyTorch profiler (Kineto) Chrome traces: one JSON (or ``.json.gz``) per rank.
 
-The ``traceEvents`` array is streamed (ijson's C parser): each event is looked at once and
-only the few numbers rankscope keeps are appended to flat lists, so a 1 GB trace never
-exists as Python objects. The metadata outside the array (``distributedInfo``,
+The ``traceEvents`` array is streamed a chunk at a time and only the few numbers rankscope
+keeps are appended to flat columns, so a 1 GB trace never exists as Python objects. Most
+events are read straight from the chunk's bytes as columns (`kineto_scan`); orjson parses
+the few others (steps, annotations, NCCL kernels and host collectives, and whatever layout
+the scan is not sure of); a chunk neither can split is parsed whole, and a file the fast
+path cannot read is streamed by ijson's C parser, which also says where a damaged file
+breaks. The metadata outside the array (``distributedInfo``,
 ``baseTimeNanoseconds``) is read from the first and last MiB of the stream.
 
 What becomes what:
@@ -42,11 +46,13 @@ from __future__ import annotations
 import json
 import re
 from array import array
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import chain
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import numpy as np
 
@@ -59,6 +65,7 @@ from rankscope.hub.importers import (
     source_manifest,
 )
 from rankscope.hub.importers.align import estimate_offsets
+from rankscope.hub.importers.kineto_scan import Scanned, scan
 
 KIND = "kineto"
 
@@ -163,7 +170,8 @@ class _EdgeReader:
     def __init__(self, raw: IO[bytes]) -> None:
         self.raw = raw
         self.head = bytearray()
-        self.tail = bytearray()
+        self._tail: deque[bytes] = deque()
+        self._tail_bytes = 0
         self.nbytes = 0
 
     def read(self, n: int = -1) -> bytes:
@@ -171,10 +179,17 @@ class _EdgeReader:
         self.nbytes += len(data)
         if len(self.head) < EDGE_BYTES:
             self.head += data[: EDGE_BYTES - len(self.head)]
-        self.tail += data
-        if len(self.tail) > 2 * EDGE_BYTES:
-            del self.tail[: len(self.tail) - EDGE_BYTES]
+        # The last reads, by reference: the oldest go once the others hold EDGE_BYTES.
+        self._tail.append(data)
+        self._tail_bytes += len(data)
+        while self._tail_bytes - len(self._tail[0]) >= EDGE_BYTES:
+            self._tail_bytes -= len(self._tail.popleft())
         return data
+
+    @property
+    def tail(self) -> bytes:
+        """The last `EDGE_BYTES` bytes read (fewer when the stream was shorter)."""
+        return b"".join(self._tail)[-EDGE_BYTES:]
 
 
 def _top_value(text: bytes, key: str) -> Any:
@@ -268,7 +283,8 @@ def parse_file(path: Path, report: ImportReport) -> RankTrace | None:
         host_rows: list[tuple[float, float, str, dict[str, Any]]] = []
         try:
             if mode == "fast":
-                evs: Iterator[Any] = _counted(_fast_events(edge), tr)
+                columns = (dev_a, dev_b, dev_c, dev_k, la_k, la_t, bwd_a, bwd_b)
+                evs: Iterator[Any] = _counted(_fast_events(edge), tr, partial(_take, columns))
             else:
                 evs = ijson.items(edge, "traceEvents.item", use_float=True)
             for ev in evs:
@@ -369,12 +385,17 @@ def parse_file(path: Path, report: ImportReport) -> RankTrace | None:
 
     tr.steps = [(s, ns(a), ns(b)) for s, a, b in steps]
     tr.spans = [(p, ns(a), ns(b)) for p, a, b in spans]
-    tr.bwd = np.stack((_ns(bwd_a, base_ns), _ns(bwd_b, base_ns)), axis=1)
-    tr.dev_t0, tr.dev_t1 = _ns(dev_a, base_ns), _ns(dev_b, base_ns)
-    tr.dev_cls = np.frombuffer(dev_c, np.int8).copy()
-    tr.dev_corr = np.frombuffer(dev_k, np.int64).copy()
-    tr.launch_corr = np.frombuffer(la_k, np.int64).copy()
-    tr.launch_t0 = _ns(la_t, base_ns)
+    # In time order (the scan reads its events apart from the parser's, so the order they
+    # were read in is not the file's; nothing depends on it).
+    bwd = np.stack((_ns(bwd_a, base_ns), _ns(bwd_b, base_ns)), axis=1)
+    tr.bwd = bwd[np.lexsort((bwd[:, 1], bwd[:, 0]))]
+    t0, t1 = _ns(dev_a, base_ns), _ns(dev_b, base_ns)
+    kind, corr = np.frombuffer(dev_c, np.int8), np.frombuffer(dev_k, np.int64)
+    order = np.lexsort((corr, kind, t1, t0))
+    tr.dev_t0, tr.dev_t1, tr.dev_cls, tr.dev_corr = t0[order], t1[order], kind[order], corr[order]
+    launch_t0, launch_corr = _ns(la_t, base_ns), np.frombuffer(la_k, np.int64)
+    order = np.lexsort((launch_corr, launch_t0))
+    tr.launch_t0, tr.launch_corr = launch_t0[order], launch_corr[order]
     tr.comm = [(ns(a), ns(b), s, e, n, m) for a, b, s, e, n, m in comm]
     tr.host_rows = [(ns(a), ns(b), n, m) for a, b, n, m in host_rows]
     r = tr.info.get("rank")
@@ -401,23 +422,51 @@ def _orjson() -> Any:
     return orjson
 
 
-def _counted(batches: Iterator[tuple[int, list[Any]]], tr: RankTrace) -> Iterator[Any]:
-    """The events of `_fast_events`' batches; the events it skipped are counted in ``tr``
-    as each batch is taken (chained in C: no Python frame per event)."""
+def _take(columns: tuple[array, ...], sc: Scanned) -> None:
+    """Append what the scan read to `parse_file`'s columns (device start, end, class,
+    correlation; launch correlation, start; backward start, end)."""
+    values: tuple[np.ndarray, ...] = (sc.dev_t0, sc.dev_t1, sc.dev_cls, sc.dev_corr)
+    values += (sc.launch_corr, sc.launch_t0)
+    values += (sc.bwd_t0, sc.bwd_t1)
+    for column, v in zip(columns, values):
+        column.frombytes(v.tobytes())
 
-    def events(batch: tuple[int, list[Any]]) -> list[Any]:
-        tr.events += batch[0]
-        return batch[1]
+
+class Batch(NamedTuple):
+    """What `_fast_events` gives of one chunk."""
+
+    unparsed: int
+    """Events not given as objects: left out, or read by the scan."""
+    events: list[Any]
+    """The other events, parsed."""
+    rest: bytes = b""
+    """The text from the chunk's last complete event on (`_prefilter`'s)."""
+    scanned: Scanned | None = None
+    """What `kineto_scan.scan` read (None where the chunk was parsed whole)."""
+
+
+def _counted(
+    batches: Iterator[Batch], tr: RankTrace, take: Callable[[Scanned], None]
+) -> Iterator[Any]:
+    """The parsed events of `_fast_events`' batches; the events it did not parse are
+    counted in ``tr`` and what the scan read goes to ``take``, as each batch is taken
+    (chained in C: no Python frame per event)."""
+
+    def events(batch: Batch) -> list[Any]:
+        tr.events += batch.unparsed
+        if batch.scanned is not None:
+            take(batch.scanned)
+        return batch.events
 
     return chain.from_iterable(map(events, batches))
 
 
-def _fast_events(edge: _EdgeReader) -> Iterator[tuple[int, list[Any]]]:
-    """The events of ``traceEvents`` a chunk of `CHUNK_BYTES` at a time, as batches of
-    (events skipped unparsed, events parsed by orjson).
+def _fast_events(edge: _EdgeReader) -> Iterator[Batch]:
+    """The events of ``traceEvents`` a chunk of `CHUNK_BYTES` at a time, as batches.
 
     Each chunk is first offered to `_prefilter`, which finds the events' boundaries in the
-    bytes and leaves out those the importer has no use for. A chunk it is not sure about
+    bytes, reads those `kineto_scan.scan` can read as columns and leaves out those the
+    importer has no use for. A chunk it is not sure about
     is parsed whole: cut after a ``},`` and kept only when ``[`` + chunk + ``]`` parses: a
     cut inside an event leaves its braces unbalanced (JSON strings hold no raw newline or
     unbalanced text that could make it parse), so a chunk that parses ends on an event.
@@ -444,14 +493,14 @@ def _fast_events(edge: _EdgeReader) -> Iterator[tuple[int, list[Any]]]:
         buf += data
         kept = _prefilter(buf)
         if kept is not None:
-            skipped, wanted, rest = kept
+            wanted = kept.events
             try:
                 events = orjson.loads(b"[{" + b"},{".join(wanted) + b"}]") if wanted else []
             except orjson.JSONDecodeError:
                 events = None
             if events is not None and len(events) == len(wanted):
-                yield skipped, events
-                buf = rest
+                yield kept._replace(events=events, rest=b"")
+                buf = kept.rest
                 continue
         if eof:
             break
@@ -464,7 +513,7 @@ def _fast_events(edge: _EdgeReader) -> Iterator[tuple[int, list[Any]]]:
                 events = orjson.loads(b"[" + buf[: pos + 1] + b"]")
             except orjson.JSONDecodeError:
                 continue
-            yield 0, events
+            yield Batch(0, events)
             buf = buf[pos + 2 :]
             break
         else:
@@ -479,7 +528,7 @@ def _fast_events(edge: _EdgeReader) -> Iterator[tuple[int, list[Any]]]:
             events = orjson.loads(b"[" + buf[:pos] + b"]")
         except orjson.JSONDecodeError:
             continue
-        yield 0, events
+        yield Batch(0, events)
         return
     raise _Fallback
 
@@ -492,19 +541,21 @@ _HOST_CATS = (b"user_annotation", b"cpu_op", b"python_function")
 _BLANK = b" \t\n\r"
 
 
-def _prefilter(buf: bytes) -> tuple[int, list[bytes], bytes] | None:
+def _prefilter(buf: bytes) -> Batch | None:
     """The events that start in ``buf`` (which starts where an event may start), found
-    without parsing them: (how many were left out as of no use to `parse_file`, the text
-    of each other one, the text from the last complete event on). None when it cannot be
-    sure, or finds fewer than two events.
+    without parsing them: how many were left out as of no use to `parse_file` or read by
+    `kineto_scan.scan`, the text of each other one, the text from the last complete event
+    on, and what the scan read. None when it cannot be sure, or finds fewer than two
+    events.
 
     Where ``buf`` holds no backslash, every ``"`` opens or closes a string, so a brace
     with an even number of quotes before it lies outside every string. The events are the
     objects those braces delimit at depth 0; each two must be apart by one comma and
-    blanks, else (an array's end, a value that is no object) the events stop there. An
-    event is left out only when its text opens with ``"ph"`` (and ``"cat"``, ``"name"``)
-    whose values `_unwanted` rejects, and those keys occur once in it (of a repeated key
-    a parser keeps the last value).
+    blanks, else (an array's end, a value that is no object) the events stop there.
+    `kineto_scan.scan` settles most of them at once. Of the others, an event is left out
+    only when its text opens with ``"ph"`` (and ``"cat"``, ``"name"``) whose values
+    `_unwanted` rejects, and those keys occur once in it (of a repeated key a parser keeps
+    the last value).
     """
     if b"\\" in buf:
         return None
@@ -520,37 +571,74 @@ def _prefilter(buf: bytes) -> tuple[int, list[bytes], bytes] | None:
         braces, opens, depth = braces[:cut], opens[:cut], depth[:cut]
     end_at = np.flatnonzero(~opens & (depth == 0))
     start_at = np.flatnonzero(opens & (depth == 1))[: end_at.shape[0]]
-    ends, starts = braces[end_at].tolist(), braces[start_at].tolist()
-    if len(ends) < 2 or buf[: starts[0]].strip(_BLANK):
+    if end_at.shape[0] < 2 or buf[: braces[start_at[0]]].strip(_BLANK):
         return None
-    gaps = list(map(buf.__getitem__, map(slice, [e + 1 for e in ends[:-1]], starts[1:])))
-    n = len(gaps)
-    if b"".join(gaps).translate(None, _BLANK) != b"," * n:
-        n = next(i for i, g in enumerate(gaps) if g.translate(None, _BLANK) != b",")
-        if n == 0:
-            return None
-    starts, ends, rest = starts[:n], ends[:n], starts[n]
-    if buf.count(b'"ph"', starts[0], ends[-1]) != n:
-        return _prefilter_slow(buf, starts, ends, rest)
-    # Each event opens with "ph" (else the slow way): as many "ph" as events, one each.
-    # The one object inside an event (its args, mostly), where it holds exactly one.
-    one = (end_at[:n] - start_at[:n]) == 3
-    inner = np.where(one, braces[np.minimum(start_at[:n] + 1, braces.shape[0] - 1)], -1)
+    n = _separated(a, braces[end_at[:-1]] + 1, braces[start_at[1:]])
+    if n == 0:
+        return None
+    starts, ends = braces[start_at[:n]].tolist(), braces[end_at[:n]].tolist()
+    rest = int(braces[start_at[n]])
+    n_inner = end_at[:n] - start_at[:n]
+    at = start_at[:n]
+    inner_open = np.where(n_inner == 3, braces[np.minimum(at + 1, braces.shape[0] - 1)], -1)
+    inner_close = np.where(n_inner == 3, braces[np.minimum(at + 2, braces.shape[0] - 1)], -1)
+    inner_open[n_inner > 3] = -2
+    scanned = scan(
+        a,
+        quotes,
+        braces[at],
+        braces[end_at[:n]],
+        inner_open,
+        inner_close,
+        _HOST_PREFIXES,
+        _HOST_NAMES,
+    )
+    # What the scan could not settle, event by event: an event is left out only when its
+    # text opens with "ph" (and "cat", "name") whose values `_unwanted` rejects, and those
+    # keys occur once in it; its args are cut to what is read where its one inner object
+    # is its args.
     head = _HEAD.match
     wanted = []
-    skipped = 0
-    for s, e, ao in zip(starts, ends, inner.tolist()):
+    skipped = scanned.skipped
+    todo = np.flatnonzero(~scanned.settled).tolist()
+    for s, e, ao in zip(
+        map(starts.__getitem__, todo), map(ends.__getitem__, todo), inner_open[todo].tolist()
+    ):
         m = head(buf, s + 1)
         if m is None:
-            return _prefilter_slow(buf, starts, ends, rest)
-        groups = m.groups()
-        if _unwanted(groups, buf, s, e, True):
-            skipped += 1
-        elif ao < 0:
             wanted.append(buf[s + 1 : e])
-        else:
+            continue
+        groups = m.groups()
+        once = buf.count(b'"ph"', s, e) == 1
+        if _unwanted(groups, buf, s, e, once):
+            skipped += 1
+        elif once and ao >= 0:
             wanted.append(_trimmed(groups, buf, s, e, ao))
-    return skipped, wanted, buf[rest:]
+        else:
+            wanted.append(buf[s + 1 : e])
+    return Batch(n - len(wanted), wanted, buf[rest:], scanned)
+
+
+_GAP_BYTES = 16
+"""Gaps between events up to this long are checked at once; a longer one ends a chunk's
+events there (the next chunk starts with it)."""
+_SEPARATOR = np.zeros(256, np.int8)
+_SEPARATOR[list(_BLANK)] = 1
+_SEPARATOR[ord(",")] = 2
+
+
+def _separated(a: np.ndarray, gap_start: np.ndarray, gap_end: np.ndarray) -> int:
+    """How many of the first gaps ``a[gap_start[i]:gap_end[i]]`` in a row are one comma
+    among blanks (the events before each are complete members of the array)."""
+    length = gap_end - gap_start
+    cols = np.arange(_GAP_BYTES)
+    rows = np.ndarray((a.shape[0] - _GAP_BYTES + 1, _GAP_BYTES), np.uint8, a, 0, (1, 1))
+    kind = _SEPARATOR[rows[np.minimum(gap_start, rows.shape[0] - 1)]]
+    inside = cols < length[:, None]
+    good = ((kind > 0) | ~inside).all(axis=1) & (((kind == 2) & inside).sum(axis=1) == 1)
+    good &= (length <= _GAP_BYTES) & (gap_start + _GAP_BYTES <= a.shape[0])
+    bad = np.flatnonzero(~good)
+    return int(bad[0]) if bad.shape[0] else int(good.shape[0])
 
 
 _CORRELATION = re.compile(rb'"correlation"\s*:\s*(-?\d+)\s*[,}]')
@@ -586,25 +674,6 @@ def _trimmed(head: tuple[Any, ...], buf: bytes, s: int, e: int, ao: int) -> byte
     else:
         return whole
     return buf[s + 1 : ao] + args + buf[ac + 1 : e]
-
-
-def _prefilter_slow(
-    buf: bytes, starts: list[int], ends: list[int], rest: int
-) -> tuple[int, list[bytes], bytes]:
-    """`_prefilter`'s choice where ``"ph"`` may occur twice in an event: counted in each."""
-    wanted = []
-    skipped = 0
-    for s, e in zip(starts, ends):
-        m = _HEAD.match(buf, s + 1)
-        if (
-            m is not None
-            and buf.count(b'"ph"', s, e) == 1
-            and _unwanted(m.groups(), buf, s, e, True)
-        ):
-            skipped += 1
-        else:
-            wanted.append(buf[s + 1 : e])
-    return skipped, wanted, buf[rest:]
 
 
 def _unwanted(head: tuple[Any, ...], buf: bytes, s: int, e: int, once: bool) -> bool:
@@ -734,18 +803,11 @@ def gpu_breakdown(
     t1 = np.asarray(t1, np.int64)
     cls = np.asarray(cls)
     if t0.shape[0] == 0:
-        return {
-            k: 0
-            for k in (
-                "window",
-                "idle",
-                "compute",
-                "non_compute",
-                "communication",
-                "memory",
-                "overlap",
-            )
-        }
+        keys = ("window", "idle", "compute", "non_compute", "communication", "memory", "overlap")
+        none = dict.fromkeys(keys, 0)
+        if lo is not None and hi is not None:
+            none["window"] = none["idle"] = hi - lo
+        return none
     lo = int(t0.min()) if lo is None else lo
     hi = int(t1.max()) if hi is None else hi
     s, e = _union(t0, t1)
@@ -1071,9 +1133,19 @@ def _steps_messages(
 def step_breakdown(tr: RankTrace) -> list[dict[str, int]]:
     """GPU idle / compute / communication / memory ns inside each host step window."""
     t0, t1, cls = tr.dev_t0, tr.dev_t1, tr.dev_cls
+    if t0.shape[0] > 1 and not bool((t0[1:] >= t0[:-1]).all()):
+        order = np.argsort(t0, kind="stable")
+        t0, t1, cls = t0[order], t1[order], cls[order]
+    # Only the events that overlap a window count in it: those that start less than the
+    # longest event's length before it, and end after its start.
+    longest = int((t1 - t0).max(initial=0))
     out = []
     for step, a, b in sorted(tr.steps):
-        d = gpu_breakdown(t0, t1, cls, a, b)
+        lo = int(np.searchsorted(t0, a - longest, "left"))
+        hi = int(np.searchsorted(t0, b, "left"))
+        near = slice(lo, hi)
+        keep = t1[near] > a
+        d = gpu_breakdown(t0[near][keep], t1[near][keep], cls[near][keep], a, b)
         d["step"] = step
         out.append(d)
     return out
