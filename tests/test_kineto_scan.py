@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -188,3 +189,79 @@ def test_most_events_of_a_profiler_trace_are_read_as_columns_and_read_the_same(
     assert (fast.steps, fast.comm, fast.events) == (slow.steps, slow.comm, slow.events)
     classes = set(fast.dev_cls.tolist())
     assert classes == {kineto.COMPUTE, kineto.COMM, kineto.MEMORY, kineto.OTHER}
+
+
+def _mutated(rng: random.Random, ev: dict) -> dict:
+    """``ev`` with values of the wrong type, keys gone, added or in another order."""
+    odd = [None, True, "12", -5, 0, 2**53 + 1, 2**63 - 1, -0.0, 1e20, 1.5e-7, [1], {"a": {}}, 12.25]
+    names = ["ProfilerStep#7", "aten::mm", "autograd::engine::evaluate_function: X", "Memcpy x"]
+    names += [
+        "ncclKernel_x",
+        "fooSyncbar",
+        "dma_x",
+        "record_param_comms",
+        "c10d::allreduce_",
+        'é{}"',
+    ]
+    cats = ["kernel", "cuda_runtime", "cpu_op", "gpu_memcpy", "user_annotation", "ac2g"]
+    ev = dict(ev)
+    for _ in range(rng.randint(1, 3)):
+        r = rng.random()
+        if r < 0.3:
+            ev[rng.choice(list(ev) or ["ts"])] = rng.choice(odd)
+        elif r < 0.45 and ev:
+            del ev[rng.choice(list(ev))]
+        elif r < 0.6:
+            ev[rng.choice(["ts", "dur", "args", "ph", "correlation"])] = rng.choice(odd)
+        elif r < 0.75 and isinstance(ev.get("args"), dict):
+            ev["args"] = {**ev["args"], rng.choice(["correlation", "ts", "x"]): rng.choice(odd)}
+        elif r < 0.85:
+            ev["cat"] = rng.choice(cats)
+        else:
+            ev["name"] = rng.choice(names)
+    items = list(ev.items())
+    rng.shuffle(items)
+    return dict(items)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_events_of_every_wrong_shape_read_the_same_three_ways(
+    seed: int, tmp_path: Path, monkeypatch
+) -> None:
+    rng = random.Random(seed)
+    base = orjson.loads(_profiler_trace(steps=2, ops=30, t0_us=1_712_195_495_519_689))
+    base["traceEvents"] = [
+        _mutated(rng, e) if rng.random() < 0.3 else e for e in base["traceEvents"]
+    ] + [7, "x", [1]]
+    path = tmp_path / "rank-0.json"
+    style = [{"separators": (",", ":")}, {}, {"indent": 2}][seed % 3]
+    path.write_text(json.dumps(base, ensure_ascii=seed % 2 == 0, **style))
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", 4 << 10)
+    reports = [ImportReport(), ImportReport()]
+    fast = kineto.parse_file(path, reports[0])
+    monkeypatch.setattr(kineto, "_orjson", lambda: None)
+    slow = kineto.parse_file(path, reports[1])
+    assert fast is not None and slow is not None
+    for name in ("dev_t0", "dev_t1", "dev_cls", "dev_corr", "launch_corr", "launch_t0", "bwd"):
+        assert np.array_equal(getattr(fast, name), getattr(slow, name)), name
+    for name in ("steps", "spans", "comm", "host_comm", "host_rows", "events"):
+        assert getattr(fast, name) == getattr(slow, name), name
+    assert reports[0].problems == reports[1].problems
+    assert any("3 traceEvents entries are not objects" in p for _, p in reports[0].problems)
+
+
+def test_times_that_cannot_be_true_are_counted_and_the_rest_imported(tmp_path: Path) -> None:
+    from rankscope.hub.importers import write_recording
+
+    doc = orjson.loads(_profiler_trace(steps=3, ops=20, t0_us=1_712_195_495_519_689))
+    evs = doc["traceEvents"]
+    steps = [e for e in evs if e["name"].startswith("ProfilerStep")]
+    steps[1]["ts"] = 1e20  # beyond any int64 of ns
+    kernels = [e for e in evs if e["cat"] == "kernel"]
+    kernels[0]["dur"] = -4
+    kernels[1]["ts"] = -(2**60)
+    path = tmp_path / "rank-0.json"
+    path.write_bytes(orjson.dumps(doc))
+    rep = write_recording("kineto", [path], tmp_path / "rec", job="j", run="r")
+    assert rep.steps == 2
+    assert any("3 complete events have a ts beyond" in p for _, p in rep.problems), rep.problems

@@ -135,6 +135,12 @@ _PH_FWD = schema.PHASE_INDEX["forward"]
 _PH_BWD = schema.PHASE_INDEX["backward"]
 _PH_OPT = schema.PHASE_INDEX["optimizer"]
 
+MAX_US = float(2**52)
+"""Event times (``ts``) beyond ±this many µs, and durations beyond it or negative, cannot be
+true (142 years): such events are skipped and counted. With `MAX_BASE_NS` every time then
+fits an int64 of ns exactly."""
+MAX_BASE_NS = 2**62
+"""Largest ``baseTimeNanoseconds`` taken."""
 EDGE_BYTES = 1 << 20
 """Bytes kept from each end of a trace to read the metadata outside ``traceEvents``."""
 STEPS_PER_MESSAGE = 256
@@ -280,6 +286,7 @@ def parse_file(path: Path, report: ImportReport) -> RankTrace | None:
         dev_a, dev_b, dev_c, dev_k = array("d"), array("d"), array("b"), array("q")
         la_k, la_t = array("q"), array("d")
         comm: list[tuple[float, float, int, int, str, dict[str, Any]]] = []
+        not_objects = bad_times = 0
         host_rows: list[tuple[float, float, str, dict[str, Any]]] = []
         try:
             if mode == "fast":
@@ -289,6 +296,9 @@ def parse_file(path: Path, report: ImportReport) -> RankTrace | None:
                 evs = ijson.items(edge, "traceEvents.item", use_float=True)
             for ev in evs:
                 tr.events += 1
+                if not isinstance(ev, dict):
+                    not_objects += 1
+                    continue
                 if ev.get("ph") != "X":
                     continue
                 cat = ev.get("cat")
@@ -299,11 +309,17 @@ def parse_file(path: Path, report: ImportReport) -> RankTrace | None:
                 dur = ev.get("dur", 0.0)
                 if not isinstance(dur, int | float):
                     dur = 0.0
+                # Times that cannot be true: where the event would be kept, it is counted
+                # and skipped instead.
+                good = -MAX_US < ts < MAX_US and 0 <= dur < MAX_US
                 end = ts + dur
                 args = ev.get("args") or {}
                 if not isinstance(args, dict):
                     args = {}
                 if cat in ("kernel", "gpu_memcpy", "gpu_memset"):
+                    if not good:
+                        bad_times += 1
+                        continue
                     corr = args.get("correlation", -1)
                     corr = corr if isinstance(corr, int) else -1
                     cls = device_class(name, cat)
@@ -326,20 +342,30 @@ def parse_file(path: Path, report: ImportReport) -> RankTrace | None:
                         )
                 elif cat == "cuda_runtime" or cat == "cuda_driver":
                     corr = args.get("correlation", -1)
-                    if isinstance(corr, int):
+                    if isinstance(corr, int) and not good:
+                        bad_times += 1
+                    elif isinstance(corr, int):
                         la_k.append(corr)
                         la_t.append(ts)
                 elif cat in ("user_annotation", "cpu_op", "python_function"):
                     if name.startswith("ProfilerStep"):
                         m = _STEP.match(name)
-                        if m:
+                        if m and not good:
+                            bad_times += 1
+                        elif m:
                             steps.append((int(m.group(1)), ts, end))
                         continue
                     if name.startswith("autograd::engine::evaluate_function"):
+                        if not good:
+                            bad_times += 1
+                            continue
                         bwd_a.append(ts)
                         bwd_b.append(end)
                         continue
                     phase = _phase_of(name)
+                    if phase is not None and not good:
+                        bad_times += 1
+                        continue
                     if phase is not None:
                         if phase == _PH_BWD:
                             tr.has_bwd_annotation = True
@@ -352,7 +378,9 @@ def parse_file(path: Path, report: ImportReport) -> RankTrace | None:
                             old = tr.host_comm.get(ext)
                             if old is None or (meta and not old[1]):
                                 tr.host_comm[ext] = (name, meta)
-                        if name.startswith("c10d::"):
+                        if name.startswith("c10d::") and not good:
+                            bad_times += 1
+                        elif name.startswith("c10d::"):
                             host_rows.append((ts, end, name, meta))
         except _Fallback:
             cut = _FALLBACK
@@ -373,8 +401,21 @@ def parse_file(path: Path, report: ImportReport) -> RankTrace | None:
         return None
     if cut is not None:
         report.problem(path, f"{cut}; the {tr.events} events before were imported")
+    if not_objects:
+        report.problem(path, f"{not_objects} traceEvents entries are not objects (skipped)")
+    if bad_times:
+        report.problem(
+            path,
+            f"{bad_times} complete events have a ts beyond ±2**52 µs or a dur that is negative "
+            "or beyond it (skipped)",
+        )
     tr.info = info if isinstance(info, dict) else {}
-    base_ns = int(base) if isinstance(base, int) and base > 0 else 0
+    base_ns = 0
+    if isinstance(base, int) and not isinstance(base, bool) and base > 0:
+        if base < MAX_BASE_NS:
+            base_ns = base
+        else:
+            report.problem(path, f"baseTimeNanoseconds {base} is beyond 2**62 (ignored)")
 
     def ns(t: float) -> int:
         # Integer µs exactly; a float µs since the epoch holds 1/4 µs at best (float64).
@@ -592,6 +633,7 @@ def _prefilter(buf: bytes) -> Batch | None:
         inner_close,
         _HOST_PREFIXES,
         _HOST_NAMES,
+        MAX_US,
     )
     # What the scan could not settle, event by event: an event is left out only when its
     # text opens with "ph" (and "cat", "name") whose values `_unwanted` rejects, and those

@@ -292,6 +292,7 @@ def scan(
     inner_close: np.ndarray,
     host_prefixes: tuple[bytes, ...],
     host_names: tuple[bytes, ...],
+    max_us: float,
 ) -> Scanned:
     """Settle what can be settled of the events ``a[ev_start[i] : ev_end[i] + 1]``.
 
@@ -302,6 +303,7 @@ def scan(
         inner_open, inner_close: the event's one inner object's braces; -1 where it has
             none, -2 where it has more than one (such events are left to the parser).
         host_prefixes, host_names: the host op names the parser reads (by prefix, whole).
+        max_us: times beyond ± this, and durations beyond it, are left to the parser.
     """
     n = ev_start.shape[0]
     if n == 0 or quotes.shape[0] < 2:
@@ -338,7 +340,8 @@ def scan(
     ts, ts_ok = read_numbers(a, _value_at(a, qc, got[TS][1][timed]))
     dur, dur_ok = read_numbers(a, _value_at(a, qc, got[DUR][1][timed]))
     t_ok = np.zeros(n, bool)
-    t_ok[timed] = ts_ok & dur_ok
+    # Times that cannot be true are left to the parser, which counts them.
+    t_ok[timed] = ts_ok & dur_ok & (np.abs(ts) < max_us) & (dur >= 0) & (dur < max_us)
     t0 = np.zeros(n)
     t1 = np.zeros(n)
     t0[timed], t1[timed] = ts, ts + dur
