@@ -1,6 +1,7 @@
 """``rankscope diagnose`` on recordings (``rankscope eval``: tests/test_eval_*.py)."""
 
 import json
+import time
 
 import pytest
 
@@ -99,3 +100,21 @@ def test_baseline_path_and_run_mean_the_same_as_everywhere(recordings, capsys) -
     assert err.startswith("rankscope: error: ") and f"unknown run {base_run!r}" in err
     assert main([*argv, "--baseline", base_run]) == 2  # a run id is not a recording here
     assert "a run id goes in --baseline-run" in capsys.readouterr().err
+
+
+def test_a_run_without_any_step_is_an_error_not_a_healthy_verdict(tmp_path, capsys) -> None:
+    # A recording whose ranks said hello but whose every steps message the replay refused
+    # (here: collective rows without entry times): nothing to judge, so no verdict.
+    from rankscope.collector import schema
+    from rankscope.hub.recording import RecordingWriter
+
+    writer = RecordingWriter(tmp_path / "rec")
+    now = time.time_ns()
+    for rank in range(2):
+        ident = {"rank": rank, "world_size": 2, "local_rank": rank, "host": "h", "node_rank": 0}
+        header = {"job": "j", "run": "r", "rank": rank, "inc": 1, "batch": 0}
+        writer.append(schema.hello_message(header, {**ident, "pid": 7 + rank}), now)
+    writer.close()
+    rc = main(["diagnose", str(tmp_path / "rec")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "holds no complete step of any rank to diagnose" in err, err

@@ -58,10 +58,16 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--steps must be at least 2, got {args.steps}")
     args.path = recording_of(args.path)
     store, window = load_run(args.path, args.run, args.steps)
+    hang = _hang(store, window.run, args.path)
+    if not _has_steps(window) and (hang is None or not hang.stalled):
+        # A verdict needs steps: "healthy" on nothing would be a claim without evidence.
+        raise CommandError(
+            f"run {window.run} in {args.path} holds no complete step of any rank to diagnose "
+            "(records the replay skipped, if any, are named above)"
+        )
     baseline = baseline_window(args, store, args.path)
     diag = diagnose(window, baseline)
     commands = propose_commands(diag, args.path, [r.run for r in store.runs()])
-    hang = _hang(store, window.run, args.path)
     if args.json:
         out = to_dict(diag, commands)
         if hang is not None:
@@ -78,6 +84,13 @@ def run(args: argparse.Namespace) -> int:
             text = _hang_text(hang) + text
         sys.stdout.write(terminal_text(text))
     return 0
+
+
+def _has_steps(window: Any) -> bool:
+    """Whether some rank reported a step of known duration in ``window``."""
+    import numpy as np
+
+    return bool((window.present & np.isfinite(window.step_ns)).any())
 
 
 def _hang(store: Any, run_id: str, path: Any) -> Any:
