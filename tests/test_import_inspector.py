@@ -1,20 +1,27 @@
 """NCCL Inspector import: files written in the documented v4.0 output format (pretty-printed
 and one object per line, verbose and not), matched by (communicator, coll_sn), aligned
-from kernel ends, with partial and corrupt files."""
+from kernel ends, with partial and corrupt files, and records holding values of the wrong
+type or values that cannot be (each left out and named, the rest imported)."""
 
 from __future__ import annotations
 
+import gzip
 import json
+import random
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 
 from rankscope.collector import schema
-from rankscope.hub.importers import write_recording
+from rankscope.hub import replay
+from rankscope.hub.importers import ImportReport, write_recording
 from rankscope.hub.importers.nccl_inspector import iter_objects
-from rankscope.hub.recording import read_frames
+from rankscope.hub.recording import ReadReport, read_frames
 
 COMM = "0x7f8c496ae9f661"
 T0_US = 1_752_867_229_000_000
@@ -141,3 +148,258 @@ def test_stream_reader_stops_at_an_unfinished_object() -> None:
     got = list(iter_objects(text))
     assert [o for o, _ in got] == [{"a": 1}]
     assert got[-1][1] == len('{"a": 1}')
+
+
+# -- hostile records: each left out and named, the rest imported -----------------------
+
+
+def write_changed(dir_: Path, change: Callable[[dict[str, Any]], Any]) -> Path:
+    """The verbose pair of files, with rank 1's record of coll_sn 5 replaced by what
+    ``change`` returns (or changed in place when it returns None). Returns rank 1's file."""
+    write(dir_, verbose=True)
+    recs: list[Any] = [
+        record(1, sn, verbose=True, late_us=300 if sn == 7 else 0) for sn in range(1, 31)
+    ]
+    out = change(recs[4])
+    recs[4] = recs[4] if out is None else out
+    f = dir_ / "node1-pid1001.log"
+    f.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return f
+
+
+def refused(rec: Path) -> list[str]:
+    """What the hub refuses when it replays ``rec`` (each refused record's reason)."""
+    read = ReadReport()
+    replay.load(rec, report=read)
+    return [s.detail for s in read.skipped]
+
+
+def problems_of(rep: ImportReport, file: Path) -> str:
+    """The report's problem lines about ``file``, joined."""
+    return "; ".join(what for f, what in rep.problems if f == str(file))
+
+
+def import_changed(
+    tmp_path: Path, change: Callable[[dict[str, Any]], Any]
+) -> tuple[ImportReport, str]:
+    """Import the pair with rank 1's fifth record changed (`write_changed`); the report and
+    what it says about rank 1's file. What was imported must replay whole."""
+    bad = write_changed(tmp_path / "in", change)
+    rep = write_recording("nccl-inspector", [tmp_path / "in"], tmp_path / "rec", run="r")
+    assert rep.ranks == 2
+    assert refused(tmp_path / "rec") == []
+    return rep, problems_of(rep, bad)
+
+
+def imported_with(
+    tmp_path: Path, change: Callable[[dict[str, Any]], Any]
+) -> tuple[ImportReport, str]:
+    """`import_changed`, where the changed record is left out and every other imported."""
+    rep, why = import_changed(tmp_path, change)
+    assert rep.colls == 59
+    return rep, why
+
+
+def _set(*path: Any, value: Any) -> Callable[[dict[str, Any]], None]:
+    """A change putting ``value`` at ``path`` of the record."""
+
+    def change(rec: dict[str, Any]) -> None:
+        for key in path[:-1]:
+            rec = rec[key]
+        rec[path[-1]] = value
+
+    return change
+
+
+def test_a_record_whose_coll_sn_is_a_string_is_skipped_and_named(tmp_path: Path) -> None:
+    _, why = imported_with(tmp_path, _set("coll_perf", "coll_sn", value="5"))
+    assert why == "1 record(s) whose coll_sn is not an integer in 0..2**62 left out"
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("coll_perf", "coll_sn"), 2**64),
+        (("header", "rank"), 2**63 - 1),
+        (("coll_perf", "coll_msg_size_bytes"), 2**64),
+        (("coll_perf", "event_trace_ts", "kernel_events", 0, "kernel_stop_ts"), 2**63),
+    ],
+    ids=["coll_sn", "rank", "size", "kernel_stop"],
+)
+def test_a_record_holding_an_integer_past_int64_is_skipped_and_named(
+    tmp_path: Path, path: tuple[Any, ...], value: int
+) -> None:
+    # Read unchecked, this raises OverflowError building its int64 columns.
+    _, why = imported_with(tmp_path, _set(*path, value=value))
+    assert f"1 record(s) whose {path[-1]} is not " in why and why.endswith("left out")
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("coll_perf", "coll_exec_time_us"), float("inf")),
+        (("coll_perf", "event_trace_ts", "coll_start_ts"), 1e20),
+        (("coll_perf", "event_trace_ts", "kernel_events", 1, "kernel_start_ts"), float("nan")),
+        (("metadata", "dump_timestamp_us"), -1.5),
+    ],
+    ids=["exec-inf", "start-1e20", "kernel-nan", "dump-negative"],
+)
+def test_a_record_whose_time_is_infinite_huge_or_negative_is_skipped_and_named(
+    tmp_path: Path, path: tuple[Any, ...], value: float
+) -> None:
+    # Infinity and NaN are what Python's JSON writer puts for inf and nan.
+    _, why = imported_with(tmp_path, _set(*path, value=value))
+    assert why == f"1 record(s) whose {path[-1]} is not a number of µs in 0..2**52 left out"
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (lambda rec: 7, "that are not JSON objects"),
+        (lambda rec: [rec], "that are not JSON objects"),
+        (_set("coll_perf", value=[1]), "without header/coll_perf fields"),
+        (_set("metadata", value="node1"), "whose metadata is not an object"),
+        (_set("coll_perf", "event_trace_ts", value=5), "whose event_trace_ts is not an object"),
+        (_set("header", "rank", value=True), "whose rank is not an integer in 0..131071"),
+        (_set("coll_perf", "coll", value=None), "whose coll is not a string"),
+    ],
+    ids=["number", "list", "list-perf", "text-metadata", "number-trace", "bool-rank", "null-coll"],
+)
+def test_a_record_with_a_value_of_the_wrong_type_is_skipped_and_named(
+    tmp_path: Path, change: Callable[[dict[str, Any]], Any], named: str
+) -> None:
+    _, why = imported_with(tmp_path, change)
+    assert why == f"1 record(s) {named} left out"
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (_set("coll_perf", "coll_msg_size_bytes", value=-5), "whose coll_msg_size_bytes is not"),
+        (_set("coll_perf", "coll_sn", value=-1), "whose coll_sn is not"),
+        (
+            _set(
+                "coll_perf",
+                "event_trace_ts",
+                "kernel_events",
+                value=[{"kernel_start_ts": T0_US + 57_000, "kernel_stop_ts": T0_US + 56_000}],
+            ),
+            "whose last kernel stops before the first starts",
+        ),
+        (
+            _set("coll_perf", "event_trace_ts", "coll_start_ts", value=2e15),
+            "end before coll_start_ts",
+        ),
+        (
+            _set("coll_perf", "event_trace_ts", "coll_start_ts", value=1e9),
+            "last longer than 7 days",
+        ),
+    ],
+    ids=[
+        "negative-size",
+        "negative-sn",
+        "kernel-backwards",
+        "ends-before-coll-start",
+        "eight-days",
+    ],
+)
+def test_a_record_the_hub_would_refuse_is_skipped_so_its_rank_replays(
+    tmp_path: Path, change: Callable[[dict[str, Any]], Any], named: str
+) -> None:
+    # Imported unchecked, these rows make the replay refuse the rank's whole
+    # steps message: every collective of the rank was lost.
+    _, why = imported_with(tmp_path, change)
+    assert named in why
+
+
+def test_a_step_spanning_weeks_is_left_out_and_named_so_its_rank_replays(tmp_path: Path) -> None:
+    # Each record is good alone, but one lies 30 days after its step's others: written
+    # as it is, the step makes the replay refuse the rank's whole steps message.
+    month_us = 30 * 86_400 * 10**6
+
+    def later(rec: dict[str, Any]) -> None:
+        ts = rec["coll_perf"]["event_trace_ts"]
+        ts["coll_start_ts"] += month_us
+        ts["coll_stop_ts"] += month_us
+        for k in ts["kernel_events"]:
+            k["kernel_start_ts"] += month_us
+            k["kernel_stop_ts"] += month_us
+
+    rep, why = import_changed(tmp_path, later)
+    assert rep.colls == 60 - 10
+    assert why == (
+        "1 step(s) longer than 7 days (10 record(s) further apart than the hub takes) left out"
+    )
+
+
+def test_a_verbose_record_without_kernel_times_is_skipped_and_the_import_stays_verbose(
+    tmp_path: Path,
+) -> None:
+    # Unchecked, one such record makes the whole import read as not verbose: no arrival order anywhere.
+    rep, why = imported_with(
+        tmp_path, _set("coll_perf", "event_trace_ts", "kernel_events", value=[])
+    )
+    assert why == "1 record(s) without coll_start_ts or a kernel stop in verbose output left out"
+    assert not any("arrival order" in lack for lack in rep.lacks)
+
+
+def test_a_pid_past_int64_is_named_and_the_records_are_imported(tmp_path: Path) -> None:
+    # Unchecked, it goes into the hello, which msgpack refuses with an OverflowError.
+    write(tmp_path / "in", verbose=True)
+    f = tmp_path / "in" / "node1-pid1001.log"
+    f.write_text(f.read_text().replace('"pid": 1001', f'"pid": {2**64}'))
+    rep = write_recording("nccl-inspector", [tmp_path / "in"], tmp_path / "rec", run="r")
+    assert rep.colls == 60 and refused(tmp_path / "rec") == []
+    assert problems_of(rep, f) == "metadata pid is not an integer in 0..2**63-1; pid unknown"
+
+
+def test_json_nested_too_deeply_is_named_and_the_records_before_it_are_imported(
+    tmp_path: Path,
+) -> None:
+    # Read unchecked, this raises RecursionError.
+    write(tmp_path / "in", verbose=True)
+    f = tmp_path / "in" / "node1-pid1001.log"
+    f.write_text(f.read_text() + "[" * 100_000 + "]" * 100_000)
+    rep = write_recording("nccl-inspector", [tmp_path / "in"], tmp_path / "rec", run="r")
+    assert rep.colls == 60
+    assert problems_of(rep, f).startswith("JSON nested too deeply to read at offset")
+
+
+def test_a_gzip_file_cut_short_is_named_and_the_other_files_imported(tmp_path: Path) -> None:
+    # Read unchecked, this raises EOFError out of the gzip stream.
+    write(tmp_path / "in", verbose=True)
+    f = tmp_path / "in" / "node1-pid1001.log"
+    packed = gzip.compress(f.read_bytes())
+    f.unlink()
+    cut = tmp_path / "in" / "node1-pid1001.log.gz"
+    cut.write_bytes(packed[: len(packed) // 2])
+    rep = write_recording("nccl-inspector", [tmp_path / "in"], tmp_path / "rec", run="r")
+    assert rep.colls == 30 and rep.files_read == [str(tmp_path / "in" / "node0-pid1000.log")]
+    assert problems_of(rep, cut).startswith("cannot be read (gzip data cut short or corrupt")
+
+
+HOSTILE = (None, True, -1, 2**63, 2**64, 1e20, float("inf"), float("nan"), "", "7", [], {}, [1])
+"""Values put in place of a record's own, by `test_seeded_hostile_values_never_raise`."""
+
+
+def _leaves(obj: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Paths of the values in ``obj`` that are not containers (and of empty lists)."""
+    if isinstance(obj, dict):
+        return [p for k, v in obj.items() for p in _leaves(v, (*path, k))]
+    if isinstance(obj, list):
+        return [p for i, v in enumerate(obj) for p in _leaves(v, (*path, i))] or [path]
+    return [path]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_seeded_hostile_values_never_raise_and_keep_every_other_record(
+    tmp_path: Path, seed: int
+) -> None:
+    rng = random.Random(seed)
+    for case in range(10):
+        leaf = rng.choice(_leaves(record(1, 5, verbose=True)))
+        value = rng.choice(HOSTILE)
+        rep, why = import_changed(tmp_path / str(case), _set(*leaf, value=value))
+        # Either the record is left out and named, or it is still good (a field unused).
+        left_out = rep.colls == 59 and why.endswith("left out")
+        assert left_out or (rep.colls == 60 and why == ""), (leaf, value, why)

@@ -2,16 +2,24 @@
 ``config.devices`` one entry per process, ``results`` rows with ``out_of_place`` /
 ``in_place`` objects, ``%lf`` numbers) gives the same recording figures as the equivalent
 text table; JSON or text is told by content; a file cut short keeps its complete rows; a
-bad file is one problem naming it."""
+bad file is one problem naming it; values of the wrong type or that cannot be are left out
+and named, the rest imported."""
 
 from __future__ import annotations
 
 import json
+import random
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from rankscope.commands.grammar import load_run
 from rankscope.diagnosis.curves import message_curves
-from rankscope.hub.importers import write_recording
+from rankscope.hub import replay
+from rankscope.hub.importers import ImportReport, write_recording
+from rankscope.hub.recording import ReadReport
 
 SIZES = [1024, 4096, 16384, 65536, 262144, 1048576, 4194304]
 # Times exact to two decimals, so the text table (%7.2f) and the JSON (%lf) say the same.
@@ -181,3 +189,148 @@ def test_cpu_time_null_placement_truncated_and_bad_files(tmp_path: Path) -> None
     assert [p["size"] for p in by_file["cut.json"]["points"]] == SIZES[:4]
     # The size row without an out-of-place time gives its in-place instance only.
     assert rep.colls == N * ((2 * len(SIZES) - 1) + 2 * 4)
+
+
+# -- hostile files: what cannot be is left out and named, the rest imported --------------
+
+
+def refused(rec: Path) -> list[str]:
+    """What the hub refuses when it replays ``rec`` (each refused record's reason)."""
+    read = ReadReport()
+    replay.load(rec, report=read)
+    return [s.detail for s in read.skipped]
+
+
+def import_changed(
+    tmp_path: Path, change: Callable[[dict[str, Any]], Any]
+) -> tuple[ImportReport, str]:
+    """Import `json_doc` changed in place by ``change`` (written back with Python's JSON
+    writer: inf as Infinity); the report and its problem lines. What was imported must
+    replay whole."""
+    doc = json.loads(json_doc())
+    change(doc)
+    tmp_path.mkdir(exist_ok=True)
+    f = tmp_path / "all_reduce.json"
+    f.write_text(json.dumps(doc))
+    rep = write_recording("nccl-tests", [f], tmp_path / "rec", run="r")
+    assert refused(tmp_path / "rec") == []
+    return rep, "; ".join(what for _, what in rep.problems)
+
+
+def in_row(key: str, value: Any, *, at: int = 2) -> Callable[[dict[str, Any]], None]:
+    """A change putting ``value`` at ``key`` of result row ``at``."""
+
+    def change(doc: dict[str, Any]) -> None:
+        doc["results"][at][key] = value
+
+    return change
+
+
+def in_time(value: Any) -> Callable[[dict[str, Any]], None]:
+    """A change putting ``value`` as the out-of-place time of result row 2."""
+
+    def change(doc: dict[str, Any]) -> None:
+        doc["results"][2]["out_of_place"]["time"] = value
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "size", [2**64, float("inf"), -5, True], ids=["2**64", "inf", "-5", "true"]
+)
+def test_a_result_row_whose_size_is_not_a_byte_count_is_skipped_and_named(
+    tmp_path: Path, size: Any
+) -> None:
+    # Read unchecked, 2**64 and Infinity raise OverflowError, -5 makes a row the replay
+    # refuses with every other, and true reads as 1 byte.
+    rep, why = import_changed(tmp_path, in_row("size", size))
+    assert why == "1 result row(s) whose size is not an integer in 0..2**62 left out"
+    assert rep.colls == N * 2 * (len(SIZES) - 1)
+
+
+@pytest.mark.parametrize(
+    "time", [1e308, float("inf"), -3.0, 1e12], ids=["1e308", "inf", "-3", "1e12"]
+)
+def test_a_result_time_that_cannot_be_is_skipped_and_named(tmp_path: Path, time: float) -> None:
+    # Read unchecked, 1e308 raises OverflowError, inf and -3 pass unsaid, and 1e12 µs
+    # (11 days) makes a step the replay refuses with every other step.
+    rep, why = import_changed(tmp_path, in_time(time))
+    assert why == "1 time(s) that are zero, negative, infinite or over 3.5 days left out"
+    assert rep.colls == N * (2 * len(SIZES) - 1)
+
+
+def _config(**values: Any) -> Callable[[dict[str, Any]], None]:
+    """A change setting ``values`` in ``config``."""
+
+    def change(doc: dict[str, Any]) -> None:
+        doc["config"].update(values)
+
+    return change
+
+
+def _first_device(**values: Any) -> Callable[[dict[str, Any]], None]:
+    """A change setting ``values`` in the first of ``config.devices``."""
+
+    def change(doc: dict[str, Any]) -> None:
+        doc["config"]["devices"][0].update(values)
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("change", "ranks", "named"),
+    [
+        (_config(nthreads=float("inf")), 2, "config nthreads x ngpus is not a rank count"),
+        (_config(ngpus=2**31), 2, "config nthreads x ngpus is not a rank count"),
+        (_config(nthreads=70_000), 2, "config devices hold more than 131072 ranks"),
+        (_config(devices=5), 1, "config devices is not a list; hosts unknown"),
+        (_first_device(rank=float("inf")), N, "1 config device(s) whose rank is not"),
+    ],
+    ids=["inf-threads", "2**31-gpus", "past-world", "number-devices", "inf-rank"],
+)
+def test_config_values_that_are_not_rank_counts_are_named_and_the_results_imported(
+    tmp_path: Path, change: Callable[[dict[str, Any]], Any], ranks: int, named: str
+) -> None:
+    # Read unchecked, Infinity raises OverflowError, a number of devices TypeError, and
+    # 2**31 GPUs run a loop of 2**32 hosts.
+    rep, why = import_changed(tmp_path, change)
+    assert rep.ranks == ranks and rep.colls == ranks * 2 * len(SIZES)
+    assert why.startswith(named)
+
+
+def test_json_nested_too_deeply_is_named_not_a_traceback(tmp_path: Path) -> None:
+    # Read unchecked, this raises RecursionError.
+    f = tmp_path / "deep.json"
+    f.write_text('{"results": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    good = tmp_path / "all_reduce.json"
+    good.write_text(json_doc())
+    rep = write_recording("nccl-tests", [f, good], tmp_path / "rec", run="r")
+    assert rep.files_read == [str(good)] and rep.colls == N * 2 * len(SIZES)
+    assert dict(rep.problems)[str(f)].startswith("is not JSON (maximum recursion depth")
+
+
+HOSTILE = (None, True, -1, 0, 2**63, 2**64, 1e20, float("inf"), "", "7", [], {}, [1])
+"""Values put in place of a result row's own by the seeded test."""
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_seeded_hostile_values_never_raise_and_keep_every_other_row(
+    tmp_path: Path, seed: int
+) -> None:
+    rng = random.Random(seed)
+    row = json.loads(json_doc())["results"][2]
+    leaves = [(k,) for k in row] + [(k, j) for k in ("out_of_place", "in_place") for j in row[k]]
+    for case in range(8):
+        leaf, value = rng.choice(leaves), rng.choice(HOSTILE)
+
+        def change(doc: dict[str, Any], leaf: tuple[str, ...] = leaf, value: Any = value) -> None:
+            at = doc["results"][2]
+            for key in leaf[:-1]:
+                at = at[key]
+            at[leaf[-1]] = value
+
+        rep, why = import_changed(tmp_path / str(case), change)
+        # The row is left out, a placement of it is, or the value is one the import
+        # does not use; whatever was left out is named.
+        assert N * 2 * (len(SIZES) - 1) <= rep.colls <= N * 2 * len(SIZES), (leaf, value)
+        assert (rep.colls == N * 2 * len(SIZES)) == (why == ""), (leaf, value, why)

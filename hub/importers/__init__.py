@@ -28,11 +28,13 @@ which ``inspect`` and ``diagnose`` show with the manifest.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import importlib
 import io
 import time
-from collections.abc import Iterable
+import zlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -149,11 +151,37 @@ def _is_gzip(path: Path) -> bool:
         return f.read(2) == b"\x1f\x8b"
 
 
+def _as_os_error(read: Callable[..., Any]) -> Callable[..., Any]:
+    """``read`` raising `gzip.BadGzipFile` (an OSError) where the gzip data is cut short
+    (EOFError) or corrupt (zlib.error)."""
+
+    @functools.wraps(read)
+    def guarded(self: gzip.GzipFile, *args: Any) -> Any:
+        try:
+            return read(self, *args)
+        except (EOFError, zlib.error) as exc:
+            raise gzip.BadGzipFile(f"gzip data cut short or corrupt: {exc}") from None
+
+    return guarded
+
+
+class _GzipStream(gzip.GzipFile):
+    """A gzip file whose broken data reads as an OSError: every importer reports an
+    OSError as a file that cannot be read (to its end), and knows no other error of
+    decompression."""
+
+    read = _as_os_error(gzip.GzipFile.read)
+    read1 = _as_os_error(gzip.GzipFile.read1)
+    peek = _as_os_error(gzip.GzipFile.peek)
+    readline = _as_os_error(gzip.GzipFile.readline)
+
+
 def open_binary(path: str | Path) -> IO[bytes]:
-    """Open ``path`` for reading bytes, decompressing gzip (by suffix or magic) on the fly."""
+    """Open ``path`` for reading bytes, decompressing gzip (by suffix or magic) on the fly.
+    Gzip data cut short or corrupt raises `gzip.BadGzipFile` (an OSError) when read."""
     p = Path(path)
     if _is_gzip(p):
-        return gzip.open(p, "rb")  # type: ignore[return-value]
+        return _GzipStream(p, "rb")  # type: ignore[return-value]
     return open(p, "rb")
 
 

@@ -36,6 +36,13 @@ judges a live job's: a rank outside collectives while others wait in ``(group, s
 "not entered", every member inside and none finished is a transfer hang. The import
 report's ``details["hang"]`` lists, per open instance, the ranks that entered and did not
 finish and the members that never entered.
+
+Bad input is a problem of the report, never a traceback, and the rest of the dump is
+imported: an entry that is not a map, has no creation time or holds a value that cannot be
+(a wrong type, a time outside ``0..2**62`` ns, a size or sequence number that is not a
+count, a completion before its creation, a collective longer than the hub takes) is left
+out and counted, one problem line per file and reason; ``pg_config`` members that are not
+distinct ranks of the hub's world are left unknown.
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -62,6 +69,7 @@ from rankscope.hub.importers import (
 )
 from rankscope.hub.importers.align import estimate_offsets
 from rankscope.hub.importers.kineto import DTYPE_BYTES, op_name
+from rankscope.hub.validate import Limits
 
 KIND = "flight-recorder"
 
@@ -70,6 +78,15 @@ STEP_COLLECTIVES = 10
 
 MAX_DUMP_BYTES = 2 << 30
 """Largest dump read (a ring of 2,000 entries with stacks is a few MB)."""
+
+MAX_RANKS = Limits.max_world_size
+"""Ranks must lie below this many (the hub's largest world)."""
+
+MAX_DURATION_NS = int(Limits.max_duration_s * 1e9)
+"""Longest collective or step the hub takes (7 days): longer ones are left out."""
+
+MAX_COUNT = schema.MAX_TIME_NS
+"""Largest sequence number and byte count taken (2**62, what every reader's columns hold)."""
 
 _OP_PREFIX = (
     ("all_reduce", "all_reduce"),
@@ -131,6 +148,8 @@ def load_dump(path: Path) -> dict[str, Any]:
             obj = json.loads(raw)
         except ValueError as exc:
             raise DumpError(f"not valid JSON ({exc})") from None
+        except RecursionError:
+            raise DumpError("JSON nested too deeply to read") from None
     else:
         try:
             obj = _PlainUnpickler(io.BytesIO(raw)).load()
@@ -144,6 +163,9 @@ def load_dump(path: Path) -> dict[str, Any]:
             IndexError,
             KeyError,
             AttributeError,
+            # A corrupt length or memo index asks for more memory than there is.
+            MemoryError,
+            OverflowError,
         ) as exc:
             raise DumpError(f"truncated or corrupt pickle ({type(exc).__name__}: {exc})") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("entries", None), list):
@@ -163,32 +185,71 @@ def _op(profiling_name: str) -> str:
     return "other"
 
 
+class Unusable(ValueError):
+    """Why an entry is left out; the text completes "N entries ... left out"."""
+
+
+def _is_int(v: Any, lo: int, hi: int) -> TypeGuard[int]:
+    """Whether ``v`` is an integer (not a boolean) in ``lo..hi``."""
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
 def _nbytes(sizes: Any, dtypes: Any) -> int:
+    """Bytes of an entry's input tensors; -1 when the sizes or a dtype are not known.
+
+    Raises:
+        Unusable: a shape holding something other than sizes, or more than `MAX_COUNT`
+            bytes.
+    """
     if not isinstance(sizes, list) or not isinstance(dtypes, list):
         return -1
     total = 0
     for shape, dt in zip(sizes, dtypes):
-        size = DTYPE_BYTES.get(str(dt).lower().replace("torch.", ""))
+        size = DTYPE_BYTES.get(dt.lower().replace("torch.", "")) if isinstance(dt, str) else None
         if size is None or not isinstance(shape, list):
             return -1
-        n = 1
+        n = size
         for d in shape:
-            n *= int(d)
-        total += n * size
+            if not _is_int(d, 0, MAX_COUNT):
+                raise Unusable("whose input_sizes hold something other than sizes")
+            n = min(n * d, MAX_COUNT + 1)
+        total += n
+    if total > MAX_COUNT:
+        raise Unusable("whose input is larger than 2**62 bytes")
     return total
 
 
-def _time(v: Any) -> int:
-    return int(v) if isinstance(v, int) and not isinstance(v, bool) and v > 0 else schema.NO_TIME
+def _time(e: dict[str, Any], key: str) -> int:
+    """``e[key]``, a time in ns, or ``NO_TIME`` where it is absent, null or 0 (not seen).
+
+    Raises:
+        Unusable: anything but an integer in ``0..schema.MAX_TIME_NS``.
+    """
+    v = e.get(key)
+    if v is None or v == 0:
+        return schema.NO_TIME
+    if not _is_int(v, 1, schema.MAX_TIME_NS):
+        raise Unusable(f"whose {key} is not a time in 0..2**62 ns")
+    return v
 
 
-def _ranks_of(text: Any) -> list[int] | None:
-    if isinstance(text, list):
-        return [int(r) for r in text]
-    if isinstance(text, str):
-        found = re.findall(r"-?\d+", text)
-        return [int(r) for r in found] if found else None
-    return None
+def _ranks_of(value: Any) -> list[int] | None:
+    """The member ranks of a ``pg_config`` entry (a list, or the text ``"[0, 1]"``);
+    None when they are not distinct ranks in ``0..MAX_RANKS - 1``."""
+    if isinstance(value, str):
+        value = [int(r) for r in re.findall(r"-?\d{1,12}", value)]
+    if not isinstance(value, list) or not value:
+        return None
+    if not all(_is_int(r, 0, MAX_RANKS - 1) for r in value) or len(set(value)) < len(value):
+        return None
+    return value
+
+
+def _name(v: Any) -> str | None:
+    """A process group's name or id as text (a string, or an int64); None otherwise."""
+    if isinstance(v, str):
+        return v
+    return str(v) if _is_int(v, -(2**63), 2**63 - 1) else None
 
 
 _RANK_IN_NAME = re.compile(r"(\d+)(?:\.json|\.pkl|\.pickle)?(?:\.gz)?$")
@@ -208,60 +269,176 @@ class RankDump:
     cols: dict[str, np.ndarray] = field(default_factory=dict)
     """``seq, op, nbytes, t_enter, t_start, t_exit, finished, record``."""
 
+    def keep(self, rows: np.ndarray) -> None:
+        """Keep only the rows ``rows`` (a mask) selects."""
+        self.cols = {k: v[rows] for k, v in self.cols.items()}
+        self.group_key = [k for k, on in zip(self.group_key, rows.tolist()) if on]
 
-def parse_dump(path: Path, obj: dict[str, Any], report: ImportReport) -> RankDump | None:
-    """Columns of one dump; entries that are not maps are counted as a problem."""
+
+def _bool(e: dict[str, Any], key: str) -> bool:
+    """``e[key]``, a boolean (False when absent or null).
+
+    Raises:
+        Unusable: anything else.
+    """
+    v = e.get(key)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise Unusable(f"whose {key} is not a boolean")
+    return v
+
+
+def _text(e: dict[str, Any], key: str) -> str:
+    """``e[key]``, a string ("" when absent or null).
+
+    Raises:
+        Unusable: anything else.
+    """
+    v = e.get(key)
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        raise Unusable(f"whose {key} is not a string")
+    return v
+
+
+def _group(e: dict[str, Any]) -> tuple[str, str | None]:
+    """``(process group name, its description or None)`` of an entry.
+
+    Raises:
+        Unusable: a ``process_group`` that is not ``[name, description]``, or a ``pg_id``
+            that is not a name.
+    """
+    pg = e.get("process_group")
+    if isinstance(pg, list | tuple) and pg:
+        name = _name(pg[0])
+        desc = pg[1] if len(pg) > 1 else None
+        if name is None or not isinstance(desc, str | None):
+            raise Unusable("whose process_group is not [name, description]")
+        return name, desc
+    name = _name(_or(e.get("pg_id"), "0"))
+    if name is None:
+        raise Unusable("whose pg_id is not a name")
+    return name, None
+
+
+def _parse_entry(e: Any, position: int) -> tuple[str, str, tuple[int, ...], str | None]:
+    """One ``entries`` item as ``(process group, group key, row, the group's description
+    or None)``. The group key is the process group's name, ``<name>/p2p`` for
+    point-to-point entries; the row holds ``seq, op, nbytes, t_enter, t_start, t_exit,
+    finished, record`` (``record`` is ``position`` where the entry has no ``record_id``).
+
+    Raises:
+        Unusable: not a map, no creation time, or a value of the wrong type or one that
+            cannot be (the text says which).
+    """
+    if not isinstance(e, dict):
+        raise Unusable("that are not maps")
+    created = e.get("time_created_ns")
+    if created is None:
+        raise Unusable("without time_created_ns")
+    if not _is_int(created, 1, schema.MAX_TIME_NS):
+        raise Unusable("whose time_created_ns is not a time in 0..2**62 ns")
+    pg_name, desc = _group(e)
+    p2p = _bool(e, "is_p2p")
+    seq_key = "p2p_seq_id" if p2p else "collective_seq_id"
+    seq = _or(e.get(seq_key), -1)
+    if not _is_int(seq, -1, MAX_COUNT):
+        raise Unusable(f"whose {seq_key} is not an integer in -1..2**62")
+    record = _or(e.get("record_id"), position)
+    if not _is_int(record, 0, 2**63 - 1):
+        raise Unusable("whose record_id is not an integer in 0..2**63-1")
+    started = _time(e, "time_discovered_started_ns")
+    t_exit = _time(e, "time_discovered_completed_ns")
+    if t_exit >= 0 and (t_exit < created or t_exit < started):
+        raise Unusable("that complete before they were created or started")
+    if t_exit - created > MAX_DURATION_NS:
+        raise Unusable("that last longer than 7 days")
+    finished = _text(e, "state") == "completed" or _bool(e, "retired") or t_exit >= 0
+    row = (
+        seq,
+        schema.OP_INDEX[_op(_text(e, "profiling_name"))],
+        _nbytes(e.get("input_sizes"), e.get("input_dtypes")),
+        created,
+        started,
+        t_exit,
+        int(finished),
+        record,
+    )
+    return pg_name, (f"{pg_name}/p2p" if p2p else pg_name), row, desc
+
+
+def _or(v: Any, default: Any) -> Any:
+    """``v``, or ``default`` where it is absent or null."""
+    return default if v is None else v
+
+
+def _dump_rank(path: Path, obj: dict[str, Any], report: ImportReport) -> int:
+    """The rank a dump names (its ``rank``, else a number ending the file name); -1 when
+    neither is a rank (it is numbered after the others)."""
+    v = obj.get("rank")
+    if _is_int(v, 0, MAX_RANKS - 1):
+        return v
     m = _RANK_IN_NAME.search(path.name)
-    rank = int(obj["rank"]) if isinstance(obj.get("rank"), int) else (int(m.group(1)) if m else -1)
+    named = int(m.group(1)) if m else -1
+    if v is not None:
+        report.problem(
+            path,
+            f"rank is not an integer in 0..{MAX_RANKS - 1}; numbered by its file name "
+            "(or after the others)",
+        )
+    return named if 0 <= named < MAX_RANKS else -1
+
+
+def _pg_config(
+    path: Path, obj: dict[str, Any], report: ImportReport
+) -> tuple[dict[str, list[int]], dict[str, str]]:
+    """``(members, description)`` of each process group in ``pg_config``; a group whose
+    name or members cannot be is named and passed over."""
     pg_ranks: dict[str, list[int]] = {}
     pg_desc: dict[str, str] = {}
     cfg = obj.get("pg_config")
-    if isinstance(cfg, dict):
-        for name, info in cfg.items():
-            if isinstance(info, dict):
-                r = _ranks_of(info.get("ranks"))
-                if r is not None:
-                    pg_ranks[str(name)] = r
-                pg_desc[str(name)] = str(info.get("desc", ""))
-    keys: list[str] = []
-    rows: list[tuple[int, int, int, int, int, int, int, int]] = []
-    bad = 0
-    for e in obj["entries"]:
-        if not isinstance(e, dict) or not isinstance(e.get("time_created_ns"), int):
-            bad += 1
+    if not isinstance(cfg, dict):
+        return pg_ranks, pg_desc
+    for key, info in cfg.items():
+        name = _name(key)
+        if name is None or not isinstance(info, dict):
+            report.problem(path, "a pg_config entry that is not a named map passed over")
             continue
-        pg = e.get("process_group")
-        if isinstance(pg, list | tuple) and pg:
-            pg_name = str(pg[0])
-            if len(pg) > 1 and pg_name not in pg_desc:
-                pg_desc[pg_name] = str(pg[1])
-        else:
-            pg_name = str(e.get("pg_id", "0"))
-        p2p = bool(e.get("is_p2p", False))
-        seq = e.get("p2p_seq_id" if p2p else "collective_seq_id", -1)
-        seq = int(seq) if isinstance(seq, int) else -1
-        state = str(e.get("state", ""))
-        t_exit = _time(e.get("time_discovered_completed_ns"))
-        finished = state == "completed" or bool(e.get("retired", False)) or t_exit >= 0
-        keys.append(f"{pg_name}/p2p" if p2p else pg_name)
-        rows.append(
-            (
-                seq,
-                schema.OP_INDEX[_op(str(e.get("profiling_name", "")))],
-                _nbytes(e.get("input_sizes"), e.get("input_dtypes")),
-                int(e["time_created_ns"]),
-                _time(e.get("time_discovered_started_ns")),
-                t_exit,
-                int(finished),
-                int(e.get("record_id", len(rows)))
-                if isinstance(e.get("record_id"), int)
-                else len(rows),
+        r = _ranks_of(info.get("ranks"))
+        if r is not None:
+            pg_ranks[name] = r
+        elif info.get("ranks") is not None:
+            report.problem(
+                path,
+                f"pg_config {name[:40]!r}: ranks are not distinct ranks in "
+                f"0..{MAX_RANKS - 1}; members unknown",
             )
-        )
-    if bad:
-        report.problem(
-            path, f"{bad} entr{'y' if bad == 1 else 'ies'} without time_created_ns left out"
-        )
+        desc = info.get("desc")
+        pg_desc[name] = desc if isinstance(desc, str) else ""
+    return pg_ranks, pg_desc
+
+
+def parse_dump(path: Path, obj: dict[str, Any], report: ImportReport) -> RankDump | None:
+    """Columns of one dump; entries that cannot be used are counted, by why, as problems."""
+    rank = _dump_rank(path, obj, report)
+    pg_ranks, pg_desc = _pg_config(path, obj, report)
+    keys: list[str] = []
+    rows: list[tuple[int, ...]] = []
+    why: dict[str, int] = {}
+    for e in obj["entries"]:
+        try:
+            pg_name, key, row, desc = _parse_entry(e, len(rows))
+        except Unusable as exc:
+            why[str(exc)] = why.get(str(exc), 0) + 1
+            continue
+        if desc is not None:
+            pg_desc.setdefault(pg_name, desc)
+        keys.append(key)
+        rows.append(row)
+    for text, n in why.items():
+        report.problem(path, f"{n} entr{'y' if n == 1 else 'ies'} {text} left out")
     if not rows:
         report.problem(path, "holds no collective entry; left out")
         return None
@@ -270,7 +447,10 @@ def parse_dump(path: Path, obj: dict[str, Any], report: ImportReport) -> RankDum
     arr = arr[order]
     keys = [keys[i] for i in order.tolist()]
     names = ("seq", "op", "nbytes", "t_enter", "t_start", "t_exit", "finished", "record")
-    dump = RankDump(str(path), rank, str(obj.get("version", "")), pg_ranks, pg_desc, keys)
+    version = obj.get("version")
+    dump = RankDump(
+        str(path), rank, version if isinstance(version, str) else "", pg_ranks, pg_desc, keys
+    )
     dump.cols = {n: arr[:, i].copy() for i, n in enumerate(names)}
     return dump
 
@@ -356,21 +536,21 @@ def messages(
     report.lack("phases, tokens and samples per step")
     report.lack("device samples (clocks, power, throttling)")
     for d in dumps:
-        off = offsets[d.rank]
-        for k in ("t_enter", "t_start", "t_exit"):
-            c = d.cols[k]
-            d.cols[k] = np.where(c >= 0, c - off, c)
+        _align(d, offsets[d.rank], report)
     # Steps: STEP_COLLECTIVES consecutive seqs of the busiest group.
     counts = np.bincount(np.concatenate([d.cols["group"] for d in dumps]), minlength=len(gid))
     clock = int(np.argmax(counts))
     for d in dumps:
         d.cols["step"] = _steps_of(d.cols, clock)
+        _drop_long_steps(d, report)
     report.details["hang"] = hang_summary(dumps, gid, members)
     report.files_read = [d.file for d in dumps]
     src = source_manifest(KIND, report.files_read, report.lacks)
     src["alignment_ns"] = report.alignment_ns
     headers = {d.rank: header(job, run, d.rank) for d in dumps}
-    t_first = min(int(d.cols["t_enter"].min()) for d in dumps)
+    t_first = min(
+        (int(d.cols["t_enter"].min()) for d in dumps if d.cols["seq"].shape[0]), default=0
+    )
     for d in dumps:
         ident = {
             "rank": d.rank,
@@ -415,6 +595,47 @@ def messages(
         yield from _rank_messages(d, headers[d.rank], offsets[d.rank])
 
 
+def _align(d: RankDump, off: int, report: ImportReport) -> None:
+    """Shift ``d``'s times by ``-off``; rows whose times then leave
+    ``0..schema.MAX_TIME_NS`` are left out and named (the hub would refuse the rank's
+    whole message for one of them)."""
+    inside = np.ones(d.cols["seq"].shape[0], bool)
+    for k in ("t_enter", "t_start", "t_exit"):
+        c = d.cols[k]
+        known = c >= 0
+        d.cols[k] = np.where(known, c - off, c)
+        inside &= ~known | ((d.cols[k] >= 0) & (d.cols[k] <= schema.MAX_TIME_NS))
+    if not inside.all():
+        n = int((~inside).sum())
+        report.problem(
+            d.file,
+            f"{n} entr{'y' if n == 1 else 'ies'} whose times leave 0..2**62 ns once aligned "
+            f"(clock offset {off} ns) left out",
+        )
+        d.keep(inside)
+
+
+def _drop_long_steps(d: RankDump, report: ImportReport) -> None:
+    """Leave out the finished steps of ``d`` that last longer than `MAX_DURATION_NS`
+    (entries further apart than the hub takes in one step), naming them."""
+    c = d.cols
+    known_end = np.where(c["t_exit"] >= 0, c["t_exit"], c["t_enter"])
+    long = [
+        s
+        for s in np.unique(c["step"]).tolist()
+        if c["finished"][c["step"] == s].all()
+        and known_end[c["step"] == s].max() - c["t_enter"][c["step"] == s].min() > MAX_DURATION_NS
+    ]
+    if long:
+        out = np.isin(c["step"], long)
+        report.problem(
+            d.file,
+            f"{len(long)} step(s) longer than 7 days ({int(out.sum())} entries further apart "
+            "than the hub takes) left out",
+        )
+        d.keep(~out)
+
+
 def _steps_of(cols: dict[str, np.ndarray], clock: int) -> np.ndarray:
     """Step of each row: rows of the clock group by seq; others by the clock row open when
     they were created (record order)."""
@@ -434,6 +655,8 @@ def _rank_messages(
 ) -> Iterator[bytes | tuple[bytes, int]]:
     c = d.cols
     n = c["seq"].shape[0]
+    if n == 0:
+        return  # every entry was left out once aligned (named then)
     known_end = np.where(c["t_exit"] >= 0, c["t_exit"], c["t_enter"])
     steps = np.unique(c["step"])
     done = np.array([bool(c["finished"][c["step"] == s].all()) for s in steps.tolist()])

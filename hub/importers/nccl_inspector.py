@@ -27,6 +27,12 @@ the dump thread's write time and starts ``coll_exec_time_us`` before it, ``t_ent
 unknown, and the report says arrival order is unknown. A process's global rank is its rank
 in its largest communicator. Steps: the source has none; one step is `STEP_COLLECTIVES`
 collectives of the busiest communicator (others belong to the step open when they started).
+
+Bad input is a problem of the report, never a traceback, and the rest of the file is
+imported: an object that is not a record, misses a field a row needs or holds a value that
+cannot be (a wrong type, a time or duration outside ``0..2**52`` µs, a rank outside the
+hub's world, kernels ending before they start, a collective longer than the hub takes) is
+left out and counted, one problem line per file and reason.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from rankscope.hub.importers import (
 )
 from rankscope.hub.importers.align import estimate_offsets
 from rankscope.hub.importers.kineto import op_name
+from rankscope.hub.validate import Limits
 
 KIND = "nccl-inspector"
 
@@ -70,6 +77,19 @@ COLUMNS = (
 )
 """Columns `parse_records` returns (``comm`` indexes its list of communicator ids; times
 are ns on the writing host's clock, -1 unknown)."""
+
+MAX_US = 2**52
+"""Times (µs since the epoch) and durations at or beyond this cannot be true (142 years):
+a record holding one is left out. Below it every time fits ``schema.MAX_TIME_NS`` in ns."""
+
+MAX_SN = schema.MAX_TIME_NS
+"""Largest ``coll_sn`` and byte count taken (2**62, what every reader's columns hold)."""
+
+MAX_RANKS = Limits.max_world_size
+"""Ranks and communicator sizes must lie below this many (the hub's largest world)."""
+
+MAX_DURATION_NS = int(Limits.max_duration_s * 1e9)
+"""Longest collective or step the hub takes (7 days): longer ones are left out."""
 
 
 def iter_objects(text: str, pos: int = 0) -> Iterator[tuple[Any, int]]:
@@ -93,6 +113,8 @@ def iter_objects(text: str, pos: int = 0) -> Iterator[tuple[Any, int]]:
             if _unbalanced(text, pos):
                 return
             raise ValueError(f"not JSON at offset {pos}: {exc.msg}") from None
+        except RecursionError:
+            raise ValueError(f"JSON nested too deeply to read at offset {pos}") from None
         yield obj, end
         pos = end
 
@@ -120,6 +142,13 @@ def _unbalanced(text: str, pos: int) -> bool:
     return depth > 0
 
 
+class Unusable(ValueError):
+    """Why a record is left out; the text completes "N record(s) ... left out"."""
+
+
+_ABSENT = object()
+
+
 @dataclass
 class Records:
     """Rows parsed from Inspector objects (`COLUMNS`), plus what they name."""
@@ -129,7 +158,11 @@ class Records:
     host: str = ""
     pid: int = 0
     bad: int = 0
-    """Objects without the fields a row needs."""
+    """Objects left out (without the fields a row needs, or with values that cannot be)."""
+    why: dict[str, int] = field(default_factory=dict)
+    """Objects left out, by why (`Unusable`), in the order first met."""
+    bad_pid: bool = False
+    """Whether the ``metadata.pid`` read is not a process id (the pid is then unknown)."""
 
     def columns(self) -> dict[str, np.ndarray]:
         """The rows as int64 columns."""
@@ -137,43 +170,159 @@ class Records:
         return {c: arr[:, i].copy() for i, c in enumerate(COLUMNS)}
 
 
+def _int(d: dict[str, Any], key: str, lo: int, hi: int, default: int | None = None) -> int:
+    """``d[key]``, an integer (not a boolean) in ``lo..hi``; ``default`` when it is absent
+    or null, and required when ``default`` is None.
+
+    Raises:
+        Unusable: absent and required, or not such an integer.
+    """
+    v = d.get(key, _ABSENT)
+    if v is _ABSENT or v is None:
+        if default is None:
+            raise Unusable(f"without {key}")
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise Unusable(f"whose {key} is not an integer in {lo}..{_power(hi)}")
+    return v
+
+
+def _us(d: dict[str, Any], key: str) -> float | None:
+    """``d[key]``, a time or duration in µs (a finite number in ``0..MAX_US``); None when
+    absent or null.
+
+    Raises:
+        Unusable: a value that is not such a number.
+    """
+    v = d.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < MAX_US:
+        raise Unusable(f"whose {key} is not a number of µs in 0..2**52")
+    return v
+
+
+def _power(n: int) -> str:
+    """``n`` as the power of two it is (``2**62``), or as digits."""
+    return f"2**{n.bit_length() - 1}" if n > 1 << 20 and n & (n - 1) == 0 else str(n)
+
+
+def _object(d: dict[str, Any], key: str) -> dict[str, Any]:
+    """``d[key]``, an object (empty when absent or null).
+
+    Raises:
+        Unusable: a value that is not an object.
+    """
+    v = d.get(key)
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise Unusable(f"whose {key} is not an object")
+    return v
+
+
+def _kernel_span(ts: dict[str, Any]) -> tuple[int, int]:
+    """(first kernel start, last kernel stop) in ns of a record's ``event_trace_ts``, -1
+    where unknown. Entries of ``kernel_events`` that are not objects are passed over.
+
+    Raises:
+        Unusable: ``kernel_events`` that is not a list, a time that cannot be, or a last
+            stop before the first start.
+    """
+    events = ts.get("kernel_events")
+    if events is None:
+        events = []
+    if not isinstance(events, list):
+        raise Unusable("whose kernel_events is not a list")
+    starts, stops = [], []
+    for k in events:
+        if isinstance(k, dict):
+            start, stop = _us(k, "kernel_start_ts"), _us(k, "kernel_stop_ts")
+            if start is not None:
+                starts.append(int(start) * 1000)
+            if stop is not None:
+                stops.append(int(stop) * 1000)
+    kstart, kend = min(starts, default=-1), max(stops, default=-1)
+    if kstart >= 0 and kend >= 0 and kend < kstart:
+        raise Unusable("whose last kernel stops before the first starts")
+    return kstart, kend
+
+
+def _times(perf: dict[str, Any], meta: dict[str, Any]) -> tuple[int, int, int, int, int]:
+    """``(exec_ns, dump_ns, enter_ns, kstart_ns, kend_ns)`` of one record (-1 unknown).
+
+    Raises:
+        Unusable: a time that cannot be, kernels ending before the collective started, or
+            a collective longer than `MAX_DURATION_NS`.
+    """
+    exec_us = _us(perf, "coll_exec_time_us")
+    dump_us = _us(meta, "dump_timestamp_us")
+    ts = _object(perf, "event_trace_ts")
+    enter_us = _us(ts, "coll_start_ts")
+    kstart, kend = _kernel_span(ts)
+    exec_ns = int(float(exec_us) * 1000) if exec_us is not None else -1
+    dump_ns = int(dump_us) * 1000 if dump_us is not None else -1
+    enter = int(enter_us) * 1000 if enter_us is not None else -1
+    if enter >= 0 and kend >= 0 and kend < enter:
+        raise Unusable("whose kernels end before coll_start_ts")
+    first = min((t for t in (enter, kstart) if t >= 0), default=-1)
+    if exec_ns > MAX_DURATION_NS or (first >= 0 and kend - first > MAX_DURATION_NS):
+        raise Unusable("that last longer than 7 days")
+    return exec_ns, dump_ns, enter, kstart, kend
+
+
+def _parse_record(obj: Any) -> tuple[str, tuple[int, ...], dict[str, Any]]:
+    """One Inspector object as ``(communicator id, row, metadata)``; the row holds the
+    `COLUMNS` (its ``comm`` still 0).
+
+    Raises:
+        Unusable: the object is not a record, misses a field a row needs, or holds a value
+            of the wrong type or one that cannot be (the text says which).
+    """
+    if not isinstance(obj, dict):
+        raise Unusable("that are not JSON objects")
+    h, perf = obj.get("header"), obj.get("coll_perf")
+    if not isinstance(h, dict) or not isinstance(perf, dict):
+        raise Unusable("without header/coll_perf fields")
+    meta = _object(obj, "metadata")
+    comm = h.get("id")
+    if comm is None or "coll" not in perf:
+        raise Unusable("without header/coll_perf fields")
+    if isinstance(comm, bool) or not isinstance(comm, str | int):
+        raise Unusable("whose header id is not a string or integer")
+    if not isinstance(perf["coll"], str):
+        raise Unusable("whose coll is not a string")
+    row = (
+        0,
+        _int(h, "rank", 0, MAX_RANKS - 1),
+        _int(h, "n_ranks", 1, MAX_RANKS, -1),
+        _int(perf, "coll_sn", 0, MAX_SN),
+        schema.OP_INDEX[op_name(perf["coll"])],
+        _int(perf, "coll_msg_size_bytes", 0, MAX_SN, -1),
+        *_times(perf, meta),
+    )
+    return str(comm), row, meta
+
+
 def add_record(rec: Records, obj: Any) -> None:
-    """Add one Inspector object to ``rec`` (counted in ``rec.bad`` when unusable)."""
+    """Add one Inspector object to ``rec`` (counted in ``rec.bad``, by why in ``rec.why``,
+    when unusable)."""
     try:
-        h, meta, perf = obj["header"], obj.get("metadata", {}), obj["coll_perf"]
-        comm = str(h["id"])
-        seq = int(perf["coll_sn"])
-        row_op = schema.OP_INDEX[op_name(str(perf["coll"]))]
-        nbytes = int(perf.get("coll_msg_size_bytes", -1))
-        exec_ns = int(float(perf.get("coll_exec_time_us", -1)) * 1000)
-        dump_ns = int(meta.get("dump_timestamp_us", -1)) * 1000
-        ts = perf.get("event_trace_ts") or {}
-        enter = int(ts["coll_start_ts"]) * 1000 if "coll_start_ts" in ts else -1
-        kev = [k for k in ts.get("kernel_events", []) if isinstance(k, dict)]
-        kstart = min((int(k["kernel_start_ts"]) for k in kev if "kernel_start_ts" in k), default=-1)
-        kend = max((int(k["kernel_stop_ts"]) for k in kev if "kernel_stop_ts" in k), default=-1)
-        row = (
-            0,
-            int(h["rank"]),
-            int(h.get("n_ranks", -1)),
-            seq,
-            row_op,
-            nbytes,
-            exec_ns,
-            dump_ns,
-            enter,
-            kstart * 1000 if kstart >= 0 else -1,
-            kend * 1000 if kend >= 0 else -1,
-        )
-    except (KeyError, TypeError, ValueError, AttributeError):
+        comm, row, meta = _parse_record(obj)
+    except Unusable as exc:
         rec.bad += 1
+        rec.why[str(exc)] = rec.why.get(str(exc), 0) + 1
         return
     if comm not in rec.comms:
         rec.comms.append(comm)
     rec.rows.append((rec.comms.index(comm), *row[1:]))
     if not rec.host and isinstance(meta.get("hostname"), str):
         rec.host = meta["hostname"]
-        rec.pid = int(meta.get("pid", 0)) if isinstance(meta.get("pid"), int) else 0
+        pid = meta.get("pid", 0)
+        if isinstance(pid, int) and not isinstance(pid, bool) and 0 <= pid < 2**63:
+            rec.pid = pid
+        else:
+            rec.bad_pid = pid is not None
 
 
 def parse_file(path: Path, report: ImportReport) -> Records | None:
@@ -194,8 +343,10 @@ def parse_file(path: Path, report: ImportReport) -> Records | None:
         report.problem(path, f"{exc}; the records before it are imported")
     if end < len(text.rstrip()) and not any(p[0] == str(path) for p in report.problems):
         report.problem(path, f"incomplete last record at offset {end} left out")
-    if rec.bad:
-        report.problem(path, f"{rec.bad} record(s) without header/coll_perf fields left out")
+    for why, n in rec.why.items():
+        report.problem(path, f"{n} record(s) {why} left out")
+    if rec.bad_pid:
+        report.problem(path, "metadata pid is not an integer in 0..2**63-1; pid unknown")
     if not rec.rows:
         report.problem(path, "holds no Inspector collective record; left out")
         return None
@@ -236,15 +387,19 @@ def messages(files: list[Path], report: ImportReport, *, job: str, run: str) -> 
             members.setdefault(k, {})[cr] = r
     imported = [r for r, *_ in ranked]
     world = max(imported[-1] + 1, int(max(int(c["n_ranks"].max()) for *_, c in ranked)))
-    verbose = all((c["kend_ns"] >= 0).all() for *_, c in ranked)
-    for *_, c in ranked:
+    verbose = any(_verbose(c).any() for *_, c in ranked)
+    for i, (r, file, rec, c) in enumerate(ranked):
         if verbose:
+            c = _timed(c, file, report)
             c["t_enter"] = c["enter_ns"]
             c["t_start"], c["t_end"] = c["kstart_ns"], c["kend_ns"]
         else:
             c["t_enter"] = np.full(c["seq"].shape[0], schema.NO_TIME, np.int64)
             c["t_end"] = c["dump_ns"]
-            c["t_start"] = np.where(c["dump_ns"] >= 0, c["dump_ns"] - c["exec_ns"], -1)
+            # The kernels ran for coll_exec_time_us before the dump thread wrote the record.
+            known = (c["dump_ns"] >= c["exec_ns"]) & (c["exec_ns"] >= 0)
+            c["t_start"] = np.where(known, c["dump_ns"] - c["exec_ns"], -1)
+        ranked[i] = (r, file, rec, c)
     offsets = {r: 0 for r in imported}
     if verbose and len(imported) > 1:
         al = estimate_offsets(
@@ -309,29 +464,98 @@ def messages(files: list[Path], report: ImportReport, *, job: str, run: str) -> 
             "clock_error_ns": int(report.alignment_ns or 0),
         }
         yield schema.stats_message(next_header(headers[r]), stats)
-    for r, _file, _rec, c in ranked:
-        yield steps_message(c, clock, offsets[r], headers[r])
+    for r, file, _rec, c in ranked:
+        yield steps_message(_placed_rows(c, clock, offsets[r], file, report), headers[r])
 
 
-def steps_message(c: dict[str, np.ndarray], clock: int, off: int, h: dict[str, Any]) -> bytes:
-    """One rank's rows as a ``steps`` message (times shifted by ``-off``)."""
+def _verbose(c: dict[str, np.ndarray]) -> np.ndarray:
+    """Rows with verbose timestamps: the collective's start and a kernel stop."""
+    return (c["enter_ns"] >= 0) & (c["kend_ns"] >= 0)
+
+
+def _rows(c: dict[str, np.ndarray], keep: np.ndarray) -> dict[str, np.ndarray]:
+    """The rows ``keep`` selects, every column."""
+    return {k: v[keep] for k, v in c.items()}
+
+
+def _timed(c: dict[str, np.ndarray], file: str, report: ImportReport) -> dict[str, np.ndarray]:
+    """The rows of verbose output that carry its timestamps; the others are left out and
+    named (a row without its start would have no arrival, which the hub requires)."""
+    keep = _verbose(c)
+    lost = int((~keep).sum())
+    if lost:
+        report.problem(
+            file,
+            f"{lost} record(s) without coll_start_ts or a kernel stop in verbose output left out",
+        )
+    return _rows(c, keep)
+
+
+def _placed_rows(
+    c: dict[str, np.ndarray], clock: int, off: int, file: str, report: ImportReport
+) -> dict[str, np.ndarray]:
+    """One rank's rows in time order with their ``step``, times shifted by ``-off``.
+
+    Rows whose times leave ``0..schema.MAX_TIME_NS`` once shifted, and steps spanning more
+    than `MAX_DURATION_NS`, are left out and named: the hub would refuse the rank's whole
+    message for one of them.
+    """
     key = np.where(c["t_start"] >= 0, c["t_start"], c["t_end"])
-    order = np.argsort(key, kind="stable")
-    c = {k: v[order] for k, v in c.items()}
+    c = _rows(c, np.argsort(key, kind="stable"))
+    inside = np.ones(c["seq"].shape[0], bool)
     for k in ("t_enter", "t_start", "t_end"):
-        c[k] = np.where(c[k] >= 0, c[k] - off, c[k])
+        known = c[k] >= 0
+        c[k] = np.where(known, c[k] - off, c[k])
+        inside &= ~known | ((c[k] >= 0) & (c[k] <= schema.MAX_TIME_NS))
+    if not inside.all():
+        report.problem(
+            file,
+            f"{int((~inside).sum())} record(s) whose times leave 0..2**62 ns once aligned "
+            f"(clock offset {off} ns) left out",
+        )
+        c = _rows(c, inside)
+    c["step"] = _steps_of(c, clock)
+    steps, t0, t1 = _step_bounds(c)
+    long = steps[(t0 >= 0) & (t1 - t0 > MAX_DURATION_NS)]
+    if long.shape[0]:
+        out = np.isin(c["step"], long)
+        report.problem(
+            file,
+            f"{long.shape[0]} step(s) longer than 7 days ({int(out.sum())} record(s) "
+            "further apart than the hub takes) left out",
+        )
+        c = _rows(c, ~out)
+    return c
+
+
+def _steps_of(c: dict[str, np.ndarray], clock: int) -> np.ndarray:
+    """Step of each row (rows in time order): `STEP_COLLECTIVES` collectives of the clock
+    communicator by ``seq``; other rows belong to the step open when they started."""
     on = c["group"] == clock
     step = np.full(c["seq"].shape[0], 0, np.int64)
     step[on] = (c["seq"][on] - int(c["seq"][on].min())) // STEP_COLLECTIVES if on.any() else 0
     idx = np.maximum.accumulate(np.where(on, np.arange(step.shape[0]), -1))
     first = int(step[on][0]) if on.any() else 0
-    step = np.where(idx >= 0, step[np.clip(idx, 0, None)], first)
+    return np.where(idx >= 0, step[np.clip(idx, 0, None)], first)
+
+
+def _step_bounds(c: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(steps, start, end)`` of placed rows: each step from its first entry (or device
+    start) to its last device end."""
+    step = c["step"]
     lo = np.where(c["t_enter"] >= 0, c["t_enter"], c["t_start"])
     steps = np.unique(step)
+    t0 = np.array([lo[step == s].min() for s in steps.tolist()], np.int64)
+    t1 = np.array([c["t_end"][step == s].max() for s in steps.tolist()], np.int64)
+    return steps, t0, t1
+
+
+def steps_message(c: dict[str, np.ndarray], h: dict[str, Any]) -> bytes:
+    """One rank's placed rows (`_placed_rows`) as a ``steps`` message."""
+    step = c["step"]
+    steps, t0, t1 = _step_bounds(c)
     st = schema.empty_table("steps", steps.shape[0])
-    st["step"] = steps
-    st["t_start"] = np.array([lo[step == s].min() for s in steps.tolist()], np.int64)
-    st["t_end"] = np.array([c["t_end"][step == s].max() for s in steps.tolist()], np.int64)
+    st["step"], st["t_start"], st["t_end"] = steps, t0, t1
     n = step.shape[0]
     co = {
         "step": step,

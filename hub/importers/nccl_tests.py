@@ -42,6 +42,12 @@ instant and left ``time`` µs later, so the recording's own curves (``rankscope 
 conventions (``nbytes`` is the rank's input: ``size / n`` for all-gather, reduce-scatter and
 all-to-all, whose nccl-tests size is the total). One step is one size row. The report's
 ``details["nccl_tests"]`` keeps the table as printed (busbw per size and placement).
+
+Bad input is a problem of the report, never a traceback, and the rest of the file is
+imported: a size row that does not parse, or whose size or count is not an integer in
+``0..2**62``, is left out; a time that is zero, negative, infinite or over 3.5 days (two of
+them must fit one step the hub takes) leaves out its placement only; a rank or rank count
+outside the hub's world is named and not used. Each is one problem line per file and reason.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -64,6 +70,7 @@ from rankscope.hub.importers import (
     source_manifest,
 )
 from rankscope.hub.importers.kineto import op_name
+from rankscope.hub.validate import Limits
 
 KIND = "nccl-tests"
 
@@ -73,6 +80,13 @@ _TEST = re.compile(r"(\w+?)_perf")
 _GATHER_LIKE = {"all_gather", "reduce_scatter", "all_to_all"}
 GAP_NS = 1_000_000
 """Time between two imported instances (they ran one after the other)."""
+MAX_RANKS = Limits.max_world_size
+"""Ranks must lie below this many (the hub's largest world)."""
+MAX_BYTES = schema.MAX_TIME_NS
+"""Largest message size taken (2**62, what every reader's columns hold)."""
+MAX_TIME_US = (Limits.max_duration_s * 1e9 - GAP_NS) / 2 / 1000
+"""Longest time taken (3.5 days): a size row's two instances, one after the other, then
+fit in one step the hub takes (7 days)."""
 
 
 @dataclass
@@ -86,6 +100,33 @@ class Table:
     )
     """(size B, count, oop time µs, oop algbw, oop busbw, ip time µs, ip algbw, ip busbw)"""
     avg_busbw: float | None = None
+    rows_are: str = "table row(s)"
+    """What this table's rows are called in a problem line."""
+    left_out: dict[str, int] = field(default_factory=dict)
+    """What was left out, by what it is and why (completes "N ... left out")."""
+
+    def leave_out(self, what: str) -> None:
+        """Count one thing left out (``what`` says what it is and why)."""
+        self.left_out[what] = self.left_out.get(what, 0) + 1
+
+    def add(self, size: Any, count: Any, oop: tuple[float, ...], inp: tuple[float, ...]) -> None:
+        """Add one size row (placements as ``(time µs, algbw, busbw)``). A row whose size or
+        count is not an integer in ``0..MAX_BYTES`` is left out; a time that cannot be
+        (zero, negative, infinite, over `MAX_TIME_US`) is left out, its placement then
+        not run (NaN)."""
+        for name, v in (("size", size), ("count", count)):
+            if not _is_int(v, 0, MAX_BYTES):
+                self.leave_out(f"{self.rows_are} whose {name} is not an integer in 0..2**62")
+                return
+        self.rows.append((size, count, *self._timed(oop), *self._timed(inp)))
+
+    def _timed(self, place: tuple[float, ...]) -> tuple[float, ...]:
+        """``place`` with a time that cannot be (`add`) left out as NaN."""
+        t = place[0]
+        if t != t or 0 < t <= MAX_TIME_US:
+            return place
+        self.leave_out("time(s) that are zero, negative, infinite or over 3.5 days")
+        return (float("nan"), *place[1:])
 
 
 def _num(tok: str) -> float:
@@ -93,68 +134,78 @@ def _num(tok: str) -> float:
 
 
 def parse_text(path: Path, report: ImportReport) -> Table | None:
-    """The table of one nccl-tests output file (rows that do not parse are counted)."""
+    """The table of one nccl-tests output file (rows that do not parse are counted; a
+    file that cannot be read to its end keeps the rows before)."""
     t = Table()
     m = _TEST.search(path.name)
     if m:
         t.op = op_name(m.group(1))
-    bad = 0
     try:
         with open_text(path) as f:
             for raw in f:
-                line = _PREFIX.sub("", raw.rstrip("\n"))
-                s = line.strip()
-                if not s:
-                    continue
-                if s.startswith("#"):
-                    rk = _RANK.match(s)
-                    if rk:
-                        t.hosts[int(rk.group(1))] = rk.group(2)
-                    elif "Collective test starting:" in s:
-                        m = _TEST.search(s)
-                        if m:
-                            t.op = op_name(m.group(1))
-                    elif s.startswith("# Avg bus bandwidth"):
-                        try:
-                            t.avg_busbw = float(s.split(":")[1])
-                        except (IndexError, ValueError):
-                            pass
-                    continue
-                tok = s.split()
-                if not tok[0].isdigit():
-                    continue
-                if len(tok) < 13:
-                    bad += 1
-                    continue
-                try:
-                    o, i = tok[-8:-4], tok[-4:]
-                    t.rows.append(
-                        (
-                            int(tok[0]),
-                            int(tok[1]),
-                            _num(o[0]),
-                            _num(o[1]),
-                            _num(o[2]),
-                            _num(i[0]),
-                            _num(i[1]),
-                            _num(i[2]),
-                        )
-                    )
-                except ValueError:
-                    bad += 1
+                _text_line(t, _PREFIX.sub("", raw.rstrip("\n")).strip())
     except OSError as exc:
-        report.problem(path, f"cannot be read ({exc.strerror or exc}); left out")
-        return None
-    return _checked(t, path, report, bad, "table row(s)", "file name or test line")
+        if not t.rows:
+            report.problem(path, f"cannot be read ({exc.strerror or exc}); left out")
+            return None
+        report.problem(
+            path,
+            f"cannot be read to its end ({exc.strerror or exc}); the {len(t.rows)} size "
+            "row(s) before imported",
+        )
+    return _checked(t, path, report, "file name or test line")
 
 
-def _checked(
-    t: Table, path: Path, report: ImportReport, bad: int, rows: str, named_by: str
-) -> Table | None:
-    """``t`` once read, with its problems reported: rows that did not parse, no size row
-    at all (then None), an unnamed collective."""
-    if bad:
-        report.problem(path, f"{bad} {rows} that do not parse left out")
+def _text_line(t: Table, s: str) -> None:
+    """Take one stripped line of a text table into ``t``."""
+    if not s:
+        return
+    if s.startswith("#"):
+        _comment_line(t, s)
+        return
+    tok = s.split()
+    if not tok[0].isdigit():
+        return
+    if len(tok) < 13:
+        t.leave_out(f"{t.rows_are} that do not parse")
+        return
+    try:
+        o, i = tok[-8:-4], tok[-4:]
+        size, count = int(tok[0]), int(tok[1])
+        oop = (_num(o[0]), _num(o[1]), _num(o[2]))
+        inp = (_num(i[0]), _num(i[1]), _num(i[2]))
+    except ValueError:
+        t.leave_out(f"{t.rows_are} that do not parse")
+        return
+    t.add(size, count, oop, inp)
+
+
+def _comment_line(t: Table, s: str) -> None:
+    """Take one ``#`` line of a text table into ``t``: a rank's host, the test's name, the
+    average bus bandwidth."""
+    rk = _RANK.match(s)
+    if rk:
+        rank = rk.group(1)
+        if len(rank) < 8 and int(rank) < MAX_RANKS:
+            t.hosts[int(rank)] = rk.group(2)
+        else:
+            t.leave_out(f"rank line(s) naming a rank over {MAX_RANKS - 1}")
+    elif "Collective test starting:" in s:
+        m = _TEST.search(s)
+        if m:
+            t.op = op_name(m.group(1))
+    elif s.startswith("# Avg bus bandwidth"):
+        try:
+            t.avg_busbw = float(s.split(":")[1])
+        except (IndexError, ValueError):
+            pass
+
+
+def _checked(t: Table, path: Path, report: ImportReport, named_by: str) -> Table | None:
+    """``t`` once read, with its problems reported: what was left out, no size row at all
+    (then None), an unnamed collective."""
+    for what, n in t.left_out.items():
+        report.problem(path, f"{n} {what} left out")
     if not t.rows:
         report.problem(path, "holds no nccl-tests size row; left out")
         return None
@@ -187,7 +238,7 @@ def _salvage(text: str) -> dict[str, Any]:
         if m is not None:
             try:
                 doc[key] = dec.raw_decode(text, m.end())[0]
-            except ValueError:
+            except (ValueError, RecursionError):
                 pass
     return doc
 
@@ -205,7 +256,7 @@ def _results_salvage(text: str, dec: json.JSONDecoder) -> list[Any]:
             return out
         try:
             obj, i = dec.raw_decode(text, i)
-        except ValueError:
+        except (ValueError, RecursionError):
             return out
         out.append(obj)
 
@@ -231,9 +282,9 @@ def _placement(obj: Any) -> tuple[float, float, float]:
     return _json_float(t), _json_float(obj.get("alg_bw")), _json_float(obj.get("bus_bw"))
 
 
-def parse_json(path: Path, report: ImportReport) -> Table | None:
-    """The table of one nccl-tests ``-J`` JSON file (module docstring); rows that do not
-    parse are counted, a file cut short keeps its complete rows."""
+def _load(path: Path, report: ImportReport) -> dict[str, Any] | None:
+    """The document of one ``-J`` file: whole, or the complete rows before a cut (said);
+    None when there is none (said)."""
     try:
         with open_text(path) as f:
             text = f.read()
@@ -242,7 +293,8 @@ def parse_json(path: Path, report: ImportReport) -> Table | None:
         return None
     try:
         doc = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
+        # RecursionError: values nested deeper than the parser goes; read as not JSON.
         doc = _salvage(text)
         if not doc["results"]:
             cut = isinstance(exc, json.JSONDecodeError) and exc.pos >= len(text.rstrip())
@@ -257,43 +309,82 @@ def parse_json(path: Path, report: ImportReport) -> Table | None:
     if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
         report.problem(path, 'is JSON but not nccl-tests -J output (no "results" list); left out')
         return None
-    t = Table()
+    return doc
+
+
+def _hosts(cfg: dict[str, Any], t: Table, path: Path, report: ImportReport) -> None:
+    """The host of each rank from ``config`` (``devices``: one entry per process, its first
+    rank, ``nthreads x ngpus`` ranks each); values that cannot be are named."""
+    raw = cfg.get("devices")
+    devices = [d for d in raw if isinstance(d, dict)] if isinstance(raw, list) else []
+    if raw is not None and not isinstance(raw, list):
+        report.problem(path, "config devices is not a list; hosts unknown")
+    nthreads, ngpus = cfg.get("nthreads", 1), cfg.get("ngpus", 1)
+    per_proc = 1
+    if _is_int(nthreads, 1, MAX_RANKS) and _is_int(ngpus, 1, MAX_RANKS):
+        per_proc = nthreads * ngpus
+    else:
+        report.problem(
+            path, f"config nthreads x ngpus is not a rank count in 1..{MAX_RANKS}; one rank each"
+        )
+    if per_proc * len(devices) > MAX_RANKS:
+        report.problem(path, f"config devices hold more than {MAX_RANKS} ranks; one rank each")
+        per_proc = 1
+        devices = devices[:MAX_RANKS]
+    unranked = 0
+    for p, d in enumerate(devices):
+        first = d.get("rank", p * per_proc)
+        if not _is_int(first, 0, MAX_RANKS - per_proc):
+            unranked += 1
+            first = p * per_proc
+        host = d.get("hostname")
+        for k in range(per_proc):
+            t.hosts[first + k] = host if isinstance(host, str) and host else "unknown"
+    if unranked:
+        report.problem(
+            path,
+            f"{unranked} config device(s) whose rank is not an integer in "
+            f"0..{MAX_RANKS - 1}; numbered in order",
+        )
+
+
+def _is_int(v: Any, lo: int, hi: int) -> TypeGuard[int]:
+    """Whether ``v`` is an integer (not a boolean) in ``lo..hi``."""
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def parse_json(path: Path, report: ImportReport) -> Table | None:
+    """The table of one nccl-tests ``-J`` JSON file (module docstring); rows that do not
+    parse are counted, a file cut short keeps its complete rows."""
+    doc = _load(path, report)
+    if doc is None:
+        return None
+    t = Table(rows_are="result row(s)")
     args = doc.get("args")
-    m = _TEST.search(Path(str(args[0])).name) if isinstance(args, list) and args else None
+    first = args[0] if isinstance(args, list) and args else None
+    m = _TEST.search(Path(first).name) if isinstance(first, str) else None
     m = m or _TEST.search(path.name)
     if m:
         t.op = op_name(m.group(1))
-    raw_cfg = doc.get("config")
-    cfg: dict[str, Any] = raw_cfg if isinstance(raw_cfg, dict) else {}
-    devices = [d for d in cfg.get("devices") or () if isinstance(d, dict)]
-    try:
-        per_proc = max(int(cfg.get("nthreads", 1)) * int(cfg.get("ngpus", 1)), 1)
-    except (TypeError, ValueError):
-        per_proc = 1
-    for p, d in enumerate(devices):
-        try:
-            first = int(d.get("rank", p * per_proc))
-        except (TypeError, ValueError):
-            first = p * per_proc
-        for k in range(per_proc):
-            t.hosts[first + k] = str(d.get("hostname") or "unknown")
+    cfg = doc.get("config")
+    _hosts(cfg if isinstance(cfg, dict) else {}, t, path, report)
     avg = doc.get("average_bus_bandwidth")
     if isinstance(avg, dict):
         try:
             t.avg_busbw = _json_float(avg.get("bandwidth"))
         except ValueError:
             pass
-    bad = 0
     for r in doc["results"]:
         try:
-            if not isinstance(r, dict):
-                raise ValueError("a row that is not an object")
+            if not isinstance(r, dict) or "size" not in r:
+                raise ValueError("a row that is not an object with a size")
             oop = _placement(r.get("out_of_place"))
             inp = _placement(r.get("in_place"))
-            t.rows.append((int(r["size"]), int(r.get("count", 0)), *oop, *inp))
-        except (KeyError, TypeError, ValueError):
-            bad += 1
-    return _checked(t, path, report, bad, "result row(s)", "args[0] or file name")
+        except ValueError:
+            t.leave_out(f"{t.rows_are} that do not parse")
+            continue
+        t.add(r["size"], r.get("count", 0), oop, inp)
+    return _checked(t, path, report, "args[0] or file name")
 
 
 def read_table(path: Path, report: ImportReport) -> Table | None:
@@ -375,23 +466,7 @@ def messages(files: list[Path], report: ImportReport, *, job: str, run: str) -> 
             },
         ],
     )
-    # Instances: per table row, out-of-place then in-place, one after the other.
-    rows: list[tuple[int, int, int, int, int, int]] = []  # step, op, group, nbytes, t0, t1
-    now = 0
-    step = 0
-    for _, tab in tables:
-        op = schema.OP_INDEX[tab.op]
-        nt = max(len(tab.hosts), 1)
-        for row in tab.rows:
-            per_rank = row[0] // nt if tab.op in _GATHER_LIKE else row[0]
-            for g, us in ((0, row[2]), (1, row[5])):
-                if not np.isfinite(us) or us <= 0:
-                    continue
-                d = round(us * 1000)
-                rows.append((step, op, g, per_rank, now, now + d))
-                now += d + GAP_NS
-            step += 1
-    arr = np.array(rows, np.int64).reshape(len(rows), 6)
+    arr = instances(tables, report)
     seq = np.zeros(arr.shape[0], np.int64)
     for g in (0, 1):
         sel = arr[:, 2] == g
@@ -415,3 +490,31 @@ def messages(files: list[Path], report: ImportReport, *, job: str, run: str) -> 
             "flags": np.full(arr.shape[0], schema.FLAG_DEVICE_TIMED, np.int32),
         }
         yield schema.steps_message(next_header(headers[r]), st, None, co)
+
+
+def instances(tables: list[tuple[str, Table]], report: ImportReport) -> np.ndarray:
+    """Rows ``(step, op, group, nbytes, t0, t1)``: per size row, out-of-place then
+    in-place, one after the other from time 0. Rows that would end past
+    ``schema.MAX_TIME_NS`` are left out and named."""
+    rows: list[tuple[int, int, int, int, int, int]] = []
+    now = 0
+    step = 0
+    for file, tab in tables:
+        op = schema.OP_INDEX[tab.op]
+        nt = max(len(tab.hosts), 1)
+        late = 0
+        for row in tab.rows:
+            per_rank = row[0] // nt if tab.op in _GATHER_LIKE else row[0]
+            for g, us in ((0, row[2]), (1, row[5])):
+                if not np.isfinite(us) or us <= 0:
+                    continue
+                d = round(us * 1000)
+                if now + d > schema.MAX_TIME_NS:
+                    late += 1
+                    continue
+                rows.append((step, op, g, per_rank, now, now + d))
+                now += d + GAP_NS
+            step += 1
+        if late:
+            report.problem(file, f"{late} time(s) past 2**62 ns of the imported timeline left out")
+    return np.array(rows, np.int64).reshape(len(rows), 6)
