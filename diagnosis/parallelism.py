@@ -89,14 +89,21 @@ def _stage_ratio(
 ) -> tuple[float, float, float]:
     """The heavy stage's work over the other stages' (median over steps of the step's
     ratio of stage medians), the share of steps in which it out-works every other, and
-    how much that step's ratio swings from step to step (1.4826 MAD; NaN under 3 steps)."""
+    how much that step's ratio swings from step to step, as a factor: 1.4826 MAD of the
+    log ratio (NaN under 3 steps). Contention stretches work by factors, so a ratio of
+    3.5 wobbles by more ns than one of 1.2 under the same load, not by a larger factor."""
     per = np.stack([nanmedian(work[pp == s], axis=0) for s in stages])  # (P, S)
     others = per[np.arange(stages.size) != heavy]
     with np.errstate(invalid="ignore", divide="ignore"):
         each = per[heavy] / nanmedian(others, axis=0)
-    each = each[np.isfinite(each)]
+    each = each[np.isfinite(each) & (each > 0)]
     ratio = float(np.median(each)) if each.size else float("nan")
-    swing = 1.4826 * float(np.median(np.abs(each - ratio))) if each.size >= 3 else float("nan")
+    log_each = np.log(each)
+    swing = (
+        1.4826 * float(np.median(np.abs(log_each - np.median(log_each))))
+        if each.size >= 3
+        else float("nan")
+    )
     top = np.max(np.where(np.isfinite(others), others, -np.inf), axis=0)
     ok = np.isfinite(per[heavy]) & np.isfinite(top)
     lead = float((per[heavy][ok] > top[ok]).mean()) if ok.any() else float("nan")
@@ -106,20 +113,22 @@ def _stage_ratio(
 def _lead_over_wobble(
     work: np.ndarray, pp: np.ndarray, stages: np.ndarray, ratio: float, swing: float
 ) -> float:
-    """The heavy stage's lead (``ratio - 1``) in units of the measure's own wobble: the
-    larger of the step-to-step swing of the stage ratio (a split adds the same work every
-    step; contention comes and goes) and the standard error of a difference of two stage
-    medians from the spread of each rank's median work around its stage's (dp peers do the
-    same work; robust 1.4826 MAD, pooled over the stages). NaN where neither is known."""
+    """The heavy stage's lead (``log ratio``, about ``ratio - 1`` for the small leads the
+    thresholds are set at) in units of the measure's own wobble, as factors too: the
+    larger of the step-to-step swing of the log stage ratio (a split adds the same work
+    every step; contention comes and goes) and the standard error of a difference of two
+    log stage medians from the spread of each rank's median work around its stage's (dp
+    peers do the same work; robust 1.4826 MAD, pooled over the stages). NaN where neither
+    is known."""
     per_rank = nanmedian(work, axis=1)
     rel, sizes = [], []
     for s in stages:
         mine = per_rank[pp == s]
-        mine = mine[np.isfinite(mine)]
+        mine = mine[np.isfinite(mine) & (mine > 0)]
         sizes.append(mine.size)
         mid = float(np.median(mine)) if mine.size else float("nan")
         if mine.size >= 2 and mid > 0:
-            rel.append(mine / mid - 1.0)
+            rel.append(np.log(mine / mid))
     se = float("nan")
     if rel:
         sigma = 1.4826 * float(np.median(np.abs(np.concatenate(rel))))
@@ -127,7 +136,7 @@ def _lead_over_wobble(
     wobble = float(np.nanmax([se, swing])) if np.isfinite([se, swing]).any() else float("nan")
     if not np.isfinite(wobble):
         return float("nan")
-    return float((ratio - 1.0) / wobble) if wobble > 0 else float("inf")
+    return float(np.log(ratio) / wobble) if wobble > 0 else float("inf")
 
 
 def _pipeline_shape(window: Window) -> tuple[int, int] | None:

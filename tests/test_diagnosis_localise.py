@@ -550,3 +550,28 @@ def test_the_median_outside_the_setter_is_the_peers_median(n_ranks):
             if e >= 0 and peers.size:
                 want[s] = np.median(peers)
         assert np.allclose(_median_outside(busy, codes, owner), want, equal_nan=True), trial
+
+
+def test_a_much_heavier_stage_stands_out_of_contention_that_stretches_work_by_factors():
+    # Stage 1 does 3.5x stage 0's work (six layers against one, as the real pipeline case);
+    # contention stretches each stage's measured work by its own factor from step to step
+    # (lognormal, 15 %). In ns that wobble grows with the heavier stage's work; as a factor
+    # it does not: the lead is many times the wobble, as it is for a 1.3x split without
+    # the noise. A balanced split under the same noise shows no lead at all.
+    from rankscope.diagnosis.parallelism import MIN_STAGE_Z, _lead_over_wobble, _stage_ratio
+
+    rng = np.random.default_rng(3)
+    pp = np.repeat([0, 1], 4)
+    stages = np.array([0, 1])
+
+    def z_of(heavy_factor: float) -> tuple[float, float]:
+        noise = rng.lognormal(0.0, 0.15, (2, 40))
+        work = np.where(pp[:, None] == 1, heavy_factor, 1.0) * 10e6 * noise[pp]
+        work *= 1 + 0.01 * rng.standard_normal(work.shape)
+        ratio, _, swing = _stage_ratio(work, pp, stages, 1)
+        return ratio, _lead_over_wobble(work, pp, stages, ratio, swing)
+
+    ratio, z = z_of(3.5)
+    assert ratio == pytest.approx(3.5, rel=0.15) and z > MIN_STAGE_Z, (ratio, z)
+    ratio, z = z_of(1.0)
+    assert abs(z) < MIN_STAGE_Z, (ratio, z)
