@@ -37,6 +37,9 @@ pytestmark = pytest.mark.torch
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "examples" / "tiny_ddp.py")
 DELAY_MS = 50.0
+SCHEDULER_MS = 25.0
+"""Most extra lateness a delayed rank may show from waiting for a core once its sleep
+ends (a few scheduler periods with six runnable processes on two cores)."""
 STEPS = 12
 
 
@@ -113,7 +116,10 @@ def check_straggler(window, delayed: int = 2, delay_ms: float = DELAY_MS) -> Non
     late = window.coll["late_ns"][delayed]
     n_coll = window.coll["n"][delayed]
     mean_late_ms = np.nansum(late) / np.nansum(n_coll) / 1e6
-    assert abs(mean_late_ms - delay_ms) <= 0.2 * delay_ms, f"mean lateness {mean_late_ms:.1f} ms"
+    # A sleep ends no earlier than asked; on a machine whose cores are busy the woken rank
+    # then waits for one (61.7 ms for a 50 ms delay was seen with both cores busy).
+    most = delay_ms + max(0.2 * delay_ms, SCHEDULER_MS)
+    assert 0.8 * delay_ms <= mean_late_ms <= most, f"mean lateness {mean_late_ms:.1f} ms"
     # All four ranks reported every step.
     assert window.present.all(), f"missing rank-steps: {np.argwhere(~window.present)[:8]}"
     assert len(window.steps) >= STEPS
