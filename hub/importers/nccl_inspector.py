@@ -22,10 +22,11 @@ Rows: one collective row per object, matched across processes by ``(communicator
 coll_sn)``. With verbose timestamps ``t_enter`` is the collective's start callback (host
 issue), ``t_start``/``t_end`` the first channel kernel start and last kernel stop (device
 time, ``FLAG_DEVICE_TIMED``), and ranks are aligned on one clock from matched kernel ends
-(`hub.importers.align`). Without them only the GPU-timed duration is known: the row ends at
-the dump thread's write time and starts ``coll_exec_time_us`` before it, ``t_enter`` is
-unknown, and the report says arrival order is unknown. A process's global rank is its rank
-in its largest communicator. Steps: the source has none; one step is `STEP_COLLECTIVES`
+(`hub.importers.align`). Without them only the GPU-timed duration and the dump thread's
+write time are known: no entry time, which every collective row needs (a reader refuses
+rows without one), and none could be made up without inventing an arrival order, so such
+output is named (`NOT_VERBOSE`) and left out. A process's global rank is its rank in its
+largest communicator. Steps: the source has none; one step is `STEP_COLLECTIVES`
 collectives of the busiest communicator (others belong to the step open when they started).
 
 Bad input is a problem of the report, never a traceback, and the rest of the file is
@@ -77,6 +78,12 @@ COLUMNS = (
 )
 """Columns `parse_records` returns (``comm`` indexes its list of communicator ids; times
 are ns on the writing host's clock, -1 unknown)."""
+
+NOT_VERBOSE = (
+    "holds no verbose timestamps (event_trace_ts): a collective row needs each rank's entry "
+    "time, which the Inspector writes only with NCCL_INSPECTOR_DUMP_VERBOSE=1; left out"
+)
+"""The problem of an import whose files hold no verbose record."""
 
 MAX_US = 2**52
 """Times (µs since the epoch) and durations at or beyond this cannot be true (142 years):
@@ -387,21 +394,19 @@ def messages(files: list[Path], report: ImportReport, *, job: str, run: str) -> 
             members.setdefault(k, {})[cr] = r
     imported = [r for r, *_ in ranked]
     world = max(imported[-1] + 1, int(max(int(c["n_ranks"].max()) for *_, c in ranked)))
-    verbose = any(_verbose(c).any() for *_, c in ranked)
+    if not any(_verbose(c).any() for *_, c in ranked):
+        # Every reader refuses a collective row without its entry time, and any entry time
+        # made up from the dump thread's write times would invent an arrival order.
+        for _, file, _, _ in ranked:
+            report.problem(file, NOT_VERBOSE)
+        return
     for i, (r, file, rec, c) in enumerate(ranked):
-        if verbose:
-            c = _timed(c, file, report)
-            c["t_enter"] = c["enter_ns"]
-            c["t_start"], c["t_end"] = c["kstart_ns"], c["kend_ns"]
-        else:
-            c["t_enter"] = np.full(c["seq"].shape[0], schema.NO_TIME, np.int64)
-            c["t_end"] = c["dump_ns"]
-            # The kernels ran for coll_exec_time_us before the dump thread wrote the record.
-            known = (c["dump_ns"] >= c["exec_ns"]) & (c["exec_ns"] >= 0)
-            c["t_start"] = np.where(known, c["dump_ns"] - c["exec_ns"], -1)
+        c = _timed(c, file, report)
+        c["t_enter"] = c["enter_ns"]
+        c["t_start"], c["t_end"] = c["kstart_ns"], c["kend_ns"]
         ranked[i] = (r, file, rec, c)
     offsets = {r: 0 for r in imported}
-    if verbose and len(imported) > 1:
+    if len(imported) > 1:
         al = estimate_offsets(
             np.concatenate([c["rank"] for *_, c in ranked]),
             np.concatenate([c["group"] for *_, c in ranked]),
@@ -412,11 +417,6 @@ def messages(files: list[Path], report: ImportReport, *, job: str, run: str) -> 
             offsets.update(al.resolved())
             report.alignment_ns = al.max_error_ns
             report.details["clock_offsets_ns"] = {str(r): offsets[r] for r in imported}
-    if not verbose:
-        report.lack(
-            "arrival order (no verbose event_trace_ts: set NCCL_INSPECTOR_DUMP_VERBOSE=1); "
-            "rows end at the dump thread's write time"
-        )
     report.lack(
         f"steps (the Inspector has none: one step is {STEP_COLLECTIVES} collectives of the "
         "busiest communicator)"
