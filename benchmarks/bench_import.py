@@ -220,10 +220,10 @@ def run(quick: bool = False) -> str:
         f"{extra / max(res['bytes'], 1):.0f}x the recording's wire messages | ≤ 2x the recording |",
         "",
         f"(trace generation {gen:.1f} s, not counted.) The memory above the baseline is the "
-        "reader's chunk and its scratch (a few tens of MiB whatever the trace) and the device "
-        "events' intervals (kept until the step windows are known, ~25 bytes a kernel); it "
-        "grows with the trace, at well under its size, not with the recording, which holds "
-        "steps, phases and collectives only.",
+        "reader's chunk and its scratch (a few tens of MiB whatever the trace) and one rank's "
+        "device events' intervals (kept until its step windows are known, ~25 bytes a kernel, "
+        "then let go); it follows the largest rank's trace, at well under its size, not the "
+        "recording, which holds steps, phases and collectives only.",
         "",
     ]
     return "\n".join(lines)

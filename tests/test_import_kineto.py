@@ -86,6 +86,12 @@ def test_breakdown_categories_sum_to_each_step(pair: Path) -> None:
             assert s["idle"] + s["compute"] + s["non_compute"] == s["window"]
             assert s["communication"] > 0 and s["compute"] > 0
             assert s["overlap"] <= min(s["communication"], s["compute"])
+    # Each rank's GPU time per step is taken from its own parsed trace (which the import
+    # then lets go of): the same as the trace's breakdown read afresh.
+    for name in PAIR:
+        tr = kineto.parse_file(DATA / name, ImportReport())
+        assert tr is not None
+        assert per_rank[str(tr.info["rank"])] == kineto.step_breakdown(tr)
 
 
 def _kernel_starts(name: str, stream: int) -> list[int]:

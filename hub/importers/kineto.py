@@ -240,6 +240,14 @@ class RankTrace:
     host_rows: list[tuple[int, int, str, dict[str, Any]]] = field(default_factory=list)
     """``c10d::*`` host ops: (t0, t1, name, metadata), for traces without NCCL kernels."""
     events: int = 0
+    gpu_steps: list[dict[str, int]] = field(default_factory=list)
+    """`step_breakdown` of the trace, once taken (`messages`)."""
+
+    def release_device_events(self) -> None:
+        """Let go of the device events and launches (the largest columns of a trace)."""
+        self.dev_t0 = self.dev_t1 = self.dev_corr = np.zeros(0, np.int64)
+        self.dev_cls = np.zeros(0, np.int8)
+        self.launch_corr = self.launch_t0 = np.zeros(0, np.int64)
 
 
 _META_KEYS = (
@@ -912,6 +920,10 @@ def messages(files: list[Path], report: ImportReport, *, job: str, run: str) -> 
         if not tr.steps:
             report.problem(f, "holds no ProfilerStep#N span; left out")
             continue
+        # The GPU time of each step now, and the device events let go: a set of many ranks
+        # holds one rank's kernels at a time.
+        tr.gpu_steps = step_breakdown(tr)
+        tr.release_device_events()
         traces.append(tr)
     if not traces:
         return
@@ -994,7 +1006,7 @@ def messages(files: list[Path], report: ImportReport, *, job: str, run: str) -> 
     for tr in sorted(traces, key=lambda t: t.rank):
         off = offsets[tr.rank]
         yield from _steps_messages(tr, rows_of[tr.rank], off, headers[tr.rank])
-        breakdown[str(tr.rank)] = step_breakdown(tr)
+        breakdown[str(tr.rank)] = tr.gpu_steps
     report.details["gpu_breakdown"] = breakdown
 
 
