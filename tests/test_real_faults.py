@@ -238,8 +238,13 @@ def _assert_verdict(got):
     share well below its peer's, `_cpu_loss`; seen in CI's loaded pass for the GC rank,
     its forward at 0.44 CPU per wall second against 0.89): two real causes on one rank,
     either may lead by what it costs, so ``cpu_contention`` on the rank may lead while
-    the case's mechanism is still named on it with a score of at least 0.5."""
+    the case's mechanism is still named on it with a score of at least 0.5. Likewise the
+    open world's remainder: where the rank's lead is materially more than the mechanism
+    covers (the GC rank, also slower between its pauses in some runs: host_gap +7-12 ms a
+    step beside 15-19 % of the step in pauses), ``unexplained_straggler`` on the rank may
+    lead by the part left over, and the case's mechanism must still be named on it."""
     from rankscope.diagnosis.hostside import MIN_CPU_LOSS
+    from rankscope.diagnosis.localise import MATERIAL
 
     d = _diagnose(got)
     truth = got.truth
@@ -248,8 +253,10 @@ def _assert_verdict(got):
     ranks = tuple(truth["ranks"][:1])
     loss = _cpu_loss(got.window, ranks[0]) if ranks else 0.0
     why = (round(loss, 2), _top3(d))
-    if ranks and loss >= MIN_CPU_LOSS + 0.1 and top.mechanism == "cpu_contention":
-        named = [h for h in d.verdict.hypotheses if h.mechanism in right and h.score >= 0.5]
+    named = [h for h in d.verdict.hypotheses if h.mechanism in right and h.score >= 0.5]
+    starved = loss >= MIN_CPU_LOSS + 0.1 and top.mechanism == "cpu_contention"
+    left_over = top.mechanism == "unexplained_straggler" and top.impact >= MATERIAL
+    if ranks and (starved or left_over):
         assert any(h.ranks[:1] == ranks for h in named), why
     else:
         assert top.mechanism in right, why
