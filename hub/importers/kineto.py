@@ -65,7 +65,7 @@ from rankscope.hub.importers import (
     source_manifest,
 )
 from rankscope.hub.importers.align import estimate_offsets
-from rankscope.hub.importers.kineto_scan import Scanned, scan
+from rankscope.hub.importers.kineto_scan import Scanned, padded, scan, separated
 
 KIND = "kineto"
 
@@ -608,7 +608,7 @@ def _prefilter(buf: bytes) -> Batch | None:
     """
     if b"\\" in buf:
         return None
-    a = np.frombuffer(buf, np.uint8)
+    a = padded(buf)
     quotes = np.flatnonzero(a == 0x22)
     braces = np.flatnonzero((a == 0x7B) | (a == 0x7D))
     braces = braces[(np.searchsorted(quotes, braces) & 1) == 0]
@@ -622,7 +622,7 @@ def _prefilter(buf: bytes) -> Batch | None:
     start_at = np.flatnonzero(opens & (depth == 1))[: end_at.shape[0]]
     if end_at.shape[0] < 2 or buf[: braces[start_at[0]]].strip(_BLANK):
         return None
-    n = _separated(a, braces[end_at[:-1]] + 1, braces[start_at[1:]])
+    n = separated(a, braces[end_at[:-1]] + 1, braces[start_at[1:]])
     if n == 0:
         return None
     starts, ends = braces[start_at[:n]].tolist(), braces[end_at[:n]].tolist()
@@ -633,6 +633,7 @@ def _prefilter(buf: bytes) -> Batch | None:
     inner_close = np.where(n_inner == 3, braces[np.minimum(at + 2, braces.shape[0] - 1)], -1)
     inner_open[n_inner > 3] = -2
     scanned = scan(
+        buf,
         a,
         quotes,
         braces[at],
@@ -667,28 +668,6 @@ def _prefilter(buf: bytes) -> Batch | None:
         else:
             wanted.append(buf[s + 1 : e])
     return Batch(n - len(wanted), wanted, buf[rest:], scanned)
-
-
-_GAP_BYTES = 16
-"""Gaps between events up to this long are checked at once; a longer one ends a chunk's
-events there (the next chunk starts with it)."""
-_SEPARATOR = np.zeros(256, np.int8)
-_SEPARATOR[list(_BLANK)] = 1
-_SEPARATOR[ord(",")] = 2
-
-
-def _separated(a: np.ndarray, gap_start: np.ndarray, gap_end: np.ndarray) -> int:
-    """How many of the first gaps ``a[gap_start[i]:gap_end[i]]`` in a row are one comma
-    among blanks (the events before each are complete members of the array)."""
-    length = gap_end - gap_start
-    cols = np.arange(_GAP_BYTES)
-    rows = np.ndarray((a.shape[0] - _GAP_BYTES + 1, _GAP_BYTES), np.uint8, a, 0, (1, 1))
-    kind = _SEPARATOR[rows[np.minimum(gap_start, rows.shape[0] - 1)]]
-    inside = cols < length[:, None]
-    good = ((kind > 0) | ~inside).all(axis=1) & (((kind == 2) & inside).sum(axis=1) == 1)
-    good &= (length <= _GAP_BYTES) & (gap_start + _GAP_BYTES <= a.shape[0])
-    bad = np.flatnonzero(~good)
-    return int(bad[0]) if bad.shape[0] else int(good.shape[0])
 
 
 _CORRELATION = re.compile(rb'"correlation"\s*:\s*(-?\d+)\s*[,}]')

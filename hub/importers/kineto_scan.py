@@ -76,7 +76,12 @@ class Scanned:
 
 
 PAD = 64
-"""Zero bytes `scan` adds after a chunk, so that every window it reads lies inside."""
+"""Zero bytes after a chunk (`padded`), so that every window read from it lies inside."""
+
+
+def padded(text: bytes) -> np.ndarray:
+    """The bytes of a chunk as uint8, followed by `PAD` zeros (read-only)."""
+    return np.frombuffer(text + bytes(PAD), np.uint8)
 
 
 def _windows(a: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
@@ -284,6 +289,7 @@ def _value_at(a: np.ndarray, qc: np.ndarray, key: np.ndarray) -> np.ndarray:
 
 
 def scan(
+    text: bytes,
     a: np.ndarray,
     quotes: np.ndarray,
     ev_start: np.ndarray,
@@ -297,7 +303,8 @@ def scan(
     """Settle what can be settled of the events ``a[ev_start[i] : ev_end[i] + 1]``.
 
     Args:
-        a: the chunk's bytes (no backslash), starting outside every string.
+        text: the chunk (no backslash), starting outside every string.
+        a: its bytes, `padded`.
         quotes: positions of every ``"`` in ``a``.
         ev_start, ev_end: each event's ``{`` and ``}``.
         inner_open, inner_close: the event's one inner object's braces; -1 where it has
@@ -308,7 +315,6 @@ def scan(
     n = ev_start.shape[0]
     if n == 0 or quotes.shape[0] < 2:
         return _nothing(n)
-    a = np.concatenate((a, np.zeros(PAD, np.uint8)))
     keys, qo, qc = _keys(a, quotes)
     span = (ev_start, ev_end, inner_open, inner_close)
     got = [_once(k, qo, *span) for k in keys]
@@ -353,7 +359,7 @@ def scan(
     dev &= corr_ok
     kernel = dev & (cat < _FIRST_LAUNCH)
     launch = dev & (cat >= _FIRST_LAUNCH)
-    cls = _device_classes(a, name_at[kernel], name_len[kernel])
+    cls = _device_classes(text, a, name_at[kernel], name_len[kernel])
     settled = skip | bwd | kernel | launch
     return Scanned(
         settled=settled,
@@ -437,14 +443,15 @@ COMPUTE_CLASS, MEMORY_CLASS, OTHER_CLASS = 0, 2, 3
 """`kineto.COMPUTE`, `kineto.MEMORY`, `kineto.OTHER` (`kineto.device_class`)."""
 
 
-def _device_classes(a: np.ndarray, start: np.ndarray, length: np.ndarray) -> np.ndarray:
+def _device_classes(
+    text: bytes, a: np.ndarray, start: np.ndarray, length: np.ndarray
+) -> np.ndarray:
     """int8 `kineto.device_class` of kernel names that do not start with ``nccl``: memory
     (``^Memcpy``, ``^Memset``, ``^dma``), other (``Memcpy`` or ``Sync`` anywhere), compute."""
     cls = np.full(start.shape[0], COMPUTE_CLASS, np.int8)
     if not start.shape[0]:
         return cls
     other = np.zeros(start.shape[0], bool)
-    text = a.tobytes()
     for word in OTHER_INFIXES:
         at = np.array(_occurrences(text, word), np.int64)
         i = np.searchsorted(at, start)
@@ -456,3 +463,24 @@ def _device_classes(a: np.ndarray, start: np.ndarray, length: np.ndarray) -> np.
         memory |= _starts_with(a, start, length, p)
     cls[memory] = MEMORY_CLASS
     return cls
+
+
+GAP_BYTES = 16
+"""Gaps between events up to this long are checked at once; a longer one ends a chunk's
+events there (the next chunk starts with it)."""
+_SEPARATOR = np.zeros(256, np.int8)
+_SEPARATOR[[0x20, 0x09, 0x0A, 0x0D]] = 1
+_SEPARATOR[0x2C] = 2
+
+
+def separated(a: np.ndarray, gap_start: np.ndarray, gap_end: np.ndarray) -> int:
+    """How many of the first gaps ``a[gap_start[i]:gap_end[i]]`` (``a`` `padded`) in a row
+    are one comma among blanks (the events before each are complete members of the
+    array)."""
+    length = gap_end - gap_start
+    kind = _SEPARATOR[_windows(a, gap_start, GAP_BYTES)]
+    inside = np.arange(GAP_BYTES) < length[:, None]
+    good = ((kind > 0) | ~inside).all(axis=1) & (((kind == 2) & inside).sum(axis=1) == 1)
+    good &= length <= GAP_BYTES
+    bad = np.flatnonzero(~good)
+    return int(bad[0]) if bad.shape[0] else int(good.shape[0])
