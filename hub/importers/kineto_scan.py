@@ -224,9 +224,6 @@ def read_numbers(
     return decimal_to_float(neg, digits, np.where(ok, frac, 0)), ok
 
 
-_POWERS = np.array([10**i for i in range(MAX_DIGITS)], np.uint64)
-
-
 def _keys(a: np.ndarray, quotes: np.ndarray) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
     """Where each of `KEYS` occurs: (per key, the indices of its strings), with the strings'
     opening and closing quotes. String ``i`` opens at ``quotes[2i]``."""
