@@ -16,7 +16,9 @@ The hub's cost is per message and per collective row. A relay with ``--reduce``
   that the hub would take joins the node's next ``reduced`` message
   (``collector.schema.REDUCED_TABLES``): its rows with their rank and incarnation, phase
   codes mapped to the message's names, beside the sums. A relay one level up with
-  ``--reduce`` gathers its nodes' messages the same way (one per rack and flush). The
+  ``--reduce`` gathers its nodes' messages the same way (one per rack and flush), and
+  matches the rows of groups whose members all said hello through it (a group spread over
+  hosts of its rack), its cells summed into its nodes' cells of the same rank-step. The
   message says how many of the collectors' messages it stands for.
 
 Exact, not approximate: every value is a sum, min, max or median of integer-ns times of one
@@ -251,7 +253,7 @@ class NodeReducer:
                 return [frame]
             run.carried += 1
         elif kind == "reduced":
-            if not self._merge(run, msg):
+            if not self._merge(run, msg, time.monotonic() if now is None else now):
                 return [frame]
             run.carried += int(h.get("messages") or 0)
         elif kind == "stats" and isinstance(h.get("stats"), dict) and msg.nbytes <= MAX_STATS_BYTES:
@@ -352,7 +354,7 @@ class NodeReducer:
         self._note_steps(run, rank, steps)
         return True
 
-    def _merge(self, run: _Run, msg: schema.Message) -> bool:
+    def _merge(self, run: _Run, msg: schema.Message, now: float) -> bool:
         """Take a lower relay's node message into this one's (a rack's relay gathers its
         nodes'); False to send it on alone (a rank or incarnation this relay did not see
         say hello, or more phase names than a message may carry)."""
@@ -374,6 +376,25 @@ class NodeReducer:
         if any(run.inc.get(r) != inc for r, inc, _ in stats):
             return False
         run.stats += stats
+        co = tables.get("colls")
+        touched: set[tuple[int, int]] = set()
+        if co is not None and co["rank"].shape[0]:
+            # Rows of groups whose members all said hello through this relay (a rack's
+            # relay holds every member of a group that spans its nodes): matched here as
+            # a node relay matches its node's, once each member's step row has come.
+            mine = (
+                run.is_local(co["group"]) & ((co["flags"] & ASYNC_FLAGS) == 0) & ~_P2P[co["op"] + 1]
+            )
+            if mine.any():
+                held = {k: v[mine] for k, v in co.items()}
+                who = held["rank"].astype(np.int64)
+                order = np.argsort(who, kind="stable")
+                cuts = np.flatnonzero(np.diff(who[order])) + 1
+                for at in np.split(order, cuts):
+                    rank, inc = int(who[at[0]]), int(held["inc"][at[0]])
+                    rows = {k: v[at] for k, v in held.items() if k not in ("rank", "inc")}
+                    touched |= self._hold(run, rank, inc, rows, now)
+                tables["colls"] = {k: v[~mine] for k, v in co.items()}
         for name in ("steps", "phases", "colls", "samples"):
             t = tables.get(name)
             if t is not None and t["rank"].shape[0]:
@@ -382,6 +403,17 @@ class NodeReducer:
         if tables["cells"]["rank"].shape[0]:
             run.cells.append(tables["cells"])
             run.instances.append(tables["instances"])
+        st = tables.get("steps")
+        if st is not None and st["rank"].shape[0]:
+            who = st["rank"].astype(np.int64)
+            order = np.argsort(who, kind="stable")
+            cuts = np.flatnonzero(np.diff(who[order])) + 1
+            for at in np.split(order, cuts):
+                self._note_steps(run, int(who[at[0]]), st["step"][at])
+        # Rows that came after every member's step row (a lower relay let them go late).
+        for key in touched:
+            if key in run.held and all(key[1] in run.done.get(r, ()) for r in run.groups[key[0]]):
+                self._complete(run, key)
         self.counters.merged += 1
         return True
 
@@ -402,7 +434,7 @@ class NodeReducer:
             return []
         tables = {name: _concat(parts) for name, parts in run.tables.items()}
         if run.cells:
-            tables["cells"] = _concat(run.cells)
+            tables["cells"] = _sum_cells(_concat(run.cells))
             tables["instances"] = _concat(run.instances)
         carried, stats = run.carried, run.stats
         run.tables, run.cells, run.instances, run.pending, run.carried = {}, [], [], 0, 0
@@ -437,7 +469,11 @@ class NodeReducer:
                 ):
                     self._complete(run, key)
 
-    def _hold(self, run: _Run, rank: int, inc: int, co: dict[str, np.ndarray], now: float) -> None:
+    def _hold(
+        self, run: _Run, rank: int, inc: int, co: dict[str, np.ndarray], now: float
+    ) -> set[tuple[int, int]]:
+        """Hold one rank's rows by (group, step); returns the keys they joined."""
+        keys: set[tuple[int, int]] = set()
         order = np.lexsort((co["step"], co["group"]))
         g, s = co["group"][order], co["step"][order]
         cut = np.flatnonzero((np.diff(g) != 0) | (np.diff(s) != 0)) + 1
@@ -451,6 +487,8 @@ class NodeReducer:
             held.incs[rank] = inc
             held.n += at.shape[0]
             self._held_rows += at.shape[0]
+            keys.add(key)
+        return keys
 
     # -- reduction --------------------------------------------------------------------
 
@@ -569,6 +607,23 @@ class NodeReducer:
 def _relative(t: np.ndarray, origin: int) -> np.ndarray:
     out = (t - origin).astype(np.float64)
     out[t == schema.NO_TIME] = np.nan
+    return out
+
+
+def _sum_cells(cells: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One cell per (rank, incarnation, step): a rack's relay sums the cells of what it
+    matched itself into its nodes' cells of the same rank-step (a message names each once)."""
+    key = np.stack([cells["rank"].astype(np.int64), cells["inc"].astype(np.int64), cells["step"]])
+    order = np.lexsort(key[::-1])
+    k = key[:, order]
+    new = np.ones(order.shape[0], bool)
+    new[1:] = (k[:, 1:] != k[:, :-1]).any(axis=0)
+    if new.all():
+        return cells
+    starts = np.flatnonzero(new)
+    out = {name: cells[name][order][starts] for name in ("rank", "inc", "step")}
+    for name in ("n", "times_last", *schema.CELL_SUMS):
+        out[name] = np.add.reduceat(cells[name][order], starts).astype(cells[name].dtype)
     return out
 
 

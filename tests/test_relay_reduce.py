@@ -66,17 +66,21 @@ def _without_steps_of(
 
 
 def _direct_and_reduced(
-    msgs: list[tuple[int, bytes]], host: np.ndarray, rack: bool = False
+    msgs: list[tuple[int, bytes]],
+    host: np.ndarray,
+    rack: bool = False,
+    upper: NodeReducer | None = None,
 ) -> tuple[Store, Store, list[NodeReducer]]:
     """The stream fed to one hub as it is, and to another through a relay per host that
     reduces, flushing after each message (and, with ``rack``, through one more relay that
-    gathers the hosts' node messages, flushing after each host's step)."""
+    gathers the hosts' node messages, flushing after each host's step: ``upper``, or a new
+    one)."""
     direct = Store(history_steps=64, raw_steps=16)
     Intake(direct).feed_many([d for _, d in msgs], 0)
     reduced = Store(history_steps=64, raw_steps=16)
     intake = Intake(reduced)
     relays: dict[int, NodeReducer] = {}
-    upper = NodeReducer()
+    upper = upper or NodeReducer()
 
     def up(frames: list[bytes]) -> None:
         if not rack:
@@ -124,7 +128,11 @@ def test_reduced_run_gives_the_hub_what_the_direct_run_does(
     if dead is not None:
         msgs = _without_steps_of(msgs, *dead)
     host = np.asarray(cluster.layout.host)
-    direct, reduced, relays = _direct_and_reduced(msgs, host, rack)
+    upper = NodeReducer()
+    direct, reduced, relays = _direct_and_reduced(msgs, host, rack, upper)
+    if rack and name == "placement":
+        # Tensor-parallel groups split across hosts of the rack: matched at the rack.
+        assert upper.counters.reduced_rows > 0
     assert direct.health["rejects"] == {} and reduced.health["rejects"] == {}
     assert sum(r.counters.reduced_rows for r in relays) > 0
     if dead is not None:  # the dead rank's peers' rows went on for the hub to close
