@@ -64,6 +64,10 @@ class CriticalPath:
         return [(int(r), int(self.critical_counts[r])) for r in order if self.critical_counts[r]]
 
 
+BUSY_CATEGORIES = ("arrival_wait", "pipeline_idle")
+"""What `busy_ns` takes out of the step (a decomposition of only these serves it)."""
+
+
 def busy_ns(window: Window, decomp: Decomposition) -> np.ndarray:
     """Per rank and step the time not spent waiting for others: step − arrival wait −
     pipeline idle. The rank with the most of it is the one the others wait for.
@@ -75,7 +79,8 @@ def busy_ns(window: Window, decomp: Decomposition) -> np.ndarray:
     Returns:
         float64 (R, S); NaN where absent.
     """
-    return decomp.step_ns - decomp.category("arrival_wait") - decomp.category("pipeline_idle")
+    wait, idle = (decomp.category(c) for c in BUSY_CATEGORIES)
+    return decomp.step_ns - wait - idle
 
 
 def group_skew(window: Window, all_complete: bool = False) -> GroupSkew:

@@ -36,6 +36,7 @@ kept in ``overlap_ns`` so nothing is hidden.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,6 +87,8 @@ class Decomposition:
     """float64 (R, S) how far measured categories overran the step before scaling."""
     compute_from_phases: np.ndarray
     """bool (R, S): compute came from recorded phases (else the residual)."""
+    computed: frozenset[str] = frozenset(CATEGORIES)
+    """The categories split out (`decompose`'s ``only``); ``ns`` holds zeros for the rest."""
 
     def category(self, name: str) -> np.ndarray:
         """The (R, S) array of one category.
@@ -95,21 +98,38 @@ class Decomposition:
 
         Returns:
             float64 (R, S) ns.
+
+        Raises:
+            KeyError: for an unknown category, or one this decomposition did not compute.
         """
         if name not in CATEGORIES:
             raise KeyError(f"unknown category {name!r}; expected one of {CATEGORIES}")
+        if name not in self.computed:
+            raise KeyError(f"category {name!r} was not computed (only {sorted(self.computed)})")
         return self.ns[CATEGORIES.index(name)]
 
     def mean_per_step(self) -> dict[str, float]:
-        """Mean over present rank-steps of each category (sums to the mean step time)."""
-        return {c: float(nanmean(self.ns[i])) for i, c in enumerate(CATEGORIES)}
+        """Mean over present rank-steps of each category computed (all of them sum to the
+        mean step time)."""
+        return {
+            c: float(nanmean(self.ns[i])) for i, c in enumerate(CATEGORIES) if c in self.computed
+        }
 
     def max_rank_per_step(self) -> dict[str, float]:
-        """Per category, the largest rank's value averaged over steps (maxima set pace)."""
-        return {c: float(nanmean(nanmax(self.ns[i], axis=0))) for i, c in enumerate(CATEGORIES)}
+        """Per category computed, the largest rank's value averaged over steps (maxima set
+        pace)."""
+        return {
+            c: float(nanmean(nanmax(self.ns[i], axis=0)))
+            for i, c in enumerate(CATEGORIES)
+            if c in self.computed
+        }
 
 
-def decompose(window: Window, exposed: dict[str, np.ndarray] | None = None) -> Decomposition:
+def decompose(
+    window: Window,
+    exposed: dict[str, np.ndarray] | None = None,
+    only: Collection[str] | None = None,
+) -> Decomposition:
     """Split every rank's step time into ``CATEGORIES`` (rule in the module docstring).
 
     Args:
@@ -117,10 +137,21 @@ def decompose(window: Window, exposed: dict[str, np.ndarray] | None = None) -> D
         exposed: ``exposed_wait_ns`` / ``exposed_transfer_ns`` (R, S) to use instead of the
             window's per-row sums (`exposure.exposed_union`, which counts overlapping
             asynchronous collectives once).
+        only: the categories to write out (default all): each is the same as in the full
+            split (the scaling of overlapping categories needs every measured one anyway),
+            the others are left out (a heatmap of one category at 65,536 ranks then writes
+            one (R, S) array, not ten).
 
     Returns:
         The decomposition; categories sum to ``t_end - t_start`` on every present rank-step.
+
+    Raises:
+        KeyError: ``only`` names an unknown category.
     """
+    computed = frozenset(CATEGORIES if only is None else only)
+    if not computed <= set(CATEGORIES):
+        bad = sorted(computed - set(CATEGORIES))
+        raise KeyError(f"unknown categories {bad}; expected some of {CATEGORIES}")
     step = window.step_ns.copy()
     present = window.present & np.isfinite(step)
     step[~present] = np.nan
@@ -136,12 +167,16 @@ def decompose(window: Window, exposed: dict[str, np.ndarray] | None = None) -> D
     rows = max(1, _BLOCK_CELLS // max(shape[1], 1))
     for r0 in range(0, shape[0], rows):
         at = slice(r0, r0 + rows)
-        _split(window, exposed, at, step[at], out[:, at], overlap[at], has_phases[at])
+        _split(window, exposed, at, step[at], out[:, at], overlap[at], has_phases[at], computed)
     absent = ~present
     if absent.any():
-        out[:, absent] = np.nan
+        for i, cat in enumerate(CATEGORIES):
+            if cat in computed:
+                out[i][absent] = np.nan
         overlap[absent] = np.nan
-    return Decomposition(ns=out, step_ns=step, overlap_ns=overlap, compute_from_phases=has_phases)
+    return Decomposition(
+        ns=out, step_ns=step, overlap_ns=overlap, compute_from_phases=has_phases, computed=computed
+    )
 
 
 _BLOCK_CELLS = 65_536
@@ -156,9 +191,10 @@ def _split(
     out: np.ndarray,
     overlap: np.ndarray,
     has_phases: np.ndarray,
+    computed: frozenset[str],
 ) -> None:
-    """`decompose` for the ranks ``at``: fills ``out`` (C, r, S), ``overlap`` and
-    ``has_phases`` (r, S) from their ``step`` (r, S)."""
+    """`decompose` for the ranks ``at``: fills ``out`` (C, r, S) for the ``computed``
+    categories, ``overlap`` and ``has_phases`` (r, S) from their ``step`` (r, S)."""
     shape = step.shape
 
     def phase(name: str) -> np.ndarray | None:
@@ -194,17 +230,27 @@ def _split(
     room = np.maximum(step - compute - measured_sum * scale, 0.0)
     # Without compute phases, everything not measured is compute.
     compute = np.where(has_phases, compute, room)
-    user = _total(
-        [_known(arr[at]) for name, arr in window.phase_ns.items() if name not in _BUILTIN_PHASES],
-        shape,
-    )
-    other = np.where(has_phases, np.minimum(room, user), 0.0)
+    other = None
+    if "other" in computed or "host_gap" in computed:
+        user = _total(
+            [
+                _known(arr[at])
+                for name, arr in window.phase_ns.items()
+                if name not in _BUILTIN_PHASES
+            ],
+            shape,
+        )
+        other = np.where(has_phases, np.minimum(room, user), 0.0)
     for i, cat in enumerate(CATEGORIES):
+        if cat not in computed:
+            continue
         if cat == "compute":
             out[i] = compute
         elif cat == "other":
+            assert other is not None
             out[i] = other
         elif cat == "host_gap":
+            assert other is not None
             np.subtract(room, other, out=out[i])
             out[i][~has_phases] = 0.0
         else:

@@ -512,3 +512,37 @@ def test_decompose_splits_each_rank_step_alone_whatever_the_block_of_ranks(monke
         sums = np.nansum(d.ns, axis=0)
         assert np.isnan(d.ns[:, ~present]).all()
         assert np.allclose(sums[present], d.step_ns[present], rtol=1e-9)
+
+
+def test_decompose_only_some_categories_gives_them_as_the_full_split_does() -> None:
+    # The heatmap asks for one category (the busy time for two): each must be the full
+    # split's, bit for bit (the scaling of overlapping categories needs every measured
+    # one); a category not asked for is refused, not read as zeros.
+    rng = np.random.default_rng(5)
+    world, steps = 40, 9
+    step = rng.uniform(80, 120, (world, steps)) * 1e6
+    t_start = np.cumsum(np.full((world, steps), 150e6), axis=1)
+    phases = {
+        n: rng.uniform(0, 50, (world, steps)) * 1e6 for n in ("forward", "backward", "pp_wait")
+    }
+    phases["tokenize"] = rng.uniform(0, 9, (world, steps)) * 1e6
+    coll = {
+        "exposed_wait_ns": rng.uniform(0, 30, (world, steps)) * 1e6,
+        "exposed_transfer_ns": rng.uniform(0, 30, (world, steps)) * 1e6,
+    }
+    present = rng.random((world, steps)) > 0.1
+    w = make_window(t_start, t_start + step, phase_ns=phases, coll=coll, present=present)
+    full = decompose(w)
+    assert (full.overlap_ns[present] > 0).any()  # some rank-steps were scaled down
+    from rankscope.diagnosis.decomposition import CATEGORIES
+
+    for cats in [("compute",), ("arrival_wait", "pipeline_idle"), ("host_gap",), ("other",)]:
+        part = decompose(w, only=cats)
+        for c in cats:
+            assert np.array_equal(part.category(c), full.category(c), equal_nan=True), c
+        missing = next(c for c in CATEGORIES if c not in cats)
+        with pytest.raises(KeyError, match="not computed"):
+            part.category(missing)
+        assert set(part.mean_per_step()) == set(cats)
+    with pytest.raises(KeyError, match="unknown categories"):
+        decompose(w, only=("compute", "idle"))

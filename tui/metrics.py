@@ -78,7 +78,8 @@ def metric_values(window: Window, name: str) -> np.ndarray:
         from rankscope.diagnosis.decomposition import decompose
 
         category = {"compute": "compute", "wait": "arrival_wait", "transfer": "exposed_comm"}
-        out = decompose(window).category(category[name]) / NS_PER_MS
+        cat = category[name]
+        out = decompose(window, only=(cat,)).category(cat) / NS_PER_MS
     elif name == "lateness":
         n = window.coll["n"]
         out = n * NS_PER_MS
@@ -244,11 +245,11 @@ def busy_mean(window: Window) -> np.ndarray:
     Returns:
         float64 (R,).
     """
-    from rankscope.diagnosis.critical import busy_ns
+    from rankscope.diagnosis.critical import BUSY_CATEGORIES, busy_ns
     from rankscope.diagnosis.decomposition import decompose
 
     # NaN where the rank did not report (the decomposition's step time is).
-    return finite_mean(busy_ns(window, decompose(window)))
+    return finite_mean(busy_ns(window, decompose(window, only=BUSY_CATEGORIES)))
 
 
 def slowest_ranks(window: Window, k: int, candidates: np.ndarray | None = None) -> list[int]:
