@@ -249,3 +249,13 @@ class Window:
     def step_ns(self) -> np.ndarray:
         """float64 (R, S) step wall time ``t_end - t_start``."""
         return self.t_end - self.t_start
+
+    def has_complete_step(self) -> bool:
+        """Whether some rank reported a step of known duration. A verdict needs one:
+        ``healthy`` on nothing would be a claim without evidence (a stall is judged
+        without steps: its evidence is the silence)."""
+        return bool((self.present & np.isfinite(self.step_ns)).any())
+
+
+NO_COMPLETE_STEP = "the window holds no complete step of any rank, and a verdict needs steps"
+"""What the views say instead of a verdict on a window without a complete step."""

@@ -312,6 +312,11 @@ def take_snapshot(
     if flush is not None:
         flush()
 
+    stalled = bool(hang and (hang.get("verdict") or {}).get("stalled"))
+    if diagnosis is None and not window.has_complete_step() and not stalled:
+        from rankscope.diagnosis.window import NO_COMPLETE_STEP
+
+        diagnosis = {"verdict": {"top": None, "hypotheses": []}, "note": NO_COMPLETE_STEP}
     if diagnosis is None:
         from rankscope.diagnosis.engine import diagnose
         from rankscope.diagnosis.serialize import to_dict

@@ -56,7 +56,8 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
 def _verdict_md(diag: dict[str, Any]) -> list[str]:
     hyps = diag.get("verdict", {}).get("hypotheses", [])
     if not hyps:
-        return ["No verdict.", ""]
+        note = diag.get("note")
+        return [f"No verdict: {_md(note)}." if note else "No verdict.", ""]
     top = hyps[0]
     where = ", ".join(
         f"{k} {', '.join(_md(x) for x in top[k][:8])}"

@@ -118,3 +118,16 @@ def test_a_run_without_any_step_is_an_error_not_a_healthy_verdict(tmp_path, caps
     rc = main(["diagnose", str(tmp_path / "rec")])
     err = capsys.readouterr().err
     assert rc == 2 and "holds no complete step of any rank to diagnose" in err, err
+    # The snapshot and the live view say the same, not "healthy".
+    assert main(["snapshot", str(tmp_path / "rec"), "--out", str(tmp_path / "snap")]) == 0
+    out = capsys.readouterr().out
+    assert "verdict: none (the window holds no complete step" in out, out
+    md = (tmp_path / "snap" / "snapshot.md").read_text()
+    assert "No verdict: the window holds no complete step of any rank" in md
+    assert "healthy" not in md.split("## Verdict", 1)[1].split("##", 1)[0]
+    from rankscope.hub.replay import load_run
+    from rankscope.tui.analysis import analyse
+
+    _, window = load_run(tmp_path / "rec", None, 30)
+    view = analyse(window)
+    assert view.hypotheses == () and "no complete step" in view.note

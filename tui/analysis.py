@@ -198,7 +198,16 @@ def analyse(
     from rankscope.diagnosis.curves import CONVENTION, bucket_label
     from rankscope.diagnosis.decomposition import CATEGORIES
     from rankscope.diagnosis.engine import diagnose
+    from rankscope.diagnosis.window import NO_COMPLETE_STEP
 
+    if now_ns is None and not window.has_complete_step():
+        # Before the first step ends there is nothing to judge (a hang at the first
+        # collective is judged on the stall clock, which passes ``now_ns``).
+        return AnalysisView(
+            run=window.run,
+            baseline_run=baseline.run if baseline is not None else None,
+            note=NO_COMPLETE_STEP,
+        )
     d = diagnose(window, baseline, now_ns)
     cur_mean = d.decomposition.mean_per_step()
     cur_max = d.decomposition.max_rank_per_step()

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     args.path = recording_of(args.path)
     store, window = load_run(args.path, args.run, args.steps)
     hang = _hang(store, window.run, args.path)
-    if not _has_steps(window) and (hang is None or not hang.stalled):
+    if not window.has_complete_step() and (hang is None or not hang.stalled):
         # A verdict needs steps: "healthy" on nothing would be a claim without evidence.
         raise CommandError(
             f"run {window.run} in {args.path} holds no complete step of any rank to diagnose "
@@ -84,13 +84,6 @@ def run(args: argparse.Namespace) -> int:
             text = _hang_text(hang) + text
         sys.stdout.write(terminal_text(text))
     return 0
-
-
-def _has_steps(window: Any) -> bool:
-    """Whether some rank reported a step of known duration in ``window``."""
-    import numpy as np
-
-    return bool((window.present & np.isfinite(window.step_ns)).any())
 
 
 def _hang(store: Any, run_id: str, path: Any) -> Any:

@@ -120,9 +120,11 @@ def run(args: argparse.Namespace) -> int:
     c = bundle.content
     top = (c["diagnosis"].get("verdict") or {}).get("top")
     lines = [
-        f"snapshot of {c['run']} ({c['scope']}, steps {'-'.join(map(str, c['window']['steps']))}): "
+        f"snapshot of {c['run']} ({c['scope']}, steps "
+        f"{'-'.join(map(str, c['window']['steps'])) or 'none'}): "
         f"{bundle.folder}" + (f" and {bundle.tarball}" if bundle.tarball else ""),
-        f"verdict: {top}; {c['window']['frames']} messages in window/; "
+        f"verdict: {top or 'none (' + c['diagnosis'].get('note', 'not judged') + ')'}; "
+        f"{c['window']['frames']} messages in window/; "
         + ("screen.png written" if "png" in c["files"] else c["files"].get("png_note", "")),
         f"reopen: {c['reopen']}  ·  read: rankscope report {bundle.folder}",
     ]
