@@ -40,6 +40,7 @@ from rankscope.diagnosis.localise import (
 from rankscope.diagnosis.nextstep import NextExperiment, next_experiment
 from rankscope.diagnosis.openworld import MECHANISM, Claim, unexplained
 from rankscope.diagnosis.robust import logistic
+from rankscope.diagnosis.stall import Unreported, unreported
 
 __all__ = [
     "MECHANISMS",
@@ -194,6 +195,10 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
             "does not see): arrival wait, transfer and the links were not judged, and "
             "collective time counts as other"
         )
+    gone = unreported(ev.window)
+    silent = gone.ranks
+    if silent.shape[0]:
+        shared.append(_silence(gone))
     slower, share = regressed(ev), regression_share(ev)
     busy = Busy.of(ev.window, ev.decomp)
     hyps = []
@@ -238,11 +243,27 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
     claims = [Claim(h.mechanism, h.score, h.impact, h.ranks) for h in hyps]
     open_world = unexplained(loc, found, claims)
     category = found.suspect.category if found.suspect is not None else None
+    if silent.shape[0]:
+        # Ranks never seen finishing a step are the first thing unexplained: named here,
+        # with what the others show kept as evidence (their peers' collectives never
+        # complete, so what localisation finds near them may be that artefact).
+        ranks = tuple(int(r) for r in silent[:64])
+        open_world = replace(
+            open_world,
+            strength=1.0,
+            ranks=ranks,
+            evidence=(shared[-1], *(f"among the others: {e}" for e in open_world.evidence)),
+        )
+        category = None
     hyps.append(
         Hypothesis(
             mechanism=MECHANISM,
             # Its strength already says whether the unexplained part is material.
-            score=float(open_world.strength * covers(open_world.impact, slower, share)),
+            score=float(
+                1.0
+                if silent.shape[0]
+                else open_world.strength * covers(open_world.impact, slower, share)
+            ),
             impact=float(open_world.impact),
             strength=float(open_world.strength),
             ranks=open_world.ranks,
@@ -281,8 +302,37 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
             "step: heavy-tailed per-rank noise or a straggler that moves between ranks; "
             "without a baseline run it is not judged",
         )
+    if silent.shape[0]:
+        straggler = 1.0  # what no rank reported cannot be called healthy
     hyps.append(_healthy(ev, best, slower, (*shared, *unjudged), loc, straggler))
     return Verdict(hypotheses=rank(hyps), localisation=loc, finding=found)
+
+
+def _silence(gone: Unreported) -> str:
+    """What the verdict says of ranks that said hello and stopped reporting."""
+
+    def names(sel: np.ndarray) -> str:
+        ranks = gone.ranks[sel]
+        more = f" and {ranks.shape[0] - 16} more" if ranks.shape[0] > 16 else ""
+        return ", ".join(str(int(r)) for r in ranks[:16]) + more
+
+    parts = []
+    if gone.never.any():
+        parts.append(f"rank(s) {names(gone.never)} completed no step in this window")
+    if (~gone.never).any():
+        late = ~gone.never
+        parts.append(
+            f"rank(s) {names(late)} stopped reporting (last step "
+            f"{int(gone.last_step[late].max())}, {float(np.nanmin(gone.behind_s[late])):.1f} s "
+            "or more before the others' latest)"
+        )
+    return (
+        f"{' and '.join(parts)}: {gone.ranks.shape[0]} of the {gone.hello} that said hello, "
+        f"while {gone.reporting} went on; their state is unknown (a dead or hung process, a "
+        "collector that stopped sending, refused messages); they are not judged, and "
+        "instances of their groups never complete, so their peers' wait and transfer there "
+        "count as compute"
+    )
 
 
 def _per_work_ratio(ev: Evidence) -> float:

@@ -1,0 +1,108 @@
+"""Ranks that said hello and completed no step: never called healthy, named first."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rankscope.collector import schema
+from rankscope.diagnosis import diagnose
+from rankscope.diagnosis.stall import unreported
+from rankscope.hub.intake import Intake
+from rankscope.hub.store import Store
+from rankscope.sim import Cluster, load_scenario
+from rankscope.sim.emit import Kept, RankStreams
+
+T0 = 1_700_000_000_000_000_000
+
+
+@pytest.fixture(scope="module")
+def healthy_messages() -> list[tuple[int, bytes]]:
+    scenario = load_scenario("healthy", ranks=32, topology__gpus_per_host=8, seed=3)
+    cluster = Cluster(scenario, t0_ns=T0)
+    keep = Kept()
+    streams = RankStreams(cluster, keep, run_id="r", scope="full")
+    streams.start()
+    for k in range(12):
+        streams.add(cluster.step(k))
+    streams.finish()
+    return keep.out
+
+
+def _window(msgs: list[tuple[int, bytes]], silent: set[int], kinds: set[str], from_step: int = 0):  # type: ignore[no-untyped-def]
+    """The run's window with the messages of ``kinds`` of the ``silent`` ranks left out
+    (steps messages from ``from_step`` on)."""
+
+    def keep(r: int, d: bytes) -> bool:
+        if r not in silent:
+            return True
+        m = schema.decode(d)
+        if m.kind != "steps":
+            return m.kind not in kinds
+        return "steps" not in kinds or int(m.tables["steps"]["step"].min()) < from_step
+
+    kept = [d for r, d in msgs if keep(r, d)]
+    store = Store(history_steps=64, raw_steps=16)
+    Intake(store).feed_many(kept, 0)
+    store.settle()
+    return store.window("r")
+
+
+def test_a_run_whose_every_rank_reports_is_still_healthy(healthy_messages) -> None:  # type: ignore[no-untyped-def]
+    w = _window(healthy_messages, set(), set())
+    assert unreported(w).ranks.shape[0] == 0
+    assert diagnose(w).verdict.top.mechanism == "healthy"
+
+
+@pytest.mark.parametrize("silent", [{5}, set(range(16))], ids=["one rank", "half the job"])
+def test_ranks_that_said_hello_and_sent_no_step_are_named_not_called_healthy(
+    healthy_messages, silent: set[int]
+) -> None:  # type: ignore[no-untyped-def]
+    # Their collectors stopped after the hello (or their steps were refused): the others'
+    # timings alone look healthy, but nothing can be said of these ranks.
+    w = _window(healthy_messages, silent, {"steps"})
+    assert sorted(unreported(w).ranks.tolist()) == sorted(silent)
+    v = diagnose(w).verdict
+    top = v.top
+    assert top.mechanism == "unexplained_straggler" and top.score == 1.0
+    assert set(top.ranks) == silent
+    assert "completed no step in this window" in top.evidence[0]
+    assert (
+        f": {len(silent)} of the 32 that said hello, while {32 - len(silent)} went on"
+        in (top.evidence[0])
+    )
+    healthy = v.get("healthy")
+    assert healthy.score == 0.0
+    assert any("completed no step in this window" in c for c in healthy.caveats)
+
+
+def test_a_rank_that_stopped_reporting_mid_window_is_named_and_one_a_step_behind_is_not(
+    healthy_messages,
+) -> None:  # type: ignore[no-untyped-def]
+    # Steps of ~0.8 s: rank 5's last step is 3, nine steps (~7 s) before the others'
+    # latest, past a stall's threshold (5 median steps and 6 s): its collector stopped.
+    w = _window(healthy_messages, {5}, {"steps"}, from_step=3)
+    gone = unreported(w)
+    assert gone.ranks.tolist() == [5] and not gone.never[0] and gone.last_step[0] == 2
+    assert gone.behind_s[0] > 6.0
+    top = diagnose(w).verdict.top
+    assert top.mechanism == "unexplained_straggler" and top.ranks == (5,)
+    assert "rank(s) 5 stopped reporting (last step 2" in top.evidence[0]
+    # Two steps behind (~1.6 s) is how a collector's flush can lag: not named.
+    w = _window(healthy_messages, {5}, {"steps"}, from_step=10)
+    assert unreported(w).ranks.shape[0] == 0
+
+
+def test_ranks_that_never_said_hello_are_not_silent(healthy_messages) -> None:  # type: ignore[no-untyped-def]
+    # A recording of chosen ranks (a relay's raw ring, a reduced-scope rerun) holds the
+    # hellos of those ranks only: the others of the world are not expected to report.
+    w = _window(healthy_messages, {30, 31}, {"hello", "steps", "groups", "samples", "stats"})
+    assert unreported(w).ranks.shape[0] == 0
+
+
+def test_a_window_without_any_complete_step_has_no_silent_ranks() -> None:
+    from rankscope.diagnosis.synthetic import make_window
+
+    t = np.zeros((4, 3))
+    w = make_window(t, t + 1.0, present=np.zeros((4, 3), bool))
+    assert not w.has_complete_step() and unreported(w).ranks.shape[0] == 0
