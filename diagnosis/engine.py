@@ -46,7 +46,7 @@ from rankscope.diagnosis.grouprows import GroupSkew
 from rankscope.diagnosis.localise import Finding, Localisation, Suspect, link_suspects, localise
 from rankscope.diagnosis.numerator import NumeratorCheck, check_numerator
 from rankscope.diagnosis.regime import Regime, current_regime, since
-from rankscope.diagnosis.stall import Stall, detect_stall
+from rankscope.diagnosis.stall import Stall, detect_stall, unreported, without_ranks
 from rankscope.diagnosis.trends import Trends, trends
 from rankscope.diagnosis.verdict import Evidence, Verdict, judge
 from rankscope.diagnosis.warmup import Warmup, warmup_of
@@ -227,6 +227,11 @@ def diagnose(
     """
     baseline, from_baseline = split_baseline(baseline)
     expected = expected if expected is not None else from_baseline
+    gone = unreported(window)
+    if gone.no_calls.any():
+        # A rank whose collectives are not timed reads its collective time as compute:
+        # compared with peers that split theirs, it would pass for a straggler.
+        window = without_ranks(window, gone.ranks[gone.no_calls])
     whole = window
     window, warm = set_warmup_aside(window)
     steady = window
@@ -247,7 +252,7 @@ def diagnose(
         # from a spike: localisation reads the steady steps until the regime has more.
         loc = localise(steady, _decompose(steady))
         ev = dataclasses.replace(ev, loc=with_links(loc, link_suspects(ev.fabric, loc.step_ns)))
-    verdict = judge(ev, base_ev)
+    verdict = judge(dataclasses.replace(ev, unreported=gone), base_ev)
     curves = curves_from_rows(ev.crit.groups)
     shifts: tuple[CurveShift, ...] = ()
     if baseline is not None and base_ev is not None:

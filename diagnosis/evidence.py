@@ -15,6 +15,7 @@ from rankscope.diagnosis.fabric import FabricView
 from rankscope.diagnosis.localise import Localisation, local_ns, what_if_gain
 from rankscope.diagnosis.numerator import NumeratorCheck
 from rankscope.diagnosis.robust import nanmedian
+from rankscope.diagnosis.stall import Unreported
 from rankscope.diagnosis.trends import Trends
 from rankscope.diagnosis.window import Window
 
@@ -36,6 +37,9 @@ class Evidence:
     delta: DecompositionDelta | None = None
     baseline: Window | None = None
     """The healthy run's window, when there is one (for rank-by-rank comparisons)."""
+    unreported: Unreported | None = None
+    """Ranks whose state the window cannot tell (`stall.unreported`), as found before those
+    that recorded no collective were left out of the analyses; None: not looked for."""
 
     @cached_property
     def step_ns(self) -> float:

@@ -8,7 +8,9 @@ cannot be slower than wall time, so for the decomposition this module takes the 
 per rank and step, the async rows still running after the cut are sorted by exit, and each
 piece of ``[cut, last exit]`` is charged to the row that ends it, split into wait (before
 that row's instance was complete) and transfer. Blocking rows are exposed whole, as in the
-sums. The result is used when the window kept the raw rows of every step it covers.
+sums, and so are those of instances that never completed (a member's rows missing; their
+split unknown, they count as transfer), where the sums count only their time inside.
+The result is used when the window kept the raw rows of every step it covers.
 """
 
 from __future__ import annotations
@@ -99,6 +101,10 @@ def exposed_union(window: Window) -> dict[str, np.ndarray]:
     w_blk = np.clip(last - enter, 0.0, exit_ - enter)
     np.add.at(wait, cell[blk], w_blk[blk])
     np.add.at(transfer, cell[blk], (exit_ - enter - w_blk)[blk])
+    # A blocking call of an instance that did not complete (a member's rows missing) is
+    # exposed all the same; how much of it was waiting is unknown: counted as transfer.
+    open_ = ok & ~is_async & ~complete
+    np.add.at(transfer, cell[open_], (exit_ - enter)[open_])
     # Point-to-point time is kept apart too: a pipeline's ``pp_wait`` phase already spans it.
     p2p = blk & np.isin(rows.op, P2P_OPS)
     p2p_ns = np.zeros(size)
@@ -110,7 +116,9 @@ def exposed_union(window: Window) -> dict[str, np.ndarray]:
         cut = np.full(size, -np.inf)
         np.maximum.at(cut, cell[a], enter[a])
         c = cut[cell[a]]
-        live = a[(exit_[a] > c) & complete[a]]
+        # What runs after the cut is exposed whether or not its instance completed; only
+        # the split into wait and transfer needs the instance's last entry.
+        live = a[exit_[a] > c]
         if live.size:
             order = live[np.lexsort((exit_[live], cell[live]))]
             cells = cell[order]
@@ -123,7 +131,7 @@ def exposed_union(window: Window) -> dict[str, np.ndarray]:
             start = np.where(first, cut[cells], np.maximum(prev, cut[cells]))
             start = np.maximum(start, enter[order])
             piece = np.maximum(ends - start, 0.0)
-            w = np.clip(last[order] - start, 0.0, piece)
+            w = np.where(complete[order], np.clip(last[order] - start, 0.0, piece), 0.0)
             np.add.at(wait, cells, w)
             np.add.at(transfer, cells, piece - w)
     if window.reduced:  # calls matched on their node: blocking, their sums are exact

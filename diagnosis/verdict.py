@@ -195,7 +195,7 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
             "does not see): arrival wait, transfer and the links were not judged, and "
             "collective time counts as other"
         )
-    gone = unreported(ev.window)
+    gone = ev.unreported if ev.unreported is not None else unreported(ev.window)
     silent = gone.ranks
     if silent.shape[0]:
         shared.append(_silence(gone))
@@ -248,6 +248,8 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
         # with what the others show kept as evidence (their peers' collectives never
         # complete, so what localisation finds near them may be that artefact).
         ranks = tuple(int(r) for r in silent[:64])
+        if open_world.strength >= 0.5:  # a material straggler among the others, after
+            ranks += tuple(r for r in open_world.ranks if r not in ranks)
         open_world = replace(
             open_world,
             strength=1.0,
@@ -319,8 +321,13 @@ def _silence(gone: Unreported) -> str:
     parts = []
     if gone.never.any():
         parts.append(f"rank(s) {names(gone.never)} completed no step in this window")
-    if (~gone.never).any():
-        late = ~gone.never
+    if gone.no_calls.any():
+        parts.append(
+            f"rank(s) {names(gone.no_calls)} recorded no collective call while members of "
+            "their groups did (their collectives are not timed: left out of the analyses)"
+        )
+    late = ~gone.never & ~gone.no_calls
+    if late.any():
         parts.append(
             f"rank(s) {names(late)} stopped reporting (last step "
             f"{int(gone.last_step[late].max())}, {float(np.nanmin(gone.behind_s[late])):.1f} s "

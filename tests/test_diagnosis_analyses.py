@@ -424,6 +424,27 @@ def test_exposure_union_counts_nested_async_buckets_once() -> None:
     assert e["exposed_transfer_ns"][0, 0] == pytest.approx(250.0)
 
 
+def test_exposure_counts_calls_whose_instance_never_completed() -> None:
+    # A member's rows are missing (its collector times no collective): no instance of the
+    # group completes. What the rank spent in them is exposed all the same, as transfer
+    # (the split needs the last arrival): read as compute, it made the rank a straggler.
+    from rankscope.diagnosis.exposure import exposed_union
+
+    w = _bucket_rows([100, 200, 300], [400, 500, 600], [150, 450, 300])
+    inst = w.instances
+    open_ = type(inst)(**{**inst.__dict__, "n_arrived": np.ones(3, np.int32)})
+    e = exposed_union(type(w)(**{**w.__dict__, "instances": open_}))
+    assert e["exposed_wait_ns"][0, 0] == 0.0
+    assert e["exposed_transfer_ns"][0, 0] == pytest.approx(300.0)  # the union after the cut
+    # A blocking call of an incomplete instance: exposed whole.
+    rows = w.rows
+    assert rows is not None
+    blocking = type(rows)(**{**rows.__dict__, "flags": np.zeros(3, np.int32)})
+    w2 = type(w)(**{**w.__dict__, "instances": open_, "rows": blocking})
+    e = exposed_union(w2)
+    assert e["exposed_transfer_ns"][0, 0] == pytest.approx(300.0 + 300.0 + 300.0)
+
+
 def test_exposure_needs_rows_for_every_rank_step() -> None:
     from rankscope.diagnosis.exposure import rows_cover_window
 
@@ -546,3 +567,26 @@ def test_decompose_only_some_categories_gives_them_as_the_full_split_does() -> N
         assert set(part.mean_per_step()) == set(cats)
     with pytest.raises(KeyError, match="unknown categories"):
         decompose(w, only=("compute", "idle"))
+
+
+def test_decompose_without_rows_counts_calls_that_never_completed_as_comm() -> None:
+    # The sums hold an incomplete call's time inside (coll_ns) but no wait or transfer:
+    # that time is collective, not compute. Rank 0: a 1000 ns step, forward 900, 300 ns
+    # in calls that never completed; rank 1: the same with its 300 ns split (complete).
+    w = make_window(
+        np.zeros((2, 1)),
+        np.full((2, 1), 1000.0),
+        phase_ns={"forward": np.full((2, 1), 900.0)},
+        coll={
+            "n": np.ones((2, 1)),
+            "coll_ns": np.full((2, 1), 300.0),
+            "wait_ns": np.array([[0.0], [100.0]]),
+            "transfer_ns": np.array([[0.0], [200.0]]),
+            "exposed_wait_ns": np.array([[0.0], [100.0]]),
+            "exposed_transfer_ns": np.array([[0.0], [200.0]]),
+        },
+    )
+    d = decompose(w)
+    assert d.category("exposed_comm")[0, 0] == 300.0  # all of it, as transfer
+    assert d.category("compute")[0, 0] == d.category("compute")[1, 0] == 700.0
+    assert d.category("host_gap")[0, 0] == 0.0

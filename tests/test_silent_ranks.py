@@ -106,3 +106,59 @@ def test_a_window_without_any_complete_step_has_no_silent_ranks() -> None:
     t = np.zeros((4, 3))
     w = make_window(t, t + 1.0, present=np.zeros((4, 3), bool))
     assert not w.has_complete_step() and unreported(w).ranks.shape[0] == 0
+
+
+def _without_colls_of(msgs: list[tuple[int, bytes]], rank: int) -> list[tuple[int, bytes]]:
+    """The stream with ``rank``'s collective rows gone (a collector timing none)."""
+    out = []
+    for r, d in msgs:
+        m = schema.decode(d)
+        if r == rank and m.kind == "steps":
+            h = {k: m.header[k] for k in ("job", "run", "rank", "inc", "batch")}
+            t = m.tables
+            d = schema.steps_message(
+                h, t["steps"], t.get("phases"), None, m.header.get("phase_names")
+            )
+        out.append((r, d))
+    return out
+
+
+def _diagnosed(msgs: list[tuple[int, bytes]]):  # type: ignore[no-untyped-def]
+    store = Store(history_steps=64, raw_steps=16)
+    Intake(store).feed_many([d for _, d in msgs], 0)
+    store.settle()
+    return diagnose(store.window("r"))
+
+
+def _sim(name: str, seed: int) -> list[tuple[int, bytes]]:
+    scenario = load_scenario(name, ranks=32, topology__gpus_per_host=8, seed=seed)
+    cluster = Cluster(scenario, t0_ns=T0)
+    keep = Kept()
+    streams = RankStreams(cluster, keep, run_id="r", scope="full")
+    streams.start()
+    for k in range(16):
+        streams.add(cluster.step(k))
+    streams.finish()
+    return keep.out
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_a_rank_that_times_no_collective_is_named_and_leaves_the_verdict_alone(seed) -> None:  # type: ignore[no-untyped-def]
+    # Rank 5 reports its steps but not one collective: every instance of its groups stays
+    # incomplete. Its peers' time in them was read as compute (a false data_imbalance or
+    # straggler at score 1), and its own collective time as compute too.
+    healthy = _sim("healthy", seed)
+    v = _diagnosed(_without_colls_of(healthy, 5)).verdict
+    assert v.top.mechanism == "unexplained_straggler" and v.top.ranks == (5,)
+    assert "recorded no collective call while members of their groups did" in v.top.evidence[0]
+    assert v.top.impact == 0.0
+    assert all(h.score < 0.5 for h in v.hypotheses if h.mechanism != "unexplained_straggler")
+    # The slow device is still found, on the same rank and at the same cost, rank 5 named
+    # beside it.
+    slow = _sim("slow-device", seed)
+    want = _diagnosed(slow).verdict.top
+    got = _diagnosed(_without_colls_of(slow, 5)).verdict
+    assert want.mechanism == "slow_device"
+    assert got.top.mechanism == "slow_device" and got.top.ranks == want.ranks
+    assert got.top.impact == pytest.approx(want.impact, abs=0.01)
+    assert got.get("unexplained_straggler").ranks[0] == 5
