@@ -16,17 +16,22 @@ from rankscope.sim.emit import Kept, RankStreams
 T0 = 1_700_000_000_000_000_000
 
 
-@pytest.fixture(scope="module")
-def healthy_messages() -> list[tuple[int, bytes]]:
-    scenario = load_scenario("healthy", ranks=32, topology__gpus_per_host=8, seed=3)
+def _sim(name: str, seed: int, steps: int = 16) -> list[tuple[int, bytes]]:
+    """The messages of a seeded 32-rank simulated run (hosts of 8), as sent."""
+    scenario = load_scenario(name, ranks=32, topology__gpus_per_host=8, seed=seed)
     cluster = Cluster(scenario, t0_ns=T0)
     keep = Kept()
     streams = RankStreams(cluster, keep, run_id="r", scope="full")
     streams.start()
-    for k in range(12):
+    for k in range(steps):
         streams.add(cluster.step(k))
     streams.finish()
     return keep.out
+
+
+@pytest.fixture(scope="module")
+def healthy_messages() -> list[tuple[int, bytes]]:
+    return _sim("healthy", 3, steps=12)
 
 
 def _window(msgs: list[tuple[int, bytes]], silent: set[int], kinds: set[str], from_step: int = 0):  # type: ignore[no-untyped-def]
@@ -128,18 +133,6 @@ def _diagnosed(msgs: list[tuple[int, bytes]]):  # type: ignore[no-untyped-def]
     Intake(store).feed_many([d for _, d in msgs], 0)
     store.settle()
     return diagnose(store.window("r"))
-
-
-def _sim(name: str, seed: int) -> list[tuple[int, bytes]]:
-    scenario = load_scenario(name, ranks=32, topology__gpus_per_host=8, seed=seed)
-    cluster = Cluster(scenario, t0_ns=T0)
-    keep = Kept()
-    streams = RankStreams(cluster, keep, run_id="r", scope="full")
-    streams.start()
-    for k in range(16):
-        streams.add(cluster.step(k))
-    streams.finish()
-    return keep.out
 
 
 @pytest.mark.parametrize("seed", [3, 4])
