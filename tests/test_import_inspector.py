@@ -411,3 +411,44 @@ def test_seeded_hostile_values_never_raise_and_keep_every_other_record(
         # Either the record is left out and named, or it is still good (a field unused).
         left_out = rep.colls == 59 and why.endswith("left out")
         assert left_out or (rep.colls == 60 and why == ""), (leaf, value, why)
+
+
+def test_output_without_verbose_timestamps_still_names_the_last_arrival_from_kernel_times(
+    tmp_path: Path,
+) -> None:
+    # The plugin's default output: no entry times, only each kernel's duration. A
+    # collective's kernel runs until its last peer has arrived, so the rank that arrives
+    # last has the shortest kernel and the others' extra time is their wait. Four ranks,
+    # rank 2 late by 400 µs in 24 of 30 collectives (the others: no order to tell).
+    def rec(rank: int, sn: int) -> dict:
+        late = 400 if (sn % 5 != 0) else 0
+        start = T0_US + sn * 10_000 + (late if rank == 2 else 0)
+        kstop = T0_US + sn * 10_000 + late + 1_020
+        r = record(rank, sn, verbose=False)
+        r["header"]["n_ranks"] = 4
+        r["coll_perf"]["coll_exec_time_us"] = kstop - (start + 20)
+        return r
+
+    src = tmp_path / "in"
+    src.mkdir()
+    for rank in range(4):
+        with open(src / f"node{rank}.log", "w") as f:
+            for sn in range(1, 31):
+                f.write(json.dumps(rec(rank, sn)) + "\n")
+    rep = write_recording("nccl-inspector", [src], tmp_path / "rec", run="r")
+    assert rep.messages == 0 and len(rep.problems) == 4  # still nothing to replay
+    (row,) = rep.details["last_by_kernel"]
+    assert row["comm"] == COMM and row["ranks"] == 4 and row["collectives"] == 30
+    assert row["rank"] == 2 and row["ordered"] == 24 and row["share"] == 1.0
+    assert row["wait_us"] == pytest.approx(400.0)
+    res = subprocess.run(
+        [sys.executable, "-m", "rankscope", "import", "nccl-inspector", str(src),
+         "--record", str(tmp_path / "rec2")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert res.returncode == 1
+    assert "rank 2 shortest in 100% of the 24 of 30 collectives" in res.stdout, res.stdout
+    # Without one member's file the shortest of the others tells nothing.
+    (src / "node2.log").unlink()
+    rep = write_recording("nccl-inspector", [src], tmp_path / "rec3", run="r")
+    assert "last_by_kernel" not in rep.details

@@ -399,6 +399,13 @@ def messages(files: list[Path], report: ImportReport, *, job: str, run: str) -> 
         # made up from the dump thread's write times would invent an arrival order.
         for _, file, _, _ in ranked:
             report.problem(file, NOT_VERBOSE)
+        names = {i: k for k, i in gid.items()}
+        sizes = {gid[k]: len(m) for k, m in members.items()}
+        last = last_by_kernel([c for *_, c in ranked], sizes)
+        if last:
+            report.details["last_by_kernel"] = [
+                {**row, "comm": names[row["group"]]} for row in last
+            ]
         return
     for i, (r, file, rec, c) in enumerate(ranked):
         c = _timed(c, file, report)
@@ -466,6 +473,78 @@ def messages(files: list[Path], report: ImportReport, *, job: str, run: str) -> 
         yield schema.stats_message(next_header(headers[r]), stats)
     for r, file, _rec, c in ranked:
         yield steps_message(_placed_rows(c, clock, offsets[r], file, report), headers[r])
+
+
+TIE_NS = 1_000
+"""Kernel durations closer than this (the Inspector's µs resolution) tell no order."""
+
+
+def last_by_kernel(
+    cols: list[dict[str, np.ndarray]], sizes: dict[int, int]
+) -> list[dict[str, Any]]:
+    """Who arrived last, read from GPU kernel durations alone (what output without
+    verbose timestamps still holds): a collective's kernel runs from its launch until the
+    data of its last peer has come, so in each instance every member's kernel ends at
+    about the same time and the last to arrive has the shortest one; the others' extra
+    time is their wait.
+
+    Args:
+        cols: each process's `Records.columns` with ``group`` (the import's communicator
+            index) and ``rank`` (its global rank) added.
+        sizes: group -> how many of its members were imported.
+
+    Returns:
+        Per communicator whose every member was imported, with an instance whose shortest kernel
+        is unique (by more than `TIE_NS`): ``group``, ``ranks``, ``collectives`` (instances
+        with all members), ``ordered`` (those whose shortest kernel is unique), ``rank``
+        (the one most often shortest), ``share`` (of ``ordered``), ``wait_us`` (median over
+        its instances of the others' median kernel less its own) and ``counts`` (rank ->
+        instances in which it was last).
+    """
+    g = np.concatenate([c["group"] for c in cols])
+    seq = np.concatenate([c["seq"] for c in cols])
+    rank = np.concatenate([c["rank"] for c in cols])
+    ex = np.concatenate([c["exec_ns"] for c in cols]).astype(np.float64)
+    size = np.concatenate([c["n_ranks"] for c in cols])
+    ok = ex >= 0
+    g, seq, rank, ex, size = g[ok], seq[ok], rank[ok], ex[ok], size[ok]
+    out: list[dict[str, Any]] = []
+    for gid in np.unique(g).tolist():
+        n = sizes.get(int(gid), 0)
+        at = g == gid
+        if n < 2 or int(size[at].max()) != n:
+            continue  # a member's file missing: the shortest of the others tells nothing
+        s, r, e = seq[at], rank[at], ex[at]
+        order = np.lexsort((e, s))
+        s, r, e = s[order], r[order], e[order]
+        cuts = np.flatnonzero(np.diff(s)) + 1
+        starts = np.concatenate(([0], cuts))
+        counts = np.diff(np.append(starts, s.shape[0]))
+        full = starts[counts == n]
+        if not full.shape[0]:
+            continue
+        shortest, second = e[full], e[full + 1]
+        ordered = second - shortest > TIE_NS
+        if not ordered.any():
+            continue
+        who = r[full][ordered]
+        mid = np.array([np.median(e[a + 1 : a + n]) for a in full[ordered].tolist()])
+        wait = mid - shortest[ordered]
+        ranks, hits = np.unique(who, return_counts=True)
+        top = int(ranks[np.argmax(hits)])
+        out.append(
+            {
+                "group": int(gid),
+                "ranks": n,
+                "collectives": int(full.shape[0]),
+                "ordered": int(ordered.sum()),
+                "rank": top,
+                "share": float(hits.max() / ordered.sum()),
+                "wait_us": float(np.median(wait[who == top]) / 1e3),
+                "counts": {str(int(k)): int(v) for k, v in zip(ranks, hits, strict=True)},
+            }
+        )
+    return out
 
 
 def _verbose(c: dict[str, np.ndarray]) -> np.ndarray:

@@ -60,4 +60,20 @@ def run(args: argparse.Namespace) -> int:
         )
         if rep.lacks:
             print(terminal_text("  the source lacks: " + ", ".join(rep.lacks)))
+        last = rep.details.get("last_by_kernel")
+        if last:
+            print(
+                "without entry times the last arrival is read from kernel durations (a "
+                "collective's kernel runs until its last peer arrives: the last to arrive "
+                "has the shortest):"
+            )
+            for row in last:
+                print(
+                    terminal_text(
+                        f"  comm {row['comm']} ({row['ranks']} ranks): rank {row['rank']} "
+                        f"shortest in {row['share']:.0%} of the {row['ordered']} of "
+                        f"{row['collectives']} collectives whose shortest kernel stands out, "
+                        f"the others' kernels {row['wait_us']:.0f} µs longer (median)"
+                    )
+                )
     return 0 if rep.files_read and rep.messages else 1
