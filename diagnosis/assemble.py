@@ -222,6 +222,8 @@ def device_means(
     t0 = np.asarray(step_rows["t_start"], dtype=np.int64)
     t1 = np.asarray(step_rows["t_end"], dtype=np.int64)
     keep = (t0 != NO_TIME) & (t1 != NO_TIME) & (srank >= 0) & (srank < world_size)
+    if not keep.any():  # no step of known span (every start or end unknown): no sample falls
+        return out
     srank, t0, t1 = srank[keep], t0[keep], t1[keep]
     sstep = np.asarray(step_rows["step"], dtype=np.int64)[keep]
     rank = np.asarray(samples["rank"], dtype=np.int64)
