@@ -320,7 +320,10 @@ def _silence(gone: Unreported) -> str:
 
     parts = []
     if gone.never.any():
-        parts.append(f"rank(s) {names(gone.never)} completed no step in this window")
+        parts.append(
+            f"rank(s) {names(gone.never)} completed no step in this window (a dead or hung "
+            "process, a collector that stopped sending, refused messages)"
+        )
     if gone.no_calls.any():
         parts.append(
             f"rank(s) {names(gone.no_calls)} recorded no collective call while members of "
@@ -335,10 +338,9 @@ def _silence(gone: Unreported) -> str:
         )
     return (
         f"{' and '.join(parts)}: {gone.ranks.shape[0]} of the {gone.hello} that said hello, "
-        f"while {gone.reporting} went on; their state is unknown (a dead or hung process, a "
-        "collector that stopped sending, refused messages); they are not judged, and "
-        "instances of their groups never complete, so their peers' wait and transfer there "
-        "count as compute"
+        f"while {gone.reporting} went on; they are not judged, and instances of their groups "
+        "never complete, so their peers' time in them is exposed communication of unknown "
+        "wait and transfer"
     )
 
 
