@@ -27,6 +27,7 @@ import numpy as np
 
 from rankscope.collector.schema import MECHANISMS
 from rankscope.diagnosis.candidate import Candidate, hosts_of, ms, pct
+from rankscope.diagnosis.clockskew import ClockSkew, clock_skew
 from rankscope.diagnosis.controlled import Busy, perturbation
 from rankscope.diagnosis.evidence import Evidence
 from rankscope.diagnosis.judges import candidates
@@ -196,9 +197,13 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
             "collective time counts as other"
         )
     gone = ev.unreported if ev.unreported is not None else unreported(ev.window)
-    silent = gone.ranks
-    if silent.shape[0]:
-        shared.append(_silence(gone))
+    skew = clock_skew(ev.window)
+    doubts = ([_silence(gone)] if gone.ranks.shape[0] else []) + (
+        [_skewed(skew)] if skew.ranks.shape[0] else []
+    )
+    shared += doubts
+    # Ranks the window cannot vouch for: unreported, or on a clock of their own.
+    silent = np.concatenate([gone.ranks, np.setdiff1d(skew.ranks, gone.ranks)])
     slower, share = regressed(ev), regression_share(ev)
     busy = Busy.of(ev.window, ev.decomp)
     hyps = []
@@ -244,9 +249,10 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
     open_world = unexplained(loc, found, claims)
     category = found.suspect.category if found.suspect is not None else None
     if silent.shape[0]:
-        # Ranks never seen finishing a step are the first thing unexplained: named here,
+        # Ranks the window cannot vouch for are the first thing unexplained: named here,
         # with what the others show kept as evidence (their peers' collectives never
-        # complete, so what localisation finds near them may be that artefact).
+        # complete, or their arrivals are on another clock, so what localisation finds
+        # near them may be that artefact).
         ranks = tuple(int(r) for r in silent[:64])
         if open_world.strength >= 0.5:  # a material straggler among the others, after
             ranks += tuple(r for r in open_world.ranks if r not in ranks)
@@ -254,7 +260,7 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
             open_world,
             strength=1.0,
             ranks=ranks,
-            evidence=(shared[-1], *(f"among the others: {e}" for e in open_world.evidence)),
+            evidence=(*doubts, *(f"among the others: {e}" for e in open_world.evidence)),
         )
         category = None
     hyps.append(
@@ -341,6 +347,21 @@ def _silence(gone: Unreported) -> str:
         f"while {gone.reporting} went on; they are not judged, and instances of their groups "
         "never complete, so their peers' time in them is exposed communication of unknown "
         "wait and transfer"
+    )
+
+
+def _skewed(skew: ClockSkew) -> str:
+    """What the verdict says of ranks whose clock disagrees with their peers'."""
+    ranks = ", ".join(str(int(r)) for r in skew.ranks[:16])
+    more = f" and {skew.ranks.shape[0] - 16} more" if skew.ranks.shape[0] > 16 else ""
+    lo, hi = float(skew.offset_ns.min()) / 1e6, float(skew.offset_ns.max()) / 1e6
+    span = f"{lo:+.1f} ms" if abs(hi - lo) < 0.05 else f"{lo:+.1f} to {hi:+.1f} ms"
+    return (
+        f"rank(s) {ranks}{more} leave the collectives they share with other hosts {span} "
+        f"from their peers (median over {skew.instances} instances, whose other members "
+        f"leave within {skew.spread_ns / 1e3:.0f} µs of each other): their clock is off by "
+        "about that, not aligned to the others', so arrival order, lateness and wait "
+        "between them and the other hosts are not what happened"
     )
 
 

@@ -155,3 +155,73 @@ def test_a_rank_that_times_no_collective_is_named_and_leaves_the_verdict_alone(s
     assert got.top.mechanism == "slow_device" and got.top.ranks == want.ranks
     assert got.top.impact == pytest.approx(want.impact, abs=0.01)
     assert got.get("unexplained_straggler").ranks[0] == 5
+
+
+def _shifted(msgs: list[tuple[int, bytes]], ranks: range, ns: int) -> list[tuple[int, bytes]]:
+    """The stream with every time of ``ranks``' steps messages moved by ``ns``: a host whose
+    clock is off and was not aligned."""
+    out = []
+    for r, d in msgs:
+        m = schema.decode(d)
+        if r in ranks and m.kind == "steps":
+            h = {k: m.header[k] for k in ("job", "run", "rank", "inc", "batch")}
+            t = {name: {c: np.array(v) for c, v in tab.items()} for name, tab in m.tables.items()}
+            for name, cols in (
+                ("steps", ("t_start", "t_end")),
+                ("phases", ("t0", "t1")),
+                ("colls", ("t_enter", "t_start", "t_end", "t_exit")),
+            ):
+                for c in cols:
+                    a = t[name][c]
+                    a[a != schema.NO_TIME] += ns
+            d = schema.steps_message(
+                h, t["steps"], t["phases"], t["colls"], m.header.get("phase_names")
+            )
+        out.append((r, d))
+    return out
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_a_host_on_a_clock_of_its_own_is_named_not_called_healthy(seed) -> None:  # type: ignore[no-untyped-def]
+    # Host 1's clock runs 12 ms ahead, unaligned. Its ranks seem to arrive late everywhere;
+    # uncorrected, a real slow device elsewhere was called healthy (seed 4, score 0.94).
+    from rankscope.diagnosis.clockskew import clock_skew
+
+    healthy = _sim("healthy", seed)
+    assert clock_skew(_window(healthy, set(), set())).ranks.shape[0] == 0
+    for name in ("healthy", "slow-device"):
+        msgs = _shifted(_sim(name, seed), range(8, 16), 12_000_000)
+        store = Store(history_steps=64, raw_steps=16)
+        Intake(store).feed_many([d for _, d in msgs], 0)
+        store.settle()
+        w = store.window("r")
+        skew = clock_skew(w)
+        assert skew.ranks.tolist() == list(range(8, 16))
+        assert np.allclose(skew.offset_ns, 12e6, atol=0.1e6)
+        v = diagnose(w).verdict
+        assert v.top.mechanism != "healthy" and v.get("healthy").score == 0.0
+        named = v.get("unexplained_straggler")
+        assert named.score == 1.0 and set(range(8, 16)) <= set(named.ranks)
+        assert any("their clock is off by about that" in e for e in named.evidence)
+
+
+def test_a_rank_that_notices_completions_late_by_varying_amounts_keeps_its_clock() -> None:
+    # Starved of a core, a rank leaves collectives late by a few ms, differently each time:
+    # its clock is not off (an offset is a constant), so nothing is said of it.
+    from rankscope.diagnosis.clockskew import clock_skew
+
+    rng = np.random.default_rng(7)
+    out = []
+    for r, d in _sim("healthy", 3):
+        m = schema.decode(d)
+        if r == 9 and m.kind == "steps":
+            h = {k: m.header[k] for k in ("job", "run", "rank", "inc", "batch")}
+            co = {c: np.array(v) for c, v in m.tables["colls"].items()}
+            co["t_exit"] += rng.exponential(5e6, co["t_exit"].shape[0]).astype(np.int64)
+            t = m.tables
+            d = schema.steps_message(h, t["steps"], t["phases"], co, m.header.get("phase_names"))
+        out.append((r, d))
+    store = Store(history_steps=64, raw_steps=16)
+    Intake(store).feed_many([d for _, d in out], 0)
+    store.settle()
+    assert clock_skew(store.window("r")).ranks.shape[0] == 0
