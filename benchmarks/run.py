@@ -30,6 +30,7 @@ ORDER = [
     "sim",
     "relay",
     "diagnosis",
+    "robustness",
     "detection",
     "quiet",
     "tui",
