@@ -30,24 +30,20 @@ from rankscope.collector import schema
 from rankscope.diagnosis import diagnose
 from rankscope.hub.intake import Intake
 from rankscope.hub.store import Store
-from rankscope.sim import Cluster, load_scenario
-from rankscope.sim.emit import Kept, RankStreams
+from rankscope.sim import load_scenario
+from rankscope.sim.emit import iter_messages
 
 T0 = 1_700_000_000_000_000_000
 SCENARIOS = ("healthy", "slow-device", "host-gap", "network-rail", "data-imbalance")
 Msgs = list[tuple[int, bytes]]
 
 
-def _run(name: str, seed: int, steps: int = 16) -> Msgs:
+def _run(name: str, seed: int, steps: int = 16) -> list[tuple[int, bytes]]:
+    """The messages of a seeded 32-rank simulated run (hosts of 8), as sent, with the rank
+    that sends each."""
     scenario = load_scenario(name, ranks=32, topology__gpus_per_host=8, seed=seed)
-    cluster = Cluster(scenario, t0_ns=T0)
-    keep = Kept()
-    streams = RankStreams(cluster, keep, run_id="r", scope="full")
-    streams.start()
-    for k in range(steps):
-        streams.add(cluster.step(k))
-    streams.finish()
-    return keep.out
+    msgs = iter_messages(scenario, steps, run_id="r", t0_ns=T0)
+    return [(int(schema.decode(d).header["rank"]), d) for d in msgs]
 
 
 def _kind(data: bytes) -> str:

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rankscope.diagnosis.exposure import P2P_OPS
+from rankscope.diagnosis.arrivals import segment_nanmedian
+from rankscope.diagnosis.exposure import P2P_OPS, row_last
+from rankscope.diagnosis.robust import group_median
 from rankscope.diagnosis.window import Window
 
 CLOCK_TOL_NS = 2e6
@@ -71,16 +73,9 @@ def clock_skew(window: Window) -> ClockSkew:
     crossing = {gid for gid, g in window.groups.items() if g.crosses_hosts}
     if not crossing:
         return none
-    key_i = inst.group.astype(np.int64) * (1 << 40) + inst.seq.astype(np.int64)
-    order = np.argsort(key_i, kind="stable")
-    sk = key_i[order]
-    key_r = rows.group.astype(np.int64) * (1 << 40) + rows.seq.astype(np.int64)
-    pos = np.clip(np.searchsorted(sk, key_r), 0, sk.size - 1)
-    idx = order[pos]
+    last, complete = row_last(window)
     ok = (
-        (sk[pos] == key_r)
-        & (inst.n_arrived[idx] >= inst.n_members[idx])
-        & (inst.n_members[idx] > 1)
+        complete
         & np.isin(rows.group, np.fromiter(crossing, np.int64))
         & np.isfinite(rows.t_exit)
         & ~np.isin(rows.op, P2P_OPS)
@@ -89,33 +84,33 @@ def clock_skew(window: Window) -> ClockSkew:
     )
     if not ok.any():
         return none
-    k, x, r, last = key_r[ok], rows.t_exit[ok], rows.rank[ok].astype(np.int64), inst.last[idx][ok]
+    key = rows.group.astype(np.int64) * (1 << 40) + rows.seq.astype(np.int64)
+    k, x, r, last = key[ok], rows.t_exit[ok], rows.rank[ok].astype(np.int64), last[ok]
     o = np.argsort(k, kind="stable")
     k, x, r, last = k[o], x[o], r[o], last[o]
     starts = np.flatnonzero(np.concatenate(([True], k[1:] != k[:-1])))
     sizes = np.diff(np.append(starts, k.shape[0]))
-    med = np.repeat(
-        np.array([np.median(x[a : a + n]) for a, n in zip(starts, sizes, strict=True)]), sizes
-    )
+    med = np.repeat(segment_nanmedian(x, starts, sizes), sizes)
     done = med >= last
     if not done.any():
         return none
     res, who = (x - med)[done], r[done]
     spread = float(np.median(np.abs(res)))
-    counts = np.bincount(who, minlength=window.world_size)
-    ranks = np.flatnonzero(counts >= MIN_INSTANCES)
-    offset = np.array([np.median(res[who == q]) for q in ranks.tolist()])
+    world = window.world_size
+    counts = np.bincount(who, minlength=world)
+    offset = group_median(who, res, world)
     # A clock is off by a constant: the rank's exits sit tightly around its offset. A
     # rank that notices completions late (starved of a core) lags by varying amounts.
-    own = np.array(
-        [np.median(np.abs(res[who == q] - o)) for q, o in zip(ranks.tolist(), offset, strict=True)]
+    own = group_median(who, np.abs(res - offset[who]), world)
+    bad = (
+        (counts >= MIN_INSTANCES)
+        & (np.abs(offset) >= max(CLOCK_TOL_NS, SPREAD_FACTOR * spread))
+        & (own * STEADY_FACTOR <= np.abs(offset))
     )
-    bad = (np.abs(offset) >= max(CLOCK_TOL_NS, SPREAD_FACTOR * spread)) & (
-        own * STEADY_FACTOR <= np.abs(offset)
-    )
+    ranks = np.flatnonzero(bad)
     return ClockSkew(
-        ranks=ranks[bad].astype(np.int64),
-        offset_ns=offset[bad],
+        ranks=ranks.astype(np.int64),
+        offset_ns=offset[ranks],
         instances=int(starts.shape[0]),
         spread_ns=spread,
     )

@@ -204,13 +204,12 @@ def _split(
     src = window.coll if exposed is None else exposed
     wait = _known(src["exposed_wait_ns"][at])
     transfer = _known(src["exposed_transfer_ns"][at])
-    unsplit = _unsplit(window, at) if exposed is None else None  # the union counts them
+    # Time inside calls whose instance did not complete (a member's rows missing) is
+    # known to be collective time, not how much was waiting: counted as exposed comm, not
+    # left to read as compute (from raw rows, the union counts it already).
+    unsplit = _unsplit(window, at, wait + transfer) if exposed is None else None
     if unsplit is not None:
-        # Time inside calls whose instance did not complete (a member's rows missing):
-        # known to be collective time, not how much was waiting. Counted as exposed comm
-        # at the share the rank-step's complete calls show (all of it when none is
-        # complete), not left to read as compute.
-        transfer = transfer + unsplit * _exposed_share(window, at, wait + transfer)
+        transfer = transfer + unsplit
     pp_wait = phase("pp_wait")
     if exposed is not None and "p2p_ns" in exposed and pp_wait is not None:
         # Take the send/recv time out of wait first, then transfer: pp_wait holds it.
@@ -266,27 +265,25 @@ def _split(
                 np.multiply(value, scale, out=out[i])
 
 
-def _unsplit(window: Window, at: slice) -> np.ndarray | None:
-    """Per rank-step of ``at``, the time inside collectives of instances that did not
-    complete (``coll_ns`` less the wait and transfer of the complete ones, which split
-    each complete call's time exactly), or None when every call completed."""
+def _unsplit(window: Window, at: slice, exposed: np.ndarray) -> np.ndarray | None:
+    """Per rank-step of ``at``, the exposed part of the time inside collectives whose
+    instance did not complete (``coll_ns`` less the wait and transfer of the complete
+    calls, which split each one's time exactly), at the share of the complete calls'
+    time that was ``exposed`` (all of it where none completed: a blocking call's time is
+    all exposed); None when every call completed."""
     coll = window.coll.get("coll_ns")
     wait, transfer = window.coll.get("wait_ns"), window.coll.get("transfer_ns")
     if coll is None or wait is None or transfer is None:
         return None
-    out = _known(coll[at]) - _known(wait[at]) - _known(transfer[at])
+    inside = _known(wait[at]) + _known(transfer[at])
+    out = _known(coll[at]) - inside
     # Sums of the same calls' shares: what stays below a nanosecond is rounding.
     out[out < 1.0] = 0.0
-    return out if out.any() else None
-
-
-def _exposed_share(window: Window, at: slice, exposed: np.ndarray) -> np.ndarray:
-    """Share of the complete calls' time that was exposed, per rank-step (1 where no call
-    completed: a blocking call's time is all exposed)."""
-    inside = _known(window.coll["wait_ns"][at]) + _known(window.coll["transfer_ns"][at])
+    if not out.any():
+        return None
     with np.errstate(all="ignore"):
         share = np.where(inside > 0, exposed / inside, 1.0)
-    return np.clip(share, 0.0, 1.0)
+    return out * np.clip(share, 0.0, 1.0)
 
 
 def _known(arr: np.ndarray) -> np.ndarray:

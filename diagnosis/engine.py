@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from rankscope.diagnosis.baseline import BaselineComparison, compare_runs
 from rankscope.diagnosis.correlate import Correlations, correlate
+from rankscope.diagnosis.coverage import unreported, without_ranks
 from rankscope.diagnosis.critical import CriticalPath, critical_path
 from rankscope.diagnosis.curves import (
     Curves,
@@ -46,7 +47,7 @@ from rankscope.diagnosis.grouprows import GroupSkew
 from rankscope.diagnosis.localise import Finding, Localisation, Suspect, link_suspects, localise
 from rankscope.diagnosis.numerator import NumeratorCheck, check_numerator
 from rankscope.diagnosis.regime import Regime, current_regime, since
-from rankscope.diagnosis.stall import Stall, detect_stall, unreported, without_ranks
+from rankscope.diagnosis.stall import Stall, detect_stall
 from rankscope.diagnosis.trends import Trends, trends
 from rankscope.diagnosis.verdict import Evidence, Verdict, judge
 from rankscope.diagnosis.warmup import Warmup, warmup_of

@@ -9,13 +9,13 @@ import numpy as np
 
 from rankscope.diagnosis.baseline import BaselineComparison
 from rankscope.diagnosis.correlate import Correlations
+from rankscope.diagnosis.coverage import Unreported
 from rankscope.diagnosis.critical import CriticalPath
 from rankscope.diagnosis.decomposition import Decomposition, DecompositionDelta
 from rankscope.diagnosis.fabric import FabricView
 from rankscope.diagnosis.localise import Localisation, local_ns, what_if_gain
 from rankscope.diagnosis.numerator import NumeratorCheck
 from rankscope.diagnosis.robust import nanmedian
-from rankscope.diagnosis.stall import Unreported
 from rankscope.diagnosis.trends import Trends
 from rankscope.diagnosis.window import Window
 
@@ -38,7 +38,7 @@ class Evidence:
     baseline: Window | None = None
     """The healthy run's window, when there is one (for rank-by-rank comparisons)."""
     unreported: Unreported | None = None
-    """Ranks whose state the window cannot tell (`stall.unreported`), as found before those
+    """Ranks whose state the window cannot tell (`coverage.unreported`), as found before those
     that recorded no collective were left out of the analyses; None: not looked for."""
 
     @cached_property

@@ -51,7 +51,7 @@ def rows_cover_window(window: Window) -> bool:
     return bool((held[need] >= calls[need]).all())
 
 
-def _row_last(window: Window) -> tuple[np.ndarray, np.ndarray]:
+def row_last(window: Window) -> tuple[np.ndarray, np.ndarray]:
     """Per row, its instance's last entry and whether the instance is complete."""
     rows, inst = window.rows, window.instances
     assert rows is not None
@@ -90,7 +90,7 @@ def exposed_union(window: Window) -> dict[str, np.ndarray]:
     cell = np.where(ok, rows.rank.astype(np.int64) * n_steps + np.minimum(j, n_steps - 1), -1)
     enter = rows.t_enter
     exit_ = np.where(np.isfinite(rows.t_exit), np.maximum(rows.t_exit, enter), enter)
-    last, complete = _row_last(window)
+    last, complete = row_last(window)
     is_async = (rows.flags & ASYNC_FLAGS) != 0
     size = n_ranks * n_steps
     wait = np.zeros(size)

@@ -29,6 +29,7 @@ from rankscope.collector.schema import MECHANISMS
 from rankscope.diagnosis.candidate import Candidate, hosts_of, ms, pct
 from rankscope.diagnosis.clockskew import ClockSkew, clock_skew
 from rankscope.diagnosis.controlled import Busy, perturbation
+from rankscope.diagnosis.coverage import Unreported, unreported
 from rankscope.diagnosis.evidence import Evidence
 from rankscope.diagnosis.judges import candidates
 from rankscope.diagnosis.localise import (
@@ -41,7 +42,6 @@ from rankscope.diagnosis.localise import (
 from rankscope.diagnosis.nextstep import NextExperiment, next_experiment
 from rankscope.diagnosis.openworld import MECHANISM, Claim, unexplained
 from rankscope.diagnosis.robust import logistic
-from rankscope.diagnosis.stall import Unreported, unreported
 
 __all__ = [
     "MECHANISMS",
@@ -203,7 +203,7 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
     )
     shared += doubts
     # Ranks the window cannot vouch for: unreported, or on a clock of their own.
-    silent = np.concatenate([gone.ranks, np.setdiff1d(skew.ranks, gone.ranks)])
+    doubted = np.concatenate([gone.ranks, np.setdiff1d(skew.ranks, gone.ranks)])
     slower, share = regressed(ev), regression_share(ev)
     busy = Busy.of(ev.window, ev.decomp)
     hyps = []
@@ -248,12 +248,12 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
     claims = [Claim(h.mechanism, h.score, h.impact, h.ranks) for h in hyps]
     open_world = unexplained(loc, found, claims)
     category = found.suspect.category if found.suspect is not None else None
-    if silent.shape[0]:
+    if doubted.shape[0]:
         # Ranks the window cannot vouch for are the first thing unexplained: named here,
         # with what the others show kept as evidence (their peers' collectives never
         # complete, or their arrivals are on another clock, so what localisation finds
         # near them may be that artefact).
-        ranks = tuple(int(r) for r in silent[:64])
+        ranks = tuple(int(r) for r in doubted[:64])
         if open_world.strength >= 0.5:  # a material straggler among the others, after
             ranks += tuple(r for r in open_world.ranks if r not in ranks)
         open_world = replace(
@@ -269,7 +269,7 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
             # Its strength already says whether the unexplained part is material.
             score=float(
                 1.0
-                if silent.shape[0]
+                if doubted.shape[0]
                 else open_world.strength * covers(open_world.impact, slower, share)
             ),
             impact=float(open_world.impact),
@@ -310,7 +310,7 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
             "step: heavy-tailed per-rank noise or a straggler that moves between ranks; "
             "without a baseline run it is not judged",
         )
-    if silent.shape[0]:
+    if doubted.shape[0]:
         straggler = 1.0  # what no rank reported cannot be called healthy
     hyps.append(_healthy(ev, best, slower, (*shared, *unjudged), loc, straggler))
     return Verdict(hypotheses=rank(hyps), localisation=loc, finding=found)
@@ -340,7 +340,7 @@ def _silence(gone: Unreported) -> str:
         parts.append(
             f"rank(s) {names(late)} stopped reporting (last step "
             f"{int(gone.last_step[late].max())}, {float(np.nanmin(gone.behind_s[late])):.1f} s "
-            "or more before the others' latest)"
+            "or more before the others' latest, median)"
         )
     return (
         f"{' and '.join(parts)}: {gone.ranks.shape[0]} of the {gone.hello} that said hello, "

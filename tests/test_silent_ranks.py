@@ -7,26 +7,21 @@ import pytest
 
 from rankscope.collector import schema
 from rankscope.diagnosis import diagnose
-from rankscope.diagnosis.stall import unreported
+from rankscope.diagnosis.coverage import unreported
 from rankscope.hub.intake import Intake
 from rankscope.hub.store import Store
-from rankscope.sim import Cluster, load_scenario
-from rankscope.sim.emit import Kept, RankStreams
+from rankscope.sim import load_scenario
+from rankscope.sim.emit import iter_messages
 
 T0 = 1_700_000_000_000_000_000
 
 
 def _sim(name: str, seed: int, steps: int = 16) -> list[tuple[int, bytes]]:
-    """The messages of a seeded 32-rank simulated run (hosts of 8), as sent."""
+    """The messages of a seeded 32-rank simulated run (hosts of 8), as sent, with the rank
+    that sends each."""
     scenario = load_scenario(name, ranks=32, topology__gpus_per_host=8, seed=seed)
-    cluster = Cluster(scenario, t0_ns=T0)
-    keep = Kept()
-    streams = RankStreams(cluster, keep, run_id="r", scope="full")
-    streams.start()
-    for k in range(steps):
-        streams.add(cluster.step(k))
-    streams.finish()
-    return keep.out
+    msgs = iter_messages(scenario, steps, run_id="r", t0_ns=T0)
+    return [(int(schema.decode(d).header["rank"]), d) for d in msgs]
 
 
 @pytest.fixture(scope="module")
@@ -225,3 +220,12 @@ def test_a_rank_that_notices_completions_late_by_varying_amounts_keeps_its_clock
     Intake(store).feed_many([d for _, d in out], 0)
     store.settle()
     assert clock_skew(store.window("r")).ranks.shape[0] == 0
+
+
+def test_one_rank_with_absurd_times_does_not_make_the_others_stop(healthy_messages) -> None:  # type: ignore[no-untyped-def]
+    # A recording takes any time (no window around a hub's clock): rank 3's steps end ten
+    # days ahead. Measured from the latest end, every other rank would read as stopped;
+    # a rank stops only when half of the others went on without it.
+    msgs = _shifted(healthy_messages, range(3, 4), 10 * 86_400 * 10**9)
+    w = _window(msgs, set(), set())
+    assert unreported(w).ranks.shape[0] == 0

@@ -664,3 +664,19 @@ async def test_a_run_reduced_by_relays_opens_in_every_view() -> None:
         await pilot.press("escape")
         await pilot.press("q")
     assert app.return_code == 0
+
+
+@run_async
+async def test_a_window_without_a_complete_step_says_so_instead_of_waiting(slow13) -> None:
+    # Nothing to judge: the diagnosis comes back with its reason, and the panels show it
+    # rather than waiting for a diagnosis that has already come.
+    from rankscope.tui.panels import DecompositionPanel
+
+    empty = type(slow13)(**{**slow13.__dict__, "present": np.zeros_like(slow13.present)})
+    app = _app([empty])
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app)
+        assert app.analysis is not None and "no complete step" in app.analysis.note
+        panel = _panel_text(app.screen.query_one(DecompositionPanel))
+        assert "no complete step of any rank" in panel, panel
+        assert "waiting for the first diagnosis" not in panel

@@ -526,7 +526,9 @@ class DecompositionPanel(Static):
         """Draw the bars for the latest diagnosis."""
         self._analysis = analysis
         if analysis is None or not analysis.decomposition:
-            self.update(Text("waiting for the first diagnosis", style="dim italic"))
+            # A diagnosis that came back without one says why (no complete step, a failure).
+            why = analysis.note if analysis is not None and analysis.note else ""
+            self.update(Text(why or "waiting for the first diagnosis", style="dim italic"))
             return
         rows = analysis.decomposition
         bar_width = max((width or self.size.width or 40) - 16, 10)

@@ -528,7 +528,7 @@ def last_by_kernel(
         if not ordered.any():
             continue
         who = r[full][ordered]
-        mid = np.array([np.median(e[a + 1 : a + n]) for a in full[ordered].tolist()])
+        mid = np.median(e[full[ordered][:, None] + np.arange(1, n)], axis=1)
         wait = mid - shortest[ordered]
         ranks, hits = np.unique(who, return_counts=True)
         top = int(ranks[np.argmax(hits)])
