@@ -345,25 +345,30 @@ def test_throttled_rank_phases_take_longer(throttle_case):
     r = throttle_case.case.ranks[0]
     fault = throttle_case.fault
     assert fault["method"] in ("cgroup-v2", "cgroup-v1", "shared-core"), fault
-    if fault["method"].startswith("cgroup"):
-        # The quota acted: most periods of the run were throttled.
-        assert fault["nr_throttled"] > 0.3 * fault["nr_periods"] > 0, fault
     fwd = _med(_phase(w, "forward"))
     # The same forward pass, several times longer in wall time on the throttled rank
     # (backward is not compared: the others' includes waiting for it in DDP's buckets).
     assert all(fwd[r] > 1.8 * fwd[o] for o in _others(w, r)), fwd / MS
-    # ... because of the quota, not because the rank is slow anyway: its lead over its peers
-    # is well above the same rank's lead without the quota. Both read as ratios within one
-    # run: the machine's load moves from run to run (CI once slowed the baseline's forward
-    # to 10 ms against ~4 ms quiet), and a busy machine may itself starve either rank of a
-    # run (a baseline's rank 0 at 1.84x its peer's forward was seen with both cores busy).
-    fwd_base = _med(_phase(base, "forward"))
-    others_base = fwd_base[_others(base, r)]
-    lead, lead_base = fwd[r] / np.nanmax(fwd[_others(w, r)]), fwd_base[r] / np.nanmax(others_base)
-    assert lead > 1.5 * lead_base, (fwd / MS, fwd_base / MS)
     # For the same CPU: the training thread ran for a fraction of the pass's wall time.
     share = _cpu_share(w, "forward")
     assert share[r] < 0.6 and share[r] < 0.7 * np.nanmax(share[_others(w, r)]), share
+    # ... because of the throttle, not because the rank is slow anyway. Under a quota the
+    # kernel says so itself: most periods of the run were throttled, and the thread ran at
+    # no more than the quota's share of a core (0.22-0.24 of its forward's wall time seen,
+    # quiet and loaded; the bound leaves room for a pass that begins on a fresh period's
+    # budget). Neither can a busy machine fake: it lowers a share and throttles nothing.
+    # A comparison with the baseline run cannot promise as much: CI's loaded pass has
+    # starved the baseline's same rank to 1.84x and 2.6x its peer's forward in two runs.
+    if fault["method"].startswith("cgroup"):
+        assert fault["nr_throttled"] > 0.3 * fault["nr_periods"] > 0, fault
+        assert share[r] < 1.4 * faultcases.THROTTLE_QUOTA, (share, fault)
+    else:
+        # A shared busy core throttles nothing the kernel counts: the rank's lead over its
+        # peers is compared with its lead in the baseline, as ratios within each run.
+        fwd_base = _med(_phase(base, "forward"))
+        lead = fwd[r] / np.nanmax(fwd[_others(w, r)])
+        lead_base = fwd_base[r] / np.nanmax(fwd_base[_others(base, r)])
+        assert lead > 1.5 * lead_base, (fwd / MS, fwd_base / MS)
     last = w.instances.last_rank[_complete(w)]
     assert np.mean(last == r) > 0.6
 
