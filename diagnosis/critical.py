@@ -120,7 +120,7 @@ def critical_path(
 
     last = col(inst.last_rank)
     clock = window.clock_error_ns
-    clock_err = float(np.nanmax(clock)) if clock is not None and clock.size else 0.0
+    clock_err = float(np.fmax.reduce(clock)) if clock is not None and clock.size else 0.0
     clock_err = clock_err if np.isfinite(clock_err) else 0.0
     # Two ranks' entries each carry their own error: the order is certain beyond the sum.
     per_rank_err = np.nan_to_num(clock, nan=clock_err) if clock is not None else np.zeros(n_ranks)

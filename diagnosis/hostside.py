@@ -181,7 +181,7 @@ def contention_of(ev: Evidence) -> Contention | None:
     # What a thread that ran freely gets, per rank: its peers' share in the phase where it
     # is highest. A phase in which the peers block (waiting for this very rank in DDP's
     # buckets) reads low, and against it the starved rank's loss there would vanish.
-    free = np.nanmax(np.where(usable, ref_pr, np.nan), axis=0)
+    free = np.fmax.reduce(np.where(usable, ref_pr, np.nan), axis=0)
     lost = np.zeros_like(walls[0])
     for wall, cpu, ratio, rp in zip(walls, cpus, ratios, refs):
         with np.errstate(invalid="ignore", divide="ignore"):

@@ -72,9 +72,9 @@ JUDGES: dict[str, Judge] = {
         judge_pipeline_imbalance, frozenset({"compute", "pipeline_idle"}), local=True
     ),
     "host_pause": Judge(judge_host_pause, frozenset({"host_gap", "compute", "other"}), True),
-    "cpu_contention": Judge(
-        judge_cpu_contention, frozenset({"compute", "host_gap", "input"}), local=True
-    ),
+    # Its lost time is read from the compute phases' CPU share and lands there: a starved
+    # thread is slow between its phases too, but nothing measures that part.
+    "cpu_contention": Judge(judge_cpu_contention, frozenset({"compute"}), local=True),
     "expert_imbalance": Judge(judge_expert_imbalance, frozenset({"compute"}), moving=True),
 }
 """Every catalogued mechanism (``healthy`` and ``unexplained_straggler`` are not judged

@@ -53,15 +53,38 @@ def fits(claim: Claim, found: Finding) -> bool:
     return judge.moving
 
 
+def covered(claim: Claim, found: Finding) -> float:
+    """The share of the finding's gain a claim would account for were it right: its impact
+    over the gain, and at most the share of the suspect's extra time that lies in the
+    categories where the mechanism's loss lands.
+
+    The second bound keeps a mechanism from covering time it does not measure: a rank's
+    compute phases read at a low CPU share (a thread kept off its core, or sharing it with
+    its own communication thread) say nothing of the 25 ms it sleeps between them, however
+    large the what-if of giving the phases' time back comes out.
+    """
+    if found.gain <= 0:
+        return 1.0
+    f = min(1.0, max(claim.impact, 0.0) / found.gain)
+    judge, s = JUDGES.get(claim.mechanism), found.suspect
+    if judge is None or s is None:
+        return f
+    extra = {c: v for c, v in s.excess_ns.items() if np.isfinite(v) and v > 0}
+    total = sum(extra.values())
+    if total <= 0:
+        return f
+    return min(f, sum(v for c, v in extra.items() if c in judge.categories) / total)
+
+
 def explained_share(claims: Iterable[Claim], found: Finding) -> tuple[float, Claim | None]:
     """The largest share of the finding's gain that one fitting claim accounts for
-    (its score × its impact over the gain, at most 1), and that claim."""
+    (its score × what it covers, `covered`), and that claim."""
     best, which = 0.0, None
     if found.gain <= 0:
         return 1.0, None
     for c in claims:
         if fits(c, found):
-            share = c.score * min(1.0, c.impact / found.gain)
+            share = c.score * covered(c, found)
             if share > best:
                 best, which = share, c
     return float(best), which
@@ -83,7 +106,7 @@ def unexplained(loc: Localisation, found: Finding, claims: list[Claim]) -> Candi
         return Candidate(0.0, 0.0)
     share, by = explained_share(claims, found)
     residual = max(0.0, 1.0 - share)
-    strength = _remainder_strength(found.gain, by)
+    strength = _remainder_strength(found.gain, by, covered(by, found) if by else 0.0)
     evidence = []
     s = found.suspect
     if s is not None:
@@ -129,9 +152,9 @@ def unexplained(loc: Localisation, found: Finding, claims: list[Claim]) -> Candi
     )
 
 
-def _remainder_strength(gain: float, by: Claim | None) -> float:
+def _remainder_strength(gain: float, by: Claim | None, f: float) -> float:
     """How surely a material part of the straggler's ``gain`` is left unexplained, given
-    the best fitting claim ``by`` (score ``s``, covering ``f`` of the gain).
+    the best fitting claim ``by`` (score ``s``, covering ``f`` of the gain, `covered`).
 
     Either the claim is right (odds ``s``): what it does not cover, ``gain × (1 − f)``, is
     still unexplained, and is a finding if material on its own; or it is wrong (``1 − s``):
@@ -147,7 +170,6 @@ def _remainder_strength(gain: float, by: Claim | None) -> float:
     if by is None:
         return material(gain)
     s = min(max(by.score, 0.0), 1.0)
-    f = min(1.0, by.impact / gain) if gain > 0 else 1.0
     return s * material(gain * (1.0 - f)) + (1.0 - s) * material(gain)
 
 
