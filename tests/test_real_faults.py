@@ -238,7 +238,9 @@ def _assert_verdict(got):
     share well below its peer's, `_cpu_loss`; seen in CI's loaded pass for the GC rank,
     its forward at 0.44 CPU per wall second against 0.89): two real causes on one rank,
     either may lead by what it costs, so ``cpu_contention`` on the rank may lead while
-    the case's mechanism is still named on it with a score of at least 0.5. Likewise the
+    the case's mechanism is still named on it with a score of at least 0.5; so may
+    ``cpu_contention`` on another rank the window shows starved as much (the machine's
+    fault, not the case's, and real all the same). Likewise the
     open world's remainder: where the rank's lead is materially more than the mechanism
     covers (the GC rank, also slower between its pauses in some runs: host_gap +7-12 ms a
     step beside 15-19 % of the step in pauses), ``unexplained_straggler`` on the rank may
@@ -252,9 +254,15 @@ def _assert_verdict(got):
     right = (truth["mechanism"], *truth.get("alternatives", ()))
     ranks = tuple(truth["ranks"][:1])
     loss = _cpu_loss(got.window, ranks[0]) if ranks else 0.0
-    why = (round(loss, 2), _top3(d))
+    # The rank cpu_contention leads on, if it leads, and how short of CPU the window shows
+    # it: the case's rank, or another that the machine starved as much (seen with both
+    # cores busy and two jobs at once: the GC case's other rank at 0.31 CPU per wall second
+    # in its forward against 0.74, setting steps of its own).
+    on = top.ranks[0] if top.mechanism == "cpu_contention" and top.ranks else None
+    on_loss = _cpu_loss(got.window, on) if on is not None else 0.0
+    why = (round(loss, 2), on, round(on_loss, 2), _top3(d))
     named = [h for h in d.verdict.hypotheses if h.mechanism in right and h.score >= 0.5]
-    starved = loss >= MIN_CPU_LOSS + 0.1 and top.mechanism == "cpu_contention"
+    starved = on is not None and on_loss >= MIN_CPU_LOSS + 0.1
     left_over = top.mechanism == "unexplained_straggler" and top.impact >= MATERIAL
     if ranks and (starved or left_over):
         assert any(h.ranks[:1] == ranks for h in named), why
@@ -262,7 +270,8 @@ def _assert_verdict(got):
         assert top.mechanism in right, why
     if ranks:
         assert top.mechanism != "healthy", why
-        assert tuple(top.ranks[:1]) == ranks, why
+        if not starved or on == ranks[0]:
+            assert tuple(top.ranks[:1]) == ranks, why
     return d
 
 
