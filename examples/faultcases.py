@@ -159,6 +159,14 @@ CASES: dict[str, Case] = {
             ranks=(1,),
         ),
         Case(
+            name="data",
+            title="rank 1 reads a shard whose batches hold twice as many samples",
+            flags=("--fault=data", "--fault-rank=1", "--shard-scale=2"),
+            baseline=HEALTHY,
+            mechanism="data_imbalance",
+            ranks=(1,),
+        ),
+        Case(
             name="pipeline",
             title="two pipeline stages by send/recv, stage 0 has 6 layers and stage 1 has 1",
             flags=(

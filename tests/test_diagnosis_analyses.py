@@ -590,3 +590,16 @@ def test_decompose_without_rows_counts_calls_that_never_completed_as_comm() -> N
     assert d.category("exposed_comm")[0, 0] == 300.0  # all of it, as transfer
     assert d.category("compute")[0, 0] == d.category("compute")[1, 0] == 700.0
     assert d.category("host_gap")[0, 0] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("k", "m", "q"),
+    [(0, 5, 0.3), (3, 10, 0.3), (5, 5, 0.3), (22, 22, 0.5), (1, 4, 0.0), (40, 200, 0.1)],
+)
+def test_binomial_tail_is_the_exact_sum(k, m, q) -> None:
+    from math import comb
+
+    from rankscope.diagnosis.mechanisms import _binomial_tail
+
+    exact = sum(comb(m, j) * q**j * (1 - q) ** (m - j) for j in range(k, m + 1))
+    assert _binomial_tail(k, m, q) == pytest.approx(exact, rel=1e-9, abs=1e-300)

@@ -9,6 +9,8 @@ then shares a fixed transfer. Faults are put into the rank's own time in a given
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -37,6 +39,7 @@ def sync_job(
     cpu_share: np.ndarray | None = None,
     ranks_per_host: int = 4,
     linger: np.ndarray | None = None,
+    tokens: np.ndarray | None = None,
 ):
     """A synchronous job: ``compute`` in a forward phase, ``gap`` between phases, then the
     all-reduce: wait for the slowest rank, then ``TRANSFER``. ``linger``: time a rank
@@ -88,6 +91,7 @@ def sync_job(
         },
         host=host,
         phase_cpu_ns=phase_cpu,
+        work=None if tokens is None else {"tokens": tokens},
     )
 
 
@@ -324,6 +328,39 @@ def test_a_low_cpu_share_does_not_cover_a_sleep_between_the_phases():
     assert rest.score > 0.9 and rest.ranks == (5,) and rest.category == "host_gap", _top(d)
     # Most of the sleep is left to explain, not a sliver of it.
     assert rest.impact > 0.5 * 25 * MS / float(np.nanmedian(d.window.step_ns)), _top(d)
+
+
+def _tokens(n_ranks, n_steps, heavy, scale, seed=0):
+    """Tokens per rank-step, 8,192 ± 1 %, ``scale`` times that on the ``heavy`` rank of
+    each step (an int: the same rank every step; an array: one per step)."""
+    rng = np.random.default_rng(seed)
+    t = 8192.0 * (1 + 0.01 * rng.standard_normal((n_ranks, n_steps)))
+    heavy = np.broadcast_to(np.asarray(heavy), (n_steps,))
+    t[heavy, np.arange(n_steps)] *= scale
+    return t
+
+
+def test_a_shard_with_more_work_on_the_same_rank_every_step_is_named_by_rank():
+    # Rank 6 reads a shard of longer documents: 1.5x the tokens every step, and compute
+    # follows (100 ms -> 150 ms). The imbalance is data, and it has an address.
+    tokens = _tokens(16, 30, 6, 1.5)
+    d = diagnose(sync_job(extra_compute=100 * MS * (tokens / 8192.0 - 1), tokens=tokens))
+    top = d.verdict.top
+    assert top.mechanism == "data_imbalance", _top(d)
+    assert top.ranks[:1] == (6,), top.ranks
+    said = [re.search(r"rank 6 \(shard 6\) had ([0-9.]+)x its peers'", e) for e in top.evidence]
+    ratio = [float(m.group(1)) for m in said if m]
+    assert ratio and ratio[0] == pytest.approx(1.5, abs=0.05), top.evidence
+
+
+def test_a_heavy_batch_that_moves_between_ranks_names_no_rank():
+    # The same imbalance drawn afresh each step: no rank to name, a distribution to fix.
+    heavy = np.random.default_rng(3).integers(0, 16, 30)
+    tokens = _tokens(16, 30, heavy, 1.5)
+    d = diagnose(sync_job(extra_compute=100 * MS * (tokens / 8192.0 - 1), tokens=tokens))
+    di = d.verdict.get("data_imbalance")
+    assert di.score > 0.5, _top(d)
+    assert di.ranks == (), di.ranks
 
 
 def _top(d, k=3):

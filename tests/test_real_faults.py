@@ -38,6 +38,7 @@ MEASURED_S = {
     "gap": 20.0,
     "throttle": 21.0,
     "gc": 24.0,
+    "data": 22.0,
     "pipeline": 23.0,
     "warmup": 18.0,
     "healthy": 14.0,
@@ -84,6 +85,11 @@ def throttle_case(fault_hub):
 @pytest.fixture(scope="session")
 def gc_case(fault_hub):
     return _measure(fault_hub, "gc")
+
+
+@pytest.fixture(scope="session")
+def data_case(fault_hub):
+    return _measure(fault_hub, "data")
 
 
 @pytest.fixture(scope="session")
@@ -503,6 +509,29 @@ def test_pipeline_verdict_names_the_heavy_stage(pipeline_case):
 @pytest.mark.timeout(TIMEOUT_S["pipeline"])
 def test_pipeline_localised_to_the_heavy_stage(pipeline_case):
     _assert_localised(pipeline_case, kind="stage")
+
+
+# -- (f) a rank that reads a heavier data shard (slow tier, with the pipeline) ------------
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S["data"])
+def test_heavy_shard_rank_does_more_work(data_case):
+    w = data_case.window
+    r = data_case.case.ranks[0]
+    tokens = _med(_rank_step(w, w.work["tokens"]))
+    # Twice the samples, as the collector counted them ...
+    assert tokens[r] == pytest.approx(2 * tokens[1 - r], rel=0.01), tokens
+    # ... and more CPU time in forward and backward for them, whatever the load.
+    cpu = _med(sum(_cpu(w, n) for n in ("forward", "backward")))
+    assert cpu[r] > 1.3 * cpu[1 - r], cpu / MS
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S["data"])
+def test_heavy_shard_verdict_names_the_rank_and_its_shard(data_case):
+    d = _assert_verdict(data_case)
+    di = d.verdict.get("data_imbalance")
+    assert di.ranks[:1] == (1,), _top3(d)
+    assert any("rank 1 (shard 1) had 2.0" in e for e in di.evidence), di.evidence
 
 
 # -- (e) a healthy job with a slow warm-up --------------------------------------------------
