@@ -19,6 +19,7 @@ from rankscope.diagnosis.candidate import NONE, Candidate, hosts_of, ms, pct
 from rankscope.diagnosis.decomposition import COMPUTE_PHASES, Decomposition
 from rankscope.diagnosis.evidence import Evidence
 from rankscope.diagnosis.fabric import LinkFinding
+from rankscope.diagnosis.localise import MATERIAL
 from rankscope.diagnosis.regime import job_step_ns
 from rankscope.diagnosis.robust import (
     expected_max_z,
@@ -318,6 +319,8 @@ def judge_slow_host_input(ev: Evidence) -> Candidate:
     thr = expected_max_z(n) + Z_MARGIN
     # Against the quiet ranks: with one slow host of two, half the ranks are affected.
     zq, ref = quiet_z(inp)
+    if not np.isfinite(ref):
+        return _slow_input_among_few(ev, inp)
     z = np.nan_to_num(zq, nan=-np.inf)
     med = float(nanmedian(inp))
     cands = np.flatnonzero((z > thr) & (inp > ref))
@@ -347,6 +350,33 @@ def judge_slow_host_input(ev: Evidence) -> Candidate:
         evidence.append(f"host explains ε² = {host_eff[0].epsilon2:.2f} of the input wait")
     ranks = tuple(int(r) for r in cands)
     return Candidate(impact, strength, ranks, hosts, evidence=tuple(evidence))
+
+
+FEW_INPUT_RATIO = 4.0
+"""Among too few ranks for a spread (under three with input measured), a rank whose input
+wait is this many times its peers' (and material) has a slow input pipeline."""
+
+
+def _slow_input_among_few(ev: Evidence, inp: np.ndarray) -> Candidate:
+    """`judge_slow_host_input` for a job of one or two measured ranks: each against its
+    peer, by how many times its input wait the rank's is, since no spread can be read
+    from two values. Surer the further apart, never sure (at most 0.8)."""
+    peers = peer_median(inp)
+    excess = np.nan_to_num(inp - peers, nan=-np.inf)
+    top = int(np.argmax(excess))
+    impact = float(excess[top])
+    if not impact >= MATERIAL:
+        return NONE
+    floor = 0.001  # a tenth of a percent of the step: a loader that keeps up
+    times = float(inp[top] / max(float(peers[top]), floor))
+    strength = 0.8 * logistic(times, FEW_INPUT_RATIO, 1.0)
+    hosts = hosts_of(ev, (top,))
+    evidence = (
+        f"input wait on {', '.join(hosts)}: rank {top} {pct(inp[top])} of the step vs "
+        f"{pct(peers[top])} on its peer(s), {times:.0f}x",
+        "too few ranks to read a spread: judged against the peer(s) alone",
+    )
+    return Candidate(impact, strength, (top,), hosts, evidence=evidence)
 
 
 MIN_PEERS = 3

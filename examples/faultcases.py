@@ -167,6 +167,14 @@ CASES: dict[str, Case] = {
             ranks=(1,),
         ),
         Case(
+            name="input",
+            title="rank 1's data loader waits 20 ms for every batch",
+            flags=("--fault=input", "--fault-rank=1", "--input-ms=20"),
+            baseline=HEALTHY,
+            mechanism="slow_host_input",
+            ranks=(1,),
+        ),
+        Case(
             name="pipeline",
             title="two pipeline stages by send/recv, stage 0 has 6 layers and stage 1 has 1",
             flags=(

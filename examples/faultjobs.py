@@ -29,6 +29,8 @@ optimizer hooks), and the pipeline marks its phases and its ``pp_wait`` itself. 
 - ``data``: the data shard numbered R holds ``--shard-scale`` times as many samples per
   batch (as a shard of longer documents would), so whichever rank reads it does that much
   more forward and backward work and the others wait for it.
+- ``input``: rank R's data loader waits ``--input-ms`` for each batch (slow storage or
+  decoding), inside the loader's ``next()``, which the collector times as ``input``.
 - ``none``: the healthy job.
 
 Data shards: rank r reads shard ``rankscope.shard_of(r)``, which is r itself unless the run
@@ -47,17 +49,18 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.nn  # before init_process_group: see the end of main
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset, default_collate
 
 from rankscope.collector.shards import shard_of
 
-FAULTS = ("none", "gap", "throttle", "gc", "pipeline", "warmup", "data")
+FAULTS = ("none", "gap", "throttle", "gc", "pipeline", "warmup", "data", "input")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -81,6 +84,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-ms", type=float, default=100.0)
     p.add_argument(
         "--shard-scale", type=float, default=3.0, help="samples per batch of the data fault's shard"
+    )
+    p.add_argument(
+        "--input-ms", type=float, default=20.0, help="wait per batch of the input fault's loader"
     )
     p.add_argument("--rankscope", action="store_true", help="instrument with the explicit API")
     p.add_argument("--job", default="faultjobs")
@@ -189,8 +195,16 @@ def train_ddp(args: argparse.Namespace, mon, rank: int, world: int, shard: int) 
     n = rows * (args.steps + 1)
     g = torch.Generator().manual_seed(shard)
     data = TensorDataset(torch.randn(n, args.hidden, generator=g), torch.randn(n, 16, generator=g))
-    it = iter(DataLoader(data, batch_size=rows, shuffle=False))
     at_fault = rank == args.fault_rank
+    collate = default_collate
+    if args.fault == "input" and at_fault:
+
+        def collate(batch: list) -> Any:
+            # A loader waiting on slow storage or decoding, inside the DataLoader's next().
+            time.sleep(args.input_ms / 1000.0)
+            return default_collate(batch)
+
+    it = iter(DataLoader(data, batch_size=rows, shuffle=False, collate_fn=collate))
     live: list[list[int]] = []
     if args.fault == "gc" and at_fault:
         # What the setup allocated (torch's and DDP's ~300k objects) is frozen out of the

@@ -40,6 +40,7 @@ def sync_job(
     ranks_per_host: int = 4,
     linger: np.ndarray | None = None,
     tokens: np.ndarray | None = None,
+    inputs: np.ndarray | None = None,
 ):
     """A synchronous job: ``compute`` in a forward phase, ``gap`` between phases, then the
     all-reduce: wait for the slowest rank, then ``TRANSFER``. ``linger``: time a rank
@@ -55,7 +56,7 @@ def sync_job(
     gap = np.zeros(shape) if extra_gap is None else np.asarray(extra_gap, dtype=float)
     if gc is not None:
         gap = gap + gc  # a stop-the-world pause between phases
-    local = compute + gap
+    local = compute + gap if inputs is None else compute + gap + inputs
     if linger is None:
         pace = local.max(axis=0)
         wait = pace[None, :] - local
@@ -82,7 +83,9 @@ def sync_job(
         t_start,
         t_end,
         ranks=ranks,
-        phase_ns={"forward": compute},
+        phase_ns={"forward": compute}
+        if inputs is None
+        else {"forward": compute, "input": np.asarray(inputs, dtype=float)},
         coll={
             "n": np.ones(shape),
             "exposed_wait_ns": wait,
@@ -361,6 +364,21 @@ def test_a_heavy_batch_that_moves_between_ranks_names_no_rank():
     di = d.verdict.get("data_imbalance")
     assert di.score > 0.5, _top(d)
     assert di.ranks == (), di.ranks
+
+
+def test_a_slow_loader_in_a_two_rank_job_is_judged_against_its_peer():
+    # Two ranks give no spread to read a z from; rank 1's loader waiting 20 ms a batch
+    # against its peer's 0.2 ms is still its input pipeline, not an unexplained straggler.
+    inputs = np.full((2, 30), 0.2 * MS)
+    inputs[1] = 20 * MS
+    d = diagnose(sync_job(2, 30, inputs=inputs, ranks_per_host=1))
+    si = d.verdict.get("slow_host_input")
+    assert si.ranks == (1,) and si.score > 0.7, _top(d)
+    assert d.verdict.top.mechanism == "slow_host_input", _top(d)
+    # A loader merely twice as slow as its peer's, both well under the step, is not one.
+    inputs[1] = 0.4 * MS
+    d = diagnose(sync_job(2, 30, inputs=inputs, ranks_per_host=1))
+    assert d.verdict.get("slow_host_input").score < 0.1, _top(d)
 
 
 def _top(d, k=3):

@@ -39,6 +39,7 @@ MEASURED_S = {
     "throttle": 21.0,
     "gc": 24.0,
     "data": 22.0,
+    "input": 22.0,
     "pipeline": 23.0,
     "warmup": 18.0,
     "healthy": 14.0,
@@ -90,6 +91,11 @@ def gc_case(fault_hub):
 @pytest.fixture(scope="session")
 def data_case(fault_hub):
     return _measure(fault_hub, "data")
+
+
+@pytest.fixture(scope="session")
+def input_case(fault_hub):
+    return _measure(fault_hub, "input")
 
 
 @pytest.fixture(scope="session")
@@ -532,6 +538,23 @@ def test_heavy_shard_verdict_names_the_rank_and_its_shard(data_case):
     di = d.verdict.get("data_imbalance")
     assert di.ranks[:1] == (1,), _top3(d)
     assert any("rank 1 (shard 1) had 2.0" in e for e in di.evidence), di.evidence
+
+
+# -- (g) a rank whose data loader is slow (slow tier) ----------------------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S["input"])
+def test_slow_loader_rank_waits_in_input(input_case):
+    w = input_case.window
+    r = input_case.case.ranks[0]
+    inp = _med(_phase(w, "input"))
+    # The loader's 20 ms a batch, timed inside its next() (a busy machine only adds).
+    assert inp[r] > 18 * MS and inp[r] > 5 * inp[1 - r], inp / MS
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S["input"])
+def test_slow_loader_verdict_names_the_rank(input_case):
+    _assert_verdict(input_case)
 
 
 # -- (e) a healthy job with a slow warm-up --------------------------------------------------
