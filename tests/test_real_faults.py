@@ -315,7 +315,13 @@ def _assert_localised(got, kind="rank"):
     return top
 
 
-RIVAL = 0.8
+RIVAL = 0.65
+"""A rival the job waited for at least this share as long as for the faulty rank (by the
+collectives' waits, `_waited_for`) may be the localisation's top suspect. The two
+measures differ: the localisation re-times each rank's busy time, and the ratio of the
+rival's gain to the faulty rank's ran up to 1.3x the ratio of their waits in eight loaded
+GC runs (0.61 against 0.47); CI's loaded pass once saw the two ranks' gains tied (0.231
+against 0.226, the GC rank second) where the waits put the rival under 0.8."""
 
 
 # -- (a) host time outside every phase ------------------------------------------------------
