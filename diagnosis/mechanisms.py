@@ -10,7 +10,6 @@ numbers they rest on.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +23,6 @@ from rankscope.diagnosis.regime import job_step_ns
 from rankscope.diagnosis.robust import (
     expected_max_z,
     logistic,
-    majority_level,
     nanmean,
     nanmedian,
     peer_median,
@@ -32,7 +30,7 @@ from rankscope.diagnosis.robust import (
     robust_scale,
     robust_z,
 )
-from rankscope.diagnosis.straggler import relative_to_step
+from rankscope.diagnosis.straggler import heavy_ranks
 from rankscope.diagnosis.trends import PERIODIC_CV, SPIKE_Z, describe_trend
 from rankscope.diagnosis.window import Window
 
@@ -228,87 +226,6 @@ def judge_data_imbalance(ev: Evidence) -> Candidate:
         evidence=tuple(evidence),
         caveats=tuple(caveats),
     )
-
-
-MIN_WORK_LEAD = 0.1
-"""A rank whose work a majority of its steps exceed its peers' by this share is a heavy
-rank (token counts of one batch vary by less between healthy ranks of a packed job)."""
-HEAVY_STEPS = 0.8
-"""Share of its steps in which a heavy rank leads the median rank's work by
-`MIN_WORK_LEAD`: the same rank step after step, not a heavy batch it drew now and then."""
-HEAVY_CHANCE = 0.01
-"""Odds below which so many heavy steps on one rank are not a moving imbalance's chance."""
-
-
-def _binomial_tail(k: int, m: int, q: float) -> float:
-    """P(X ≥ k) for X ~ Binomial(m, q)."""
-    if k <= 0:
-        return 1.0
-    if k > m or q <= 0.0:
-        return 0.0
-    if q >= 1.0:
-        return 1.0
-    lq, lp = math.log(q), math.log1p(-q)
-    terms = [
-        math.lgamma(m + 1) - math.lgamma(j + 1) - math.lgamma(m - j + 1) + j * lq + (m - j) * lp
-        for j in range(k, m + 1)
-    ]
-    top = max(terms)
-    return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
-
-
-def heavy_ranks(window: Window) -> tuple[np.ndarray, np.ndarray]:
-    """The ranks given more work than their peers step after step.
-
-    Work is Σseq² where recorded, else tokens, each step's over its median rank's. A rank
-    is heavy when at least `HEAVY_STEPS` of its steps lead the median rank by
-    `MIN_WORK_LEAD` or more, and the level a majority of its steps reach
-    (`robust.majority_level`), read against its peers' (`robust.peer_median`: with two
-    ranks, the other one), leads by at least half as much as the heaviest rank's. A
-    batch-to-batch imbalance that moves between ranks makes a rank heavy in some steps,
-    and a long-tailed mix of documents in many, but not four in five for any one of them.
-    More than a quarter of the ranks heavy is a distribution, not a place: none named.
-
-    Returns:
-        ``(ranks, ratio)``: the heavy ranks, heaviest first, and every rank's persistent
-        work over its peers' (float64 (R,), NaN where unknown).
-    """
-    work = window.work
-    n = window.world_size
-    ratio = np.full(n, np.nan)
-    none = np.zeros(0, dtype=np.int64)
-    for name in ("attn_cost", "tokens"):
-        x = work.get(name)
-        if x is None:
-            continue
-        x = np.where(window.present & (x >= 0), x, np.nan)
-        if np.count_nonzero(np.isfinite(x).any(axis=1)) < 2:
-            continue
-        rel = relative_to_step(x)
-        seen = np.isfinite(rel)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            often = np.sum(seen & (rel >= 1.0 + MIN_WORK_LEAD), axis=1) / seen.sum(axis=1)
-        level = majority_level(rel, axis=1)
-        peers = peer_median(level)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            ratio = np.where(peers > 0, level / peers, np.nan)
-        lead = np.nan_to_num(ratio - 1.0, nan=-np.inf)
-        cands = np.flatnonzero((np.nan_to_num(often) >= HEAVY_STEPS) & (lead >= MIN_WORK_LEAD))
-        # Not by chance: with q the share of all rank-steps that lead by as much, a rank
-        # heavy in k of its m steps is named only when so many would come up among n ranks
-        # of a moving imbalance with odds below `HEAVY_CHANCE` (five heavy steps of five
-        # at q = 0.3 among 32 ranks: 0.08, not named).
-        heavy_at = seen & (rel >= 1.0 + MIN_WORK_LEAD)
-        q = float(heavy_at.sum() / max(int(seen.sum()), 1))
-        k, m = heavy_at.sum(axis=1), seen.sum(axis=1)
-        cands = cands[[n * _binomial_tail(int(k[r]), int(m[r]), q) < HEAVY_CHANCE for r in cands]]
-        if cands.size == 0:
-            return none, ratio
-        heavy = cands[lead[cands] >= 0.5 * lead[cands].max()]
-        if heavy.size > max(1, n // 4):
-            return none, ratio
-        return heavy[np.argsort(-lead[heavy], kind="stable")], ratio
-    return none, ratio
 
 
 def judge_slow_host_input(ev: Evidence) -> Candidate:

@@ -7,6 +7,7 @@ The helpers here are NaN-aware: a rank that did not report a step is NaN and is 
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 
@@ -488,3 +489,20 @@ def dense_codes(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     lookup = np.full(top + 1, -1, dtype=np.int64)
     lookup[keys] = np.arange(keys.size)
     return keys, lookup[key]
+
+
+def binomial_tail(k: int, m: int, q: float) -> float:
+    """P(X ≥ k) for X ~ Binomial(m, q)."""
+    if k <= 0:
+        return 1.0
+    if k > m or q <= 0.0:
+        return 0.0
+    if q >= 1.0:
+        return 1.0
+    lq, lp = math.log(q), math.log1p(-q)
+    terms = [
+        math.lgamma(m + 1) - math.lgamma(j + 1) - math.lgamma(m - j + 1) + j * lq + (m - j) * lp
+        for j in range(k, m + 1)
+    ]
+    top = max(terms)
+    return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))

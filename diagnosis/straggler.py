@@ -15,10 +15,12 @@ import numpy as np
 
 from rankscope.diagnosis.decomposition import Decomposition
 from rankscope.diagnosis.robust import (
+    binomial_tail,
     majority_level,
     nanmean,
     nanmedian,
     pearson,
+    peer_median,
     robust_z,
     spearman,
 )
@@ -297,3 +299,64 @@ def work_correlation(
         work_excess=work_excess,
         compute_excess=compute_excess,
     )
+
+
+MIN_WORK_LEAD = 0.1
+"""A rank whose work a majority of its steps exceed its peers' by this share is a heavy
+rank (token counts of one batch vary by less between healthy ranks of a packed job)."""
+HEAVY_STEPS = 0.8
+"""Share of its steps in which a heavy rank leads the median rank's work by
+`MIN_WORK_LEAD`: the same rank step after step, not a heavy batch it drew now and then."""
+HEAVY_CHANCE = 0.01
+"""Odds below which so many heavy steps on one rank are not a moving imbalance's chance."""
+
+
+def heavy_ranks(window: Window) -> tuple[np.ndarray, np.ndarray]:
+    """The ranks given more work than their peers step after step.
+
+    Work is Σseq² where recorded, else tokens, each step's over its median rank's. A rank
+    is heavy when at least `HEAVY_STEPS` of its steps lead the median rank by
+    `MIN_WORK_LEAD` or more, and the level a majority of its steps reach
+    (`robust.majority_level`), read against its peers' (`robust.peer_median`: with two
+    ranks, the other one), leads by at least half as much as the heaviest rank's. A
+    batch-to-batch imbalance that moves between ranks makes a rank heavy in some steps,
+    and a long-tailed mix of documents in many, but not four in five for any one of them.
+    More than a quarter of the ranks heavy is a distribution, not a place: none named.
+
+    Returns:
+        ``(ranks, ratio)``: the heavy ranks, heaviest first, and every rank's persistent
+        work over its peers' (float64 (R,), NaN where unknown).
+    """
+    n = window.world_size
+    none = np.zeros(0, dtype=np.int64)
+    for name in ("attn_cost", "tokens"):
+        x = window.work.get(name)
+        if x is None:
+            continue
+        x = np.where(window.present & (x >= 0), x, np.nan)
+        if np.count_nonzero(np.isfinite(x).any(axis=1)) < 2:
+            continue
+        rel = relative_to_step(x)
+        seen = np.isfinite(rel)
+        k, m = np.sum(seen & (rel >= 1.0 + MIN_WORK_LEAD), axis=1), seen.sum(axis=1)
+        level = majority_level(rel, axis=1)
+        peers = peer_median(level)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratio = np.where(peers > 0, level / peers, np.nan)
+        lead = np.nan_to_num(ratio - 1.0, nan=-np.inf)
+        cands = np.flatnonzero((k >= HEAVY_STEPS * np.maximum(m, 1)) & (lead >= MIN_WORK_LEAD))
+        # Not by chance: with q the share of all rank-steps that lead by as much, a rank
+        # heavy in k of its m steps is named only when so many would come up among n ranks
+        # of a moving imbalance with odds below `HEAVY_CHANCE` (five heavy steps of five
+        # at q = 0.3 among 32 ranks: 0.08, not named). One tail per distinct (k, m).
+        q = float(k.sum() / max(int(m.sum()), 1))
+        pairs, inv = np.unique(np.c_[k[cands], m[cands]], axis=0, return_inverse=True)
+        odds = np.array([n * binomial_tail(int(a), int(b), q) for a, b in pairs])
+        cands = cands[odds[inv.ravel()] < HEAVY_CHANCE] if cands.size else cands
+        if cands.size == 0:
+            return none, ratio
+        heavy = cands[lead[cands] >= 0.5 * lead[cands].max()]
+        if heavy.size > max(1, n // 4):
+            return none, ratio
+        return heavy[np.argsort(-lead[heavy], kind="stable")], ratio
+    return none, np.full(n, np.nan)

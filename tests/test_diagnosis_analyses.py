@@ -599,7 +599,7 @@ def test_decompose_without_rows_counts_calls_that_never_completed_as_comm() -> N
 def test_binomial_tail_is_the_exact_sum(k, m, q) -> None:
     from math import comb
 
-    from rankscope.diagnosis.mechanisms import _binomial_tail
+    from rankscope.diagnosis.robust import binomial_tail
 
     exact = sum(comb(m, j) * q**j * (1 - q) ** (m - j) for j in range(k, m + 1))
-    assert _binomial_tail(k, m, q) == pytest.approx(exact, rel=1e-9, abs=1e-300)
+    assert binomial_tail(k, m, q) == pytest.approx(exact, rel=1e-9, abs=1e-300)

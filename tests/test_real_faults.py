@@ -73,44 +73,24 @@ def _measure(hub, name):
     return faultcases.measure(name, hub, timeout=TIMEOUT_S[name] / 2.5)
 
 
-@pytest.fixture(scope="session")
-def gap_case(fault_hub):
-    return _measure(fault_hub, "gap")
+def _case_fixture(name):
+    """A session fixture that runs case ``name`` once (with its baseline) into the hub."""
+
+    @pytest.fixture(scope="session")
+    def run(fault_hub):
+        return _measure(fault_hub, name)
+
+    return run
 
 
-@pytest.fixture(scope="session")
-def throttle_case(fault_hub):
-    return _measure(fault_hub, "throttle")
-
-
-@pytest.fixture(scope="session")
-def gc_case(fault_hub):
-    return _measure(fault_hub, "gc")
-
-
-@pytest.fixture(scope="session")
-def data_case(fault_hub):
-    return _measure(fault_hub, "data")
-
-
-@pytest.fixture(scope="session")
-def input_case(fault_hub):
-    return _measure(fault_hub, "input")
-
-
-@pytest.fixture(scope="session")
-def pipeline_case(fault_hub):
-    return _measure(fault_hub, "pipeline")
-
-
-@pytest.fixture(scope="session")
-def warmup_case(fault_hub):
-    return _measure(fault_hub, "warmup")
-
-
-@pytest.fixture(scope="session")
-def healthy_case(fault_hub):
-    return _measure(fault_hub, "healthy")
+gap_case = _case_fixture("gap")
+throttle_case = _case_fixture("throttle")
+gc_case = _case_fixture("gc")
+data_case = _case_fixture("data")
+input_case = _case_fixture("input")
+pipeline_case = _case_fixture("pipeline")
+warmup_case = _case_fixture("warmup")
+healthy_case = _case_fixture("healthy")
 
 
 # -- what the windows hold ---------------------------------------------------------------
