@@ -42,6 +42,16 @@ slowest by chance in every step and chance is largest; with many it is the same 
 The gain reported (`Suspect.gain`) is the what-if over the peers alone. A healthy run's
 best rank gains about as much as the others; a straggler gains far more.
 
+**Beyond noise.** Over few steps of few ranks, one of them leads by chance: with two
+ranks each 10 % noisy a step, the trimmed mean of one is several per cent of the step
+above the other's in one run of ten. So the net gain is also taken down by `NOISE_Z`
+standard errors of the steps' noise (`Suspect.noise`): the robust spread of the per-step
+differences between the entity's gain and its typical peer's (with two ranks, the other
+one), over the square root of the steps. The spread is a median deviation, so a pause
+that recurs in a quarter of the steps is signal, not noise; the trim keeps two isolated
+spikes from counting. The net gain is thus a one-sided 95 % lower bound: material means
+the steps establish a material gain. With many ranks or many steps the allowance is small.
+
 **Moving stragglers.** When the slow rank changes from step to step (data imbalance,
 garbage-collection pauses on varying ranks), no fixed entity gains much; the *moving* gain
 replaces each step's setter by the median rank, counting only the steps whose setter is an
@@ -69,6 +79,9 @@ TRIM = 0.1
 MATERIAL = 0.02
 """A what-if gain of about this share of the step, beyond what chance and the baseline
 give, is material: a straggler worth naming (healthy runs stay well below it)."""
+NOISE_Z = 1.645
+"""Standard errors of its per-step variation taken off an entity's gain beyond its peers:
+the net gain is what the steps establish, not what a few of them happened to show."""
 OUTLIER_MARGIN = 3.0
 """A step's setter is an outlier when its robust z among the step's ranks exceeds the
 largest z that many healthy ranks reach by chance by this margin."""
@@ -96,9 +109,9 @@ class Suspect:
     gain: float
     """``gain_ns`` over the job's median step."""
     net_gain: float
-    """Beyond chance (its peers' median gain) and beyond the baseline's same entity, with
-    each step's setter re-timed to the median of all ranks, itself included (see the
-    module's "Beyond chance")."""
+    """Beyond chance (its peers' median gain), the steps' noise (``noise``) and the
+    baseline's same entity, with each step's setter re-timed to the median of all ranks,
+    itself included (the module's "Beyond chance" and "Beyond noise")."""
     sets: float
     """Share of steps whose pace it set."""
     excess_ns: dict[str, float] = field(default_factory=dict)
@@ -107,6 +120,9 @@ class Suspect:
     in_baseline: bool = False
     """The baseline run's same entity was a material straggler too: the loss is no
     regression against it, and still a loss (``net_gain`` is then beyond chance only)."""
+    noise: float = 0.0
+    """What the steps' noise could give the net gain (`NOISE_Z` standard errors, share of
+    the step), already taken off ``net_gain``: ``net_gain + noise`` is the estimate."""
 
     @property
     def label(self) -> str:
@@ -450,15 +466,28 @@ def _step_gains(
 
 def _entity_gains(
     kind: _Kind, busy: np.ndarray, seen: int, med: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per step the entity of ``kind`` that sets it; per entity its trimmed mean gain (0
-    for one that sets no step) and the steps it sets. The setter is re-timed to the
-    median of the ranks outside it, or, given ``med``, to that per-step median."""
+    for one that sets no step) and the steps it sets; per step the setter's gain. The
+    setter is re-timed to the median of the ranks outside it, or, given ``med``, to that
+    per-step median."""
     n_codes = len(kind.keys)
     ent_max = _entity_max(busy, kind.codes, n_codes)
     owner, gain, _ = _step_gains(ent_max, busy, kind.codes, med)
     sets = np.bincount(owner[owner >= 0], minlength=n_codes)[:n_codes]
-    return owner, _trimmed_means(owner, gain, n_codes, seen), sets
+    return owner, _trimmed_means(owner, gain, n_codes, seen), sets, gain
+
+
+def _noise(diff: np.ndarray, n_steps: int) -> float:
+    """Standard error that the steps' noise gives an entity's trimmed mean gain beyond its
+    typical peer's, from the per-step differences of their gains (``diff``): its robust
+    spread (1.4826 × MAD, so that the pauses a straggler recurs with count as signal, not
+    as noise) over the square root of the steps, scaled for the steps the trim leaves
+    out. NaN below three steps."""
+    if n_steps < 3 or diff.size < 3:
+        return float("nan")
+    spread = 1.4826 * float(np.median(np.abs(diff - np.median(diff))))
+    return spread / ((1.0 - _dropped(n_steps) / n_steps) * np.sqrt(n_steps))
 
 
 def _suspects(
@@ -474,17 +503,25 @@ def _suspects(
     top: int,
 ) -> list[Suspect]:
     n_codes = len(kind.keys)
-    owner, gains, sets = _entity_gains(kind, busy, seen)
+    owner, gains, sets, _ = _entity_gains(kind, busy, seen)
     # Judged on the re-timing to the median of all ranks (the module's "Beyond chance").
-    judged = _entity_gains(kind, busy, seen, med)[1]
+    j_owner, judged, _, j_gain = _entity_gains(kind, busy, seen, med)
     has = np.flatnonzero(sets)
     present = np.bincount(kind.codes[kind.codes >= 0], minlength=n_codes)[:n_codes] > 0
     before_med = np.median(sample(before), axis=0)
     order = has[np.argsort(-gains[has], kind="stable")][:top]
     out = []
     for e in order:
-        others = judged[present & (np.arange(n_codes) != e)]
-        chance = float(np.median(others)) if others.size else 0.0
+        peers = np.flatnonzero(present & (np.arange(n_codes) != e))
+        chance = float(np.median(judged[peers])) if peers.size else 0.0
+        # Beyond the noise too: the steps' differences between the entity and its typical
+        # peer (with two ranks, the other one) must establish the gain, not a few of them.
+        noise = 0.0
+        if peers.size:
+            typical = peers[np.argmin(np.abs(judged[peers] - chance))]
+            diff = np.where(j_owner == e, j_gain, 0.0) - np.where(j_owner == typical, j_gain, 0.0)
+            noise = _noise(diff, seen)
+            noise = noise if np.isfinite(noise) else 0.0
         steps = np.flatnonzero(owner == e)
         r = setter[steps]
         ok = r >= 0
@@ -502,9 +539,10 @@ def _suspects(
                 ranks=tuple(int(x) for x in np.flatnonzero(kind.codes == e)),
                 gain_ns=float(gains[e]),
                 gain=float(gains[e] / step_ns),
-                net_gain=float((judged[e] - chance) / step_ns),
+                net_gain=float((judged[e] - chance - NOISE_Z * noise) / step_ns),
                 sets=float(sets[e] / seen),
                 excess_ns=excess,
+                noise=float(NOISE_Z * noise / step_ns),
             )
         )
     return out
@@ -608,7 +646,16 @@ def against_baseline(loc: Localisation, base: Localisation | None) -> Localisati
         net = s.net_gain if b is None or both else min(s.net_gain, s.gain - b.gain)
         out.append(
             Suspect(
-                s.kind, s.key, s.ranks, s.gain_ns, s.gain, float(net), s.sets, s.excess_ns, both
+                s.kind,
+                s.key,
+                s.ranks,
+                s.gain_ns,
+                s.gain,
+                float(net),
+                s.sets,
+                s.excess_ns,
+                both,
+                s.noise,
             )
         )
     out.sort(key=lambda s: -s.net_gain)

@@ -19,9 +19,10 @@ Schema ``rankscope.diagnosis/1`` — top-level keys:
     ``stability`` (share of steps set by the most frequent setter), ``stays``,
     ``setters`` [{``rank``, ``steps``}], ``moving_gain``, ``outlier_share``, ``imbalance``,
     ``suspects`` [{``kind`` (rank, host, stage, rail, link), ``key``, ``label``, ``ranks``,
-    ``gain_ns``, ``gain`` (what-if share of the step), ``net_gain`` (beyond chance and the
-    baseline), ``sets``, ``category``, ``excess_ns`` {category: ns}, ``what_if``}] best
-    first, ``top`` (the suspect, smallest entity that accounts for the loss) and
+    ``gain_ns``, ``gain`` (what-if share of the step), ``net_gain`` (beyond chance, the
+    steps' noise and the baseline), ``noise`` (the share the steps' noise could give,
+    already taken off ``net_gain``), ``sets``, ``category``, ``excess_ns`` {category:
+    ns}, ``what_if``}] best first, ``top`` (the suspect, smallest entity that accounts for the loss) and
     ``finding`` {``material``, ``moving``, ``gain``, ``suspect``}.
 ``verdict``
     ``top`` (mechanism) and ``hypotheses``: each ``mechanism`` (the vocabulary of

@@ -167,8 +167,8 @@ def _localisation(diag: Diagnosis) -> list[str]:
     for s in loc.suspects[:5]:
         cat = f"  -> {s.category}" if s.category else ""
         out.append(
-            f"  {s.label:18s} gain {_pct(s.gain):>6s} (net {_pct(max(s.net_gain, 0.0)):>6s})"
-            f"  sets {_pct(s.sets):>6s}{cat}"
+            f"  {s.label:18s} gain {_pct(s.gain):>6s} (net {_pct(max(s.net_gain, 0.0)):>6s},"
+            f" noise {_pct(s.noise):>6s})  sets {_pct(s.sets):>6s}{cat}"
         )
     return [*out, ""]
 

@@ -422,8 +422,8 @@ def _healthy(
     if top is not None:
         evidence.append(
             f"the best what-if, {top.label}, would save {pct(top.gain)} of the step "
-            f"({pct(max(top.net_gain, 0.0))} beyond chance and the baseline; material from "
-            f"{pct(MATERIAL)})"
+            f"({pct(max(top.net_gain, 0.0))} beyond chance, the steps' noise and the baseline; "
+            f"material from {pct(MATERIAL)})"
         )
     if cmp.baseline is not None:
         evidence.append(f"p50 {cmp.p50_ratio:.2f}x and p99 {cmp.p99_ratio:.2f}x the baseline's")

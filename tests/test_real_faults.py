@@ -16,6 +16,7 @@ healthy baseline run (the hub's store holds it by run id).
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import sys
 from pathlib import Path
@@ -126,23 +127,28 @@ def _cpu_share(w, name):
 
 
 def _straggler_in_data(w):
-    """The rank the others waited for, from the collectives alone: ``(rank, wait)`` for the
-    rank with the largest ``wait``, the others' arrival wait (median over them, mean over
-    steps) less the rank's own, as a share of the step. Net of its own wait: two ranks
-    whose lead changes hands wait for each other about as much, and neither is a
-    straggler (seen at load 3: rank 0 last in 11 of 20 steps, the other's median wait 6 %
-    of the step, but rank 0 waited 16 % of its own steps' time for it in the other 9). By
-    that cost, not by how often it came last: at load 6 rank 0 came last more often, yet
-    rank 0 waited 3 % of the step longer for rank 1 than rank 1 for it."""
+    """The rank the others waited for, from the collectives alone: ``(rank, wait, noise)``
+    for the rank with the largest ``wait``, the others' arrival wait (median over them,
+    mean over steps) less the rank's own, as a share of the step; ``noise`` is 1.645
+    standard errors of that mean over the steps (a one-sided 95 % allowance). Net of its
+    own wait: two ranks whose lead changes hands wait for each other about as much, and
+    neither is a straggler (seen at load 3: rank 0 last in 11 of 20 steps, the other's
+    median wait 6 % of the step, but rank 0 waited 16 % of its own steps' time for it in
+    the other 9). By that cost, not by how often it came last: at load 6 rank 0 came last
+    more often, yet rank 0 waited 3 % of the step longer for rank 1 than rank 1 for it."""
     if not _complete(w).any():
-        return -1, 0.0
+        return -1, 0.0, 0.0
     share = _rank_step(w, w.coll["exposed_wait_ns"]) / _rank_step(w, w.step_ns)
     net = np.full(w.world_size, -np.inf)
+    noise = np.zeros(w.world_size)
     for r in range(w.world_size):
-        waited_for = np.nanmean(np.nanmedian(share[_others(w, r)], axis=0))
-        net[r] = waited_for - np.nanmean(share[r])
+        diff = np.nanmedian(share[_others(w, r)], axis=0) - share[r]
+        diff = diff[np.isfinite(diff)]
+        net[r] = np.mean(diff) if diff.size else -np.inf
+        if diff.size >= 3:
+            noise[r] = 1.645 * np.std(diff, ddof=1) / np.sqrt(diff.size)
     rank = int(np.nanargmax(net))
-    return rank, float(net[rank])
+    return rank, float(net[rank]), float(noise[rank])
 
 
 def _assert_healthy_unless_a_rank_straggled(got):
@@ -151,32 +157,45 @@ def _assert_healthy_unless_a_rank_straggled(got):
     second, the other's at 0.95), and that rank then truly sets the step. What the
     collectives show decides what is owed and what is allowed:
 
-    - the others waited under 1 % of the step for anyone: the answer is healthy;
-    - they waited over 6 % of it for one rank, beyond what the baseline run shows of the
-      same rank: a straggler (``cpu_contention`` or ``unexplained_straggler``) on it;
+    - the others waited under 1 % of the step for anyone: the answer is healthy, or
+      ``cpu_contention`` on ranks the window shows starved (a core taken from a rank
+      is real whether or not the job paid for it; seen with the machine busy, each run
+      diagnosed alone);
+    - they waited over 6 % of it for one rank beyond the steps' noise (the mean wait less
+      its one-sided 95 % allowance) and beyond what the baseline run shows of the same
+      rank: a straggler (``cpu_contention`` or ``unexplained_straggler``) on it;
     - otherwise healthy, or a straggler on the rank the others waited for. That includes
       a rank the machine slowed in both runs: no regression against the baseline, and
       still a loss the job pays, which the diagnosis may name (never a catalogued fault
-      that is not there, nor checkpoint for a warm-up).
+      that is not there, nor checkpoint for a warm-up). A mean wait over 6 % that the
+      steps' noise could give (twenty steps, each a fifth of the step noisy on a busy
+      machine) is no straggler the diagnosis owes.
     """
     d = _diagnose(got)
     top = d.verdict.top
     # Over the steps the diagnosis read (warm-up set aside).
-    rank, wait = _straggler_in_data(d.window)
+    rank, wait, noise = _straggler_in_data(d.window)
     net = wait
     if got.baseline is not None and wait > 0:
-        base_rank, base_wait = _straggler_in_data(got.baseline)
+        base_rank, base_wait, _ = _straggler_in_data(got.baseline)
         if base_rank == rank:
             net = max(0.0, wait - base_wait)
+    why = (rank, wait, noise, net, _top3(d))
     if wait < 0.01:
-        assert top.mechanism == "healthy", (rank, wait, net, _top3(d))
-    elif net > 0.06:
-        assert top.mechanism in STRAGGLERS, (rank, wait, net, _top3(d))
-        assert rank in top.ranks, (rank, wait, net, _top3(d))
+        if top.mechanism == "cpu_contention":
+            from rankscope.diagnosis.hostside import MIN_CPU_LOSS
+
+            loss = [round(_cpu_loss(d.window, r), 2) for r in top.ranks]
+            assert min(loss) >= MIN_CPU_LOSS + 0.1, (*why, loss)
+        else:
+            assert top.mechanism == "healthy", why
+    elif min(net, wait - noise) > 0.06:
+        assert top.mechanism in STRAGGLERS, why
+        assert rank in top.ranks, why
     else:
-        assert top.mechanism in ("healthy", *STRAGGLERS), (rank, wait, net, _top3(d))
+        assert top.mechanism in ("healthy", *STRAGGLERS), why
         if top.mechanism != "healthy" and wait > 0.06:
-            assert rank in top.ranks, (rank, wait, net, _top3(d))
+            assert rank in top.ranks, why
     return d
 
 
@@ -267,8 +286,13 @@ def _assert_verdict(got):
     return d
 
 
-def _assert_localised(got, kind="rank"):
+def _assert_localised(got, kind="rank", established=True):
     """The localisation's suspect is the faulty rank (or stage), with a material gain.
+
+    ``established=False`` for a fault that recurs in a few steps only (five GC pauses in
+    twenty steps): on a busy machine the steps' noise may leave such a gain short of what
+    the localisation alone establishes (its net gain less `Suspect.noise`), while the
+    mechanism's own evidence names it; the estimate beyond chance must still be material.
 
     Unless the machine slowed another rank for the whole run as much: when the
     collectives show the job waiting for a second rank at least `RIVAL` times as long as
@@ -297,10 +321,11 @@ def _assert_localised(got, kind="rank"):
     # machine slowed): then its own gain must be material.
     others = [s for s in loc.suspects if s.kind == top.kind and s.key != top.key]
     rival = max((s.gain for s in others), default=0.0)
+    net = top.net_gain if established else top.net_gain + top.noise
     if rival >= RIVAL * top.gain:
         assert top.gain >= localise.MATERIAL, top
     else:
-        assert top.net_gain >= localise.MATERIAL, top
+        assert net >= localise.MATERIAL, top
     return top
 
 
@@ -462,7 +487,7 @@ def _cpu_loss(w, rank):
 
 @pytest.mark.timeout(TIMEOUT_S["gc"])
 def test_gc_localised_to_the_rank(gc_case):
-    _assert_localised(gc_case)
+    _assert_localised(gc_case, established=False)
 
 
 # -- (d) an unbalanced two-stage pipeline --------------------------------------------------
@@ -596,6 +621,12 @@ def test_healthy_runs_have_no_rank_apart(healthy_case):
 @pytest.mark.timeout(TIMEOUT_S["healthy"])
 def test_healthy_verdict_is_healthy(healthy_case):
     _assert_healthy_unless_a_rank_straggled(healthy_case)
+    # Each run alone too: with two ranks and twenty steps, one of them leads by chance, and
+    # without a baseline only the steps' noise tells that lead from a straggler.
+    for w in (healthy_case.window, healthy_case.baseline):
+        _assert_healthy_unless_a_rank_straggled(
+            dataclasses.replace(healthy_case, window=w, baseline=None)
+        )
 
 
 # -- the interface rankscope eval --real uses ---------------------------------------------
