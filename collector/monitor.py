@@ -29,6 +29,7 @@ from rankscope.collector.gc_pauses import CLOCK as GC_CLOCK
 from rankscope.collector.identity import Identity
 from rankscope.collector.pump import FLAG_PENDING, Pump
 from rankscope.collector.ring import Ring
+from rankscope.collector.runqueue import wait_ns as _runq
 from rankscope.collector.sampling import Sampler
 from rankscope.collector.security import ClientCurve
 from rankscope.collector.spans import CollectiveSpan, PhaseSpan, StepSpan
@@ -68,6 +69,9 @@ _NO_MEM = (-1, -1, -1, -1)
 
 
 _INT64_END = 1 << 63
+_QUEUE_FRESH_NS = 1_000_000
+"""A step that begins within this of the previous step's end, on its thread, starts from
+the run-queue delay read there: one read a step."""
 
 
 def _is_step(step: object) -> bool:
@@ -167,6 +171,11 @@ class Monitor:
         self._t_step = 0
         self._c_step = 0
         """Training-thread CPU clock at the open step's start."""
+        self._q_step = -1
+        """Its run-queue delay then (`runqueue.wait_ns`; -1 unknown)."""
+        self._q_last = (-1, 0, 0)
+        """The last step end's (run-queue delay, local time, thread): a step that begins
+        on the same thread within `_QUEUE_FRESH_NS` of it starts from it."""
         self._step_thread = 0
         """Thread that opened the step (its CPU clock means nothing on another)."""
         self._gc_ns0 = 0
@@ -314,7 +323,10 @@ class Monitor:
         self._next_step = step + 1
         self._t_step = t
         self._c_step = c
-        self._step_thread = _thread()
+        thread = _thread()
+        q, t_q, q_thread = self._q_last
+        self._q_step = q if q_thread == thread and t - t_q <= _QUEUE_FRESH_NS else _runq()
+        self._step_thread = thread
         gcc = GC_CLOCK
         self._gc_ns0 = gcc.ns
         self._gc_n0 = gcc.count
@@ -349,7 +361,13 @@ class Monitor:
     def _end(self, t: int, c: int = -1) -> None:
         """Close the open step at local time ``t``; ``c``: the thread CPU clock then (-1:
         read it)."""
-        cpu = (c if c >= 0 else _cpu()) - self._c_step if _thread() == self._step_thread else -1
+        cpu, runq = -1, -1
+        if _thread() == self._step_thread:
+            cpu = (c if c >= 0 else _cpu()) - self._c_step
+            q = _runq()
+            if q >= 0 and self._q_step >= 0:
+                runq = q - self._q_step
+            self._q_last = (q, t, self._step_thread)
         mem = self._mem
         probe = self.memory_probe
         if probe is not None:
@@ -369,7 +387,7 @@ class Monitor:
         if h - ring.tail > ring.mask:
             ring.dropped += 1
         else:
-            ring.slots[h & ring.mask] = (step, self._t_step, t, *w, *mem, gc_ns, gc_n, cpu)
+            ring.slots[h & ring.mask] = (step, self._t_step, t, *w, *mem, gc_ns, gc_n, cpu, runq)
             ring.head = h + 1
         if step > self._last_ended:
             self._last_ended = step

@@ -206,12 +206,14 @@ STEP_COLUMNS: dict[str, np.dtype] = {
     "gc_ns": np.dtype("<i8"),
     "gc_count": np.dtype("<i4"),
     "cpu_ns": np.dtype("<i8"),
+    "runq_ns": np.dtype("<i8"),
 }
 """One row per rank and step. Work, memory and host columns are -1 (NaN for floats) when
 unknown. ``expert_tokens``: tokens routed to this rank's local experts (MoE, reported by
 the program). Host columns, measured by the collector: ``gc_ns`` Σ wall ns of Python GC
 pauses inside the step and ``gc_count`` their number; ``cpu_ns`` CPU time of the training
-thread over the step (``time.thread_time_ns``)."""
+thread over the step (``time.thread_time_ns``); ``runq_ns`` the time it spent runnable but
+waiting for a core (the kernel's run-queue delay, `collector.runqueue`)."""
 
 PHASE_COLUMNS: dict[str, np.dtype] = {
     "step": np.dtype("<i8"),
@@ -325,7 +327,7 @@ REDUCED_REQUIRED = frozenset({"cells", "instances"})
 ``stats`` maps as ``[[rank, inc, map], ...]``."""
 
 OPTIONAL_COLUMNS: dict[str, frozenset[str]] = {
-    "steps": frozenset({"expert_tokens", "gc_ns", "gc_count", "cpu_ns"}),
+    "steps": frozenset({"expert_tokens", "gc_ns", "gc_count", "cpu_ns", "runq_ns"}),
     "phases": frozenset({"cpu_ns"}),
 }
 """Columns added after the first collectors shipped, without a version bump: a table that

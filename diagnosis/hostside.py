@@ -10,8 +10,11 @@
   takes the cores, a CPU quota throttles it, the launch thread of a GPU job is starved), so
   its phases take longer in wall time while its CPU time does not grow. The collector
   records the thread's CPU time per phase (``phase_cpu_ns``); a rank whose phases get a
-  markedly smaller share of CPU than its peers' lost the difference to the host. Host CPU
-  saturation and, on GPUs, low utilisation at normal clocks support it.
+  markedly smaller share of CPU than its peers' lost the difference to the host. A thread
+  that blocks (a lock, a wait on its device, a sleep) runs less too; where the collector
+  also read the kernel's run-queue delay (``runq_ns``), only the time the thread waited
+  for a core beyond its peers counts. Host CPU saturation and, on GPUs, low utilisation at
+  normal clocks support it.
 
 Both also say what contradicts the alternatives: a rank that is slow because its thread
 did not run is not a slow device (`contention_of`).
@@ -126,6 +129,10 @@ class Contention:
     that is higher."""
     saturated: np.ndarray
     """bool (R,) the rank's host reported CPU busy above `SATURATED_PCT`."""
+    queued: np.ndarray | None = None
+    """float64 (R,) where the collector measured the run-queue delay (``runq_ns``): the
+    median over steps of the time the rank's thread waited for a core beyond its peers'
+    (ns); None where it was not measured."""
 
 
 def contention_of(ev: Evidence) -> Contention | None:
@@ -191,10 +198,36 @@ def contention_of(ev: Evidence) -> Contention | None:
     busy_pct = nanmedian(ev.window.device.get("cpu_pct", np.full(lost.shape, np.nan)), axis=1)
     saturated = np.isfinite(busy_pct) & (busy_pct >= SATURATED_PCT)
     # Host gaps are left out: a thread asleep between its phases (a synchronous wait, a
-    # sleep) uses no CPU either, and the samples cannot tell it from one kept off a core.
+    # sleep) uses no CPU either, and the CPU clock cannot tell it from one kept off a core.
+    # Where the collector read the run-queue delay, it can: only the time the thread waited
+    # for a core beyond its peers counts, and the loss shrinks by the share of the lost
+    # time that was not such a wait (a thread asleep inside its forward pass, blocked on
+    # a device or a lock, waits on no run queue).
+    queued = None
+    runq = ev.window.host.get("runq_ns")
+    if runq is not None:
+        q = np.where(present & np.isfinite(runq), np.maximum(runq, 0.0), np.nan)
+        measured: np.ndarray = np.asarray(np.isfinite(q).any(axis=1))
+        if np.count_nonzero(measured) >= 2:
+            peers = nanmedian(q, axis=0)  # (S,) the job's typical wait for a core
+            excess = np.maximum(q - peers[None, :], 0.0)
+            capped = np.where(np.isfinite(excess), np.minimum(lost, excess), lost)
+            before = lost.sum(axis=1)
+            after = capped.sum(axis=1)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                kept = np.where(before > 0, after / before, 1.0)
+            loss = np.where(measured, loss * kept, loss)
+            lost = np.where(measured[:, None], capped, lost)
+            queued = np.where(measured, nanmedian(excess, axis=1), np.nan)
     named = tuple(phases[int(b)] if f else "" for b, f in zip(best, found))
     return Contention(
-        share=share, ref=ref, loss=loss, phase=named, lost_ns=lost, saturated=saturated
+        share=share,
+        ref=ref,
+        loss=loss,
+        phase=named,
+        lost_ns=lost,
+        saturated=saturated,
+        queued=queued,
     )
 
 
@@ -218,6 +251,11 @@ def judge_cpu_contention(ev: Evidence) -> Candidate:
         f"vs {pct(float(c.ref[top]))} for its peers (median): the thread waited for a core",
         f"re-timed with that lost time given back, the step is {pct(impact)} shorter",
     ]
+    if c.queued is not None and np.isfinite(c.queued[top]):
+        evidence.append(
+            f"its thread waited on the run queue for a core {ms(float(c.queued[top]))} a step "
+            "longer than its peers' (the kernel's run-queue delay)"
+        )
     if c.saturated[starved].any():
         evidence.append(
             f"host CPU busy above {SATURATED_PCT:.0f} % on {', '.join(hosts_of(ev, starved[c.saturated[starved]])[:3])}"

@@ -93,6 +93,13 @@ SMALLER_SUFFICES = 1.5
 as much (several of its ranks are slow together); otherwise the rank is the suspect."""
 
 _EXCESS_CATEGORIES = tuple(c for c in CATEGORIES if c not in ("arrival_wait", "pipeline_idle"))
+LOCAL_CATEGORIES = tuple(c for c in _EXCESS_CATEGORIES if c != "exposed_comm")
+"""The categories a rank's local time (`local_ns`), and so a rank's, host's or stage's
+gain, is made of: its exposed communication is shared with its peers and is localised by
+the links."""
+LOCAL_KINDS = ("rank", "host", "stage")
+"""Suspects whose gain is re-timed local time (the others, rails and links, are known by
+their extra transfer)."""
 
 
 @dataclass(frozen=True)

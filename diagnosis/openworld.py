@@ -18,7 +18,13 @@ import numpy as np
 
 from rankscope.diagnosis.candidate import Candidate, ms, pct
 from rankscope.diagnosis.judges import JUDGES
-from rankscope.diagnosis.localise import MATERIAL, Finding, Localisation
+from rankscope.diagnosis.localise import (
+    LOCAL_CATEGORIES,
+    LOCAL_KINDS,
+    MATERIAL,
+    Finding,
+    Localisation,
+)
 from rankscope.diagnosis.robust import logistic
 
 MECHANISM = "unexplained_straggler"
@@ -61,7 +67,10 @@ def covered(claim: Claim, found: Finding) -> float:
     The second bound keeps a mechanism from covering time it does not measure: a rank's
     compute phases read at a low CPU share (a thread kept off its core, or sharing it with
     its own communication thread) say nothing of the 25 ms it sleeps between them, however
-    large the what-if of giving the phases' time back comes out.
+    large the what-if of giving the phases' time back comes out. The extra time counted is
+    what the gain is made of: for a rank, host or stage its local time, not the exposed
+    communication it shares with its peers (a two-rank job's late rank has a little more
+    of it, which no cause of its lateness needs to explain).
     """
     if found.gain <= 0:
         return 1.0
@@ -69,7 +78,8 @@ def covered(claim: Claim, found: Finding) -> float:
     judge, s = JUDGES.get(claim.mechanism), found.suspect
     if judge is None or s is None:
         return f
-    extra = {c: v for c, v in s.excess_ns.items() if np.isfinite(v) and v > 0}
+    made_of = LOCAL_CATEGORIES if s.kind in LOCAL_KINDS else tuple(s.excess_ns)
+    extra = {c: v for c, v in s.excess_ns.items() if c in made_of and np.isfinite(v) and v > 0}
     total = sum(extra.values())
     if total <= 0:
         return f

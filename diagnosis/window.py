@@ -167,12 +167,15 @@ Only instances whose every member has arrived contribute to wait/transfer/late/t
 WORK_COLUMNS = ("tokens", "valid_tokens", "samples", "attn_cost", "flops", "expert_tokens")
 """Per-rank-step work the program reports (``expert_tokens``: tokens routed to the rank's
 local experts, MoE)."""
-HOST_COLUMNS = ("gc_ns", "gc_count", "cpu_ns")
+HOST_COLUMNS = ("gc_ns", "gc_count", "cpu_ns", "runq_ns")
 """Per-rank-step host evidence the collector measures, float64 (R, S), NaN unknown:
 
 - ``gc_ns``: Σ wall ns of Python GC pauses inside the step; ``gc_count``: collections;
 - ``cpu_ns``: CPU time of the training thread over the step. A step whose wall time grows
-  while ``cpu_ns`` does not waited for something: a CPU it did not get, a lock, the device.
+  while ``cpu_ns`` does not waited for something: a CPU it did not get, a lock, the device;
+- ``runq_ns``: of that, the time the thread was runnable and waited for a core (the
+  kernel's run-queue delay): a CPU it did not get, told from the waits it chose (a lock,
+  the device, a sleep).
 """
 MEMORY_COLUMNS = ("mem_allocated", "mem_reserved", "mem_peak", "alloc_retries")
 DEVICE_COLUMNS = (

@@ -175,6 +175,24 @@ CASES: dict[str, Case] = {
             ranks=(1,),
         ),
         Case(
+            name="slow",
+            title="rank 1's forward pass computes 15 ms longer every step (a slower device)",
+            flags=("--fault=slow", "--fault-rank=1", "--slow-ms=15", "--slow-kind=busy"),
+            baseline=HEALTHY,
+            mechanism="slow_device",
+            ranks=(1,),
+            alternatives=("unexplained_straggler",),
+        ),
+        Case(
+            name="blocked",
+            title="rank 1's forward pass blocks 15 ms every step (waiting on a slower device)",
+            flags=("--fault=slow", "--fault-rank=1", "--slow-ms=15", "--slow-kind=sleep"),
+            baseline=HEALTHY,
+            mechanism="slow_device",
+            ranks=(1,),
+            alternatives=("unexplained_straggler",),
+        ),
+        Case(
             name="pipeline",
             title="two pipeline stages by send/recv, stage 0 has 6 layers and stage 1 has 1",
             flags=(

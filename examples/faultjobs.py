@@ -31,6 +31,9 @@ optimizer hooks), and the pipeline marks its phases and its ``pp_wait`` itself. 
   more forward and backward work and the others wait for it.
 - ``input``: rank R's data loader waits ``--input-ms`` for each batch (slow storage or
   decoding), inside the loader's ``next()``, which the collector times as ``input``.
+- ``slow``: rank R's forward pass runs ``--slow-ms`` longer every step, as on a slower
+  device: ``--slow-kind busy`` computes (a slower processor), ``--slow-kind sleep`` blocks
+  the thread (a host thread waiting on a slower accelerator, or on a blocking call).
 - ``none``: the healthy job.
 
 Data shards: rank r reads shard ``rankscope.shard_of(r)``, which is r itself unless the run
@@ -60,7 +63,7 @@ from torch.utils.data import DataLoader, TensorDataset, default_collate
 
 from rankscope.collector.shards import shard_of
 
-FAULTS = ("none", "gap", "throttle", "gc", "pipeline", "warmup", "data", "input")
+FAULTS = ("none", "gap", "throttle", "gc", "pipeline", "warmup", "data", "input", "slow")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -73,6 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fault-rank", type=int, default=1, help="the rank (or stage) at fault")
     p.add_argument("--gap-ms", type=float, default=25.0)
     p.add_argument("--gap-kind", choices=("sleep", "busy"), default="sleep")
+    p.add_argument("--slow-ms", type=float, default=15.0)
+    p.add_argument("--slow-kind", choices=("busy", "sleep"), default="busy")
     p.add_argument("--throttle-cgroup", default="", help="cgroup directory rank R joins")
     p.add_argument("--throttle-core", type=int, default=-1, help="core rank R pins itself to")
     p.add_argument("--gc-every", type=int, default=4)
@@ -116,11 +121,14 @@ class Stack(nn.Module):
             blocks.append(nn.Linear(width, out))
         self.body = nn.Sequential(*blocks)
         self.extra_ms = 0.0
+        self.blocked_ms = 0.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.extra_ms:
             with torch.no_grad():
                 busy(self.extra_ms, x[:32].detach().clone())
+        if self.blocked_ms:
+            time.sleep(self.blocked_ms / 1000.0)
         return self.body(x)
 
 
@@ -219,6 +227,11 @@ def train_ddp(args: argparse.Namespace, mon, rank: int, world: int, shard: int) 
         model.extra_ms = (
             args.warmup_ms if args.fault == "warmup" and step < args.warmup_steps else 0.0
         )
+        if args.fault == "slow" and at_fault:
+            if args.slow_kind == "busy":
+                model.extra_ms = args.slow_ms
+            else:
+                model.blocked_ms = args.slow_ms
         x, y = next(it)
         if live and step % args.gc_every == args.gc_every - 1:
             gc.collect()

@@ -82,6 +82,7 @@ RANK_STEP_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("gc_ms", "ms", "Python GC pauses inside the step"),
     ("gc_count", "", "Python GC collections in the step"),
     ("cpu_ms", "ms", "CPU time of the training thread over the step"),
+    ("runq_ms", "ms", "time the training thread waited for a core (run-queue delay)"),
     ("sm_clock_mhz", "MHz", "mean SM clock during the step"),
     ("mem_clock_mhz", "MHz", "mean memory clock during the step"),
     ("power_w", "W", "mean board power during the step"),
@@ -295,6 +296,7 @@ def rank_step_table(window: Window) -> dict[str, list[str]]:
     cols["gc_ms"] = _floats(host["gc_ns"], 1e6)
     cols["gc_count"] = _ints(host["gc_count"])
     cols["cpu_ms"] = _floats(host["cpu_ns"], 1e6)
+    cols["runq_ms"] = _floats(host["runq_ns"], 1e6)
     for name in DEVICE_COLUMNS:
         arr = window.device[name][r, j]
         cols[name] = _ints(arr) if name in ("throttle", "rss_bytes") else _floats(arr, 1.0, 3)

@@ -294,7 +294,7 @@ def _step_args(window: Window, r: int, col: int, step_ms: float) -> dict[str, An
         v = float(arr[r, col])
         if math.isfinite(v):
             args[f"{name}_ms"] = round(v / 1e6, 6)
-    for name in ("gc_ns", "cpu_ns"):
+    for name in ("gc_ns", "cpu_ns", "runq_ns"):
         arr = window.host.get(name)
         v = float(arr[r, col]) if arr is not None else math.nan
         if math.isfinite(v):

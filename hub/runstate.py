@@ -58,7 +58,7 @@ HOST_SLACK_NS = 1_000_000
 reads at a span's ends are not simultaneous) before it is impossible."""
 MAX_HOST_NS = 7 * 86_400 * 10**9
 """Bound on ``gc_ns``/``cpu_ns`` where the wall time is unknown (a week)."""
-_WALL_BOUNDED = ("gc_ns", "cpu_ns")
+_WALL_BOUNDED = ("gc_ns", "cpu_ns", "runq_ns")
 _CHECKED = (*HOST_COLUMNS, "expert_tokens")
 """Step columns whose impossible values are read as unknown and counted."""
 

@@ -48,6 +48,8 @@ GAP_CPU_SHARE = 0.95
 """Host gaps are Python: CPU work."""
 WAIT_CPU_SHARE = 0.5
 """The rest of the step outside phases (waiting for gradient buckets, noticing completions)."""
+RUNQ_SHARE = 0.002
+"""Run-queue delay of an uncontended training thread, share of its step (wake-ups)."""
 LAUNCH_CPU = 0.3
 """Host CPU per ns of GPU work in forward and backward (launches, Python); a thread that
 gets a smaller share of a core than this cannot keep the GPU fed."""
@@ -170,7 +172,8 @@ def fill_columns(
     k: int,
 ) -> None:
     """Write the host columns of one step where the wire schema has them: per step
-    ``gc_ns``, ``gc_count``, ``cpu_ns`` (training thread) and ``expert_tokens``; per phase
+    ``gc_ns``, ``gc_count``, ``cpu_ns`` and ``runq_ns`` (training thread) and
+    ``expert_tokens``; per phase
     ``cpu_ns``; and a saturated host CPU % on contended hosts.
 
     Args:
@@ -189,8 +192,8 @@ def fill_columns(
     share = np.array([PHASE_CPU_SHARE.get(n, 0.5) for n in schema.PHASES])
     ph = phases["phase"].astype(np.int64)
     known = ph < share.shape[0]
-    ratio = np.where(known, share[np.minimum(ph, share.shape[0] - 1)], 0.5)
-    ratio = np.minimum(ratio, cap[phases["rank"]])
+    wanted = np.where(known, share[np.minimum(ph, share.shape[0] - 1)], 0.5)
+    ratio = np.minimum(wanted, cap[phases["rank"]])
     cpu = np.clip(wall * ratio * (1.0 + 0.02 * rng.standard_normal(wall.shape[0])), 0.0, wall)
     if "cpu_ns" in schema.PHASE_COLUMNS:
         phases["cpu_ns"] = np.rint(cpu).astype(np.int64)
@@ -207,6 +210,12 @@ def fill_columns(
     )
     if "cpu_ns" in steps:
         steps["cpu_ns"][:] = np.rint(step_cpu).astype(np.int64)
+    if "runq_ns" in steps:
+        # The run-queue delay: the CPU a phase wanted and its share did not give (a
+        # blocked or waiting thread wants none), over a little queueing every thread has.
+        short = np.bincount(phases["rank"], weights=wall * (wanted - ratio), minlength=world)
+        base = RUNQ_SHARE * step_wall * np.exp(0.3 * rng.standard_normal(world))
+        steps["runq_ns"][:] = np.rint(np.minimum(short + base, step_wall)).astype(np.int64)
     if "gc_ns" in steps:
         steps["gc_ns"][:] = np.rint(host.gc_ns.ravel()).astype(np.int64)
     if "gc_count" in steps:

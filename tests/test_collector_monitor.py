@@ -415,6 +415,27 @@ def test_auto_steps_already_ended_are_kept_when_the_program_takes_over(pull: Pul
     assert steps["step"].tolist() == [0, 1, 5]
 
 
+def test_step_rows_carry_the_training_thread_s_cpu_and_run_queue_time(pull: Pull) -> None:
+    from rankscope.collector.runqueue import wait_ns
+
+    mon = _monitor(pull.endpoint)
+    for step in range(3):
+        mon.begin_step(step)
+        end = time.perf_counter() + 0.01
+        while time.perf_counter() < end:
+            pass
+        mon.end_step()
+    mon.close()
+    steps = _tables(pull.messages(), "steps")
+    wall = steps["t_end"] - steps["t_start"]
+    assert steps["step"].tolist() == [0, 1, 2]
+    assert ((steps["cpu_ns"] > 0) & (steps["cpu_ns"] <= wall * 1.05)).all(), steps["cpu_ns"]
+    if wait_ns() < 0:
+        assert (steps["runq_ns"] == -1).all()  # not measurable here: unknown, not zero
+    else:
+        assert ((steps["runq_ns"] >= 0) & (steps["runq_ns"] <= wall)).all(), steps["runq_ns"]
+
+
 def test_values_that_do_not_fit_are_counted_and_never_stop_the_stream(pull: Pull) -> None:
     mon = _monitor(pull.endpoint)
     mon.begin_step(1 << 63)  # beyond int64: counted, numbered automatically

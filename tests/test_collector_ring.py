@@ -86,10 +86,11 @@ def test_set_field_updates_unconsumed_rows_only() -> None:
 
 def test_mixed_dtypes_round_trip() -> None:
     ring = Ring(schema.STEP_COLUMNS, 4)
-    ring.push(7, 100, 200, 4096, 4000, 8, 1.5e9, float("nan"), 512, -1, -1, -1, 3, 0, 0, 90)
+    ring.push(7, 100, 200, 4096, 4000, 8, 1.5e9, float("nan"), 512, -1, -1, -1, 3, 0, 0, 90, 40)
     row = ring.unread()[0]
     assert row["step"] == 7 and row["attn_cost"] == 1.5e9 and np.isnan(row["flops"])
     assert row["alloc_retries"] == 3 and row["expert_tokens"] == 512 and row["cpu_ns"] == 90
+    assert row["runq_ns"] == 40
 
 
 def test_one_writer_one_reader_thread_lose_nothing_unless_counted() -> None:

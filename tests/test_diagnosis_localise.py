@@ -41,6 +41,7 @@ def sync_job(
     linger: np.ndarray | None = None,
     tokens: np.ndarray | None = None,
     inputs: np.ndarray | None = None,
+    runq: np.ndarray | None = None,
 ):
     """A synchronous job: ``compute`` in a forward phase, ``gap`` between phases, then the
     all-reduce: wait for the slowest rank, then ``TRANSFER``. ``linger``: time a rank
@@ -78,7 +79,9 @@ def sync_job(
     phase_cpu = None
     if cpu_share is not None:
         phase_cpu = {"forward": compute * cpu_share[:, None]}
-    host = {"gc_ns": gc} if gc is not None else None
+    host = {"gc_ns": gc} if gc is not None else {}
+    if runq is not None:
+        host["runq_ns"] = np.asarray(runq, dtype=float)
     return make_window(
         t_start,
         t_end,
@@ -92,7 +95,7 @@ def sync_job(
             "exposed_transfer_ns": TRANSFER + stay,
             "overstay_ns": stay,
         },
-        host=host,
+        host=host or None,
         phase_cpu_ns=phase_cpu,
         work=None if tokens is None else {"tokens": tokens},
     )
@@ -280,6 +283,24 @@ def test_a_starved_thread_is_cpu_contention_not_a_slow_device():
     assert diagnose(sync_job(extra_compute=extra)).verdict.top.mechanism == "slow_device"
 
 
+def test_a_thread_that_blocked_is_not_starved_where_the_run_queue_is_read():
+    # Rank 6's forward runs 40 ms longer at 60 % CPU per wall second. Kept off its core,
+    # the kernel's run queue held it those 40 ms; asleep inside the phase (a wait on its
+    # device, a lock), it queued no longer than its peers, and it is not contention.
+    share = np.full(16, 0.97)
+    share[6] = 0.6
+    extra = _per_rank(16, 30, 6, 40 * MS)
+    peers = np.full((16, 30), 0.5 * MS)
+    starved = diagnose(sync_job(extra_compute=extra, cpu_share=share, runq=peers + extra))
+    assert starved.verdict.top.mechanism == "cpu_contention", _top(starved)
+    assert starved.verdict.top.ranks[:1] == (6,)
+    assert any("run queue" in e for e in starved.verdict.top.evidence)
+    blocked = diagnose(sync_job(extra_compute=extra, cpu_share=share, runq=peers))
+    assert blocked.verdict.top.mechanism == "slow_device", _top(blocked)
+    assert blocked.verdict.top.ranks == (6,)
+    assert blocked.verdict.get("cpu_contention").score < 0.1, _top(blocked)
+
+
 def test_a_baseline_slowed_on_another_rank_does_not_discount_a_starved_one():
     # Two ranks. The run under study: rank 0's thread gets a quarter of a core, its
     # forward 30 ms longer. The healthy baseline: the machine slowed rank 1 by 10 ms, at
@@ -399,6 +420,26 @@ def test_a_slow_loader_in_a_two_rank_job_is_judged_against_its_peer():
     inputs[1] = 0.4 * MS
     d = diagnose(sync_job(2, 30, inputs=inputs, ranks_per_host=1))
     assert d.verdict.get("slow_host_input").score < 0.1, _top(d)
+
+
+def test_a_mechanism_covers_the_local_time_a_rank_gain_is_made_of():
+    # A two-rank job's late rank does twice the work: its extra time is 7 ms of compute
+    # and 0.4 ms of input, and 0.8 ms more exposed communication than its peer (the last
+    # to arrive has less of its transfer hidden). Its gain is re-timed local time, which
+    # holds no exposed communication, so a mechanism whose loss lands in compute covers
+    # 7 of its 7.4 ms, not 7 of 8.2, and leaves no material remainder of the 19 % gain.
+    from rankscope.diagnosis.localise import Finding, Suspect
+    from rankscope.diagnosis.openworld import Claim, covered
+
+    excess = {"compute": 7.0 * MS, "exposed_comm": 0.8 * MS, "input": 0.4 * MS}
+    rank = Suspect("rank", "1", (1,), 15 * MS, 0.46, 0.19, 1.0, excess)
+    claim = Claim("data_imbalance", 0.7, 0.21, (1,))
+    share = covered(claim, Finding(rank, False, 0.19))
+    assert share == pytest.approx(7.0 / 7.4)
+    assert 0.19 * (1 - share) < MATERIAL
+    # A link is known by its extra transfer: there exposed communication is what it is.
+    link = Suspect("rail", "3", (1,), 5 * MS, 0.1, 0.1, float("nan"), {"exposed_comm": 5 * MS})
+    assert covered(Claim("network_rail", 0.9, 0.1, (1,)), Finding(link, False, 0.1)) == 1.0
 
 
 def _top(d, k=3):

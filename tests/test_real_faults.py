@@ -41,6 +41,8 @@ MEASURED_S = {
     "gc": 24.0,
     "data": 22.0,
     "input": 22.0,
+    "slow": 22.0,
+    "blocked": 22.0,
     "pipeline": 23.0,
     "warmup": 18.0,
     "healthy": 14.0,
@@ -89,6 +91,8 @@ throttle_case = _case_fixture("throttle")
 gc_case = _case_fixture("gc")
 data_case = _case_fixture("data")
 input_case = _case_fixture("input")
+slow_case = _case_fixture("slow")
+blocked_case = _case_fixture("blocked")
 pipeline_case = _case_fixture("pipeline")
 warmup_case = _case_fixture("warmup")
 healthy_case = _case_fixture("healthy")
@@ -575,6 +579,47 @@ def test_slow_loader_rank_waits_in_input(input_case):
 @pytest.mark.timeout(TIMEOUT_S["input"])
 def test_slow_loader_verdict_names_the_rank(input_case):
     _assert_verdict(input_case)
+
+
+# -- (h) a rank whose forward pass is slower: computing, or blocked (slow tier) ------------
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S["slow"])
+def test_slower_rank_computes_longer(slow_case):
+    fwd = _med(_phase(slow_case.window, "forward"))
+    # 15 ms of matmuls more a step (a busy machine stretches them further).
+    assert fwd[1] - fwd[0] > 12 * MS, fwd / MS
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S["slow"])
+def test_slower_rank_verdict_names_it(slow_case):
+    _assert_verdict(slow_case)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S["blocked"])
+def test_blocked_rank_waits_in_forward_without_running(blocked_case):
+    w = blocked_case.window
+    fwd = _med(_phase(w, "forward"))
+    cpu = _med(_cpu(w, "forward"))
+    # 15 ms asleep a step inside the forward: wall time, not CPU time.
+    assert fwd[1] - fwd[0] > 12 * MS, fwd / MS
+    assert cpu[1] - cpu[0] < 0.5 * (fwd[1] - fwd[0]), (cpu / MS, fwd / MS)
+    assert np.isfinite(w.host["runq_ns"]).all(), "the collector read no run-queue delay"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S["blocked"])
+def test_blocked_rank_is_not_called_starved_beyond_its_run_queue(blocked_case):
+    d = _assert_verdict(blocked_case)
+    # What cpu_contention claims is at most what the kernel saw rank 1 wait for a core
+    # beyond rank 0 (a busy machine queues a rank that wakes more often a little longer).
+    w = d.window
+    queued = np.nanmedian(np.clip(w.host["runq_ns"][1] - w.host["runq_ns"][0], 0, None))
+    share = queued / np.nanmedian(_rank_step(w, w.step_ns))
+    cc = d.verdict.get("cpu_contention")
+    if 1 in cc.ranks:
+        assert cc.impact <= share + 0.02, (cc.impact, share, _top3(d))
 
 
 # -- (e) a healthy job with a slow warm-up --------------------------------------------------
