@@ -198,6 +198,18 @@ def test_make_case_localises_an_unexplained_straggler() -> None:
     assert c.correct and (c.rank_ok, c.host_ok, c.rail_ok) == (True, True, True)
 
 
+def test_an_equally_right_mechanism_of_the_truth_is_correct_and_localised() -> None:
+    # A real case on two CPU ranks: a slower rank's compute is unexplained_straggler,
+    # and slow_device would be as right; a third mechanism is not.
+    truth = {"mechanism": "unexplained_straggler", "ranks": [1], "alternatives": ["slow_device"]}
+    kw = dict(scenario="slow", scale=2, seed=0, seconds=0, suite="real")
+    alt = make_case(_diag("slow_device", ranks=[1]), truth, **kw)
+    assert alt.correct and alt.outcome == "correct" and alt.rank_ok is True
+    other = make_case(_diag("cpu_contention", ranks=[1]), truth, **kw)
+    assert not other.correct and other.outcome == "wrong_name" and other.rank_ok is None
+    assert score([alt, other]).top1.ok == 1
+
+
 def test_stage_from_the_hypothesis_or_the_mesh() -> None:
     truth = {"mechanism": "pipeline_imbalance", "ranks": [], "stage": 1}
     # No stage attribute: the pp coordinate of the first implicated rank.
