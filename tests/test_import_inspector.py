@@ -448,7 +448,19 @@ def test_output_without_verbose_timestamps_still_names_the_last_arrival_from_ker
     )  # fmt: skip
     assert res.returncode == 1
     assert "rank 2 shortest in 100% of the 24 of 30 collectives" in res.stdout, res.stdout
+    # The shortest kernel of each collective (the late rank's, 1,000 µs) times the transfer:
+    # 1 MiB all-reduced over 4 ranks is 1.05 GB/s of algorithm and 1.57 of bus bandwidth.
+    (bw,) = rep.details["bandwidth_by_size"]
+    assert (bw["op"], bw["nbytes"], bw["ranks"], bw["collectives"]) == (
+        "all_reduce",
+        1 << 20,
+        4,
+        30,
+    )
+    assert bw["transfer_us"] == pytest.approx(1000.0)
+    assert bw["busbw_gbs"] == pytest.approx((1 << 20) / 1e6 * 1.5)
+    assert "all_reduce 1,048,576 B: busbw 1.57 GB/s, transfer 1000 µs" in res.stdout, res.stdout
     # Without one member's file the shortest of the others tells nothing.
     (src / "node2.log").unlink()
     rep = write_recording("nccl-inspector", [src], tmp_path / "rec3", run="r")
-    assert "last_by_kernel" not in rep.details
+    assert "last_by_kernel" not in rep.details and "bandwidth_by_size" not in rep.details

@@ -25,7 +25,9 @@ time, ``FLAG_DEVICE_TIMED``), and ranks are aligned on one clock from matched ke
 (`hub.importers.align`). Without them only the GPU-timed duration and the dump thread's
 write time are known: no entry time, which every collective row needs (a reader refuses
 rows without one), and none could be made up without inventing an arrival order, so such
-output is named (`NOT_VERBOSE`) and left out. A process's global rank is its rank in its
+output is named (`NOT_VERBOSE`) and left out. What its kernel durations do tell is kept in
+the report: who arrived last (`last_by_kernel`) and the transfer's bandwidth per message
+size (`bandwidth_by_size`), both from each collective's shortest member kernel. A process's global rank is its rank in its
 largest communicator. Steps: the source has none; one step is `STEP_COLLECTIVES`
 collectives of the busiest communicator (others belong to the step open when they started).
 
@@ -406,6 +408,11 @@ def messages(files: list[Path], report: ImportReport, *, job: str, run: str) -> 
             report.details["last_by_kernel"] = [
                 {**row, "comm": names[row["group"]]} for row in last
             ]
+        bw = bandwidth_by_size([c for *_, c in ranked], sizes)
+        if bw:
+            report.details["bandwidth_by_size"] = [
+                {**row, "comm": names[row["group"]]} for row in bw
+            ]
         return
     for i, (r, file, rec, c) in enumerate(ranked):
         c = _timed(c, file, report)
@@ -544,6 +551,68 @@ def last_by_kernel(
                 "counts": {str(int(k)): int(v) for k, v in zip(ranks, hits, strict=True)},
             }
         )
+    return out
+
+
+def bandwidth_by_size(
+    cols: list[dict[str, np.ndarray]], sizes: dict[int, int]
+) -> list[dict[str, Any]]:
+    """The transfer's bus bandwidth per communicator, operation and message size, from GPU
+    kernel durations alone: in each collective the shortest member kernel is the last
+    arriver's, which waited for no one, so it times the transfer (as `last_by_kernel`
+    reads it); the bandwidth follows nccl-tests' convention (`diagnosis.curves`).
+
+    Args:
+        cols: as for `last_by_kernel`.
+        sizes: group -> how many of its members were imported.
+
+    Returns:
+        Per communicator whose every member was imported, operation and size (bytes per
+        rank), smallest first: ``group``, ``ranks``, ``op``, ``nbytes``, ``collectives``
+        (with every member), ``transfer_us`` (median shortest kernel) and ``busbw_gbs``.
+    """
+    from rankscope.diagnosis.curves import algbw_bytes, bus_factor
+
+    g = np.concatenate([c["group"] for c in cols])
+    seq = np.concatenate([c["seq"] for c in cols])
+    op = np.concatenate([c["op"] for c in cols]).astype(np.int64)
+    nb = np.concatenate([c["nbytes"] for c in cols]).astype(np.int64)
+    ex = np.concatenate([c["exec_ns"] for c in cols]).astype(np.float64)
+    size = np.concatenate([c["n_ranks"] for c in cols])
+    ok = (ex > 0) & (nb >= 0) & (op >= 0)
+    g, seq, op, nb, ex, size = g[ok], seq[ok], op[ok], nb[ok], ex[ok], size[ok]
+    out: list[dict[str, Any]] = []
+    for gid in np.unique(g).tolist():
+        n = sizes.get(int(gid), 0)
+        at = g == gid
+        if n < 2 or int(size[at].max()) != n:
+            continue  # a member missing: the shortest kernel may not be the last arriver's
+        order = np.argsort(seq[at], kind="stable")
+        s, o, b, e = seq[at][order], op[at][order], nb[at][order], ex[at][order]
+        starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+        counts = np.diff(np.append(starts, s.shape[0]))
+        full = counts == n
+        if not full.any():
+            continue
+        shortest = np.minimum.reduceat(e, starts)[full]
+        i_op, i_nb = o[starts][full], b[starts][full]
+        for k_op, k_nb in sorted({(int(x), int(y)) for x, y in zip(i_op, i_nb, strict=True)}):
+            mine = (i_op == k_op) & (i_nb == k_nb)
+            t_ns = float(np.median(shortest[mine]))
+            one, width = np.array([k_op]), np.array([n])
+            moved = float(algbw_bytes(one, np.array([k_nb]), width)[0])
+            out.append(
+                {
+                    "group": int(gid),
+                    "ranks": n,
+                    "op": schema.OPS[k_op],
+                    "nbytes": k_nb,
+                    "collectives": int(mine.sum()),
+                    "transfer_us": t_ns / 1e3,
+                    "busbw_gbs": moved / t_ns * float(bus_factor(one, width)[0]),
+                }
+            )
+    out.sort(key=lambda r: (r["group"], r["op"], r["nbytes"]))
     return out
 
 

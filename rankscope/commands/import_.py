@@ -76,4 +76,18 @@ def run(args: argparse.Namespace) -> int:
                         f"the others' kernels {row['wait_us']:.0f} µs longer (median)"
                     )
                 )
+        bw = rep.details.get("bandwidth_by_size")
+        if bw:
+            print(
+                "transfer bandwidth per message size, from the shortest kernel of each "
+                "collective (the last arriver's, which waited for no one):"
+            )
+            for row in bw:
+                print(
+                    terminal_text(
+                        f"  comm {row['comm']} ({row['ranks']} ranks) {row['op']} "
+                        f"{row['nbytes']:,} B: busbw {row['busbw_gbs']:.3g} GB/s, transfer "
+                        f"{row['transfer_us']:.0f} µs (median of {row['collectives']})"
+                    )
+                )
     return 0 if rep.files_read and rep.messages else 1
