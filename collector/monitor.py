@@ -366,7 +366,9 @@ class Monitor:
             cpu = (c if c >= 0 else _cpu()) - self._c_step
             q = _runq()
             if q >= 0 and self._q_step >= 0:
-                runq = q - self._q_step
+                # Read after ``t``: a preemption in between is the next interval's wait,
+                # and no step waits longer than it lasted.
+                runq = max(0, min(q - self._q_step, t - self._t_step))
             self._q_last = (q, t, self._step_thread)
         mem = self._mem
         probe = self.memory_probe
