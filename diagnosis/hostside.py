@@ -30,7 +30,7 @@ from rankscope.diagnosis.candidate import NONE, Candidate, hosts_of, ms, pct
 from rankscope.diagnosis.decomposition import COMPUTE_PHASES
 from rankscope.diagnosis.evidence import Evidence
 from rankscope.diagnosis.localise import trimmed_mean
-from rankscope.diagnosis.robust import logistic, nanmedian, peer_median
+from rankscope.diagnosis.robust import logistic, nanmedian, peer_median, peer_median_cols
 
 MIN_CPU_LOSS = 0.15
 """A rank whose compute phases get this much less CPU per wall second than its peers'
@@ -209,8 +209,9 @@ def contention_of(ev: Evidence) -> Contention | None:
         q = np.where(present & np.isfinite(runq), np.maximum(runq, 0.0), np.nan)
         measured: np.ndarray = np.asarray(np.isfinite(q).any(axis=1))
         if np.count_nonzero(measured) >= 2:
-            peers = nanmedian(q, axis=0)  # (S,) the job's typical wait for a core
-            excess = np.maximum(q - peers[None, :], 0.0)
+            # Against its peers' wait in the same step, not a median it is part of (with
+            # two ranks that is their mean, and half a starved rank's wait would count).
+            excess = np.maximum(q - peer_median_cols(q), 0.0)
             capped = np.where(np.isfinite(excess), np.minimum(lost, excess), lost)
             before = lost.sum(axis=1)
             after = capped.sum(axis=1)

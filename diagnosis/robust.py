@@ -94,6 +94,41 @@ def peer_median(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def peer_median_cols(x: np.ndarray) -> np.ndarray:
+    """`peer_median` down each column of a 2-D array at once: for each element, the
+    median of the other finite elements of its column (one sort per column).
+
+    Args:
+        x: float (R, S) values; NaN is unknown.
+
+    Returns:
+        float64 (R, S): NaN for a NaN element and where no other element of its column is
+        finite.
+    """
+    a = np.asarray(x, dtype=np.float64)
+    n_rows = a.shape[0]
+    finite = np.isfinite(a)
+    n = finite.sum(axis=0)
+    if n_rows < 2:
+        return np.full(a.shape, np.nan)
+    filled = np.where(finite, a, np.inf)  # unknown sorts last
+    order = np.argsort(filled, axis=0, kind="stable")
+    v = np.take_along_axis(filled, order, axis=0)
+    pos = np.empty_like(order)
+    np.put_along_axis(pos, order, np.broadcast_to(np.arange(n_rows)[:, None], a.shape), axis=0)
+    m = n - 1  # the others
+    lo_p, hi_p = np.maximum((m - 1) // 2, 0), np.maximum(m // 2, 0)
+
+    def at(p: np.ndarray) -> np.ndarray:
+        # The p-th of the others: positions at or past the removed one shift up by one.
+        here = np.take_along_axis(v, np.minimum(p, n_rows - 1)[None, :], axis=0)
+        after = np.take_along_axis(v, np.minimum(p + 1, n_rows - 1)[None, :], axis=0)
+        return np.where(pos > p[None, :], here, after)
+
+    out = 0.5 * (at(lo_p) + at(hi_p))
+    return np.where(finite & (n >= 2)[None, :], out, np.nan)
+
+
 def nanmean(x: np.ndarray, axis: int | None = None) -> np.ndarray:
     """``np.nanmean`` without the empty-slice warning.
 

@@ -301,6 +301,37 @@ def test_a_thread_that_blocked_is_not_starved_where_the_run_queue_is_read():
     assert blocked.verdict.get("cpu_contention").score < 0.1, _top(blocked)
 
 
+def test_peer_medians_down_columns_match_one_column_at_a_time():
+    from rankscope.diagnosis.robust import peer_median, peer_median_cols
+
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 3, 4, 7, 16):
+        x = rng.standard_normal((n, 40))
+        x[rng.random((n, 40)) < 0.2] = np.nan
+        want = np.stack([peer_median(x[:, j]) for j in range(40)], axis=1)
+        np.testing.assert_allclose(peer_median_cols(x), want, equal_nan=True)
+
+
+def test_a_two_rank_starved_thread_counts_its_whole_wait_beyond_its_peer():
+    # Rank 1 of two runs its forward at 60 % CPU per wall second, 30 ms longer, and the
+    # run queue held it 30 ms longer than rank 0: all of it counts (against the mean of
+    # the two, half would, and the loss would read half as large).
+    share = np.array([0.97, 0.6])
+    extra = _per_rank(2, 30, 1, 30 * MS)
+    d = diagnose(
+        sync_job(
+            n_ranks=2,
+            ranks_per_host=1,
+            extra_compute=extra,
+            cpu_share=share,
+            runq=np.full((2, 30), 0.5 * MS) + extra,
+        )
+    )
+    cc = d.verdict.get("cpu_contention")
+    assert d.verdict.top.mechanism == "cpu_contention" and cc.ranks[:1] == (1,), _top(d)
+    assert any("30.0 ms a step longer" in e for e in cc.evidence), cc.evidence
+
+
 def test_a_baseline_slowed_on_another_rank_does_not_discount_a_starved_one():
     # Two ranks. The run under study: rank 0's thread gets a quarter of a core, its
     # forward 30 ms longer. The healthy baseline: the machine slowed rank 1 by 10 ms, at
