@@ -486,6 +486,37 @@ TIE_NS = 1_000
 """Kernel durations closer than this (the Inspector's µs resolution) tell no order."""
 
 
+def _complete_instances(
+    cols: list[dict[str, np.ndarray]], sizes: dict[int, int]
+) -> Iterator[tuple[int, int, dict[str, np.ndarray], np.ndarray]]:
+    """The collectives of each communicator whose every member was imported, with every
+    member's record: ``(group, members, rows, first)``. ``rows`` holds the communicator's
+    records (``seq``, ``rank``, ``exec_ns`` as float, ``op``, ``nbytes``) sorted by
+    ``coll_sn`` and then kernel duration, so each instance's shortest kernel, the last
+    arriver's, comes first; ``first`` is the row where each complete instance starts. A
+    communicator with a member's file missing is left out: the shortest of the others'
+    kernels tells nothing."""
+    names = ("group", "seq", "rank", "exec_ns", "n_ranks", "op", "nbytes")
+    cat = {k: np.concatenate([c[k] for c in cols]) for k in names}
+    cat["exec_ns"] = cat["exec_ns"].astype(np.float64)
+    ok = cat["exec_ns"] >= 0
+    cat = {k: v[ok] for k, v in cat.items()}
+    g = cat["group"]
+    for gid in np.unique(g).tolist():
+        n = sizes.get(int(gid), 0)
+        at = g == gid
+        if n < 2 or int(cat["n_ranks"][at].max()) != n:
+            continue
+        order = np.lexsort((cat["exec_ns"][at], cat["seq"][at]))
+        rows = {k: cat[k][at][order] for k in ("seq", "rank", "exec_ns", "op", "nbytes")}
+        s = rows["seq"]
+        starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+        counts = np.diff(np.append(starts, s.shape[0]))
+        first = starts[counts == n]
+        if first.shape[0]:
+            yield int(gid), n, rows, first
+
+
 def last_by_kernel(
     cols: list[dict[str, np.ndarray]], sizes: dict[int, int]
 ) -> list[dict[str, Any]]:
@@ -508,28 +539,9 @@ def last_by_kernel(
         its instances of the others' median kernel less its own) and ``counts`` (rank ->
         instances in which it was last).
     """
-    g = np.concatenate([c["group"] for c in cols])
-    seq = np.concatenate([c["seq"] for c in cols])
-    rank = np.concatenate([c["rank"] for c in cols])
-    ex = np.concatenate([c["exec_ns"] for c in cols]).astype(np.float64)
-    size = np.concatenate([c["n_ranks"] for c in cols])
-    ok = ex >= 0
-    g, seq, rank, ex, size = g[ok], seq[ok], rank[ok], ex[ok], size[ok]
     out: list[dict[str, Any]] = []
-    for gid in np.unique(g).tolist():
-        n = sizes.get(int(gid), 0)
-        at = g == gid
-        if n < 2 or int(size[at].max()) != n:
-            continue  # a member's file missing: the shortest of the others tells nothing
-        s, r, e = seq[at], rank[at], ex[at]
-        order = np.lexsort((e, s))
-        s, r, e = s[order], r[order], e[order]
-        cuts = np.flatnonzero(np.diff(s)) + 1
-        starts = np.concatenate(([0], cuts))
-        counts = np.diff(np.append(starts, s.shape[0]))
-        full = starts[counts == n]
-        if not full.shape[0]:
-            continue
+    for gid, n, rows, full in _complete_instances(cols, sizes):
+        r, e = rows["rank"], rows["exec_ns"]
         shortest, second = e[full], e[full + 1]
         ordered = second - shortest > TIE_NS
         if not ordered.any():
@@ -541,7 +553,7 @@ def last_by_kernel(
         top = int(ranks[np.argmax(hits)])
         out.append(
             {
-                "group": int(gid),
+                "group": gid,
                 "ranks": n,
                 "collectives": int(full.shape[0]),
                 "ordered": int(ordered.sum()),
@@ -569,41 +581,26 @@ def bandwidth_by_size(
     Returns:
         Per communicator whose every member was imported, operation and size (bytes per
         rank), smallest first: ``group``, ``ranks``, ``op``, ``nbytes``, ``collectives``
-        (with every member), ``transfer_us`` (median shortest kernel) and ``busbw_gbs``.
+        (with every member and a kernel that took time), ``transfer_us`` (median shortest
+        kernel) and ``busbw_gbs``.
     """
     from rankscope.diagnosis.curves import algbw_bytes, bus_factor
 
-    g = np.concatenate([c["group"] for c in cols])
-    seq = np.concatenate([c["seq"] for c in cols])
-    op = np.concatenate([c["op"] for c in cols]).astype(np.int64)
-    nb = np.concatenate([c["nbytes"] for c in cols]).astype(np.int64)
-    ex = np.concatenate([c["exec_ns"] for c in cols]).astype(np.float64)
-    size = np.concatenate([c["n_ranks"] for c in cols])
-    ok = (ex > 0) & (nb >= 0) & (op >= 0)
-    g, seq, op, nb, ex, size = g[ok], seq[ok], op[ok], nb[ok], ex[ok], size[ok]
     out: list[dict[str, Any]] = []
-    for gid in np.unique(g).tolist():
-        n = sizes.get(int(gid), 0)
-        at = g == gid
-        if n < 2 or int(size[at].max()) != n:
-            continue  # a member missing: the shortest kernel may not be the last arriver's
-        order = np.argsort(seq[at], kind="stable")
-        s, o, b, e = seq[at][order], op[at][order], nb[at][order], ex[at][order]
-        starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
-        counts = np.diff(np.append(starts, s.shape[0]))
-        full = counts == n
-        if not full.any():
-            continue
-        shortest = np.minimum.reduceat(e, starts)[full]
-        i_op, i_nb = o[starts][full], b[starts][full]
+    for gid, n, rows, full in _complete_instances(cols, sizes):
+        shortest = rows["exec_ns"][full]
+        i_op, i_nb = rows["op"][full].astype(np.int64), rows["nbytes"][full].astype(np.int64)
+        timed = shortest > 0
         for k_op, k_nb in sorted({(int(x), int(y)) for x, y in zip(i_op, i_nb, strict=True)}):
-            mine = (i_op == k_op) & (i_nb == k_nb)
+            mine = timed & (i_op == k_op) & (i_nb == k_nb)
+            if k_op < 0 or k_nb < 0 or not mine.any():
+                continue
             t_ns = float(np.median(shortest[mine]))
             one, width = np.array([k_op]), np.array([n])
             moved = float(algbw_bytes(one, np.array([k_nb]), width)[0])
             out.append(
                 {
-                    "group": int(gid),
+                    "group": gid,
                     "ranks": n,
                     "op": schema.OPS[k_op],
                     "nbytes": k_nb,
