@@ -493,19 +493,15 @@ def _entity_gains(
 
 
 def _typical_peer(owner: np.ndarray, gain: np.ndarray, peers: np.ndarray) -> np.ndarray:
-    """Per step, the median over ``peers`` of their gains (0 for a peer that does not set
-    the step): one entity sets each step, so it is the setter's gain with one peer, half
-    of it with two, and 0 with more. Whichever ids the ranks have, the same series."""
-    k = peers.size
-    if k > 2:
-        return np.zeros(owner.shape)
-    mine = np.isin(owner, peers)
-    return np.where(mine, gain / k, 0.0)
+    """Per step, the median over one or two ``peers`` of their gains (0 for a peer that
+    does not set the step): one entity sets each step, so it is the setter's gain with one
+    peer and half of it with two. Whichever ids the ranks have, the same series."""
+    return np.where(np.isin(owner, peers), gain / peers.size, 0.0)
 
 
 def _noise(diff: np.ndarray, n_steps: int) -> float:
     """Standard error that the steps' noise gives an entity's trimmed mean gain beyond its
-    typical peer's, from the per-step differences of their gains (``diff``): its robust
+    peers', from the per-step differences of the gains (``diff``, `_typical_peer`): its robust
     spread (1.4826 × MAD, so that the pauses a straggler recurs with count as signal, not
     as noise) over the square root of the steps, scaled for the steps the trim leaves
     out. NaN below three steps."""
@@ -539,8 +535,8 @@ def _suspects(
     for e in order:
         peers = np.flatnonzero(present & (np.arange(n_codes) != e))
         chance = float(np.median(judged[peers])) if peers.size else 0.0
-        # Beyond the noise too: the steps' differences between the entity and its typical
-        # peer (with two ranks, the other one) must establish the gain, not a few of them.
+        # Beyond the noise too, with few peers: the steps' differences between the entity
+        # and its peers must establish the gain, not a few of them.
         noise = 0.0
         if 0 < peers.size < FEW_PEERS:
             diff = np.where(j_owner == e, j_gain, 0.0) - _typical_peer(j_owner, j_gain, peers)

@@ -75,28 +75,12 @@ def peer_median(x: np.ndarray) -> np.ndarray:
         float64 (N,): NaN for a NaN element and where no other element is finite.
     """
     a = np.asarray(x, dtype=np.float64).ravel()
-    out = np.full(a.shape, np.nan)
-    ok = np.flatnonzero(np.isfinite(a))
-    n = ok.size
-    if n < 2:
-        return out
-    order = ok[np.argsort(a[ok], kind="stable")]
-    v = a[order]
-    pos = np.arange(n)  # sorted position of each element of ``order``
-    m = n - 1  # the others
-    lo_p, hi_p = (m - 1) // 2, m // 2
-
-    def at(p: int) -> np.ndarray:
-        # The p-th of the others: positions at or past the removed one shift up by one.
-        return np.where(pos > p, v[p], v[min(p + 1, n - 1)])
-
-    out[order] = 0.5 * (at(lo_p) + at(hi_p))
-    return out
+    return peer_median_cols(a[:, None])[:, 0]
 
 
 def peer_median_cols(x: np.ndarray) -> np.ndarray:
-    """`peer_median` down each column of a 2-D array at once: for each element, the
-    median of the other finite elements of its column (one sort per column).
+    """For each element of a 2-D array, the median of the other finite elements of its
+    column (one sort per column; `peer_median` is the one-column case).
 
     Args:
         x: float (R, S) values; NaN is unknown.
