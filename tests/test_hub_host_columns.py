@@ -219,3 +219,18 @@ def test_a_recording_of_old_and_new_senders_replays_to_the_same_window(tmp_path)
     assert np.isnan(b.host["cpu_ns"][0, 3]) and np.isnan(b.host["cpu_ns"][1]).all()
     assert (b.host["cpu_ns"][0, :3] > 0).all()
     assert replayed.health["rejects"] == live.health["rejects"] == {"bad_host_value": 1}
+
+
+def test_a_run_queue_delay_the_step_cannot_hold_is_unknown_and_counted() -> None:
+    # The thread cannot wait for a core longer than its step lasted, nor a negative time.
+    msgs = _hello(1)
+    many = schema.empty_table("steps", 4)
+    many["step"][:] = np.arange(4)
+    many["t_start"][:] = BASE + many["step"] * STEP_NS
+    many["t_end"][:] = many["t_start"] + 1_000_000
+    many["runq_ns"][:] = [200_000, 10 * 1_000_000, -4, 1 << 62]
+    msgs.append(schema.steps_message(header(RUN, 0), many))
+    store = _store(msgs)
+    q = store.window(RUN).host["runq_ns"][0]
+    assert q[0] == 200_000 and np.isnan(q[1:]).all(), q
+    assert store.health["rejects"] == {"bad_host_value": 3}
