@@ -305,6 +305,70 @@ the first and last entry and ``first_exit``/``last_exit`` the first and last exi
 on the hub's clock, as the rows' times), the rest as ``diagnosis.window.InstanceTable``
 defines them (NaN where unknown)."""
 
+PART_COLUMNS: dict[str, np.dtype] = {
+    "group": np.dtype("<i4"),
+    "seq": np.dtype("<i8"),
+    "step": np.dtype("<i8"),
+    "inc": np.dtype("<i4"),
+    "op": np.dtype("<i1"),
+    "nbytes": np.dtype("<i8"),
+    "n_members": np.dtype("<i4"),
+    "first": np.dtype("<i8"),
+    "last": np.dtype("<i8"),
+    "last_rank": np.dtype("<i4"),
+    "runner_up": np.dtype("<i8"),
+    "first_exit": np.dtype("<i8"),
+    "last_exit": np.dtype("<i8"),
+    "exit_median": np.dtype("<f8"),
+    "n_device": np.dtype("<i4"),
+    "start_max": np.dtype("<i8"),
+    "end_median": np.dtype("<f8"),
+}
+"""A ``reduced`` message's *parts*: what a relay knows of a collective instance whose group
+has members beyond it, from the ``n_members`` members it carries (`hub.partial`):
+``first``/``last`` their first and last entry, ``last_rank`` the lowest rank at ``last``,
+``runner_up`` the latest entry of the others (``NO_TIME`` for one member), ``first_exit``/
+``last_exit`` their first and last exit (int64 ns on the hub's clock), ``exit_median`` the
+median of their exits (ns after ``first``); of the ``n_device`` device-timed ones, the
+latest kernel start (``start_max``, ``NO_TIME`` for none) and the median kernel end
+(``end_median``, ns after ``first``, NaN for none)."""
+
+PART_CELL_COLUMNS: dict[str, np.dtype] = {
+    "rank": np.dtype("<i4"),
+    "inc": np.dtype("<i4"),
+    "step": np.dtype("<i8"),
+    "group": np.dtype("<i4"),
+    "n": np.dtype("<i4"),
+    "origin": np.dtype("<i8"),
+    "enter_ns": np.dtype("<f8"),
+    "exit_ns": np.dtype("<f8"),
+    "linear": np.dtype("<i1"),
+    "start_ns": np.dtype("<f8"),
+    "after_ns": np.dtype("<f8"),
+}
+"""Per (rank, incarnation, step, group) of a ``reduced`` message's parts, the rank's ``n``
+calls of the group in the step: the sums of their entries and exits (an exit before its
+entry counts as the entry), in ns after ``origin`` (int64 ns on the hub's clock; sums of
+integers, exact below 2**53). Where ``linear`` is 1, every call's exposed time starts no
+later than its instance's last entry can be (`hub.partial`), and ``start_ns`` sums where
+each starts (after ``origin``); else ``after_ns`` sums the exposed time of the calls whose
+cut comes after their instance's first exit can be, and the others are ``part_rows``."""
+
+PART_ROW_COLUMNS: dict[str, np.dtype] = {
+    "rank": np.dtype("<i4"),
+    "inc": np.dtype("<i4"),
+    "step": np.dtype("<i8"),
+    "group": np.dtype("<i4"),
+    "seq": np.dtype("<i8"),
+    "start": np.dtype("<i8"),
+    "exit": np.dtype("<i8"),
+    "cut": np.dtype("<i8"),
+}
+"""The calls of a ``reduced`` message's parts whose exposed time the hub needs the
+instance's last entry and first exit for (a part cell with ``linear`` 0): where the
+exposed time may start (``start``: the later of the entry and the asynchronous cut),
+the exit, and the cut (``NO_TIME`` for none), int64 ns on the hub's clock."""
+
 _RANK = {"rank": np.dtype("<i4"), "inc": np.dtype("<i4")}
 
 REDUCED_TABLES: dict[str, dict[str, np.dtype]] = {
@@ -314,17 +378,24 @@ REDUCED_TABLES: dict[str, dict[str, np.dtype]] = {
     "phases": {**PHASE_COLUMNS, **_RANK},
     "colls": {**COLL_COLUMNS, **_RANK},
     "samples": {**SAMPLE_COLUMNS, **_RANK},
+    "parts": PART_COLUMNS,
+    "part_cells": PART_CELL_COLUMNS,
+    "part_rows": PART_ROW_COLUMNS,
 }
 """The tables of a ``reduced`` message: what a relay sends for its node's ranks in one
 message per run and flush (`rankscope.hub.reduce`). ``cells`` and ``instances`` (always
-present) hold what it matched itself; ``steps``, ``phases``, ``colls`` and ``samples``
-(each optional) are its ranks' own rows with their ``rank`` and ``inc`` (incarnation)
-added, phase codes indexing the message's ``phase_names``."""
+present) hold what it matched itself; ``parts``, ``part_cells`` and ``part_rows``
+(optional, together) its share of instances whose groups reach beyond it, which the hub combines
+(`rankscope.hub.partial`); ``steps``, ``phases``, ``colls`` and ``samples`` (each
+optional) are its ranks' own rows with their ``rank`` and ``inc`` (incarnation) added,
+phase codes indexing the message's ``phase_names``."""
 
 REDUCED_REQUIRED = frozenset({"cells", "instances"})
 """The tables every ``reduced`` message holds (maybe empty). Its header may also carry
-``messages`` (the collectors' messages it stands for) and ``stats``, the node's ranks'
-``stats`` maps as ``[[rank, inc, map], ...]``."""
+``messages`` (the collectors' messages it stands for), ``stats``, the node's ranks'
+``stats`` maps as ``[[rank, inc, map], ...]``, and ``unlisted``, ``[instances, calls]``:
+the instances its cells sum that ``instances`` leaves out (a relay lists a share of them
+at scale, `rankscope.hub.reduce`), and their members' calls."""
 
 OPTIONAL_COLUMNS: dict[str, frozenset[str]] = {
     "steps": frozenset({"expert_tokens", "gc_ns", "gc_count", "cpu_ns", "runq_ns"}),
@@ -1012,6 +1083,15 @@ def decode(data: bytes, max_header_bytes: int = MAX_HEADER_BYTES) -> Message:
             tables[name] = _decode_table(name, raw, REDUCED_TABLES)
         if obj.get("messages") is not None:  # collector messages it stands for
             _check_int("messages", obj["messages"], 0, reason="bad_header")
+        unlisted = obj.get("unlisted")  # [instances, calls] its sums cover and it leaves out
+        if unlisted is not None and not (
+            isinstance(unlisted, list)
+            and len(unlisted) == 2
+            and all(isinstance(v, int) and 0 <= v < 2**62 for v in unlisted)
+        ):
+            raise SchemaError(
+                "bad_header", "a reduced message's unlisted must be [instances, calls] >= 0"
+            )
         stats = obj.get("stats")  # [[rank, incarnation, the rank's stats map], ...]
         if stats is not None and (
             not isinstance(stats, list)

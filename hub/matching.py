@@ -42,11 +42,14 @@ def settle(run: RunState, stale_steps: int) -> None:
         stale_steps: an instance this many steps behind the newest step is closed.
     """
     run.flush()
+    run.close_parts(None if run.max_step is None else run.max_step - stale_steps)
     pend = run.pending
     if pend.rows == 0:
         run.trim()  # a relay's node messages bring closed instances without rows
         return
     parts, left = pend.take(run.t0)
+    if run.parted.shape[0]:  # rows of groups that came as parts since they came
+        parts, left = run.divert_pending(parts, left)
     sizes = {gid: len(g["ranks"]) for gid, g in run.groups.items()}
     blocks, loose = group_blocks(parts)
     if blocks:

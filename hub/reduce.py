@@ -5,7 +5,7 @@ The hub's cost is per message and per collective row. A relay with ``--reduce``
 
 - **Matching on the node.** A tensor-parallel group lives on one node, and most of a
   hybrid-parallel job's collective calls are its. A relay that carries every member of a
-  group matches the group's blocking instances itself, with the hub's own block
+  group matches the group's instances itself (blocking and asynchronous), with the hub's own block
   arithmetic (`diagnosis.blocks.match_block` and `block_sums`), and sends their sums in
   place of their rows: *cells*, per (rank, incarnation, step) the sums the hub's matching
   folds into its ring (``diagnosis.window.COLL_AGGREGATES``: calls, time inside, wait,
@@ -26,13 +26,25 @@ node's rows, and the hub computes the same from the same rows (its origin differ
 moves no integer below 2**53). ``tests/test_relay_reduce.py`` holds a direct and a reduced
 run of the same seeded simulations to identical aggregates, instances and diagnoses.
 
-What is not matched goes on as rows: rows of groups with a member on another node (the
-hub matches those), of async and point-to-point calls (the exposed-time union needs their
-rows), of calls that never finished (a hang's evidence), of members that disagree on what
-they called, and rows still held when their group cannot complete (a member stopped
-sending: after `STALE_STEPS` steps, or `HOLD_S` seconds, or when `MAX_HELD_ROWS` are held).
-A message the hub would refuse (its values, a repeated step, an incarnation the relay did
-not see say hello) goes on alone, for the hub to refuse and count.
+Groups with members beyond the relay (data-parallel buckets, a group spread over racks)
+are reduced to *parts* where the relay carries two or more of their members
+(`hub.partial`): per instance what its members show (first and last entry, exits), per
+member its sums, and the calls whose exposed time hangs on the instance's last entry; the
+hub combines the parts of an instance once they cover its group. Asynchronous calls carry
+their cut (`diagnosis.arrivals.async_cut`, computed here as the hub computes it from the
+same message), so a node's asynchronous groups are matched here too.
+
+What is neither matched nor parted goes on as rows: point-to-point calls (the exposed-time
+union keeps them apart), calls that never finished (a hang's evidence), members that
+disagree on what they called, and rows still held when their group cannot complete (a
+member stopped sending: after `STALE_STEPS` steps, or `HOLD_S` seconds, or when
+`MAX_HELD_ROWS` are held). A message the hub would refuse (its values, a repeated step, an
+incarnation the relay did not see say hello) goes on alone, for the hub to refuse and
+count.
+
+At scale the relay lists only its ranks' share of the hub's instance table
+(`INSTANCE_STEPS`); the cells sum every instance, and the message says how many it left
+out.
 
 The relay learns groups from the ``groups`` messages it carries (each node's collectors
 send theirs) and its ranks from their hellos; what it never saw it never reduces. The raw
@@ -54,6 +66,8 @@ from rankscope.collector import schema
 from rankscope.diagnosis.arrivals import ASYNC_FLAGS
 from rankscope.diagnosis.blocks import block_sums, match_block
 from rankscope.diagnosis.exposure import P2P_OPS
+from rankscope.hub.partial import make_part, with_cut
+from rankscope.hub.runstate import MAX_INSTANCE_ROWS
 from rankscope.hub.validate import REPLAY_LIMITS, Limits, Reject, check_values
 
 STALE_STEPS = 4
@@ -80,6 +94,12 @@ hub's header bound, whatever a rank's counters hold)."""
 MAX_NODE_ROWS = 100_000
 """Rows gathered for a node message that make it leave at once (a few MB)."""
 
+INSTANCE_STEPS = 16
+"""Steps of instances the hub's table is to hold: a relay lists at most its ranks' share of
+the hub's ``MAX_INSTANCE_ROWS`` over this many steps (the sums cover all of them). A
+65,536-rank job's tensor-parallel groups close 1.5 M instances a step, and the hub keeps
+1 M: listed whole, they would fill its table every step and cost most of its time."""
+
 _P2P = np.zeros(len(schema.OPS) + 1, bool)
 _P2P[P2P_OPS + 1] = True
 """``op + 1`` -> whether the call is point-to-point (-1, unknown, at 0)."""
@@ -96,6 +116,8 @@ class ReduceCounters:
     """Rows matched on the node and sent as sums."""
     instances: int = 0
     """Instances sent in ``reduced`` messages."""
+    parts: int = 0
+    """Parts sent (instances of groups with members beyond the relay: `hub.partial`)."""
     messages: int = 0
     """``reduced`` messages sent."""
     passed_rows: int = 0
@@ -123,8 +145,23 @@ class _Run:
     groups: dict[int, tuple[int, ...]] = field(default_factory=dict)
     local: frozenset[int] = frozenset()
     """Groups every member of which said hello through this relay."""
-    local_arr: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    """``local``, ascending."""
+    here: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """Groups this relay reduces -> their members that said hello through it: all of them
+    for ``local`` groups, two or more for the others (their instances leave as parts:
+    `hub.partial`)."""
+    reducible_arr: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """The groups of ``here``, ascending."""
+    partials: bool = True
+    """Whether groups with members beyond this relay are reduced to parts."""
+    parted: set[int] = field(default_factory=set)
+    """Groups this relay sent parts of: parts they stay, when their last members' hellos
+    come (the hub combines a step's parts; a match of the members whose rows are still
+    held could not join them)."""
+    world: int = 0
+    """The run's world size (its hellos say it; 0 before one came)."""
+    unlisted: list[int] = field(default_factory=lambda: [0, 0])
+    """Instances matched and summed but left out of the next node message, and their
+    members' calls (the message's header says both)."""
     done: dict[int, set[int]] = field(default_factory=dict)
     """rank -> steps whose step row it sent (the last `_DONE_STEPS`)."""
     held: dict[tuple[int, int], _Held] = field(default_factory=dict)
@@ -135,6 +172,9 @@ class _Run:
     """When a message of the run last came (monotonic s)."""
     cells: list[dict[str, np.ndarray]] = field(default_factory=list)
     instances: list[dict[str, np.ndarray]] = field(default_factory=list)
+    parts: list[dict[str, np.ndarray]] = field(default_factory=list)
+    part_cells: list[dict[str, np.ndarray]] = field(default_factory=list)
+    part_rows: list[dict[str, np.ndarray]] = field(default_factory=list)
     tables: dict[str, list[dict[str, np.ndarray]]] = field(default_factory=dict)
     """Rank tables gathered for the next node message (``rank`` and ``inc`` added)."""
     pending: int = 0
@@ -175,18 +215,30 @@ class _Run:
 
     def relocal(self) -> None:
         known = self.inc.keys()
-        self.local = frozenset(
-            gid for gid, ranks in self.groups.items() if all(r in known for r in ranks)
-        )
-        self.local_arr = np.array(sorted(self.local), np.int64)
+        local, here = set(), {}
+        for gid, ranks in self.groups.items():
+            mine = tuple(r for r in ranks if r in known)
+            if len(mine) == len(ranks) and gid not in self.parted:
+                local.add(gid)
+                here[gid] = mine
+            elif (len(mine) >= 2 or gid in self.parted) and self.partials:
+                here[gid] = mine
+        self.local = frozenset(local)
+        self.here = here
+        self.reducible_arr = np.array(sorted(here), np.int64)
 
-    def is_local(self, group: np.ndarray) -> np.ndarray:
-        """Which rows of a ``group`` column are of ``local`` groups."""
-        arr = self.local_arr
-        if not arr.shape[0]:
-            return np.zeros(group.shape[0], bool)
-        at = np.minimum(np.searchsorted(arr, group), arr.shape[0] - 1)
-        return arr[at] == group
+    def reducible_rows(self, co: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Which rows of a ``colls`` table this relay reduces: of the groups it reduces,
+        not point-to-point (the exposed-time union keeps those apart)."""
+        return _member(self.reducible_arr, co["group"]) & ~_P2P[co["op"] + 1]  # op -1 at 0
+
+
+def _member(arr: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """Which entries of ``group`` are in the ascending ``arr``."""
+    if not arr.shape[0]:
+        return np.zeros(group.shape[0], bool)
+    at = np.minimum(np.searchsorted(arr, group), arr.shape[0] - 1)
+    return arr[at] == group
 
 
 class NodeReducer:
@@ -197,6 +249,12 @@ class NodeReducer:
         limits: the value checks a steps message must pass to have its rows reduced (the
             hub's; a message that fails goes on whole, for the hub to refuse and count).
         stale_steps, hold_s, max_held_rows: when held rows give up waiting.
+        partials: reduce groups with members beyond the relay to parts (`hub.partial`),
+            where it carries two or more of their members; False sends their rows on.
+        instance_steps: list the instances of the groups it matches up to its ranks' share
+            of the hub's instance table over this many steps (`INSTANCE_STEPS`), each group
+            the same number a step, rotating over the calls of a step from one step to the
+            next; the cells sum them all. None lists every one.
     """
 
     def __init__(
@@ -205,8 +263,12 @@ class NodeReducer:
         stale_steps: int = STALE_STEPS,
         hold_s: float = HOLD_S,
         max_held_rows: int = MAX_HELD_ROWS,
+        partials: bool = True,
+        instance_steps: int | None = INSTANCE_STEPS,
     ) -> None:
         self.limits = limits
+        self.partials = partials
+        self.instance_steps = instance_steps
         self.stale_steps = stale_steps
         self.hold_s = hold_s
         self.max_held_rows = max_held_rows
@@ -295,7 +357,7 @@ class NodeReducer:
         if run is None:
             if len(self._runs) >= MAX_RUNS:  # the run heard from longest ago leaves
                 self._retire(min(self._runs, key=lambda k: self._runs[k].heard))
-            run = self._runs[h["run"]] = _Run(job=h["job"])
+            run = self._runs[h["run"]] = _Run(job=h["job"], partials=self.partials)
         elif run.job != h["job"]:
             return
         run.heard = now
@@ -306,6 +368,9 @@ class NodeReducer:
             return
         new = rank not in run.inc
         run.inc[rank] = inc
+        ident = h.get("identity")
+        if isinstance(ident, Mapping) and isinstance(ident.get("world_size"), int):
+            run.world = max(run.world, int(ident["world_size"]))
         run.header[rank] = {k: h[k] for k in ("job", "run", "rank", "inc")}
         if new:
             run.relocal()
@@ -338,13 +403,10 @@ class NodeReducer:
         if co is not None and co["step"].shape[0]:
             # Blocking collectives of the node's groups; point-to-point and async calls go
             # on as rows (the exposed-time union needs them: `diagnosis.exposure`).
-            mine = (
-                run.is_local(co["group"])
-                & ((co["flags"] & ASYNC_FLAGS) == 0)
-                & ~_P2P[co["op"] + 1]  # op -1 (unknown) at 0
-            )
+            mine = run.reducible_rows(co)
             if mine.any():
-                self._hold(run, rank, inc, {k: v[mine] for k, v in co.items()}, now)
+                rows = with_cut(co, rank)
+                self._hold(run, rank, inc, {k: v[mine] for k, v in rows.items()}, now)
                 co = {k: v[~mine] for k, v in co.items()}
             if co["step"].shape[0]:
                 self._add(run, "colls", co, rank, inc)
@@ -376,17 +438,19 @@ class NodeReducer:
         if any(run.inc.get(r) != inc for r, inc, _ in stats):
             return False
         run.stats += stats
+        unlisted = msg.header.get("unlisted") or (0, 0)
+        run.unlisted = [run.unlisted[0] + unlisted[0], run.unlisted[1] + unlisted[1]]
         co = tables.get("colls")
         touched: set[tuple[int, int]] = set()
         if co is not None and co["rank"].shape[0]:
             # Rows of groups whose members all said hello through this relay (a rack's
             # relay holds every member of a group that spans its nodes): matched here as
             # a node relay matches its node's, once each member's step row has come.
-            mine = (
-                run.is_local(co["group"]) & ((co["flags"] & ASYNC_FLAGS) == 0) & ~_P2P[co["op"] + 1]
-            )
+            mine = run.reducible_rows(co)
             if mine.any():
-                held = {k: v[mine] for k, v in co.items()}
+                owner = co["rank"].astype(np.int64) * (1 << 32) + co["inc"]
+                rows = with_cut(co, owner)
+                held = {k: v[mine] for k, v in rows.items()}
                 who = held["rank"].astype(np.int64)
                 order = np.argsort(who, kind="stable")
                 cuts = np.flatnonzero(np.diff(who[order])) + 1
@@ -403,6 +467,12 @@ class NodeReducer:
         if tables["cells"]["rank"].shape[0]:
             run.cells.append(tables["cells"])
             run.instances.append(tables["instances"])
+        pc = tables.get("part_cells")
+        if pc is not None and pc["rank"].shape[0] and "parts" in tables:
+            run.parts.append(tables["parts"])  # a lower relay's parts go on as they came
+            run.part_cells.append(pc)
+            if "part_rows" in tables:
+                run.part_rows.append(tables["part_rows"])
         st = tables.get("steps")
         if st is not None and st["rank"].shape[0]:
             who = st["rank"].astype(np.int64)
@@ -412,7 +482,7 @@ class NodeReducer:
                 self._note_steps(run, int(who[at[0]]), st["step"][at])
         # Rows that came after every member's step row (a lower relay let them go late).
         for key in touched:
-            if key in run.held and all(key[1] in run.done.get(r, ()) for r in run.groups[key[0]]):
+            if key in run.held and all(key[1] in run.done.get(r, ()) for r in run.here[key[0]]):
                 self._complete(run, key)
         self.counters.merged += 1
         return True
@@ -430,14 +500,21 @@ class NodeReducer:
 
     def _node(self, run_id: str, run: _Run) -> list[bytes]:
         """The run's node message of what is gathered, if anything is."""
-        if not run.pending and not run.cells and not run.stats:
+        if not run.pending and not run.cells and not run.stats and not run.parts:
             return []
         tables = {name: _concat(parts) for name, parts in run.tables.items()}
         if run.cells:
             tables["cells"] = _sum_cells(_concat(run.cells))
             tables["instances"] = _concat(run.instances)
-        carried, stats = run.carried, run.stats
+        if run.parts:
+            tables["parts"] = _concat(run.parts)
+            tables["part_cells"] = _concat(run.part_cells)
+            if run.part_rows:
+                tables["part_rows"] = _concat(run.part_rows)
+        carried, stats, unlisted = run.carried, run.stats, run.unlisted
         run.tables, run.cells, run.instances, run.pending, run.carried = {}, [], [], 0, 0
+        run.unlisted = [0, 0]
+        run.parts, run.part_cells, run.part_rows = [], [], []
         run.stats = []
         # The header names a rank the message covers, as every message names its sender,
         # and how many of the collectors' messages it stands for.
@@ -447,6 +524,8 @@ class NodeReducer:
         header = {**run.header[rank], "messages": carried}
         if stats:
             header["stats"] = stats
+        if unlisted[0]:
+            header["unlisted"] = unlisted
         return [schema.reduced_message(header, tables, run.phase_names)]
 
     def _note_steps(self, run: _Run, rank: int, steps: np.ndarray) -> None:
@@ -464,9 +543,9 @@ class NodeReducer:
         for step in ids:
             for gid in list(run.by_step.get(step, ())):
                 key = (gid, step)
-                if rank in run.held[key].rows and all(
-                    step in run.done.get(r, ()) for r in run.groups[gid]
-                ):
+                # A member whose rows came reduced (a lower relay's part) completes too.
+                here = run.here.get(gid, ())
+                if rank in here and all(step in run.done.get(r, ()) for r in here):
                     self._complete(run, key)
 
     def _hold(
@@ -496,6 +575,8 @@ class NodeReducer:
         held = run.unhold(key)
         self._held_rows -= held.n
         gid, step = key
+        if gid not in run.local:
+            return self._part(run, held, gid, step)
         members = run.groups[gid]
         parts = []
         for r in members:
@@ -525,8 +606,17 @@ class NodeReducer:
         enter_i = np.stack([t["t_enter"] for t in parts])
         exit_i = np.stack([t["t_exit"] for t in parts])
         flags = np.stack([t["flags"] for t in parts])
-        if (flags & ASYNC_FLAGS).any() or (exit_i == schema.NO_TIME).any():
+        if (exit_i == schema.NO_TIME).any():
             return self._rows_on(run, held)
+        is_async: np.ndarray | None = (flags & ASYNC_FLAGS) != 0
+        assert is_async is not None
+        cut = None
+        if is_async.any():
+            if any("cut" not in t for t in parts):
+                return self._rows_on(run, held)
+            cut = _relative(np.stack([t["cut"] for t in parts]), int(enter_i.min()))
+        else:
+            is_async = None
         incs = {held.incs[r] for r in members}
         if len(incs) != 1:
             return self._rows_on(run, held)
@@ -545,7 +635,7 @@ class NodeReducer:
             }
         ranks = np.array(members, np.int64)
         m = match_block(enter, exit_, ranks[:, None], **device)
-        sums = block_sums(enter, exit_, m, np.zeros(1, np.int64))
+        sums = block_sums(enter, exit_, m, np.zeros(1, np.int64), is_async, cut)
         c, k = enter.shape
         cells = {
             "rank": ranks.astype(np.int32),
@@ -557,6 +647,7 @@ class NodeReducer:
         for name in schema.CELL_SUMS:
             cells[name] = sums[name][:, 0]
         run.cells.append(cells)
+        listed = self._listed(run, k, step)
         run.instances.append(
             {
                 "group": np.full(k, gid, np.int32),
@@ -575,9 +666,94 @@ class NodeReducer:
                 "first_exit": exit_i.min(axis=0),
                 "last_exit": exit_i.max(axis=0),
             }
+            if listed is None
+            else {
+                "group": np.full(listed.shape[0], gid, np.int32),
+                "seq": seq[listed],
+                "step": first["step"][listed],
+                "inc": np.full(listed.shape[0], inc, np.int32),
+                "op": first["op"][listed],
+                "nbytes": first["nbytes"][listed],
+                "n_members": np.full(listed.shape[0], c, np.int32),
+                "first": m.first[listed].astype(np.int64) + origin,
+                "last": m.last[listed].astype(np.int64) + origin,
+                "last_rank": m.last_rank[listed].astype(np.int32),
+                "margin": m.margin[listed],
+                "transfer": m.transfer[listed],
+                "device_transfer": m.device_transfer[listed],
+                "first_exit": exit_i.min(axis=0)[listed],
+                "last_exit": exit_i.max(axis=0)[listed],
+            }
         )
+        if listed is not None:
+            run.unlisted[0] += k - listed.shape[0]
+            run.unlisted[1] += c * (k - listed.shape[0])
         self.counters.reduced_rows += c * k
-        self.counters.instances += k
+        self.counters.instances += k if listed is None else listed.shape[0]
+        return None
+
+    def _listed(self, run: _Run, k: int, step: int) -> np.ndarray | None:
+        """Which of a group's ``k`` instances of ``step`` to list (None: all): at most the
+        relay's share of the hub's instance table (`INSTANCE_STEPS`) spread over the groups
+        it matches, every ``stride``-th call from an offset that moves with the step."""
+        if self.instance_steps is None or run.world <= 0:
+            return None
+        share = MAX_INSTANCE_ROWS * len(run.inc) / run.world / self.instance_steps
+        most = max(1, int(share / max(1, len(run.local))))
+        if k <= most:
+            return None
+        stride = -(-k // most)
+        return np.arange(step % stride, k, stride)
+
+    def _part(self, run: _Run, held: _Held, gid: int, step: int) -> None:
+        """The part of each instance of ``gid`` in ``step`` for the members whose rows this
+        relay holds (`hub.partial.make_part`); rows on where they disagree on what they
+        called, hold asynchronous rows or an unknown exit, or span incarnations."""
+        members = sorted(held.rows)
+        tabs = [_by_seq(_concat(held.rows[r])) for r in members]
+        first = tabs[0]
+        seq = first["seq"]
+        for t in tabs:
+            if not (
+                np.array_equal(t["seq"], seq)
+                and np.array_equal(t["nbytes"], first["nbytes"])
+                and np.array_equal(t["op"], first["op"])
+            ):
+                return self._rows_on(run, held)
+        if (seq < 0).any() or (seq.shape[0] > 1 and (np.diff(seq) == 0).any()):
+            return self._rows_on(run, held)
+        stack = {name: np.stack([t[name] for t in tabs]) for name in _PART_ROWS}
+        if (stack["t_exit"] == schema.NO_TIME).any():
+            return self._rows_on(run, held)
+        incs = {held.incs[r] for r in members}
+        if len(incs) != 1:
+            return self._rows_on(run, held)
+        made = make_part(
+            gid,
+            step,
+            incs.pop(),
+            np.array(members, np.int64),
+            seq,
+            first["op"],
+            first["nbytes"],
+            stack["t_enter"],
+            stack["t_exit"],
+            stack["cut"],
+            stack["flags"],
+            stack["t_start"],
+            stack["t_end"],
+        )
+        if made is None:
+            return self._rows_on(run, held)
+        if gid not in run.parted:
+            run.parted.add(gid)
+            run.relocal()
+        run.parts.append(made[0])
+        run.part_cells.append(made[1])
+        if made[2]["rank"].shape[0]:
+            run.part_rows.append(made[2])
+        self.counters.reduced_rows += len(members) * seq.shape[0]
+        self.counters.parts += seq.shape[0]
         return None
 
     def _expire(self, run: _Run, now: float) -> None:
@@ -599,9 +775,21 @@ class NodeReducer:
     def _rows_on(self, run: _Run, held: _Held) -> None:
         """Send held rows on as their ranks' rows, for the hub to match."""
         for rank, tabs in held.rows.items():
-            co = _concat(tabs)
+            co = {k: v for k, v in _concat(tabs).items() if k in schema.COLL_COLUMNS}
             self.counters.passed_rows += co["step"].shape[0]
             self._add(run, "colls", co, rank, held.incs[rank])
+
+
+_PART_ROWS = ("t_enter", "t_exit", "cut", "flags", "t_start", "t_end")
+"""The row columns a part is made of."""
+
+
+def _by_seq(t: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A rank's rows of one group and step in call order."""
+    if t["seq"].shape[0] > 1 and (np.diff(t["seq"]) <= 0).any():
+        order = np.argsort(t["seq"], kind="stable")
+        return {k: v[order] for k, v in t.items()}
+    return t
 
 
 def _relative(t: np.ndarray, origin: int) -> np.ndarray:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from itertools import pairwise
 from operator import itemgetter
 from typing import Any
 
@@ -29,7 +30,8 @@ from rankscope.diagnosis.window import (
     RankInfo,
 )
 from rankscope.hub.columns import Columns
-from rankscope.hub.pending import PendingRows
+from rankscope.hub.partial import PartError, PartStore, combine, parts_of_rows, with_cut
+from rankscope.hub.pending import PENDING_DTYPES, Part, PendingRows
 
 _INSTANCE_DTYPES = {
     "group": np.int32,
@@ -91,6 +93,7 @@ def host_value_bounds(values: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> np.
 
 
 _SAMPLE_DTYPES = {"rank": np.dtype(np.int32), **schema.SAMPLE_COLUMNS}
+_NO_PART_ROWS = {c: np.zeros(0, dt) for c, dt in schema.PART_ROW_COLUMNS.items()}
 _MAX_SAMPLES = 4_000_000
 
 
@@ -218,6 +221,19 @@ class RunState:
         self.reduced_seq: dict[tuple[int, int], int] = {}
         """(group, incarnation) -> the last ``seq`` a relay's ``reduced`` message folded
         (`add_node`): a repeat is refused, not added twice."""
+        self.parts = PartStore()
+        """Relays' parts of instances whose groups span them, until they cover the group."""
+        self.parted = np.zeros(0, np.int64)
+        """Groups some relay sent parts of, ascending: their rows that come as rows are
+        made parts too (`_divert`)."""
+        self.parts_done: set[tuple[int, int, int]] = set()
+        """(group, step, incarnation) combined or closed (a repeat is refused), down to the
+        ring's oldest step."""
+        self.part_counts = {"combined": 0, "unsplit": 0, "incomplete": 0}
+        """(group, step) parts combined, of those where a member left before the last came
+        (sums of the time inside only), and closed stale, uncovered (the same)."""
+        self.part_rejects: dict[str, int] = {}
+        """Reject reason -> shares refused when combined (the store counts them)."""
         self.beats = Beats(R)
         """Each rank's latest heartbeat (`collector.heartbeat`)."""
 
@@ -596,11 +612,89 @@ class RunState:
             if dropped is not None:
                 sel = ~np.isin(co["step"], dropped)
                 co = {k: v[sel] for k, v in co.items()}
+            if self.parted.shape[0]:
+                keep = self._divert(np.full(co["step"].shape[0], r, np.int64), inc, co)
+                if keep is not None:
+                    co = {k: v[keep] for k, v in co.items()}
             n = co["step"].shape[0]
             if n:
                 self.pending.add(r, inc, co, self.raw_cutoff())
                 self.life_rows[r] += n
         return late, n
+
+    def divert_pending(
+        self, parts: list[Part], left: dict[str, np.ndarray] | None
+    ) -> tuple[list[Part], dict[str, np.ndarray] | None]:
+        """Of what a matching pass took (`PendingRows.take`), the rows of groups that came
+        as parts since (`parted`) made parts of one member each, as `_divert` makes those
+        that come later: rows a relay sent on before the hub knew the group's instances
+        combine. Returns the parts and left rows that stay."""
+        parted = self.parted
+
+        def hit(g: np.ndarray) -> np.ndarray:
+            at = np.minimum(np.searchsorted(parted, g), parted.shape[0] - 1)
+            return parted[at] == g
+
+        mine = [p for p in parts if p.group >= 0 and bool(hit(np.array([p.group]))[0])]
+        left_hit = None if left is None else hit(left["group"].astype(np.int64))
+        if not mine and (left_hit is None or not left_hit.any()):
+            return parts, left
+        chunks = [p.rows() for p in mine]
+        fresh = [np.full(p.n, p.fresh) for p in mine]
+        if left is not None and left_hit is not None and left_hit.any():
+            chunks.append({k: v[left_hit] for k, v in left.items()})
+            fresh.append(np.zeros(int(left_hit.sum()), bool))
+        rows = {k: np.concatenate([c[k] for c in chunks]) for k in PENDING_DTYPES}
+        cut = rows["cut"]
+        rows["cut"] = np.where(
+            np.isnan(cut), schema.NO_TIME, self.t0 + np.nan_to_num(cut).astype(np.int64)
+        )
+        rank, inc = rows["rank"].astype(np.int64), rows["epoch"]
+        counted = ~np.concatenate(fresh)
+        _, used = parts_of_rows(rank, inc, rows, counted)
+        # A piece goes whole or stays whole (its rows are matched together).
+        bounds = np.cumsum([0] + [p.n for p in mine])
+        spans = list(pairwise(bounds.tolist()))
+        whole = [bool(used[a:b].all()) for a, b in spans]
+        take = np.zeros(used.shape[0], bool)
+        for ok, (a, b) in zip(whole, spans, strict=True):
+            take[a:b] = ok
+        take[bounds[-1] :] = used[bounds[-1] :]
+        if not take.any():
+            return parts, left
+        sel = {k: v[take] for k, v in rows.items()}
+        tables, _ = parts_of_rows(rank[take], inc[take], sel, counted[take])
+        self._add_parts(tables, pending=True)
+        gone = {id(p) for p, ok in zip(mine, whole, strict=True) if ok}
+        parts = [p for p in parts if id(p) not in gone]
+        if left is not None and left_hit is not None:
+            keep = np.ones(left["step"].shape[0], bool)
+            keep[np.flatnonzero(left_hit)[take[bounds[-1] :]]] = False
+            left = {k: v[keep] for k, v in left.items()} if keep.any() else None
+        return parts, left
+
+    def _divert(
+        self, rank: np.ndarray, inc: np.ndarray | int, co: Mapping[str, np.ndarray]
+    ) -> np.ndarray | None:
+        """Rows of groups some relay sends parts of, made parts of one member each and held
+        with the relays' (`hub.partial.parts_of_rows`): an instance whose members came
+        partly reduced (a relay that saw their hellos) and partly as rows (one that had not
+        yet, or gave up waiting, or a rank with no relay) still combines. Returns which
+        rows stay rows (None: all of them)."""
+        g = co["group"].astype(np.int64)
+        at = np.minimum(np.searchsorted(self.parted, g), self.parted.shape[0] - 1)
+        hit = self.parted[at] == g
+        if not hit.any():
+            return None
+        incs = np.broadcast_to(np.asarray(inc, np.int64), rank.shape)
+        cut = with_cut(co, rank * (1 << 32) + incs)  # the message's cut, as `pending` takes it
+        tables, used = parts_of_rows(rank[hit], incs[hit], {k: v[hit] for k, v in cut.items()})
+        if not used.any():
+            return None
+        self._add_parts(tables)
+        keep = ~hit
+        keep[np.flatnonzero(hit)[~used]] = True
+        return keep
 
     def _lut(self, names: tuple[str, ...]) -> np.ndarray:
         """Message phase code -> run phase code (``PHASES`` then run-level user names)."""
@@ -773,15 +867,103 @@ class RunState:
             # (Every row has its entry, validation saw to it: the origin is set above.)
             rank = co["rank"].astype(np.int64)
             cols = {k: co[k] for k in schema.COLL_COLUMNS}
-            self.pending.add_many(
-                rank, co["inc"].astype(np.int64), cols, self.raw_cutoff(), self.t0
-            )
-            self.life_rows += np.bincount(rank, minlength=self.world_size)[: self.world_size]
-            rows += co["step"].shape[0]
+            inc = co["inc"].astype(np.int64)
+            if self.parted.shape[0]:
+                keep = self._divert(rank, inc, cols)
+                if keep is not None:
+                    rank, inc, cols = rank[keep], inc[keep], {k: v[keep] for k, v in cols.items()}
+            if rank.shape[0]:
+                self.pending.add_many(rank, inc, cols, self.raw_cutoff(), self.t0)
+                self.life_rows += np.bincount(rank, minlength=self.world_size)[: self.world_size]
+                rows += rank.shape[0]
         sa = tables.get("samples")
         if sa is not None and sa["t"].shape[0]:
             self._add_sample_rows(sa["rank"], sa)
-        return late, rows + self._add_sums(tables)
+        unlisted = int((h.get("unlisted") or (0, 0))[0])
+        return late, rows + self._add_sums(tables, unlisted=unlisted) + self._add_parts(tables)
+
+    def _add_parts(
+        self, tables: Mapping[str, Mapping[str, np.ndarray]], pending: bool = False
+    ) -> int:
+        """Hold a ``reduced`` message's parts (`hub.partial`) and fold those that now cover
+        their group; returns the calls folded. ``pending``: parts made of rows the hub
+        held for matching (`divert_pending`): their calls are counted in the lifetime
+        totals already, and in the aggregates where a pass saw them (their cells'
+        ``counted``), and their raw rows are the hub's own (not a relay's sums)."""
+        parts, cells = tables.get("parts"), tables.get("part_cells")
+        if parts is None or cells is None or not cells["rank"].shape[0]:
+            return 0
+        m = cells["rank"].shape[0]
+        counted = cells["counted"] if pending else np.zeros(m, bool)
+        cells = {**{k: v for k, v in cells.items() if k != "counted"}}
+        cells["raw"] = np.full(m, pending)
+        rows = tables.get("part_rows") or _NO_PART_ROWS
+        if not self._t0_set:
+            self.t0, self._t0_set = int(parts["first"].min()), True
+        new = np.setdiff1d(parts["group"].astype(np.int64), self.parted)
+        if new.shape[0]:
+            self.parted = np.union1d(self.parted, new)
+        gids, sizes, _ = self.group_index()
+        size = dict(zip(gids.tolist(), sizes.tolist(), strict=True))
+        held = {"parts": dict(parts), "part_cells": dict(cells), "part_rows": dict(rows)}
+        complete, taken, repeats = self.parts.add(held, size, self.parts_done)
+        if repeats:
+            self._refuse_parts("duplicate_instance", repeats)
+        counted = counted[taken]
+        cells = {k: v[taken] for k, v in cells.items()}
+        # The calls and the time inside count when they come, as rows' do (`hub.matching`);
+        # the rest when the instances are combined.
+        rank = cells["rank"].astype(np.int64)
+        cell, ok = self.cells(rank, cells["step"], cells["inc"].astype(np.int64))
+        self._reduced_aggregates()
+        n = cells["n"].astype(np.float64)
+        fold = ok & ~counted
+        for name, v in (("n", n), ("coll_ns", cells["exit_ns"] - cells["enter_ns"])):
+            np.add.at(self.coll[name].reshape(-1), cell[fold], v[fold])  # a rank in 2 groups
+            if name in REDUCED_AGGREGATES and not pending:
+                np.add.at(self.coll[REDUCED + name].reshape(-1), cell[fold], v[fold])
+        if not pending:
+            np.add.at(self.life_rows, rank, cells["n"].astype(np.int64))
+        for key in complete:
+            self._combine(key)
+        return int(cells["n"].sum())
+
+    def _combine(self, key: tuple[int, int, int]) -> int:
+        """Fold the parts of ``key`` (group, step, incarnation), or refuse them (counted)."""
+        parts, pid, cells, rows = self.parts.pop(key)
+        members = np.sort(np.asarray(self.groups[key[0]]["ranks"], np.int64))
+        raw = cells["raw"][np.argsort(cells["rank"], kind="stable")]
+        try:
+            out = combine(members, parts, pid, cells, rows)
+        except PartError as exc:
+            self.parts_done.add(key)  # what came of it stays counted as never completed
+            self._refuse_parts(exc.reason, int(np.unique(pid).shape[0]))
+            return 0
+        self.parts_done.add(key)
+        self.part_counts["combined"] += 1
+        self.part_counts["unsplit"] += not out.split
+        return self._add_sums(
+            {"cells": out.cells, "instances": out.instances}, arrived=True, raw=raw
+        )
+
+    def _refuse_parts(self, reason: str, n: int) -> None:
+        self.part_rejects[reason] = self.part_rejects.get(reason, 0) + n
+
+    def close_parts(self, stale_at: int | None) -> None:
+        """Parts of steps at or below ``stale_at`` that never covered their group: their
+        calls and time inside were counted when they came; what is not known (how much of
+        it was waiting) stays unknown, as the matching leaves it for rows of instances
+        that never completed."""
+        if stale_at is None or not self.parts.held:
+            return
+        for key in self.parts.stale(stale_at):
+            parts, _, _, _ = self.parts.pop(key)
+            self.part_counts["incomplete"] += 1
+            self.life_incomplete += int(np.unique(parts["seq"]).shape[0])
+            self.parts_done.add(key)
+        oldest = self.oldest_step()
+        if oldest is not None and len(self.parts_done) > 4096:
+            self.parts_done = {k for k in self.parts_done if k[1] >= oldest}
 
     def _add_step_rows(self, st: Mapping[str, np.ndarray]) -> int:
         """Step rows of several ranks (`add_node`); returns how many were too old."""
@@ -815,34 +997,26 @@ class RunState:
                 self.newest_step[rank] = step
         return late
 
-    def _add_sums(self, tables: Mapping[str, Mapping[str, np.ndarray]]) -> int:
+    def _add_sums(
+        self,
+        tables: Mapping[str, Mapping[str, np.ndarray]],
+        arrived: bool = False,
+        unlisted: int = 0,
+        raw: np.ndarray | None = None,
+    ) -> int:
         """Fold a ``reduced`` message's per rank-step sums into the collective aggregates
         and its instances into the instance table, as the matching pass does with the rows
-        it matches itself. Returns the calls they cover."""
+        it matches itself (``arrived``: their calls and time inside were counted already;
+        ``unlisted``: instances the sums cover that the table leaves out; ``raw``: the cells
+        whose rows the hub holds itself, kept out of the relays' sums). Returns the calls
+        they cover."""
         cells, inst = tables["cells"], tables["instances"]
         k = inst["group"].shape[0]
         if k == 0:
             return 0
         if not self._t0_set:
             self.t0, self._t0_set = int(inst["first"].min()), True
-        rank = cells["rank"].astype(np.int64)
-        cell, ok = self.cells(rank, cells["step"], cells["inc"].astype(np.int64))
-        if REDUCED + "n" not in self.coll:  # kept apart too: see `Window.reduced`
-            for name in REDUCED_AGGREGATES:
-                self.coll[REDUCED + name] = np.zeros((self.world_size, self.H))
-        # A message names each (rank, step) once (validation): the cells are distinct, so
-        # a plain indexed add does what np.add.at would.
-        at = cell[ok] if not ok.all() else cell
-        for name in COLL_AGGREGATES:
-            v = cells[name] if ok.all() else cells[name][ok]
-            self.coll[name].reshape(-1)[at] += v
-            if name in REDUCED_AGGREGATES:
-                self.coll[REDUCED + name].reshape(-1)[at] += v
-        calls = cells["n"].astype(np.int64)
-        np.add.at(self.life_rows, rank, calls)
-        np.add.at(self.life_done, rank, calls)
-        np.add.at(self.life_last, rank, cells["times_last"])
-        np.add.at(self.life_late, rank, cells["late_ns"])
+        calls = self._fold_cells(cells, arrived, raw)
         first = inst["first"] - np.int64(self.t0)
         last = inst["last"] - np.int64(self.t0)
         table = InstanceTable(
@@ -862,7 +1036,7 @@ class RunState:
             device_transfer=inst["device_transfer"],
         )
         self.add_instances(table, inst["inc"].astype(np.int64), np.ones(k, bool))
-        self.life_complete += k
+        self.life_complete += k + unlisted
         if len(self.instances) > self.max_instance_rows:
             self.trim()  # node messages may bring many steps' instances between passes
         # The last seq of each (group, incarnation): validation refuses what comes again.
@@ -877,6 +1051,40 @@ class RunState:
         ):
             if top > self.reduced_seq.get((gid, e), -2):
                 self.reduced_seq[(gid, e)] = top
+        return calls
+
+    def _reduced_aggregates(self) -> None:
+        if REDUCED + "n" not in self.coll:  # kept apart too: see `Window.reduced`
+            for name in REDUCED_AGGREGATES:
+                self.coll[REDUCED + name] = np.zeros((self.world_size, self.H))
+
+    def _fold_cells(
+        self, cells: Mapping[str, np.ndarray], arrived: bool = False, raw: np.ndarray | None = None
+    ) -> int:
+        """Add per rank-step sums (``schema.CELL_COLUMNS``, one per rank-step) to the
+        collective aggregates, kept apart as a relay's too (`Window.reduced`) but those
+        ``raw`` marks (the hub holds their rows); ``arrived``: but the calls and the time
+        inside, counted when they came. Returns the calls."""
+        rank = cells["rank"].astype(np.int64)
+        cell, ok = self.cells(rank, cells["step"], cells["inc"].astype(np.int64))
+        self._reduced_aggregates()
+        # A message names each (rank, step) once (validation): the cells are distinct, so
+        # a plain indexed add does what np.add.at would.
+        at = cell[ok] if not ok.all() else cell
+        apart = ok if raw is None else ok & ~raw
+        for name in COLL_AGGREGATES:
+            if arrived and name in ("n", "coll_ns"):
+                continue
+            v = cells[name] if ok.all() else cells[name][ok]
+            self.coll[name].reshape(-1)[at] += v
+            if name in REDUCED_AGGREGATES:
+                self.coll[REDUCED + name].reshape(-1)[cell[apart]] += cells[name][apart]
+        calls = cells["n"].astype(np.int64)
+        if not arrived:
+            np.add.at(self.life_rows, rank, calls)
+        np.add.at(self.life_done, rank, calls)
+        np.add.at(self.life_last, rank, cells["times_last"])
+        np.add.at(self.life_late, rank, cells["late_ns"])
         return int(calls.sum())
 
     def group_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

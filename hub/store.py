@@ -330,6 +330,11 @@ class Store:
                     run.stats[r] = dict(stats)
                     run.heard_ns[r] = heard
                 self._took_rows(run, *run.add_node(h, msg.tables))
+                if run.part_rejects:  # shares that disagreed when combined
+                    for reason, n in run.part_rejects.items():
+                        rejects = self._counters["rejects"]
+                        rejects[reason] = rejects.get(reason, 0) + n
+                    run.part_rejects = {}
             elif msg.kind == "groups":
                 run.set_groups(h["groups"])
             elif msg.kind == "samples":

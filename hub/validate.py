@@ -353,6 +353,7 @@ def check_reduced(
             for name in ("cells", "instances"):
                 tables[name] = {k: v[:0] for k, v in tables[name].items()}
     _check_sums(msg, run, now_ns, limits)
+    rejects += _check_parts(msg, run, now_ns, limits)
     empty = not any(next(iter(t.values())).shape[0] for t in tables.values()) and not (
         msg.header.get("stats")
     )
@@ -543,11 +544,149 @@ def _check_sums(msg: schema.Message, run: RunState, now_ns: int | None, limits: 
                 "duplicate_instance",
                 f"group {gid} seq {low} incarnation {epoch} after seq {folded} was folded",
             )
-    if int(n.sum()) != members:
+    unlisted = int((msg.header.get("unlisted") or (0, 0))[1])
+    if int(n.sum()) != members + unlisted:
         raise Reject(
             "bad_reduced",
-            f"cells count {int(n.sum())} calls, the instances' members make {members}",
+            f"cells count {int(n.sum())} calls, the instances' members make {members} and "
+            f"the unlisted ones' {unlisted}",
         )
+
+
+def _check_parts(
+    msg: schema.Message, run: RunState, now_ns: int | None, limits: Limits
+) -> list[tuple[str, str, int]]:
+    """The ``parts`` and ``part_cells`` of a ``reduced`` message (`hub.partial`): each row
+    of a group the run knows, ranks its members in their current incarnation, times in the
+    window and in order, sums what ``n`` calls can hold. Parts of an incarnation the hub
+    does not hold are left out (returned, as `check_reduced`'s rows are); whether the
+    shares of an instance agree is `hub.partial.combine`'s to judge, when they are all in.
+    """
+    tables = msg.tables
+    parts, cells = tables.get("parts"), tables.get("part_cells")
+    if parts is None and cells is None:
+        return []
+    if parts is None or cells is None:
+        raise Reject("bad_reduced", "parts without part_cells, or part_cells without parts")
+    for name in ("parts", "part_cells", "part_rows"):
+        t = tables.get(name)
+        if t is not None and t["inc"].shape[0] and int(t["inc"].min()) < 0:
+            raise Reject("bad_reduced", f"{name}.inc holds {int(t['inc'].min())} < 0")
+    if not parts["group"].shape[0] and not cells["rank"].shape[0]:
+        return []
+    if not parts["group"].shape[0] or not cells["rank"].shape[0]:
+        raise Reject("bad_reduced", "parts without part_cells, or part_cells without parts")
+    lo, hi = limits.time_bounds(now_ns)
+    span = float(limits.max_duration_s * 1e9)
+    world = run.world_size
+    rank = cells["rank"]
+    if int(rank.min()) < 0 or int(rank.max()) >= world:
+        bad = int(rank[(rank < 0) | (rank >= world)][0])
+        raise Reject("bad_reduced", f"part_cells.rank holds {bad}, outside world size {world}")
+    _check_step_ids("parts.step", parts["step"])
+    _check_step_ids("parts.seq", parts["seq"])
+    _check_step_ids("part_cells.step", cells["step"])
+    n = cells["n"].astype(np.float64)
+    if int(cells["n"].min()) < 1:
+        raise Reject("bad_reduced", "a part cell with no call")
+    _in_bounds("part_cells.origin", cells["origin"], lo, hi, unknown=False)
+    enter, exit_ = cells["enter_ns"], cells["exit_ns"]
+    begin, after = cells["start_ns"], cells["after_ns"]
+    if not (
+        (enter >= 0)
+        & (exit_ >= enter)
+        & (exit_ <= n * 2 * span)
+        & (begin >= 0)
+        & (begin <= n * 2 * span)
+        & (after >= 0)
+        & (after <= n * span)
+    ).all():
+        raise Reject(
+            "bad_reduced",
+            "part_cells sums not finite, negative, exits before entries, or over n x "
+            "Limits.max_duration_s",
+        )
+    if not np.isin(cells["linear"], (0, 1)).all():
+        raise Reject("bad_reduced", "part_cells.linear holds a value other than 0 or 1")
+    rows = tables.get("part_rows")
+    if rows is not None and rows["rank"].shape[0]:
+        r = rows["rank"]
+        if int(r.min()) < 0 or int(r.max()) >= world:
+            bad = int(r[(r < 0) | (r >= world)][0])
+            raise Reject("bad_reduced", f"part_rows.rank holds {bad}, outside world size {world}")
+        _check_step_ids("part_rows.step", rows["step"])
+        _check_step_ids("part_rows.seq", rows["seq"])
+        both = np.concatenate((rows["start"], rows["exit"]))
+        _in_bounds("part_rows.start/exit", both, lo, hi, unknown=False)
+        _in_bounds("part_rows.cut", rows["cut"], lo, hi, unknown=True)
+    op = parts["op"]
+    if int(op.max()) >= _N_OPS or int(op.min()) < -1:
+        raise Reject("bad_op", f"parts.op outside -1..{_N_OPS - 1}")
+    if int(parts["nbytes"].min()) < -1:
+        raise Reject("bad_nbytes", f"parts.nbytes holds {int(parts['nbytes'].min())} < -1")
+    first, last = parts["first"], parts["last"]
+    leave, gone = parts["first_exit"], parts["last_exit"]
+    _in_bounds(
+        "parts.first/last", np.concatenate((first, last, leave, gone)), lo, hi, unknown=False
+    )
+    runner = parts["runner_up"]
+    known = runner != schema.NO_TIME
+    if not (
+        (last >= first).all()
+        and (gone >= leave).all()
+        and (leave >= first).all()
+        and (last - first <= span).all()
+        and (gone - first <= span).all()
+        and (runner[known] >= first[known]).all()
+        and (runner[known] <= last[known]).all()
+    ):
+        raise Reject("bad_time", "a part's entries or exits out of order or over the longest span")
+    for name in ("exit_median", "end_median"):
+        v = parts[name]
+        ok = ~np.isnan(v) if name == "end_median" else np.ones(v.shape[0], bool)
+        if not ((np.abs(v[ok]) <= span) & np.isfinite(v[ok])).all():
+            raise Reject("bad_reduced", f"parts.{name} holds a value over the longest span")
+    start = parts["start_max"]
+    _in_bounds("parts.start_max", start, lo, hi, unknown=True)
+    gids, sizes, member = run.group_index()
+    checked = [("parts", parts, "last_rank"), ("part_cells", cells, "rank")]
+    if rows is not None and rows["rank"].shape[0]:
+        checked.append(("part_rows", rows, "rank"))
+    for name, t, who in checked:
+        g64 = t["group"].astype(np.int64)
+        pos = np.minimum(np.searchsorted(gids, g64), max(gids.shape[0] - 1, 0))
+        if not gids.shape[0] or (gids[pos] != g64).any():
+            bad = int(g64[0] if not gids.shape[0] else g64[gids[pos] != g64][0])
+            raise Reject("bad_reduced", f"{name} of group {bad}, which the run does not know")
+        key = (g64 << 32) + t[who]
+        at = np.minimum(np.searchsorted(member, key), member.shape[0] - 1)
+        if (member[at] != key).any():
+            gid = int(g64[member[at] != key][0])
+            raise Reject("bad_reduced", f"{name}.{who} not a member of group {gid}")
+        if name == "parts":
+            size = sizes[pos]
+            m, d = t["n_members"], t["n_device"]
+            if ((m < 1) | (m > size) | (d < 0) | (d > m)).any():
+                raise Reject("bad_reduced", "parts.n_members/n_device outside 1..the group's size")
+    off = cells["inc"] != run.incarnation[rank]
+    if not off.any():
+        return []
+    # Shares of an incarnation the hub does not hold: those of their (group, step) go.
+    i = int(np.flatnonzero(off)[0])
+    inc, latest = int(cells["inc"][i]), int(run.incarnation[rank[i]])
+    reason = "stale_incarnation" if 0 <= inc < latest else "unknown_rank"
+    detail = f"parts of rank {int(rank[i])} incarnation {inc}, its latest hello is {latest}"
+    named = [("parts", parts), ("part_cells", cells)]
+    if rows is not None:
+        named.append(("part_rows", rows))
+    keys = [np.stack([t["group"].astype(np.int64), t["step"]], axis=1) for _, t in named]
+    _, code = np.unique(np.concatenate(keys), axis=0, return_inverse=True)
+    code = code.reshape(-1)
+    bounds = np.cumsum([0] + [k.shape[0] for k in keys])
+    bad = code[bounds[1] : bounds[2]][off]
+    for (name, t), a, b in zip(named, bounds[:-1], bounds[1:], strict=True):
+        tables[name] = {k: v[~np.isin(code[a:b], bad)] for k, v in t.items()}
+    return [(reason, detail, 1)]
 
 
 _WHO = ("host", "pid")

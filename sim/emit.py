@@ -122,8 +122,8 @@ class Kept(Emitter):
 
 class RankStreams:
     """What every simulated rank sends, in order: its hello, then (rank 0) the group table
-    (with ``node_groups``, each node's first rank also the groups inside its node, as a
-    node's collectors tell its relay),
+    (with ``node_groups``, each node's first rank also the groups with a member on its
+    node, as a node's collectors tell its relay),
     then steps messages (``steps_per_message`` steps each), samples messages (at most one
     per ``sample_period_s`` of simulated time, like a collector's sampler thread) and, every
     `STATS_EVERY` steps and at the end, its health counters."""
@@ -180,13 +180,13 @@ class RankStreams:
         self.emit.send(0, schema.groups_message(self._header(0), c.groups))
         if self.node_groups:
             # And each node's groups from the node's first rank, as each node's collectors
-            # report the groups they belong to: a relay learns the groups it can reduce.
+            # report the groups they belong to: a relay learns the groups it can reduce
+            # (those of other nodes too: of a group spanning nodes, its share).
             host = np.asarray(c.layout.host)
             by_host: dict[int, list[dict[str, Any]]] = {}
             for g in c.groups:
-                hosts = np.unique(host[np.asarray(g["ranks"], np.int64)])
-                if hosts.shape[0] == 1:
-                    by_host.setdefault(int(hosts[0]), []).append(g)
+                for h in np.unique(host[np.asarray(g["ranks"], np.int64)]).tolist():
+                    by_host.setdefault(int(h), []).append(g)
             ids, firsts = np.unique(host, return_index=True)
             first_of = dict(zip(ids.tolist(), firsts.tolist(), strict=True))
             for h, mine in by_host.items():

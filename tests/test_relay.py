@@ -371,8 +371,12 @@ def test_direct_and_reducing_relays_give_the_hub_the_same_run(tmp_path: Path) ->
         np.testing.assert_array_equal(values, wb.coll[name], err_msg=name)
     ia, ib = wa.instances, wb.instances
     oa, ob = np.lexsort((ia.seq, ia.group)), np.lexsort((ib.seq, ib.group))
-    for name in ("group", "seq", "last_rank", "first", "last", "margin", "transfer"):
+    for name in ("group", "seq", "last_rank", "first", "last", "margin"):
         np.testing.assert_array_equal(getattr(ia, name)[oa], getattr(ib, name)[ob])
+    # Groups whose first step came before the rack's relay heard every member's hello go
+    # on as parts (`hub.partial`): their median transfer is the parts' weighted median.
+    ta, tb = ia.transfer[oa], ib.transfer[ob]
+    assert np.nanmax(np.abs(ta - tb) / np.nanmedian(ta)) < 0.02
     da, db = diagnose(wa), diagnose(wb)
     assert da.verdict.top.mechanism == db.verdict.top.mechanism == "slow_device"
     assert da.verdict.top.ranks == db.verdict.top.ranks

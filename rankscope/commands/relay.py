@@ -76,9 +76,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--reduce",
         action="store_true",
         help="match the collectives of the groups whose members all send here (a node's "
-        "tensor-parallel groups) and send the hub their sums, and gather the node's "
-        "messages into one per flush; an upper relay with --reduce gathers its nodes' "
-        "(hub.reduce)",
+        "tensor-parallel groups) and send the hub their sums, reduce those of groups "
+        "with members elsewhere (data parallel) to parts the hub combines, and gather the "
+        "node's messages into one per flush; an upper relay with --reduce gathers its "
+        "nodes' (hub.reduce, hub.partial)",
     )
     p.add_argument(
         "--raw-ring",
