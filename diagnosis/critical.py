@@ -80,7 +80,9 @@ def busy_ns(window: Window, decomp: Decomposition) -> np.ndarray:
         float64 (R, S); NaN where absent.
     """
     wait, idle = (decomp.category(c) for c in BUSY_CATEGORIES)
-    return decomp.step_ns - wait - idle
+    busy = decomp.step_ns - wait
+    busy -= idle
+    return busy
 
 
 def group_skew(window: Window, all_complete: bool = False) -> GroupSkew:

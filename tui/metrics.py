@@ -72,14 +72,17 @@ def metric_values(window: Window, name: str) -> np.ndarray:
     if name not in METRIC_SPECS:
         raise KeyError(f"unknown metric {name!r}; expected one of {tuple(METRIC_SPECS)}")
     shape = window.present.shape
+    # ``step_ns`` and a decomposition made here are new arrays: scaled in place.
     if name == "step":
-        out = window.step_ns / NS_PER_MS
+        out = window.step_ns
+        out /= NS_PER_MS
     elif name in ("compute", "wait", "transfer"):
         from rankscope.diagnosis.decomposition import decompose
 
         category = {"compute": "compute", "wait": "arrival_wait", "transfer": "exposed_comm"}
         cat = category[name]
-        out = decompose(window, only=(cat,)).category(cat) / NS_PER_MS
+        out = decompose(window, only=(cat,)).category(cat)
+        out /= NS_PER_MS
     elif name == "lateness":
         n = window.coll["n"]
         out = n * NS_PER_MS
@@ -210,7 +213,11 @@ def finite_sum_count(x: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
     counts = np.full(total.shape[0], x.shape[1 if rows else 0], np.int64)
     bad = np.flatnonzero(~np.isfinite(total))
     if bad.size:
-        sub = x[bad] if rows else x[:, bad]
+        # Every row of a C-ordered array (a metric no rank reports): the array itself, not
+        # a copy of it laid out the same way (a copy of columns is laid out otherwise,
+        # which changes the order of the sums).
+        every = rows and bad.size == total.shape[0] and x.flags.c_contiguous
+        sub = x if every else x[bad] if rows else x[:, bad]
         finite = np.isfinite(sub)
         counts[bad] = np.count_nonzero(finite, axis=axis)
         total[bad] = np.sum(sub, axis=axis, where=finite)
