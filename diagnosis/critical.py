@@ -68,19 +68,21 @@ BUSY_CATEGORIES = ("arrival_wait", "pipeline_idle")
 """What `busy_ns` takes out of the step (a decomposition of only these serves it)."""
 
 
-def busy_ns(window: Window, decomp: Decomposition) -> np.ndarray:
+def busy_ns(window: Window, decomp: Decomposition, out: np.ndarray | None = None) -> np.ndarray:
     """Per rank and step the time not spent waiting for others: step − arrival wait −
     pipeline idle. The rank with the most of it is the one the others wait for.
 
     Args:
         window: the window.
         decomp: its decomposition.
+        out: float64 (R, S) to write into (default a new array); ``decomp.step_ns`` itself
+            where the caller made the decomposition for this alone.
 
     Returns:
-        float64 (R, S); NaN where absent.
+        float64 (R, S) (``out`` when given); NaN where absent.
     """
     wait, idle = (decomp.category(c) for c in BUSY_CATEGORIES)
-    busy = decomp.step_ns - wait
+    busy = np.subtract(decomp.step_ns, wait, out=out)
     busy -= idle
     return busy
 

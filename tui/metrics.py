@@ -255,8 +255,10 @@ def busy_mean(window: Window) -> np.ndarray:
     from rankscope.diagnosis.critical import BUSY_CATEGORIES, busy_ns
     from rankscope.diagnosis.decomposition import decompose
 
-    # NaN where the rank did not report (the decomposition's step time is).
-    return finite_mean(busy_ns(window, decompose(window, only=BUSY_CATEGORIES)))
+    # NaN where the rank did not report (the decomposition's step time is). The
+    # decomposition is made for this alone: the busy time is written over its step time.
+    decomp = decompose(window, only=BUSY_CATEGORIES)
+    return finite_mean(busy_ns(window, decomp, out=decomp.step_ns))
 
 
 def slowest_ranks(window: Window, k: int, candidates: np.ndarray | None = None) -> list[int]:
