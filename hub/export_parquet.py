@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from rankscope.collector import schema
+from rankscope.hub.partial import PartError, PartStore, combine
 from rankscope.hub.reduce import unpack_node
 
 QUERIES: dict[str, str] = {
@@ -416,6 +417,9 @@ def write_parquet(
     runs: list[str] = []
     codes: dict[str, int] = {}
     matcher = _Matcher(tables["instances.parquet"], runs, lag_steps)
+    ranks: dict[tuple[int, int], np.ndarray] = {}
+    """(run code, group) -> its members, ascending (to combine relays' parts)."""
+    held: dict[int, PartStore] = {}
     try:
         seen: set[str] = set()
         for msg in _messages(recording, summary):
@@ -432,9 +436,13 @@ def write_parquet(
             if msg.kind == "groups":
                 for g in h.get("groups") or []:
                     matcher.members[(code, int(g["id"]))] = len(g["ranks"])
+                    ranks[(code, int(g["id"]))] = np.sort(np.asarray(g["ranks"], np.int64))
                 continue
             if msg.kind == "reduced":  # a relay's: its ranks' rows, and what it matched
                 _add_reduced(tables["instances.parquet"], msg.tables["instances"], code, runs)
+                store = held.setdefault(code, PartStore())
+                for inst in _combined(store, msg, code, ranks):
+                    _add_reduced(tables["instances.parquet"], inst, code, runs)
                 parts = [m for m in unpack_node(msg) if m.kind == "steps"]
             elif msg.kind == "steps":
                 parts = [msg]
@@ -487,6 +495,36 @@ def _add_steps(
             "cpu_ns": ph["cpu_ns"],
         },
     )
+
+
+def _combined(
+    store: PartStore,
+    msg: schema.Message,
+    code: int,
+    ranks: dict[tuple[int, int], np.ndarray],
+) -> list[dict[str, np.ndarray]]:
+    """The instances a node message's parts complete (`hub.partial`), as the hub combines
+    them; shares that do not add up are left out, as the hub refuses them."""
+    if "parts" not in msg.tables or "part_cells" not in msg.tables:
+        return []
+    tables = {
+        name: msg.tables.get(name)
+        or {c: np.zeros(0, dt) for c, dt in schema.REDUCED_TABLES[name].items()}
+        for name in ("parts", "part_cells", "part_rows")
+    }
+    sizes = {gid: m.shape[0] for (c, gid), m in ranks.items() if c == code}
+    done, _, _ = store.add(tables, sizes, set())
+    out = []
+    for key in done:
+        parts, pid, cells, rows = store.pop(key)
+        members = ranks.get((code, key[0]))
+        if members is None:
+            continue
+        try:
+            out.append(combine(members, parts, pid, cells, rows).instances)
+        except PartError:
+            continue
+    return out
 
 
 def _add_reduced(table: _Table, inst: dict[str, np.ndarray], code: int, runs: list[str]) -> None:

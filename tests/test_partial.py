@@ -395,3 +395,52 @@ def test_members_that_came_as_rows_combine_with_the_relay_s_parts(
     ed, em = exposed_union(wd), exposed_union(wm)
     for name in ("exposed_wait_ns", "exposed_transfer_ns"):
         np.testing.assert_allclose(ed[name], em[name], rtol=1e-12, err_msg=name)
+
+
+def test_a_recording_with_parts_replays_and_exports_the_combined_instances(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Parts in a recording: replayed to the window the live hub held, cut to a snapshot
+    window that replays, and exported to Parquet with the instances they combine to."""
+    pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from rankscope.hub.export_parquet import write_parquet
+    from rankscope.hub.recording import RecordingWriter
+    from rankscope.hub.replay import load
+    from rankscope.snapshot_window import window_frames
+
+    msgs, cluster = _messages("placement", 8, layout__tp=8)
+    host = np.asarray(cluster.layout.host)
+    live = Store(history_steps=64, raw_steps=16)
+    intake = Intake(live)
+    relays: dict[int, NodeReducer] = {}
+    sent: list[bytes] = []
+    for r, data in msgs:
+        relay = relays.setdefault(int(host[r]), NodeReducer())
+        sent += relay.take(data, now=0.0) + relay.due(now=0.0)
+    for relay in relays.values():
+        sent += relay.flush_all()
+    assert any(
+        "parts" in schema.decode(d).tables for d in sent if schema.decode(d).kind == "reduced"
+    )
+    writer = RecordingWriter(tmp_path / "rec")
+    for k, data in enumerate(sent):
+        assert intake.feed(data, 1_700_000_000_000_000_000 + k)
+        writer.append(data, 1_700_000_000_000_000_000 + k)
+    writer.close()
+    live.settle()
+    replayed = load(tmp_path / "rec", history_steps=64, raw_steps=16)
+    a, b = live.window("r"), replayed.window("r")
+    for agg in COLL_AGGREGATES:
+        np.testing.assert_array_equal(a.coll[agg], b.coll[agg], err_msg=agg)
+    assert len(a.instances) == len(b.instances)
+    snap = Store(history_steps=64, raw_steps=16)
+    snap_intake = Intake(snap)
+    for payload, t in window_frames(tmp_path / "rec", "r", [3, 4]):
+        snap_intake.feed(payload, t)
+    snap.settle()
+    w = snap.window("r")
+    assert w.steps.tolist() == [3, 4] and w.present.all()
+    np.testing.assert_array_equal(w.coll["late_ns"], a.coll["late_ns"][:, 3:5])
+    write_parquet(tmp_path / "pq", tmp_path / "rec")
+    inst = pq.read_table(tmp_path / "pq" / "instances.parquet")
+    assert inst.num_rows == len(a.instances)
