@@ -15,7 +15,10 @@ another in each repetition:
   host's messages gathered into one per step), made beforehand by one reducer per host
   in this process; its CPU per rank-step is the relay column;
 - *node and rack relays*: the same node messages gathered again by a relay per rack of 32
-  hosts (``--reduce`` one level up): one message per rack and step.
+  hosts (``--reduce`` one level up): one message per rack and step, with the data-parallel
+  buckets (a member per host) reduced to parts the hub combines (`rankscope.hub.partial`),
+  and at scale only the rack's share of the hub's instance table listed
+  (`rankscope.hub.reduce.INSTANCE_STEPS`).
 
 The sender is this process, waiting for room rather than dropping. What is compared is the
 hub process's CPU time (all its threads: ZeroMQ's I/O thread, receive, validation,

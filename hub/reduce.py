@@ -142,15 +142,15 @@ class _Run:
     header: dict[int, dict[str, Any]] = field(default_factory=dict)
     """rank -> the header of its latest message (for the rows sent on in its name)."""
     inc: dict[int, int] = field(default_factory=dict)
-    groups: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    local: frozenset[int] = frozenset()
-    """Groups every member of which said hello through this relay."""
-    here: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    """Groups this relay reduces -> their members that said hello through it: all of them
-    for ``local`` groups, two or more for the others (their instances leave as parts:
-    `hub.partial`)."""
-    reducible_arr: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    """The groups of ``here``, ascending."""
+    groups: dict[int, np.ndarray] = field(default_factory=dict)
+    """Group -> its members, ascending (`_members`: one array per membership)."""
+    _local: frozenset[int] = frozenset()
+    _here: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    _reducible: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    _stale: bool = False
+    """A hello or a group table came since ``local``, ``here`` were worked out (they are
+    worked out when next read: a rack's relay hears hundreds of hellos, and a data-parallel
+    group has thousands of members)."""
     partials: bool = True
     """Whether groups with members beyond this relay are reduced to parts."""
     parted: set[int] = field(default_factory=set)
@@ -214,23 +214,69 @@ class _Run:
         return lut
 
     def relocal(self) -> None:
-        known = self.inc.keys()
+        """Work out ``local`` and ``here`` again when next read."""
+        self._stale = True
+
+    def _refresh(self) -> None:
+        if not self._stale:
+            return
+        self._stale = False
+        known = np.array(sorted(self.inc), np.int64)
         local, here = set(), {}
         for gid, ranks in self.groups.items():
-            mine = tuple(r for r in ranks if r in known)
-            if len(mine) == len(ranks) and gid not in self.parted:
+            at = np.minimum(np.searchsorted(known, ranks), max(known.shape[0] - 1, 0))
+            mine = ranks[known[at] == ranks] if known.shape[0] else ranks[:0]
+            if mine.shape[0] == ranks.shape[0] and gid not in self.parted:
                 local.add(gid)
-                here[gid] = mine
-            elif (len(mine) >= 2 or gid in self.parted) and self.partials:
-                here[gid] = mine
-        self.local = frozenset(local)
-        self.here = here
-        self.reducible_arr = np.array(sorted(here), np.int64)
+                here[gid] = tuple(mine.tolist())
+            elif (mine.shape[0] >= 2 or gid in self.parted) and self.partials:
+                here[gid] = tuple(mine.tolist())
+        self._local = frozenset(local)
+        self._here = here
+        self._reducible = np.array(sorted(here), np.int64)
+
+    @property
+    def local(self) -> frozenset[int]:
+        """Groups every member of which said hello through this relay."""
+        self._refresh()
+        return self._local
+
+    @property
+    def here(self) -> dict[int, tuple[int, ...]]:
+        """Groups this relay reduces -> their members that said hello through it: all of
+        them for ``local`` groups, two or more for the others (their instances leave as
+        parts: `hub.partial`)."""
+        self._refresh()
+        return self._here
+
+    @property
+    def reducible_arr(self) -> np.ndarray:
+        """The groups of ``here``, ascending."""
+        self._refresh()
+        return self._reducible
 
     def reducible_rows(self, co: Mapping[str, np.ndarray]) -> np.ndarray:
         """Which rows of a ``colls`` table this relay reduces: of the groups it reduces,
         not point-to-point (the exposed-time union keeps those apart)."""
         return _member(self.reducible_arr, co["group"]) & ~_P2P[co["op"] + 1]  # op -1 at 0
+
+
+_MEMBERS: dict[bytes, np.ndarray] = {}
+"""Memberships seen, by their bytes: every relay of a process (a benchmark's thousands)
+holds one array per membership, not one each (a world group of 65,536 ranks is 512 KB)."""
+
+
+def _members(ranks: list[int]) -> np.ndarray:
+    """A group's members as an ascending array, shared with the relays that saw the same."""
+    arr = np.unique(np.asarray(ranks, np.int64))
+    key = arr.tobytes()
+    got = _MEMBERS.get(key)
+    if got is None:
+        if len(_MEMBERS) >= 4096:
+            _MEMBERS.clear()
+        got = _MEMBERS[key] = arr
+        arr.flags.writeable = False
+    return got
 
 
 def _member(arr: np.ndarray, group: np.ndarray) -> np.ndarray:
@@ -302,7 +348,7 @@ class NodeReducer:
             for g in h["groups"]:
                 ranks = g["ranks"]
                 if all(isinstance(r, int) and r >= 0 for r in ranks) and ranks:
-                    run.groups[int(g["id"])] = tuple(sorted(ranks))
+                    run.groups[int(g["id"])] = _members(ranks)
             run.relocal()
             return [frame]
         if kind == "samples":
@@ -577,7 +623,7 @@ class NodeReducer:
         gid, step = key
         if gid not in run.local:
             return self._part(run, held, gid, step)
-        members = run.groups[gid]
+        members = run.here[gid]
         parts = []
         for r in members:
             tabs = held.rows.get(r)

@@ -389,3 +389,48 @@ def test_an_absurd_step_id_of_one_rank_does_not_pass_for_another_ranks_step() ->
         schema.Message(kind="reduced", header=m.header, tables=tables), run, None, REPLAY
     )
     assert verdict.duplicate_steps == 0 and not verdict.empty
+
+
+def test_a_relay_lists_its_share_of_instances_and_its_sums_cover_them_all() -> None:
+    """At scale a relay lists only its ranks' share of the hub's instance table (forced
+    here: a share of a quarter instance a step); the sums, the counts of completed
+    instances and of times each rank came last stay those of every instance."""
+    msgs, cluster = _messages("slow-device", 8, layout__tp=8)
+    host = np.asarray(cluster.layout.host)
+    direct = Store(history_steps=64, raw_steps=16)
+    Intake(direct).feed_many([d for _, d in msgs], 0)
+    listed = Store(history_steps=64, raw_steps=16)
+    intake = Intake(listed)
+    relays: dict[int, NodeReducer] = {}
+    for r, data in msgs:
+        relay = relays.setdefault(int(host[r]), NodeReducer(instance_steps=10**6))
+        for out in relay.take(data, now=0.0) + relay.due(now=0.0):
+            assert intake.feed(out)
+    for relay in relays.values():
+        for out in relay.flush_all():
+            assert intake.feed(out)
+    direct.settle()
+    listed.settle()
+    assert listed.health["rejects"] == {}
+    wd, wl = direct.window("r"), listed.window("r")
+    for agg in COLL_AGGREGATES:
+        np.testing.assert_array_equal(wd.coll[agg], wl.coll[agg], err_msg=agg)
+    td, tl = direct.totals("r"), listed.totals("r")
+    assert tl.instances_complete == td.instances_complete
+    np.testing.assert_array_equal(tl.times_last, td.times_last)
+    # One instance of each tensor-parallel group a step, a different call each step.
+    tp = wl.instances.n_members == 8
+    assert tp.sum() == 4 * 8 < (wd.instances.n_members == 8).sum()
+    one = tp & (wl.instances.group == wl.instances.group[tp][0])
+    k = int((wd.instances.group == wl.instances.group[tp][0]).sum()) // 8  # calls a step
+    at = wl.instances.seq[one] - k * wl.instances.step[one]  # the call's place in its step
+    assert len(set(at.tolist())) == 8  # the offset moves with the step
+    # The listed instances are the direct run's own.
+    a, b = wd.instances, wl.instances
+    key_a = {(g, s): i for i, (g, s) in enumerate(zip(a.group.tolist(), a.seq.tolist()))}
+    for j, (g, s) in enumerate(zip(b.group.tolist(), b.seq.tolist())):
+        i = key_a[(g, s)]
+        for f in ("first", "last", "last_rank", "margin", "transfer"):
+            assert getattr(a, f)[i] == getattr(b, f)[j] or (
+                np.isnan(getattr(a, f)[i]) and np.isnan(getattr(b, f)[j])
+            )
