@@ -266,16 +266,22 @@ _MEMBERS: dict[bytes, np.ndarray] = {}
 holds one array per membership, not one each (a world group of 65,536 ranks is 512 KB)."""
 
 
-def _members(ranks: list[int]) -> np.ndarray:
-    """A group's members as an ascending array, shared with the relays that saw the same."""
-    arr = np.unique(np.asarray(ranks, np.int64))
-    key = arr.tobytes()
+def _members(ranks: list[Any]) -> np.ndarray | None:
+    """A group's members as an ascending array, shared with the relays that saw the same
+    list; None unless they are ranks (integers, not negative, at least one)."""
+    try:
+        arr = np.array(ranks)
+    except (ValueError, OverflowError):
+        return None
+    if arr.ndim != 1 or not arr.shape[0] or arr.dtype.kind not in "iu" or arr.min() < 0:
+        return None
+    key = arr.astype(np.int64, copy=False).tobytes()
     got = _MEMBERS.get(key)
     if got is None:
         if len(_MEMBERS) >= 4096:
             _MEMBERS.clear()
-        got = _MEMBERS[key] = arr
-        arr.flags.writeable = False
+        got = _MEMBERS[key] = np.unique(arr.astype(np.int64))
+        got.flags.writeable = False
     return got
 
 
@@ -346,9 +352,9 @@ class NodeReducer:
         run.heard = time.monotonic() if now is None else now
         if kind == "groups":
             for g in h["groups"]:
-                ranks = g["ranks"]
-                if all(isinstance(r, int) and r >= 0 for r in ranks) and ranks:
-                    run.groups[int(g["id"])] = _members(ranks)
+                members = _members(g["ranks"])
+                if members is not None:
+                    run.groups[int(g["id"])] = members
             run.relocal()
             return [frame]
         if kind == "samples":
