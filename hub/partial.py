@@ -16,22 +16,34 @@ splits over its members, though:
   exits (*part cells*) and the combined instances give them exactly; times last are counted
   from the combined last arrivers.
 
+Asynchronous calls (DDP's buckets) expose only what runs after their cut
+(`diagnosis.arrivals.async_cut`): ``max(min(L, exit) - max(enter, cut), 0)`` for the
+instance's last entry ``L``, clipped per call. The relay knows ``L`` lies between the latest
+entry it sees and the first exit it sees; a call cut before that range is linear in ``L``
+(summed, as a blocking call is), one cut after it is a constant (summed), and only the
+calls cut inside it travel one by one as *part rows*, which the hub evaluates once ``L`` is
+known.
+
 So a relay sends, per instance of such a group and the members it carries, a *part*
-(``collector.schema.PART_COLUMNS``), and per member and step its sums (``PART_CELL_COLUMNS``);
-the hub holds them (`PartStore`) until the parts of a (group, step, incarnation) cover the
-group's members, then `combine` makes the cells and instances a relay that held every member
-would have sent, and the hub folds them as it folds those.
+(``collector.schema.PART_COLUMNS``), per member and step its sums (``PART_CELL_COLUMNS``),
+and its part rows (``PART_ROW_COLUMNS``); the hub holds them (`PartStore`) until the parts
+of a (group, step, incarnation) cover the group's members, then `combine` makes the cells
+and instances a relay that held every member would have sent, and the hub folds them as it
+folds those. Rows of such a group that reach the hub as rows are made parts of one member
+there (`parts_of_rows`), so an instance whose members came both ways still combines.
 
 Not exact: the median transfer of an instance (and the device-timed one) is the median of
 the members' exits less the last entry; a part carries the median of its members' exits,
 and the combined one is the member-weighted median of those. It lies between the parts'
 medians, as the true one does, so the error is at most their spread
-(``tests/test_partial.py`` measures it on seeded runs). Where some member left before the
-last one came (clocks that disagree by more than the transfer), each call's wait would be
-clipped at its own exit, which needs its rows: that (group, step)'s sums keep only the time
-inside the calls (``coll_ns``) and its instances go in as matched, counted as
-``unsplit``. Parts that never cover their group (a member's rows went to the hub as rows,
-or never came) give the same once their step is stale, counted as ``incomplete``.
+(``tests/test_partial.py`` checks the bound against the row-by-row match). Where some
+member left before the last one came (clocks that disagree by more than the transfer),
+each call's wait would be clipped at its own exit, which needs its rows: that (group,
+step)'s sums keep only the time inside the calls (``coll_ns``) and its instances go in as
+matched, counted as ``unsplit``. Parts that never cover their group (a member that never
+reported) keep, once their step is stale, the calls and time inside counted when they came,
+as the matching does with rows of instances that never completed; counted as
+``incomplete``.
 """
 
 from __future__ import annotations
