@@ -515,8 +515,7 @@ def _combined(
     sizes = {gid: m.shape[0] for (c, gid), m in ranks.items() if c == code}
     done, _, _ = store.add(tables, sizes, set())
     out = []
-    for key in done:
-        parts, pid, cells, rows = store.pop(key)
+    for key, (parts, pid, cells, rows) in (store.pop(done) if done else {}).items():
         members = ranks.get((code, key[0]))
         if members is None:
             continue

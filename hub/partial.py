@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 
@@ -485,11 +486,21 @@ def _weighted_median(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
 
 @dataclass
 class _Held:
-    parts: list[dict[str, np.ndarray]] = field(default_factory=list)
-    cells: list[dict[str, np.ndarray]] = field(default_factory=list)
-    rows: list[dict[str, np.ndarray]] = field(default_factory=list)
+    msgs: list[int] = field(default_factory=list)
+    """The messages holding its shares (ids in `PartStore.messages`)."""
     ranks: set[int] = field(default_factory=set)
     """The members the shares so far cover."""
+
+
+@dataclass
+class _Message:
+    tables: dict[str, dict[str, np.ndarray]]
+    """``parts`` (with ``pid``), ``part_cells``, ``part_rows``: the rows of the keys held."""
+    code: dict[str, np.ndarray]
+    """Per table, each row's key as an index into ``keys``."""
+    keys: list[tuple[int, int, int]]
+    live: int
+    """Keys of it still held."""
 
 
 @dataclass
@@ -498,12 +509,17 @@ class PartStore:
 
     `add` takes a validated message's ``parts``, ``part_cells`` and ``part_rows`` and
     returns the keys (group, step, incarnation) they complete, and the part cells it took;
-    `pop` takes a key's out; `stale` names the keys at or below a step.
+    `pop` takes keys out; `stale` names the keys at or below a step. A message is held
+    whole, not cut per key: the keys a step's last message completes are taken out
+    together, with one gather per table (a rack's message carries a share of every
+    data-parallel group, and every rack's message is needed to complete one).
     """
 
     held: dict[tuple[int, int, int], _Held] = field(default_factory=dict)
+    messages: dict[int, _Message] = field(default_factory=dict)
     shares: int = 0
     """Shares taken (each gets its own id)."""
+    _next: int = 0
 
     def add(
         self,
@@ -523,48 +539,124 @@ class PartStore:
             were taken, and how many shares were refused as repeats (a key already done,
             or a member a held share covers).
         """
-        parts, cells, rows = (tables[n] for n in _TABLES)
+        keys, codes = _key_codes(*(tables[n] for n in _TABLES))
+        cells = tables["part_cells"]
+        c_code = codes[1]
+        order = np.argsort(c_code, kind="stable")
+        cuts = np.flatnonzero(np.diff(c_code[order])) + 1
+        by_key = dict(zip(c_code[order][np.append(0, cuts)].tolist(), np.split(order, cuts)))
+        ok = np.ones(len(keys), bool)
         complete, repeats = [], 0
-        taken = np.zeros(cells["rank"].shape[0], bool)
-        for key, (p_at, c_at, r_at) in _by_key(parts, cells, rows).items():
+        ranks_of = {}
+        for j, key in enumerate(keys):
+            at = by_key.get(j)
+            ranks = set(cells["rank"][at].tolist()) if at is not None else set()
             h = self.held.get(key)
-            ranks = set(cells["rank"][c_at].tolist())
-            if key in done or (h is not None and ranks & h.ranks) or len(ranks) < c_at.shape[0]:
+            if (
+                at is None
+                or key in done
+                or (h is not None and ranks & h.ranks)
+                or (len(ranks) < at.shape[0])
+            ):
+                ok[j] = False
                 repeats += 1
-                continue
+            ranks_of[j] = ranks
+        kept = [j for j in range(len(keys)) if ok[j]]
+        if not kept:
+            return [], np.zeros(cells["rank"].shape[0], bool), repeats
+        held = {}
+        for name, code in zip(_TABLES, codes, strict=True):
+            t = tables[name]
+            sel = ok[code] if code.shape[0] else np.zeros(0, bool)
+            held[name] = t if sel.all() else {k: v[sel] for k, v in t.items()}
+            codes_kept = code if sel.all() else code[sel]
+            held[name] = dict(held[name])
+            held[name]["_key"] = codes_kept
+        # A message may carry several shares of a key (a rack's relay passes its nodes'
+        # parts on together): each holds every instance once, in order, so the i-th part
+        # row of an instance in a key is the i-th share's.
+        parts = held["parts"]
+        seq, kc = parts["seq"], parts["_key"]
+        order = np.lexsort((seq, kc))
+        first = np.ones(seq.shape[0], bool)
+        first[1:] = (seq[order][1:] != seq[order][:-1]) | (kc[order][1:] != kc[order][:-1])
+        run_start = np.maximum.accumulate(np.where(first, np.arange(seq.shape[0]), 0))
+        nth = np.empty(seq.shape[0], np.int64)
+        nth[order] = np.arange(seq.shape[0]) - run_start
+        most = int(nth.max()) + 1 if nth.shape[0] else 1
+        parts["pid"] = self.shares + kc * most + nth
+        self.shares += len(keys) * most
+        mid = self._next
+        self._next += 1
+        self.messages[mid] = _Message(
+            tables=held, code={n: held[n].pop("_key") for n in _TABLES}, keys=keys, live=len(kept)
+        )
+        for j in kept:
+            key = keys[j]
+            h = self.held.get(key)
             if h is None:
                 h = self.held[key] = _Held()
-            piece = {k: v[p_at] for k, v in parts.items()}
-            # A message may carry several shares of a key (a rack's relay passes its
-            # nodes' parts on together): each holds every instance once, in order, so the
-            # i-th part row of an instance is the i-th share's.
-            seq = piece["seq"]
-            order = np.argsort(seq, kind="stable")
-            first = np.ones(seq.shape[0], bool)
-            first[1:] = seq[order][1:] != seq[order][:-1]
-            run_start = np.maximum.accumulate(np.where(first, np.arange(seq.shape[0]), 0))
-            nth = np.empty(seq.shape[0], np.int64)
-            nth[order] = np.arange(seq.shape[0]) - run_start
-            piece["pid"] = self.shares + nth
-            self.shares += int(nth.max()) + 1 if nth.shape[0] else 1
-            h.parts.append(piece)
-            h.cells.append({k: v[c_at] for k, v in cells.items()})
-            h.rows.append({k: v[r_at] for k, v in rows.items()})
-            h.ranks |= ranks
-            taken[c_at] = True
+            h.msgs.append(mid)
+            h.ranks |= ranks_of[j]
             if len(h.ranks) >= sizes.get(key[0], 0) > 0:
                 complete.append(key)
+        taken = ok[c_code] if c_code.shape[0] else np.zeros(0, bool)
         return complete, taken, repeats
 
     def pop(
-        self, key: tuple[int, int, int]
-    ) -> tuple[dict[str, np.ndarray], np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """A key's parts (concatenated), their share ids, part cells and part rows; taken
-        out."""
-        h = self.held.pop(key)
-        parts = _concat(h.parts)
-        pid = parts.pop("pid")
-        return parts, pid, _concat(h.cells), _concat(h.rows)
+        self, keys: list[tuple[int, int, int]]
+    ) -> dict[
+        tuple[int, int, int],
+        tuple[dict[str, np.ndarray], np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray]],
+    ]:
+        """Each key's parts (concatenated), their share ids, part cells and part rows;
+        taken out."""
+        want = {key: i for i, key in enumerate(keys)}
+        mids = sorted({m for key in keys for m in self.held.pop(key).msgs})
+        gathered: dict[str, list[dict[str, np.ndarray]]] = {n: [] for n in _TABLES}
+        who: dict[str, list[np.ndarray]] = {n: [] for n in _TABLES}
+        for m in mids:
+            msg = self.messages[m]
+            # The message's keys -> the batch's (-1: not popped now).
+            lut = np.array([want.get(k, -1) for k in msg.keys], np.int64)
+            popped = int((lut >= 0).sum())
+            for name in _TABLES:
+                t, code = msg.tables[name], msg.code[name]
+                if not code.shape[0]:
+                    continue
+                mine = lut[code]
+                if popped == msg.live and (mine >= 0).all():
+                    gathered[name].append(t)
+                    who[name].append(mine)
+                else:
+                    sel = mine >= 0
+                    gathered[name].append({k: v[sel] for k, v in t.items()})
+                    who[name].append(mine[sel])
+            msg.live -= popped
+            if msg.live <= 0:
+                del self.messages[m]
+        out_tables: dict[str, list[dict[str, np.ndarray]]] = {}
+        for name in _TABLES:
+            if not gathered[name]:
+                out_tables[name] = [{} for _ in keys]
+                continue
+            cat = _concat(gathered[name])
+            idx = np.concatenate(who[name])
+            order = np.argsort(idx, kind="stable")
+            bounds = np.searchsorted(idx[order], np.arange(len(keys) + 1))
+            cat = {k: v[order] for k, v in cat.items()}
+            out_tables[name] = [
+                {k: v[a:b] for k, v in cat.items()} for a, b in pairwise(bounds.tolist())
+            ]
+        result = {}
+        for i, key in enumerate(keys):
+            parts = out_tables["parts"][i] or _empty("parts")
+            cells = out_tables["part_cells"][i] or _empty("part_cells")
+            rows = out_tables["part_rows"][i] or _empty("part_rows")
+            parts = dict(parts)
+            pid = parts.pop("pid", np.zeros(0, np.int64))
+            result[key] = (parts, pid, cells, rows)
+        return result
 
     def stale(self, step: int) -> list[tuple[int, int, int]]:
         """Keys of steps at or below ``step``."""
@@ -574,30 +666,33 @@ class PartStore:
 _TABLES = ("parts", "part_cells", "part_rows")
 
 
-def _by_key(
+def _empty(name: str) -> dict[str, np.ndarray]:
+    return {c: np.zeros(0, dt) for c, dt in schema.REDUCED_TABLES[name].items()}
+
+
+def _key_codes(
     *tables: dict[str, np.ndarray],
-) -> dict[tuple[int, int, int], list[np.ndarray]]:
-    """Rows of each (group, step, incarnation) in each table (empty where a table has
-    none: `combine` then refuses the key, or finds no part rows)."""
-    out: dict[tuple[int, int, int], list[np.ndarray]] = {}
-    empty = np.zeros(0, np.int64)
-    for side, t in enumerate(tables):
-        g, s, i = t["group"], t["step"], t["inc"]
-        n = g.shape[0]
-        if not n:
-            continue
-        order = np.lexsort((i, s, g))
-        new = np.ones(n, bool)
-        new[1:] = (np.diff(g[order]) != 0) | (np.diff(s[order]) != 0) | (np.diff(i[order]) != 0)
-        starts = np.flatnonzero(new)
-        heads = order[starts]
-        for k, at in zip(
-            zip(g[heads].tolist(), s[heads].tolist(), i[heads].tolist(), strict=True),
-            np.split(order, starts[1:]),
-            strict=True,
-        ):
-            out.setdefault(k, [empty] * len(tables))[side] = at
-    return out
+) -> tuple[list[tuple[int, int, int]], list[np.ndarray]]:
+    """The (group, step, incarnation) keys the tables hold, and each row's key as an index
+    into them, per table."""
+    cols = [
+        np.stack([t["group"].astype(np.int64), t["step"], t["inc"].astype(np.int64)])
+        for t in tables
+    ]
+    every = np.concatenate(cols, axis=1)
+    if not every.shape[1]:
+        return [], [np.zeros(0, np.int64) for _ in tables]
+    order = np.lexsort(every[::-1])
+    srt = every[:, order]
+    new = np.ones(srt.shape[1], bool)
+    new[1:] = (srt[:, 1:] != srt[:, :-1]).any(axis=0)
+    code_sorted = np.cumsum(new) - 1
+    code = np.empty(every.shape[1], np.int64)
+    code[order] = code_sorted
+    heads = srt[:, new]
+    keys = list(zip(*(heads[i].tolist() for i in range(3)), strict=True))
+    bounds = np.cumsum([0] + [c.shape[1] for c in cols])
+    return keys, [code[a:b] for a, b in pairwise(bounds.tolist())]
 
 
 def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

@@ -924,13 +924,20 @@ class RunState:
                 np.add.at(self.coll[REDUCED + name].reshape(-1), cell[fold], v[fold])
         if not pending:
             np.add.at(self.life_rows, rank, cells["n"].astype(np.int64))
-        for key in complete:
-            self._combine(key)
+        if complete:
+            for key, held in self.parts.pop(complete).items():
+                self._combine(key, *held)
         return int(cells["n"].sum())
 
-    def _combine(self, key: tuple[int, int, int]) -> int:
+    def _combine(
+        self,
+        key: tuple[int, int, int],
+        parts: dict[str, np.ndarray],
+        pid: np.ndarray,
+        cells: dict[str, np.ndarray],
+        rows: dict[str, np.ndarray],
+    ) -> int:
         """Fold the parts of ``key`` (group, step, incarnation), or refuse them (counted)."""
-        parts, pid, cells, rows = self.parts.pop(key)
         members = np.sort(np.asarray(self.groups[key[0]]["ranks"], np.int64))
         raw = cells["raw"][np.argsort(cells["rank"], kind="stable")]
         try:
@@ -956,8 +963,8 @@ class RunState:
         that never completed."""
         if stale_at is None or not self.parts.held:
             return
-        for key in self.parts.stale(stale_at):
-            parts, _, _, _ = self.parts.pop(key)
+        stale = self.parts.stale(stale_at)
+        for key, (parts, _, _, _) in self.parts.pop(stale).items():
             self.part_counts["incomplete"] += 1
             self.life_incomplete += int(np.unique(parts["seq"]).shape[0])
             self.parts_done.add(key)
