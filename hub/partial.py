@@ -675,13 +675,26 @@ def _key_codes(
 ) -> tuple[list[tuple[int, int, int]], list[np.ndarray]]:
     """The (group, step, incarnation) keys the tables hold, and each row's key as an index
     into them, per table."""
-    cols = [
-        np.stack([t["group"].astype(np.int64), t["step"], t["inc"].astype(np.int64)])
-        for t in tables
-    ]
-    every = np.concatenate(cols, axis=1)
-    if not every.shape[1]:
+    g = np.concatenate([t["group"] for t in tables]).astype(np.int64)
+    s = np.concatenate([t["step"] for t in tables])
+    i = np.concatenate([t["inc"] for t in tables]).astype(np.int64)
+    bounds = np.cumsum([0] + [t["group"].shape[0] for t in tables])
+    if not g.shape[0]:
         return [], [np.zeros(0, np.int64) for _ in tables]
+    if (
+        int(g.min()) >= 0
+        and int(g.max()) < 1 << 31
+        and int(s.max()) < 1 << 32
+        and int(i.min()) == int(i.max())
+    ):
+        # The usual message: one incarnation, small ids: one integer per key.
+        uniq, code = np.unique((g << 32) | s, return_inverse=True)
+        code = code.reshape(-1)
+        inc = int(i[0])
+        keys = [(int(k >> 32), int(k & 0xFFFFFFFF), inc) for k in uniq.tolist()]
+        return keys, [code[a:b] for a, b in pairwise(bounds.tolist())]
+    cols = [np.stack([g[a:b], s[a:b], i[a:b]]) for a, b in pairwise(bounds.tolist())]
+    every = np.concatenate(cols, axis=1)
     order = np.lexsort(every[::-1])
     srt = every[:, order]
     new = np.ones(srt.shape[1], bool)
@@ -690,8 +703,7 @@ def _key_codes(
     code = np.empty(every.shape[1], np.int64)
     code[order] = code_sorted
     heads = srt[:, new]
-    keys = list(zip(*(heads[i].tolist() for i in range(3)), strict=True))
-    bounds = np.cumsum([0] + [c.shape[1] for c in cols])
+    keys = list(zip(*(heads[j].tolist() for j in range(3)), strict=True))
     return keys, [code[a:b] for a, b in pairwise(bounds.tolist())]
 
 

@@ -218,6 +218,7 @@ class RunState:
         self.life_complete = 0
         self.life_incomplete = 0
         self._group_index: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._group_sizes: dict[int, int] | None = None
         self.reduced_seq: dict[tuple[int, int], int] = {}
         """(group, incarnation) -> the last ``seq`` a relay's ``reduced`` message folded
         (`add_node`): a repeat is refused, not added twice."""
@@ -300,6 +301,7 @@ class RunState:
     def set_groups(self, groups: list[dict[str, Any]]) -> None:
         self._info = None
         self._group_index = None
+        self._group_sizes = None
         for g in groups:
             gid = int(g["id"])
             self.groups[gid] = {
@@ -900,11 +902,14 @@ class RunState:
         rows = tables.get("part_rows") or _NO_PART_ROWS
         if not self._t0_set:
             self.t0, self._t0_set = int(parts["first"].min()), True
-        new = np.setdiff1d(parts["group"].astype(np.int64), self.parted)
-        if new.shape[0]:
-            self.parted = np.union1d(self.parted, new)
-        gids, sizes, _ = self.group_index()
-        size = dict(zip(gids.tolist(), sizes.tolist(), strict=True))
+        g = parts["group"].astype(np.int64)
+        at = np.minimum(np.searchsorted(self.parted, g), max(self.parted.shape[0] - 1, 0))
+        if not self.parted.shape[0] or (self.parted[at] != g).any():
+            self.parted = np.union1d(self.parted, g)
+        if self._group_sizes is None:
+            gids, sizes, _ = self.group_index()
+            self._group_sizes = dict(zip(gids.tolist(), sizes.tolist(), strict=True))
+        size = self._group_sizes
         held = {"parts": dict(parts), "part_cells": dict(cells), "part_rows": dict(rows)}
         complete, taken, repeats = self.parts.add(held, size, self.parts_done)
         if repeats:

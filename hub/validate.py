@@ -649,10 +649,8 @@ def _check_parts(
     start = parts["start_max"]
     _in_bounds("parts.start_max", start, lo, hi, unknown=True)
     gids, sizes, member = run.group_index()
-    checked = [("parts", parts, "last_rank"), ("part_cells", cells, "rank")]
-    if rows is not None and rows["rank"].shape[0]:
-        checked.append(("part_rows", rows, "rank"))
-    for name, t, who in checked:
+    # Part rows name members of the part cells' keys: `combine` refuses any that do not.
+    for name, t, who in (("parts", parts, "last_rank"), ("part_cells", cells, "rank")):
         g64 = t["group"].astype(np.int64)
         pos = np.minimum(np.searchsorted(gids, g64), max(gids.shape[0] - 1, 0))
         if not gids.shape[0] or (gids[pos] != g64).any():
