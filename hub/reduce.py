@@ -124,6 +124,8 @@ class ReduceCounters:
     """Rows of reducible groups sent on unreduced (incomplete, irregular, refused)."""
     merged: int = 0
     """Node messages of lower relays gathered into this relay's."""
+    groups_deduplicated: int = 0
+    """Group tables sent on without the groups it had sent already."""
 
 
 @dataclass
@@ -164,6 +166,8 @@ class _Run:
     members' calls (the message's header says both)."""
     done: dict[int, set[int]] = field(default_factory=dict)
     """rank -> steps whose step row it sent (the last `_DONE_STEPS`)."""
+    sent_groups: dict[int, np.ndarray] = field(default_factory=dict)
+    """Group -> the membership this relay last sent the hub."""
     held: dict[tuple[int, int], _Held] = field(default_factory=dict)
     by_step: dict[int, set[int]] = field(default_factory=dict)
     """step -> the groups ``held`` holds rows of for it."""
@@ -351,12 +355,28 @@ class NodeReducer:
             return [frame]
         run.heard = time.monotonic() if now is None else now
         if kind == "groups":
+            new = []
             for g in h["groups"]:
                 members = _members(g["ranks"])
-                if members is not None:
-                    run.groups[int(g["id"])] = members
+                if members is None:
+                    new.append(g)  # the hub refuses it and says why
+                    continue
+                gid = int(g["id"])
+                run.groups[gid] = members
+                sent = run.sent_groups.get(gid)
+                if sent is None or not (sent is members or np.array_equal(sent, members)):
+                    run.sent_groups[gid] = members
+                    new.append(g)
             run.relocal()
-            return [frame]
+            if len(new) == len(h["groups"]):
+                return [frame]
+            # Every rank reports the groups it belongs to: a node's eight ranks the same
+            # world group, a rack's 256 the same data-parallel groups. What this relay
+            # already sent goes on once (the message itself goes on, maybe empty: the
+            # hub counts what reached it).
+            self.counters.groups_deduplicated += 1
+            header = {k: h[k] for k in ("job", "run", "rank", "inc")}
+            return [schema.groups_message(header, new)]
         if kind == "samples":
             if not self._checked(msg):
                 return [frame]

@@ -434,3 +434,52 @@ def test_a_relay_lists_its_share_of_instances_and_its_sums_cover_them_all() -> N
             assert getattr(a, f)[i] == getattr(b, f)[j] or (
                 np.isnan(getattr(a, f)[i]) and np.isnan(getattr(b, f)[j])
             )
+
+
+def test_a_relay_sends_each_group_table_entry_on_once() -> None:
+    """Every rank reports the groups it belongs to; a reducing relay sends each membership
+    on once, and the hub holds the same groups as from the ranks themselves."""
+    msgs, cluster = _messages("slow-device", 4, layout__tp=8)
+    host = np.asarray(cluster.layout.host)
+    # As collectors do: each rank also reports every group it is in.
+    job = schema.decode(msgs[0][1]).header["job"]
+    every = [
+        (
+            r,
+            schema.groups_message(
+                {"job": job, "run": "r", "rank": r, "inc": 0},
+                [g for g in cluster.groups if r in g["ranks"]],
+            ),
+        )
+        for r in range(32)
+    ]
+    hellos = [(r, d) for r, d in msgs if schema.decode(d).kind == "hello"]
+    rest = [(r, d) for r, d in msgs if schema.decode(d).kind != "hello"]
+    stream = hellos + every + rest
+    direct = Store(history_steps=16, raw_steps=4)
+    Intake(direct).feed_many([d for _, d in stream], 0)
+    relays: dict[int, NodeReducer] = {}
+    upper = NodeReducer()
+    out: list[bytes] = []
+    for r, data in stream:
+        relay = relays.setdefault(int(host[r]), NodeReducer())
+        for f in relay.take(data, now=0.0) + relay.due(now=0.0):
+            out += upper.take(f, now=0.0)
+    for relay in relays.values():
+        for f in relay.flush_all():
+            out += upper.take(f, now=0.0)
+    out += upper.flush_all()
+    sent = [
+        g["id"]
+        for d in out
+        if schema.decode(d).kind == "groups"
+        for g in schema.decode(d).header["groups"]
+    ]
+    # Rank 0's table of every group, then each group once more at most (the rack's relay
+    # saw the node relays' copies first).
+    assert len(sent) <= 2 * len(cluster.groups)
+    assert upper.counters.groups_deduplicated > 0
+    relayed = Store(history_steps=16, raw_steps=4)
+    Intake(relayed).feed_many(out, 0)
+    a, b = direct.run_state("r"), relayed.run_state("r")
+    assert a is not None and b is not None and a.groups == b.groups
