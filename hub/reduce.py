@@ -655,26 +655,11 @@ class NodeReducer:
             tabs = held.rows.get(r)
             if not tabs:
                 return self._rows_on(run, held)
-            t = (
-                tabs[0]
-                if len(tabs) == 1
-                else {k: np.concatenate([x[k] for x in tabs]) for k in tabs[0]}
-            )
-            if t["seq"].shape[0] > 1 and (np.diff(t["seq"]) <= 0).any():
-                order = np.argsort(t["seq"], kind="stable")
-                t = {k: v[order] for k, v in t.items()}
-            parts.append(t)
+            parts.append(_by_seq(_concat(tabs)))
+        if not _agree(parts):
+            return self._rows_on(run, held)
         first = parts[0]
         seq = first["seq"]
-        for t in parts:
-            if not (
-                np.array_equal(t["seq"], seq)
-                and np.array_equal(t["nbytes"], first["nbytes"])
-                and np.array_equal(t["op"], first["op"])
-            ):
-                return self._rows_on(run, held)
-        if (seq < 0).any() or (seq.shape[0] > 1 and (np.diff(seq) == 0).any()):
-            return self._rows_on(run, held)
         enter_i = np.stack([t["t_enter"] for t in parts])
         exit_i = np.stack([t["t_exit"] for t in parts])
         flags = np.stack([t["flags"] for t in parts])
@@ -783,17 +768,10 @@ class NodeReducer:
         called, hold asynchronous rows or an unknown exit, or span incarnations."""
         members = sorted(held.rows)
         tabs = [_by_seq(_concat(held.rows[r])) for r in members]
+        if not _agree(tabs):
+            return self._rows_on(run, held)
         first = tabs[0]
         seq = first["seq"]
-        for t in tabs:
-            if not (
-                np.array_equal(t["seq"], seq)
-                and np.array_equal(t["nbytes"], first["nbytes"])
-                and np.array_equal(t["op"], first["op"])
-            ):
-                return self._rows_on(run, held)
-        if (seq < 0).any() or (seq.shape[0] > 1 and (np.diff(seq) == 0).any()):
-            return self._rows_on(run, held)
         stack = {name: np.stack([t[name] for t in tabs]) for name in _PART_ROWS}
         if (stack["t_exit"] == schema.NO_TIME).any():
             return self._rows_on(run, held)
@@ -854,6 +832,21 @@ class NodeReducer:
 
 _PART_ROWS = ("t_enter", "t_exit", "cut", "flags", "t_start", "t_end")
 """The row columns a part is made of."""
+
+
+def _agree(tabs: list[dict[str, np.ndarray]]) -> bool:
+    """Whether members' rows of one group and step (in call order) name the same calls:
+    the same ``seq``, ``op`` and ``nbytes``, each call once, none of an unknown ``seq``."""
+    first = tabs[0]
+    seq = first["seq"]
+    if (seq < 0).any() or (seq.shape[0] > 1 and (np.diff(seq) == 0).any()):
+        return False
+    return all(
+        np.array_equal(t["seq"], seq)
+        and np.array_equal(t["nbytes"], first["nbytes"])
+        and np.array_equal(t["op"], first["op"])
+        for t in tabs
+    )
 
 
 def _by_seq(t: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
