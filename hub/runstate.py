@@ -897,7 +897,7 @@ class RunState:
             return 0
         m = cells["rank"].shape[0]
         counted = cells["counted"] if pending else np.zeros(m, bool)
-        cells = {**{k: v for k, v in cells.items() if k != "counted"}}
+        cells = {k: v for k, v in cells.items() if k != "counted"}
         cells["raw"] = np.full(m, pending)
         rows = tables.get("part_rows") or _NO_PART_ROWS
         if not self._t0_set:
