@@ -262,7 +262,21 @@ _WHERE = {
 
 def _unexplained(r: str, h: str, category: str | None) -> NextExperiment:
     """The next experiment for a straggler no catalogued mechanism explains: make the
-    category its time goes to visible on the smallest scope that still has it."""
+    category its time goes to visible on the smallest scope that still has it. Named on
+    no rank (a regression against the baseline that no rank, host or stage sets): find the
+    smallest scope that still shows it, from one rank up."""
+    if r == "-":
+        return NextExperiment(
+            scope="one-rank",
+            change="run one rank of this configuration and one of the baseline's side by "
+            "side on the same host, same batches and local shapes",
+            metric=category or "step_time",
+            direction="down",
+            supports="one rank is slower than the baseline's by about as much: a local cause "
+            "(build, data, device or host settings), bisect between the two configurations",
+            rejects="one rank matches the baseline: the regression needs the job's scale "
+            "(climb the ladder: one node, two nodes)",
+        )
     change, metric, supports, rejects = _WHERE.get(
         category or "",
         (

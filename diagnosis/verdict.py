@@ -263,15 +263,26 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
             evidence=(*doubts, *(f"among the others: {e}" for e in open_world.evidence)),
         )
         category = None
+    open_score = (
+        1.0 if doubted.shape[0] else open_world.strength * covers(open_world.impact, slower, share)
+    )
+    left = _regression_left(ev, hyps, slower, share, loc if not found.material else None)
+    if not doubted.shape[0] and left.strength > open_score:
+        # The step regressed and what explains it is neither a catalogued mechanism nor a
+        # straggler: unexplained on the job, where the time grew, never the best of scores
+        # near zero nor healthy.
+        open_world = replace(
+            left,
+            ranks=open_world.ranks if open_world.strength >= 0.5 else (),
+            evidence=(*left.evidence, *open_world.evidence),
+        )
+        open_score = left.strength
+        category = ev.delta.first_appears if ev.delta is not None else None
     hyps.append(
         Hypothesis(
             mechanism=MECHANISM,
             # Its strength already says whether the unexplained part is material.
-            score=float(
-                1.0
-                if doubted.shape[0]
-                else open_world.strength * covers(open_world.impact, slower, share)
-            ),
+            score=float(open_score),
             impact=float(open_world.impact),
             strength=float(open_world.strength),
             ranks=open_world.ranks,
@@ -314,6 +325,76 @@ def judge(ev: Evidence, baseline: Evidence | None = None) -> Verdict:
         straggler = 1.0  # what no rank reported cannot be called healthy
     hyps.append(_healthy(ev, best, slower, (*shared, *unjudged), loc, straggler))
     return Verdict(hypotheses=rank(hyps), localisation=loc, finding=found)
+
+
+REGRESSION_COVER = 0.5
+"""A mechanism accounts for a regression against the baseline when its impact is at least
+about this share of it (impacts are estimates; the rest may be knock-on time)."""
+
+
+def _regression_left(
+    ev: Evidence,
+    hyps: list[Hypothesis],
+    slower: float,
+    share: float,
+    loc: Localisation | None = None,
+) -> Candidate:
+    """How surely the step's regression against the baseline is left unexplained by the
+    catalogued mechanisms (`Candidate.strength`; zero without a regression).
+
+    As for a straggler (`openworld`): the best accounting mechanism, with score ``s``
+    covering ``f`` of the regression (its impact over the regression's share of the step),
+    is right with odds ``s``, and then what it does not cover is still unexplained if it
+    is a large part (`REGRESSION_COVER`); or it is wrong and the whole regression is.
+    Times `regressed`: how surely the step regressed at all. ``loc``: the localisation,
+    where it found no material straggler (its best what-if is then evidence).
+    """
+    if not slower > 0.0 or not share > 0.0:
+        return Candidate(0.0, 0.0)
+    by, f = None, 0.0
+    for h in hyps:
+        cover = min(1.0, max(h.impact, 0.0) / share)
+        if by is None or h.score * cover > by.score * f:
+            by, f = h, cover
+    s = min(max(by.score, 0.0), 1.0) if by is not None else 0.0
+    rest = logistic(1.0 - f, REGRESSION_COVER, REGRESSION_COVER / 5) if f < 1.0 else 0.0
+    strength = slower * (s * rest + (1.0 - s))
+    cmp = ev.comparison
+    evidence = [
+        f"the median step is {cmp.p50_ratio:.2f}x the baseline's"
+        + (
+            f" ({_per_work_ratio(ev):.2f}x per unit of useful work)"
+            if abs(_per_work_ratio(ev) - cmp.p50_ratio) > 0.01
+            else ""
+        )
+        + f": {pct(share)} of the step is new"
+    ]
+    top = loc.top if loc is not None else None
+    if top is not None:
+        evidence.append(
+            f"no rank, host or stage sets it: the best what-if, {top.label}, saves "
+            f"{pct(top.gain)} of the step"
+        )
+    delta = ev.delta
+    if delta is not None:
+        grown = sorted((r for r in delta.rows if r.delta_ns > 0), key=lambda r: -r.delta_ns)
+        if grown:
+            evidence.append(
+                "against the baseline the mean rank's step grew in "
+                + ", ".join(f"{r.category} +{ms(r.delta_ns)}" for r in grown[:3])
+            )
+    if by is not None and by.score * f > 0.05:
+        evidence.append(
+            f"the best accounting mechanism, {by.mechanism} (score {by.score:.2f}), would "
+            f"cost {pct(by.impact)} of the step: {pct(f)} of the regression"
+        )
+    else:
+        evidence.append("no catalogued mechanism accounts for it")
+    return Candidate(
+        impact=float(share * (1.0 - s * f)),
+        strength=float(strength),
+        evidence=tuple(evidence),
+    )
 
 
 def _silence(gone: Unreported) -> str:
@@ -428,9 +509,10 @@ def _healthy(
     if cmp.baseline is not None:
         evidence.append(f"p50 {cmp.p50_ratio:.2f}x and p99 {cmp.p99_ratio:.2f}x the baseline's")
     if best is not None and best.impact >= MIN_IMPACT:
+        but = "but scores only" if best.score < 0.5 else "and scores"
         evidence.append(
             f"the best supported mechanism, {best.mechanism}, would cost "
-            f"{pct(best.impact)} of the step time but scores only {best.score:.2f}"
+            f"{pct(best.impact)} of the step time {but} {best.score:.2f}"
         )
     else:
         evidence.append(f"no mechanism explains more than {pct(MIN_IMPACT)} of the step time")

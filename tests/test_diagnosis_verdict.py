@@ -1,6 +1,7 @@
 """The verdict on small hand-made windows (no simulator)."""
 
 import numpy as np
+import pytest
 
 from rankscope.diagnosis.engine import diagnose
 from rankscope.diagnosis.synthetic import make_window, rank_layout
@@ -125,6 +126,30 @@ def test_a_run_much_slower_than_its_baseline_is_not_called_healthy() -> None:
     assert same.score > 0.9
     assert slow.score < 0.05
     assert any("2.50x the baseline's: a regression" in c for c in slow.caveats), slow.caveats
+
+
+def test_a_regression_no_mechanism_explains_reads_unexplained() -> None:
+    # The same 2.5x slower job: what leads is the regression left unexplained, on the job
+    # (no rank sets it) and where the time grew, not the best of the mechanisms' scores
+    # near zero; a job at the baseline's pace leads with healthy.
+    rng = np.random.default_rng(3)
+
+    def run(factor: float):
+        step = factor * 1e9 * (1 + 0.002 * rng.standard_normal((R, S)))
+        return make_window(*_steps(step), ranks=rank_layout(R))
+
+    base = run(1.0)
+    top = diagnose(run(2.5), base).verdict.top
+    assert top.mechanism == "unexplained_straggler", (top.mechanism, top.score)
+    assert top.score > 0.9 and top.ranks == ()
+    assert top.impact == pytest.approx(1 - 1 / 2.5, abs=0.02)
+    assert any("2.50x the baseline's" in e for e in top.evidence), top.evidence
+    assert any("no catalogued mechanism accounts for it" in e for e in top.evidence)
+    assert top.next_experiment.scope == "one-rank"
+    assert "baseline's side by side" in top.next_experiment.change
+    assert diagnose(run(1.0), base).verdict.top.mechanism == "healthy"
+    # Slower but under the regression's threshold: not called anything.
+    assert diagnose(run(1.2), base).verdict.top.mechanism == "healthy"
 
 
 def test_a_mechanism_far_too_small_for_the_regression_fades() -> None:
