@@ -554,6 +554,38 @@ def _q(q: tuple[float, float, float], fmt: str = "{:.4f}") -> str:
     return f"**{fmt.format(q[1])}** ({fmt.format(q[0])} – {fmt.format(q[2])})"
 
 
+ARM_LABELS = {
+    "python_hook": "Python hook, no rankscope",
+    "every": "`every`",
+    "sampled": f"`sampled` (1 in {SAMPLE_EVERY})",
+    "tail": "`tail` (`auto` on CPU)",
+    "off": "`off`",
+}
+"""How the tables name each arm of `in_job_steps`."""
+
+
+def steps_table(steps: list[dict[str, Any]]) -> list[str]:
+    """The Markdown table of `in_job_steps` results, one block of arms per job."""
+    lines = [
+        "| ranks | model | rounds | bare step (wall / thread CPU) | arm | added thread CPU "
+        "µs | added process CPU µs | wall ratio |",
+        "|---:|---|---:|---:|---|---|---|---|",
+    ]
+    for j in steps:
+        size = "large" if j["model"]["layers"] else "small"
+        head = (
+            f"| {j['nproc']} | {size}, {j['buckets']} bucket{'s' if j['buckets'] > 1 else ''} "
+            f"| {j['pairs']} | {j['bare_wall_ms']:.2f} ms / {j['bare_thread_us'] / 1e3:.2f} ms"
+        )
+        for arm, label in ARM_LABELS.items():
+            lines.append(
+                f"{head} | {label} | {_q(j['thread_us'][arm], '{:.0f}')} | "
+                f"{_q(j['proc_us'][arm], '{:.0f}')} | {_q(j['wall'][arm], '{:.3f}')} |"
+            )
+            head = "| | | |"
+    return lines
+
+
 def run(quick: bool) -> str:
     """Measure and return the Markdown section."""
     cores = os.cpu_count()
@@ -688,29 +720,8 @@ def run(quick: bool) -> str:
         "built-in step's in the same round. The background thread's CPU per instrumented "
         "step is measured on its own.",
         "",
-        "| ranks | model | rounds | bare step (wall / thread CPU) | arm | added thread CPU "
-        "µs | added process CPU µs | wall ratio |",
-        "|---:|---|---:|---:|---|---|---|---|",
+        *steps_table(steps),
     ]
-    labels = {
-        "python_hook": "Python hook, no rankscope",
-        "every": "`every`",
-        "sampled": f"`sampled` (1 in {SAMPLE_EVERY})",
-        "tail": "`tail` (`auto` on CPU)",
-        "off": "`off`",
-    }
-    for j in steps:
-        size = "large" if j["model"]["layers"] else "small"
-        head = (
-            f"| {j['nproc']} | {size}, {j['buckets']} bucket{'s' if j['buckets'] > 1 else ''} "
-            f"| {j['pairs']} | {j['bare_wall_ms']:.2f} ms / {j['bare_thread_us'] / 1e3:.2f} ms"
-        )
-        for arm, label in labels.items():
-            lines.append(
-                f"{head} | {label} | {_q(j['thread_us'][arm], '{:.0f}')} | "
-                f"{_q(j['proc_us'][arm], '{:.0f}')} | {_q(j['wall'][arm], '{:.3f}')} |"
-            )
-            head = "| | | |"
     lines += [
         "",
         "Load before/after each row: "
@@ -758,7 +769,7 @@ def run(quick: bool) -> str:
             ok = share <= 0.5
             verdicts.append((j["nproc"], size, arm, ok, share))
             lines.append(
-                f"| {j['nproc']} | {size} | {j['bare_wall_ms']:.1f} ms | {labels[arm]} | "
+                f"| {j['nproc']} | {size} | {j['bare_wall_ms']:.1f} ms | {ARM_LABELS[arm]} | "
                 f"{added:.0f} µs | {share:.2f} % | {'yes' if ok else '**no**'} | "
                 f"{j['wall'][arm][1]:.3f} |"
             )

@@ -93,6 +93,7 @@ def worker(argv: list[str]) -> int:
     p.add_argument("--layers", type=int, default=0, help="hidden x hidden layers (0: MLP 16-h-4)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: NCCL")
     p.add_argument("--hub", required=True)
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
@@ -104,7 +105,16 @@ def worker(argv: list[str]) -> int:
 
     from rankscope.collector import runtime, torch_hooks
 
-    dist.init_process_group("gloo")
+    cuda = a.device == "cuda"
+    if cuda:
+        # One GPU a rank, NCCL; each step ends with the device's work done, so its wall time
+        # is the step's (an asynchronous launch would otherwise time only the host).
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        dev = torch.device("cuda", local)
+    else:
+        dev = torch.device("cpu")
+    dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
 
@@ -119,13 +129,19 @@ def worker(argv: list[str]) -> int:
             net = nn.Sequential(*body, nn.Linear(a.hidden, 4))
         else:
             net = nn.Sequential(nn.Linear(16, a.hidden), nn.ReLU(), nn.Linear(a.hidden, 4))
+        if cuda:
+            return DDP(net.to(dev), device_ids=[dev.index], bucket_cap_mb=a.bucket_mb)
         return DDP(net, bucket_cap_mb=a.bucket_mb)
 
     plain = make()  # made before any monitor: DDP's built-in all-reduce, no hooks
     inst = None
-    metric, gathered = torch.zeros(4), torch.zeros(4 * world)
+    metric, gathered = torch.zeros(4, device=dev), torch.zeros(4 * world, device=dev)
     b = a.batch
-    data = TensorDataset(torch.randn(b * 40, dim), torch.randn(b * 40, 4))
+
+    def randn(*shape: int) -> Any:
+        return torch.randn(*shape, device=dev)
+
+    data = TensorDataset(randn(b * 40, dim), randn(b * 40, 4))
 
     def block(model: Any, steps: int) -> tuple[list[float], float, float]:
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -147,6 +163,8 @@ def worker(argv: list[str]) -> int:
         dist.all_reduce(metric)
         dist.all_gather_single(gathered, metric)
         dist.reduce_scatter_single(metric, gathered)
+        if cuda:
+            torch.cuda.synchronize()
 
     rows: list[dict[str, Any]] = []
     if a.mode == "steps":
@@ -163,7 +181,7 @@ def worker(argv: list[str]) -> int:
             models[mode] = make()
         opts = {k: torch.optim.SGD(m.parameters(), lr=0.001) for k, m in models.items()}
         n = b * (a.warm + a.pairs)
-        feed = TensorDataset(torch.randn(n, dim), torch.randn(n, 4))
+        feed = TensorDataset(randn(n, dim), randn(n, 4))
         batches = {k: iter(DataLoader(feed, batch_size=b)) for k in models}
         rng = random.Random(7)  # the same on every rank: all ranks run the same arm
         pump0, t_start = 0.0, time.perf_counter()
@@ -215,7 +233,7 @@ def worker(argv: list[str]) -> int:
         dist.broadcast_object_list(steps, src=0)
         steps_n, warm_n = steps[0], max(20, steps[0] // 3)
         n = b * steps_n
-        data = TensorDataset(torch.randn(n, dim), torch.randn(n, 4))
+        data = TensorDataset(randn(n, dim), randn(n, 4))
     for pair in range(a.pairs if a.mode == "blocks" else 0):
         order = ["bare", "inst"] if random.Random(pair).random() < 0.5 else ["inst", "bare"]
         for arm in order:
@@ -358,7 +376,7 @@ steps of 100 ms and more, the order of a real GPU job's step."""
 
 
 def in_job_steps(
-    nproc: int, pairs: int, model: dict[str, Any] = TINY, warm: int = 100
+    nproc: int, pairs: int, model: dict[str, Any] = TINY, warm: int = 100, device: str = "cpu"
 ) -> dict[str, Any]:
     """The same job with one monitor running throughout and its hooks switched on and off
     from one step to the next (all ranks alike). Each round runs, in shuffled order, a
@@ -372,6 +390,7 @@ def in_job_steps(
         pairs: timed rounds.
         model: ``TINY`` or ``LARGE`` (hidden, layers, batch, bucket_mb).
         warm: untimed rounds first.
+        device: ``cpu`` (gloo) or ``cuda`` (NCCL, one GPU a rank; steps end synchronized).
 
     Returns:
         Per arm, quartiles over rounds and ranks of the wall ratio to the built-in step
@@ -394,6 +413,7 @@ def in_job_steps(
                 f"--layers={model['layers']}",
                 f"--batch={model['batch']}",
                 f"--bucket-mb={model['bucket_mb']}",
+                f"--device={device}",
                 f"--hub={hub.endpoint}",
             ],
         )
@@ -419,6 +439,7 @@ def in_job_steps(
     return {
         "nproc": nproc,
         "pairs": pairs,
+        "device": device,
         "model": model,
         "params": last["params"],
         "buckets": last["buckets"],

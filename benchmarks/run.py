@@ -4,10 +4,12 @@
     python benchmarks/run.py --quick    # smaller sizes, for a quick look
     python benchmarks/run.py hub sim    # only these sections
 
-Each ``benchmarks/bench_<name>.py`` exposes ``run(quick: bool) -> str`` returning a Markdown
+Each ``benchmarks/bench_<name>.py`` exposes ``run(quick: bool) -> str | None`` returning a Markdown
 section. Figures inside one section are measured in the same run and compared as ratios;
 absolute numbers depend on this machine, which the header names. Sections not re-run keep
-their previous text, and the ``rankscope eval`` section (between its markers) is left alone.
+their previous text, as does a section whose ``run`` returns None (nothing this machine can
+measure: ``gpu`` without a CUDA device), and the ``rankscope eval`` section (between its
+markers) is left alone.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ ORDER = [
     "tui",
     "real",
     "import",
+    "gpu",
 ]
 
 
@@ -79,7 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         mod = importlib.import_module(f"bench_{name}")
         print(f"== {name}", flush=True)
-        body = mod.run(quick=args.quick).rstrip() + "\n"
+        got = mod.run(quick=args.quick)
+        if got is None:  # nothing this machine can measure (no GPU): the section stays
+            print(f"{name}: not measured here; its section is kept", flush=True)
+            continue
+        body = got.rstrip() + "\n"
         fresh[name] = (
             f"_Measured {stamp} on {machine()}{' (quick)' if args.quick else ''}._\n\n{body}"
         )
