@@ -574,9 +574,13 @@ class Relay:
 
     def _fill(self, pull: zmq.Socket, bundle: list[bytes], size: int) -> int:
         """Add what the collectors have sent to ``bundle`` until it is full or nothing is
-        waiting; returns its size in bytes."""
+        waiting, or, reducing, a flush interval has passed: a reducing relay's bundle stays
+        empty while it takes in rows, and one that falls behind its collectors (a busy
+        node) must still send what it reduced, not hold it until they pause. Returns the
+        bundle's size in bytes."""
         c = self.counters
         reducer = self.reducer
+        until = time.monotonic() + self.flush_s
         while not self._full(bundle, size):
             try:
                 frame = pull.recv(zmq.NOBLOCK, copy=True)
@@ -601,6 +605,8 @@ class Relay:
             for f in out:
                 bundle.append(f)
                 size += len(f)
+            if time.monotonic() >= until:
+                break
         return size
 
     def _serve_raw(self, raw: zmq.Socket) -> None:

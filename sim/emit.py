@@ -277,6 +277,8 @@ def run(
     stop_linger_s: float = 0.0,
     curve: ClientCurve | None = None,
     relays: Sequence[str] | None = None,
+    delivered: Callable[[int], bool] | None = None,
+    deliver_wait_s: float = 30.0,
 ) -> RunInfo:
     """Simulate a job and stream it to a hub through the real collector path.
 
@@ -309,6 +311,12 @@ def run(
             the relay of its host (host index modulo their number), as a collector started
             by ``rankscope run --relay`` does, and ``endpoint`` and ``senders`` are not
             used. The relays' keys, not ``curve``, reach the hub.
+        delivered: given the number of messages sent, whether the receiving end has taken
+            them all in (a demo's own hub). The senders are closed only once it says so,
+            or after ``deliver_wait_s``: ZeroMQ may lose what is still in flight to a
+            receiver that is behind (a relay reducing more ranks than its cores keep up
+            with) when the sending socket closes, whatever its linger.
+        deliver_wait_s: longest wait for ``delivered``.
 
     Returns:
         What was sent.
@@ -369,6 +377,12 @@ def run(
             if on_step is not None:
                 on_step(tables)
         streams.finish()
+        if delivered is not None:
+            deadline = time.monotonic() + deliver_wait_s
+            while not delivered(emit.messages) and time.monotonic() < deadline:
+                if stop is not None and stop.is_set():
+                    break
+                time.sleep(0.02)
     finally:
         # A stopped run waits at most stop_linger_s for what is still queued; otherwise wait
         # (bounded) until every message is handed to the network.

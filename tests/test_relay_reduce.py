@@ -483,3 +483,36 @@ def test_a_relay_sends_each_group_table_entry_on_once() -> None:
     Intake(relayed).feed_many(out, 0)
     a, b = direct.run_state("r"), relayed.run_state("r")
     assert a is not None and b is not None and a.groups == b.groups
+
+
+def test_a_reducing_relay_behind_its_collectors_still_sends_between_frames():
+    # A reducing relay's bundle stays empty while it takes rows in, so reading what waits
+    # must end after a flush interval however much still waits: a relay behind its
+    # collectors (more ranks than its cores keep up with) otherwise read until they paused
+    # and sent nothing until then (seen at 2,048 ranks a relay: one node message a run).
+    import zmq
+
+    from rankscope.hub.relay import Relay
+
+    msgs, _ = _messages("healthy", 2)
+    ctx = zmq.Context.instance()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    try:
+        pull.bind("inproc://relay-fill-turns")
+        push.connect("inproc://relay-fill-turns")
+        for _, data in msgs:
+            push.send(data)
+
+        def read(flush_s: float) -> int:
+            relay = Relay(
+                "ipc:///tmp/unused.sock", "tcp://127.0.0.1:1", reduce=True, flush_s=flush_s
+            )
+            assert pull.poll(1000)
+            relay._fill(pull, [], 0)
+            return relay.counters.received
+
+        assert read(1e-9) == 1  # a turn ends after the frame that outlasts the interval
+        assert read(60.0) == len(msgs) - 1  # within it, everything waiting is read
+    finally:
+        pull.close(linger=0)
+        push.close(linger=0)

@@ -391,6 +391,13 @@ def start_demo(
                 own.stop()
             raise
         via = [r.endpoint for r in handles.relays]
+    def taken_in(before: int) -> Any:
+        """Whether the own hub has taken in ``before`` earlier messages and the ``n`` of
+        this run (None: not our hub, nothing to wait for)."""
+        if handles.hub is None:
+            return None
+        return lambda n: (handles.reached() or 0) >= before + n
+
     twin = healthy_twin(scenario)
     if baseline_steps > 0 and twin is not scenario:
         try:
@@ -406,6 +413,7 @@ def start_demo(
                 stop_linger_s=stop_linger_s,
                 curve=curve,
                 relays=via,
+                delivered=taken_in(0),
             )
         except BaseException:
             handles.stop_relays()
@@ -433,6 +441,9 @@ def start_demo(
                     stop_linger_s=stop_linger_s,
                     curve=curve,
                     relays=via,
+                    delivered=taken_in(
+                        handles.baseline.messages if handles.baseline is not None else 0
+                    ),
                 )
             )
         except BaseException as exc:  # reported by wait(); the view must not hang on it
