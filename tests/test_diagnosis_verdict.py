@@ -110,16 +110,22 @@ def test_near_equal_scores_are_ranked_by_impact() -> None:
     assert [h.mechanism for h in rank([weak, sound])] == ["healthy", a.mechanism]
 
 
-def test_a_run_much_slower_than_its_baseline_is_not_called_healthy() -> None:
-    # Every rank 2.5x slower and no mechanism with a signature: the step regressed all the
-    # same, so healthy must not lead with a high score; the same job at the baseline's pace
-    # stays healthy.
+def _uniform_jobs():
+    """A maker of jobs whose every rank takes ``factor`` seconds a step (0.2 % noise)."""
     rng = np.random.default_rng(3)
 
     def run(factor: float):
         step = factor * 1e9 * (1 + 0.002 * rng.standard_normal((R, S)))
         return make_window(*_steps(step), ranks=rank_layout(R))
 
+    return run
+
+
+def test_a_run_much_slower_than_its_baseline_is_not_called_healthy() -> None:
+    # Every rank 2.5x slower and no mechanism with a signature: the step regressed all the
+    # same, so healthy must not lead with a high score; the same job at the baseline's pace
+    # stays healthy.
+    run = _uniform_jobs()
     base = run(1.0)
     same = {h.mechanism: h for h in diagnose(run(1.0), base).verdict.hypotheses}["healthy"]
     slow = {h.mechanism: h for h in diagnose(run(2.5), base).verdict.hypotheses}["healthy"]
@@ -132,12 +138,7 @@ def test_a_regression_no_mechanism_explains_reads_unexplained() -> None:
     # The same 2.5x slower job: what leads is the regression left unexplained, on the job
     # (no rank sets it) and where the time grew, not the best of the mechanisms' scores
     # near zero; a job at the baseline's pace leads with healthy.
-    rng = np.random.default_rng(3)
-
-    def run(factor: float):
-        step = factor * 1e9 * (1 + 0.002 * rng.standard_normal((R, S)))
-        return make_window(*_steps(step), ranks=rank_layout(R))
-
+    run = _uniform_jobs()
     base = run(1.0)
     top = diagnose(run(2.5), base).verdict.top
     assert top.mechanism == "unexplained_straggler", (top.mechanism, top.score)
