@@ -391,6 +391,7 @@ def start_demo(
                 own.stop()
             raise
         via = [r.endpoint for r in handles.relays]
+
     def taken_in(before: int) -> Any:
         """Whether the own hub has taken in ``before`` earlier messages and the ``n`` of
         this run (None: not our hub, nothing to wait for)."""
