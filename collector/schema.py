@@ -961,8 +961,12 @@ def _decode_table(
         raise SchemaError("bad_size", f"table {name!r} has {n} rows (max {MAX_ROWS})")
     cols = {}
     optional = OPTIONAL_COLUMNS.get(name, frozenset())
+    given = raw["cols"]
     for col, dt in spec.items():
-        buf = raw["cols"].get(col)
+        buf = given.get(col)
+        if type(buf) is bytes and len(buf) == n * dt.itemsize:  # the usual form, at once
+            cols[col] = np.frombuffer(buf, dtype=dt)
+            continue
         if buf is None and col in optional:
             cols[col] = np.full(n, np.nan if dt.kind == "f" else -1, dtype=dt)
             continue
