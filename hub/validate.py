@@ -939,13 +939,18 @@ def values_plausible(msgs: list[schema.Message], limits: Limits) -> bool:
     if not te.size:  # empty tables (a step with no collective yet): nothing to check
         return True
     dt = tx - te
+    # Device times: all unknown (host-timed rows), or all known, in range and each end
+    # after its start (device-timed rows); a mix is checked row by row.
+    host_timed = ds.max() == schema.NO_TIME and de.max() == schema.NO_TIME
     return bool(
         te.min() >= 0
         and te.max() <= T
         and dt.min() >= 0
         and dt.max() <= span
-        and ds.max() == schema.NO_TIME  # device times: their order is checked one by one
-        and de.max() == schema.NO_TIME
+        and (
+            host_timed
+            or (ds.min() >= 0 and de.max() <= T and (de - ds).min() >= 0 and ds.max() <= T)
+        )
         and op.min() >= -1
         and op.max() < _N_OPS
         and group.min() >= 0

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rankscope.collector import schema
-from rankscope.hub.validate import Reject, _check_colls, _colls_plausible
+from rankscope.hub.validate import Reject, _check_colls, _colls_plausible, values_plausible
 
 LO, HI, SPAN = 1_000_000, 10**15, 10**12
 
@@ -97,3 +97,25 @@ def test_a_device_end_before_its_start_is_refused() -> None:
     assert not _colls_plausible(co, LO, HI, SPAN)
     with pytest.raises(Reject, match="device end is before its device start"):
         _check_colls(co, LO, HI, SPAN)
+
+
+def test_a_batch_of_device_timed_steps_passes_the_batch_check() -> None:
+    # GPU collectors' rows carry device times; the batch check took only host-timed rows,
+    # so every GPU job's messages were checked one by one.
+    import time
+
+    from rankscope.hub.validate import Limits
+    from rankscope.sim import load_scenario
+    from rankscope.sim.emit import iter_messages
+
+    sc = load_scenario("healthy", ranks=16, seed=2)
+    msgs = [schema.decode(m) for m in iter_messages(sc, 2, t0_ns=time.time_ns())]
+    steps = [m for m in msgs if m.kind == "steps"]
+    assert all((m.tables["colls"]["t_start"] >= 0).all() for m in steps)  # device-timed
+    assert values_plausible(steps, Limits())
+    # One device end before its start: the batch is sent to the precise checks.
+    co = steps[3].tables["colls"]
+    spoiled = dict(co, t_end=co["t_end"].copy())
+    spoiled["t_end"][0] = spoiled["t_start"][0] - 1
+    steps[3] = schema.Message(steps[3].kind, steps[3].header, {**steps[3].tables, "colls": spoiled})
+    assert not values_plausible(steps, Limits())
