@@ -69,16 +69,37 @@ def with_cut(co: Mapping[str, np.ndarray], owner: np.ndarray | int) -> dict[str,
     cut = np.full(co["flags"].shape[0], schema.NO_TIME, np.int64)
     rows = np.flatnonzero(co["flags"] & ASYNC_FLAGS)
     if rows.shape[0]:
-        t0 = int(co["t_enter"][rows].min())
-        who = owner[rows] if isinstance(owner, np.ndarray) else np.full(rows.shape[0], owner)
-        rel = async_cut(
-            who, co["step"][rows], co["t_enter"][rows], co["flags"][rows], t0, co["t_exit"][rows]
-        )
-        cut[rows] = np.where(
-            np.isnan(rel), schema.NO_TIME, t0 + np.nan_to_num(rel).astype(np.int64)
-        )
+        enter, step = co["t_enter"][rows], co["step"][rows]
+        who = owner[rows] if isinstance(owner, np.ndarray) else None
+        if (
+            (who is None or who.min() == who.max())
+            and step.min() == step.max()
+            and enter.min() >= 0
+        ):
+            cut[rows] = _one_segment_cut(enter, co["t_exit"][rows])
+        else:
+            t0 = int(enter.min())
+            if who is None:
+                who = np.full(rows.shape[0], owner)
+            rel = async_cut(who, step, enter, co["flags"][rows], t0, co["t_exit"][rows])
+            cut[rows] = np.where(
+                np.isnan(rel), schema.NO_TIME, t0 + np.nan_to_num(rel).astype(np.int64)
+            )
     out["cut"] = cut
     return out
+
+
+def _one_segment_cut(enter: np.ndarray, exit_: np.ndarray) -> np.ndarray:
+    """`async_cut` of the asynchronous rows of one rank-step, every entry known (a
+    collector's message, most often), in integers: the latest issue, and no earlier than
+    the exit of the row that finishes just before each (ordered by exit, ties in row
+    order; unknown exits first)."""
+    ex = np.where(exit_ == schema.NO_TIME, _LOW, exit_)
+    by_exit = np.argsort(ex, kind="stable")
+    prev = np.empty(ex.shape[0], np.int64)
+    prev[by_exit[0]] = _LOW
+    prev[by_exit[1:]] = ex[by_exit[:-1]]
+    return np.maximum(prev, enter.max())
 
 
 class PartError(ValueError):

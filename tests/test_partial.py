@@ -444,3 +444,39 @@ def test_a_recording_with_parts_replays_and_exports_the_combined_instances(tmp_p
     write_parquet(tmp_path / "pq", tmp_path / "rec")
     inst = pq.read_table(tmp_path / "pq" / "instances.parquet")
     assert inst.num_rows == len(a.instances)
+
+
+def test_one_rank_steps_cut_is_async_cut() -> None:
+    # A collector's message holds one rank-step: its cut is computed in integers without
+    # the general segmenting; it must equal `async_cut` row for row, ties in exit and
+    # unknown exits included.
+    from rankscope.diagnosis.arrivals import async_cut
+    from rankscope.hub.partial import with_cut
+
+    rng = np.random.default_rng(11)
+    for _ in range(500):
+        n = int(rng.integers(1, 40))
+        enter = rng.integers(10**15, 10**15 + 10**6, n)
+        exit_ = enter + rng.integers(0, 10**4, n)
+        exit_[rng.random(n) < 0.2] = schema.NO_TIME
+        if n > 2:
+            exit_[1] = exit_[0]  # a tie
+        flags = np.where(rng.random(n) < 0.7, schema.FLAG_ASYNC, 0).astype(np.int64)
+        co = {"t_enter": enter, "t_exit": exit_, "step": np.full(n, 7), "flags": flags}
+        got = with_cut(co, 3)["cut"]
+        rows = np.flatnonzero(flags)
+        want = np.full(n, schema.NO_TIME, np.int64)
+        if rows.shape[0]:
+            t0 = int(enter[rows].min())
+            rel = async_cut(
+                np.full(rows.shape[0], 3),
+                co["step"][rows],
+                enter[rows],
+                flags[rows],
+                t0,
+                exit_[rows],
+            )
+            want[rows] = np.where(
+                np.isnan(rel), schema.NO_TIME, t0 + np.nan_to_num(rel).astype(np.int64)
+            )
+        assert np.array_equal(got, want), (co, got, want)
