@@ -947,10 +947,7 @@ def values_plausible(msgs: list[schema.Message], limits: Limits) -> bool:
         and te.max() <= T
         and dt.min() >= 0
         and dt.max() <= span
-        and (
-            host_timed
-            or (ds.min() >= 0 and de.max() <= T and (de - ds).min() >= 0 and ds.max() <= T)
-        )
+        and (host_timed or (ds.min() >= 0 and de.max() <= T and (de - ds).min() >= 0))
         and op.min() >= -1
         and op.max() < _N_OPS
         and group.min() >= 0
@@ -1034,8 +1031,7 @@ STACKED_ROWS = 512
 concatenation, one min and one max for all columns: numpy's cost is per call on short
 columns); longer ones column by column."""
 
-_COLL_LO = (0, 0, schema.NO_TIME, schema.NO_TIME, -(2**63), -1, -1, -1, 0, -1)
-"""Lowest value each stacked row may hold (the device duration's is judged apart)."""
+_COLL_LO = (0, 0, schema.NO_TIME, schema.NO_TIME, -1, -1, -1, 0, -1)
 _COLL_COLS = ("t_enter", "t_start", "t_end", "nbytes", "seq", "step", "group", "op")
 
 
@@ -1047,28 +1043,24 @@ def _colls_plausible(co: Mapping[str, np.ndarray], lo: int, hi: int, span: int) 
     t_enter, t_start, t_end = co["t_enter"], co["t_start"], co["t_end"]
     n = t_enter.shape[0]
     x = np.concatenate(
-        (
-            t_enter,
-            co["t_exit"] - t_enter,
-            t_start,
-            t_end,
-            t_end - t_start,
-            *(co[c] for c in _COLL_COLS[3:]),
-        ),
-        dtype=np.int64,
-    ).reshape(10, n)
+        (t_enter, co["t_exit"] - t_enter, *(co[c] for c in _COLL_COLS[1:])), dtype=np.int64
+    ).reshape(9, n)
     low = x.min(axis=1).tolist()
     top = x.max(axis=1).tolist()
     host_timed = top[2] == schema.NO_TIME and top[3] == schema.NO_TIME
-    device_timed = lo <= low[2] and top[2] <= hi and lo <= low[3] and top[3] <= hi and low[4] >= 0
     return (
         all(a >= b for a, b in zip(low, _COLL_LO, strict=True))
         and lo <= low[0]
         and top[0] <= hi
         and top[1] <= span
-        and (host_timed or device_timed)
-        and top[8] <= schema.INT32_MAX
-        and top[9] < _N_OPS
+        and top[7] <= schema.INT32_MAX
+        and top[8] < _N_OPS
+        and (
+            host_timed
+            or (  # device-timed: all known, in the window, each end after its start
+                lo <= low[2] and top[2] <= hi and top[3] <= hi and int((t_end - t_start).min()) >= 0
+            )
+        )
     )
 
 
