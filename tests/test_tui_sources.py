@@ -192,6 +192,16 @@ def test_main_model_numbers(window) -> None:
     assert model.arrivals[0].last_rank == 5 and model.arrivals[0].margin_ms > 5
 
 
+def test_last_ranking_survives_counts_that_overflow_their_sum() -> None:
+    w = synthetic_run(4, 3, run="huge")
+    big = np.finfo(np.float64).max
+    w.coll["times_last"][:] = 0.0
+    w.coll["times_last"][2, :2] = big  # finite each, infinite summed
+    w.coll["late_ns"][2, :2] = big
+    top = last_ranking(w)[0]
+    assert top.rank == 2 and top.times_last == int(big) and np.isfinite(top.late_ms)
+
+
 def test_large_worlds_get_fewer_steps(window) -> None:
     from rankscope.tui.sources import MIN_STEPS, steps_within
 

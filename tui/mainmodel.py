@@ -272,9 +272,12 @@ def last_ranking(window: Window, limit: int = 5, first_index: int = 0) -> tuple[
         The rows (ranks never last and never late are left out).
     """
     cols = slice(first_index, None)
-    times = finite_sum(window.coll["times_last"][:, cols], 1)
+    # Finite counts can still sum past float64 (a window built outside the hub's checks):
+    # such a rank is last the most, not a crash of the view.
+    big = np.finfo(np.float64).max
+    times = np.minimum(finite_sum(window.coll["times_last"][:, cols], 1), big)
     n = finite_sum(window.coll["n"][:, cols], 1)
-    late = finite_sum(window.coll["late_ns"][:, cols], 1)
+    late = np.minimum(finite_sum(window.coll["late_ns"][:, cols], 1), big)
     with np.errstate(all="ignore"):
         late_mean = np.where(n > 0, late / np.maximum(n, 1), 0.0)
     order = _top(times, late_mean, limit)
