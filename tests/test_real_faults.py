@@ -130,7 +130,7 @@ def _cpu_share(w, name):
     return np.nanmedian(_rank_step(w, np.where(cpu >= 0, cpu, np.nan)) / w.phase_ns[name], axis=1)
 
 
-def _straggler_in_data(w):
+def _straggler_in_data(w, trim=False, rank=None):
     """The rank the others waited for, from the collectives alone: ``(rank, wait, noise)``
     for the rank with the largest ``wait``, the others' arrival wait (median over them,
     mean over steps) less the rank's own, as a share of the step; ``noise`` is 1.645
@@ -139,7 +139,18 @@ def _straggler_in_data(w):
     neither is a straggler (seen at load 3: rank 0 last in 11 of 20 steps, the other's
     median wait 6 % of the step, but rank 0 waited 16 % of its own steps' time for it in
     the other 9). By that cost, not by how often it came last: at load 6 rank 0 came last
-    more often, yet rank 0 waited 3 % of the step longer for rank 1 than rank 1 for it."""
+    more often, yet rank 0 waited 3 % of the step longer for rank 1 than rank 1 for it.
+
+    ``trim``: each rank's steps with the largest difference are left out of its mean and
+    noise, as many as localisation leaves out of a suspect's gain (`localise._dropped`: a
+    tenth of the steps, at least two), so that two isolated spikes, which the diagnosis is
+    documented not to call a straggler, are not one here either. Seen on the busy machine
+    in about one healthy run in seven: a rank the other waited 20 ms for in one step of
+    15 ms ones and 8 ms in another, a few ms either way in the rest: 6.5 % beyond the
+    noise untrimmed, 2.8 % trimmed; localisation found 0 % beyond chance and noise.
+    ``rank``: read that rank, not the one with the largest wait."""
+    from rankscope.diagnosis.localise import _dropped
+
     if not _complete(w).any():
         return -1, 0.0, 0.0
     share = _rank_step(w, w.coll["exposed_wait_ns"]) / _rank_step(w, w.step_ns)
@@ -147,12 +158,32 @@ def _straggler_in_data(w):
     noise = np.zeros(w.world_size)
     for r in range(w.world_size):
         diff = np.nanmedian(share[_others(w, r)], axis=0) - share[r]
-        diff = diff[np.isfinite(diff)]
+        diff = np.sort(diff[np.isfinite(diff)])
+        if trim and diff.size:
+            diff = diff[: diff.size - _dropped(diff.size)]
         net[r] = np.mean(diff) if diff.size else -np.inf
         if diff.size >= 3:
             noise[r] = 1.645 * np.std(diff, ddof=1) / np.sqrt(diff.size)
-    rank = int(np.nanargmax(net))
+    if rank is None:
+        rank = int(np.nanargmax(net))
     return rank, float(net[rank]), float(noise[rank])
+
+
+def _waited_for_rank(w, rank):
+    """What the others waited for ``rank``, not net of its own wait: per step the others'
+    median arrival wait as a share of the step, mean over the steps left once the largest
+    are set aside as in `_straggler_in_data`. Like for like between two runs: the cost a
+    rank set in the baseline, whether or not another rank there cost as much (localisation
+    nets a suspect's gain by its gain in the baseline the same way)."""
+    from rankscope.diagnosis.localise import _dropped
+
+    if not _complete(w).any():
+        return 0.0
+    share = _rank_step(w, w.coll["exposed_wait_ns"]) / _rank_step(w, w.step_ns)
+    waited = np.sort(np.nanmedian(share[_others(w, rank)], axis=0))
+    waited = waited[np.isfinite(waited)]
+    waited = waited[: waited.size - _dropped(waited.size)]
+    return float(np.mean(waited)) if waited.size else 0.0
 
 
 def _assert_healthy_unless_a_rank_straggled(got):
@@ -166,8 +197,12 @@ def _assert_healthy_unless_a_rank_straggled(got):
       is real whether or not the job paid for it; seen with the machine busy, each run
       diagnosed alone);
     - they waited over 6 % of it for one rank beyond the steps' noise (the mean wait less
-      its one-sided 95 % allowance) and beyond what the baseline run shows of the same
-      rank: a straggler (``cpu_contention`` or ``unexplained_straggler``) on it;
+      its one-sided 95 % allowance, both over the steps left once the largest are set
+      aside as localisation does, `_straggler_in_data`) and beyond what the others waited
+      for the same rank in the baseline run (`_waited_for_rank`, like for like; seen once
+      in 40 runs here: the others waited 23 % of the step for rank 0, in the baseline
+      20 %, when rank 1 cost as much there and nothing here, the step 1.09x the
+      baseline's): a straggler (``cpu_contention`` or ``unexplained_straggler``) on it;
     - otherwise healthy, or a straggler on the rank the others waited for. That includes
       a rank the machine slowed in both runs: no regression against the baseline, and
       still a loss the job pays, which the diagnosis may name (never a catalogued fault
@@ -188,12 +223,12 @@ def _assert_healthy_unless_a_rank_straggled(got):
         return d
     # Over the steps the diagnosis read (warm-up set aside).
     rank, wait, noise = _straggler_in_data(d.window)
-    net = wait
-    if got.baseline is not None and wait > 0:
-        base_rank, base_wait, _ = _straggler_in_data(got.baseline)
-        if base_rank == rank:
-            net = max(0.0, wait - base_wait)
-    why = (rank, wait, noise, net, _top3(d))
+    _, cut, cut_noise = _straggler_in_data(d.window, trim=True, rank=rank)
+    net = cut
+    if got.baseline is not None and cut > 0:
+        grew = _waited_for_rank(d.window, rank) - _waited_for_rank(got.baseline, rank)
+        net = max(0.0, min(cut, grew))
+    why = (rank, wait, noise, cut, cut_noise, net, _top3(d))
     if wait < 0.01:
         if top.mechanism == "cpu_contention":
             from rankscope.diagnosis.hostside import MIN_CPU_LOSS
@@ -202,7 +237,7 @@ def _assert_healthy_unless_a_rank_straggled(got):
             assert min(loss) >= MIN_CPU_LOSS + 0.1, (*why, loss)
         else:
             assert top.mechanism == "healthy", why
-    elif min(net, wait - noise) > 0.06:
+    elif min(net, cut - cut_noise) > 0.06:
         assert top.mechanism in STRAGGLERS, why
         assert rank in top.ranks, why
     else:
