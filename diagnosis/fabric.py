@@ -51,6 +51,10 @@ class LinkFinding:
     ranks: tuple[int, ...]
     control: int = 0
     """Against a baseline run: how many other rows the run-to-run spread comes from."""
+    paired: int = 0
+    """With exactly two candidates of its kind (two hosts, two rails): the steps the two
+    were compared over, one against the other, and ``z`` is then the paired t statistic
+    of the per-step difference in their transfer (`_paired`); 0 otherwise."""
 
 
 @dataclass(frozen=True)
@@ -181,6 +185,11 @@ def _findings(
         return ()
     med = np.array([nanmedian(ratio[valid & (codes == c)]) for c in sel_codes])
     z = robust_z(np.log(med)) if sel_codes.size >= 3 else np.zeros(sel_codes.size)
+    paired = 0
+    if sel_codes.size == 2:
+        t, paired = _paired(window, skew, codes, valid, ratio, sel_codes)
+        z = np.array([t, -t]) if np.isfinite(t) else z
+        paired = paired if np.isfinite(t) else 0
     n_steps = int(window.steps.shape[0])
     out = []
     for c, m, zc in zip(sel_codes, med, z):
@@ -204,10 +213,62 @@ def _findings(
                 groups=names,
                 hosts=tuple(host_name(window, h) for h in host_codes),
                 ranks=tuple(int(r) for r in ranks),
+                paired=paired,
             )
         )
     out.sort(key=lambda f: -f.slowdown)
     return tuple(out)
+
+
+PAIRED_STEPS = 8
+"""Steps two links must be compared over before either is judged against the other."""
+PAIRED_FLOOR = 0.005
+"""Floor on the spread of the per-step log transfer difference of two links (0.5 %), so
+that a noise-free simulation does not read infinitely sure."""
+
+
+def _paired(
+    window: Window,
+    skew: GroupSkew,
+    codes: np.ndarray,
+    valid: np.ndarray,
+    ratio: np.ndarray,
+    pair: np.ndarray,
+) -> tuple[float, int]:
+    """Two links compared step by step: per step, the mean over each one's (sampled)
+    instances of log(transfer / its row's class median), the first's less the second's;
+    the t statistic of that difference's mean over the steps, and the steps.
+
+    Two hosts or two rails give no spread to judge either against, but each step is a
+    comparison of the two under the same load: a link slower in step after step, by more
+    than the steps' differences vary, is slower, where one slower in a few steps is noise.
+    NaN (and 0 steps) below `PAIRED_STEPS` steps with both.
+    """
+    inst = window.instances
+    n_steps = int(window.steps.shape[0])
+    row = skew.row_of_instance
+    if row.shape[0] != len(inst) or n_steps == 0:
+        return float("nan"), 0
+    idx = np.flatnonzero(skew.sampled & (row >= 0))
+    r = row[idx]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        keep = valid[r] & np.isin(codes[r], pair) & (ratio[r] > 0)
+        idx, r = idx[keep], r[keep]
+        lr = np.log(transfer_time(inst, idx) * ratio[r] / skew.transfer_p50[r])
+    j = np.searchsorted(window.steps, inst.step[idx])
+    jc = np.minimum(j, n_steps - 1)
+    good = np.isfinite(lr) & (j < n_steps) & (window.steps[jc] == inst.step[idx])
+    cell = jc + n_steps * (codes[r] == pair[1]).astype(np.int64)
+    sums = np.bincount(cell[good], weights=lr[good], minlength=2 * n_steps)
+    counts = np.bincount(cell[good], minlength=2 * n_steps)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+    d = mean[:n_steps] - mean[n_steps:]
+    d = d[np.isfinite(d)]
+    if d.size < PAIRED_STEPS:
+        return float("nan"), 0
+    spread = max(float(np.std(d, ddof=1)), PAIRED_FLOOR)
+    return float(np.mean(d) / (spread / np.sqrt(d.size))), int(d.size)
 
 
 def host_name(window: Window, code: int) -> str:

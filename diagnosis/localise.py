@@ -696,14 +696,17 @@ def link_suspects(fabric: FabricView, step_ns: float) -> tuple[Suspect, ...]:
         ("rail", fabric.rails, fabric.rails_vs_baseline),
         ("link", fabric.hosts, fabric.hosts_vs_baseline),
     ):
-        found = peers if len(peers) >= 3 else vs_base
+        pair = len(peers) == 2 and min(f.paired for f in peers) > 0
+        found = peers if len(peers) >= 3 or pair else vs_base
         if not found or not step_ns > 0:
             continue
         worst: LinkFinding = max(found, key=lambda f: f.z if np.isfinite(f.z) else -np.inf)
         if not np.isfinite(worst.z):
             continue
         gain = max(float(worst.extra_ns_per_step), 0.0) / step_ns
-        beyond = worst.z > expected_max_z(len(found)) + LINK_MARGIN
+        # Two links: the slower's paired t statistic over the steps, one-sided.
+        bar = NOISE_Z if pair else expected_max_z(len(found))
+        beyond = worst.z > bar + LINK_MARGIN
         key = str(worst.code) if kind == "rail" or not worst.hosts else worst.hosts[0]
         out.append(
             Suspect(

@@ -298,7 +298,11 @@ def _slow_input_among_few(ev: Evidence, inp: np.ndarray) -> Candidate:
 
 MIN_PEERS = 3
 """Links needed before a link is judged against its peers in the same window (a robust
-spread from fewer is meaningless); below it only a baseline run can tell."""
+spread from fewer is meaningless); below it a baseline run, or with exactly two, the one
+against the other step by step (`fabric.LinkFinding.paired`)."""
+PAIRED_Z = 1.645 + Z_MARGIN
+"""The paired t statistic at which the slower of two links is half surely slow: a
+one-sided 95 % test, with the same margin a link among peers needs."""
 
 
 @dataclass(frozen=True)
@@ -307,7 +311,8 @@ class _LinkJudgement:
     strength: float
     impact: float
     basis: str
-    """``peers``, ``baseline`` or ``none`` (too few peers and no baseline run)."""
+    """``peers``, ``baseline``, ``pair`` (two links, one against the other) or ``none``
+    (too few peers and no baseline run)."""
     n: int
     """How many links the worst one was judged among."""
 
@@ -315,12 +320,17 @@ class _LinkJudgement:
 def _link_candidate(
     ev: Evidence, peers: tuple[LinkFinding, ...], vs_base: tuple[LinkFinding, ...]
 ) -> _LinkJudgement | None:
-    """The worst link, against its peers when there are enough of them, else against the
-    baseline run's same groups. Peers in the same window share its load and software, so
-    they come first; the baseline is the only reference a two-host job has."""
+    """The worst link, against its peers when there are enough of them, one against the
+    other when there are two, else against the baseline run's same groups. Peers in the
+    same window share its load and software, so they come first; the baseline is the only
+    reference a one-host job has."""
     if len(peers) >= MIN_PEERS:
         worst = max(peers, key=lambda f: f.z if np.isfinite(f.z) else -np.inf)
         basis, n = "peers", len(peers)
+    elif len(peers) == 2 and min(f.paired for f in peers) > 0:
+        # Two links: one against the other, step by step, under the same load.
+        worst = max(peers, key=lambda f: f.z)
+        basis, n = "pair", 2
     elif vs_base:
         worst = max(vs_base, key=lambda f: f.z if np.isfinite(f.z) else -np.inf)
         basis, n = "baseline", len(vs_base)
@@ -330,7 +340,9 @@ def _link_candidate(
     else:
         return None
     strength = 0.0
-    if basis != "none":
+    if basis == "pair":
+        strength = logistic(worst.z, PAIRED_Z, 1.0)
+    elif basis != "none":
         strength = logistic(worst.z, expected_max_z(n) + Z_MARGIN, 1.0)
     comm = nanmean(nanmax_ranks(ev.decomp, ("exposed_comm", "arrival_wait")))
     impact = min(worst.extra_ns_per_step, comm) / ev.step_ns
@@ -345,11 +357,19 @@ def _link_evidence(
     j: _LinkJudgement, scope: str, what: str, vs_base: tuple[LinkFinding, ...]
 ) -> list[str]:
     w = j.worst
-    if j.basis == "peers":
-        out = [
-            f"{scope} collectives on {w.label} take {w.slowdown:.2f}x their peers' transfer "
-            f"(robust z {w.z:.0f} across {_count(j.n, what)})"
-        ]
+    if j.basis in ("peers", "pair"):
+        if j.basis == "peers":
+            out = [
+                f"{scope} collectives on {w.label} take {w.slowdown:.2f}x their peers' "
+                f"transfer (robust z {w.z:.0f} across {_count(j.n, what)})"
+            ]
+        else:
+            out = [
+                f"{scope} collectives on {w.label} take {w.slowdown:.2f}x the median transfer "
+                f"of the two {what}s, slower than the other's in step after step (paired t "
+                f"{w.z:.1f} over {w.paired} steps)",
+                f"two {what}s: judged one against the other, with no spread of peers to read",
+            ]
         same = [f for f in vs_base if f.code == w.code]
         if same:
             out.append(

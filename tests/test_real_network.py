@@ -147,6 +147,8 @@ def test_verdict_names_the_degraded_rail(degraded) -> None:
     ]
     assert top.rails == (incident_network.DEGRADED_RAIL,)
     assert set(top.hosts) == set(degraded.hosts)
-    # Two rails are too few to judge one against its peers: the baseline run is the
-    # reference, and the evidence says so.
-    assert any("in the baseline run" in e for e in top.evidence), top.evidence
+    # Two rails are too few to judge one against a spread of peers: they are compared one
+    # against the other step by step, and the baseline run's reading of the same groups is
+    # given beside it; the evidence says both.
+    assert any("paired t" in e for e in top.evidence), top.evidence
+    assert any("baseline run" in e for e in top.evidence), top.evidence
