@@ -214,10 +214,22 @@ def _assert_healthy_unless_a_rank_straggled(got):
     top = d.verdict.top
     # A busy machine can slow a whole run against its baseline: a regression the steps
     # show, which no catalogued mechanism explains. Well past the verdict's threshold (1.5x)
-    # it must read as unexplained, near it as unexplained or healthy; never a fault.
+    # it must read as unexplained (or as a rank the window shows starved, with the rest
+    # unexplained), near it as unexplained or healthy; never a fault.
     ratio = _step_ratio(got)
     if ratio > 1.8:
-        assert top.mechanism == "unexplained_straggler", (ratio, _top3(d))
+        if top.mechanism == "cpu_contention":
+            # The machine's own cause, where the window shows it: a rank kept off its
+            # cores (seen: forward at 0.54 CPU per wall second against 1.00, 7 ms a step
+            # more run-queue delay) accounting for part of a 1.9x regression; the rest must
+            # still be named unexplained.
+            from rankscope.diagnosis.hostside import MIN_CPU_LOSS
+
+            loss = [_cpu_loss(d.window, r) for r in top.ranks]
+            assert loss and min(loss) >= MIN_CPU_LOSS + 0.1, (ratio, loss, _top3(d))
+            assert d.verdict.get("unexplained_straggler").score >= 0.5, (ratio, _top3(d))
+        else:
+            assert top.mechanism == "unexplained_straggler", (ratio, _top3(d))
         return d
     if ratio > 1.35 and top.mechanism == "unexplained_straggler":
         return d
