@@ -188,8 +188,7 @@ def _findings(
     paired = 0
     if sel_codes.size == 2:
         t, paired = _paired(window, skew, codes, valid, ratio, sel_codes)
-        z = np.array([t, -t]) if np.isfinite(t) else z
-        paired = paired if np.isfinite(t) else 0
+        z = np.array([t, -t]) if paired else z
     n_steps = int(window.steps.shape[0])
     out = []
     for c, m, zc in zip(sel_codes, med, z):
@@ -222,6 +221,9 @@ def _findings(
 
 PAIRED_STEPS = 8
 """Steps two links must be compared over before either is judged against the other."""
+PAIRED_Z = 1.645 + 3.0
+"""The paired t statistic at which the slower of two links is judged slow: one-sided at
+95 %, with the margin of 3 a link among peers needs beyond the largest z of chance."""
 PAIRED_FLOOR = 0.005
 """Floor on the spread of the per-step log transfer difference of two links (0.5 %), so
 that a noise-free simulation does not read infinitely sure."""
@@ -269,6 +271,11 @@ def _paired(
         return float("nan"), 0
     spread = max(float(np.std(d, ddof=1)), PAIRED_FLOOR)
     return float(np.mean(d) / (spread / np.sqrt(d.size))), int(d.size)
+
+
+def is_pair(links: tuple[LinkFinding, ...]) -> bool:
+    """Two links of one kind, compared one against the other step by step (`_paired`)."""
+    return len(links) == 2 and min(f.paired for f in links) > 0
 
 
 def host_name(window: Window, code: int) -> str:

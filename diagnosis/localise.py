@@ -89,7 +89,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rankscope.diagnosis.decomposition import CATEGORIES, Decomposition
-from rankscope.diagnosis.fabric import FabricView, LinkFinding
+from rankscope.diagnosis.fabric import PAIRED_Z, FabricView, LinkFinding, is_pair
 from rankscope.diagnosis.regime import MEDIAN_RANKS
 from rankscope.diagnosis.robust import expected_max_z, nanmedian
 from rankscope.diagnosis.window import Window
@@ -696,7 +696,7 @@ def link_suspects(fabric: FabricView, step_ns: float) -> tuple[Suspect, ...]:
         ("rail", fabric.rails, fabric.rails_vs_baseline),
         ("link", fabric.hosts, fabric.hosts_vs_baseline),
     ):
-        pair = len(peers) == 2 and min(f.paired for f in peers) > 0
+        pair = is_pair(peers)
         found = peers if len(peers) >= 3 or pair else vs_base
         if not found or not step_ns > 0:
             continue
@@ -705,8 +705,7 @@ def link_suspects(fabric: FabricView, step_ns: float) -> tuple[Suspect, ...]:
             continue
         gain = max(float(worst.extra_ns_per_step), 0.0) / step_ns
         # Two links: the slower's paired t statistic over the steps, one-sided.
-        bar = NOISE_Z if pair else expected_max_z(len(found))
-        beyond = worst.z > bar + LINK_MARGIN
+        beyond = worst.z > (PAIRED_Z if pair else expected_max_z(len(found)) + LINK_MARGIN)
         key = str(worst.code) if kind == "rail" or not worst.hosts else worst.hosts[0]
         out.append(
             Suspect(

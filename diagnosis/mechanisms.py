@@ -17,7 +17,7 @@ import numpy as np
 from rankscope.diagnosis.candidate import NONE, Candidate, hosts_of, ms, pct
 from rankscope.diagnosis.decomposition import COMPUTE_PHASES, Decomposition
 from rankscope.diagnosis.evidence import Evidence
-from rankscope.diagnosis.fabric import LinkFinding
+from rankscope.diagnosis.fabric import PAIRED_Z, LinkFinding, is_pair
 from rankscope.diagnosis.localise import MATERIAL
 from rankscope.diagnosis.regime import job_step_ns
 from rankscope.diagnosis.robust import (
@@ -300,9 +300,6 @@ MIN_PEERS = 3
 """Links needed before a link is judged against its peers in the same window (a robust
 spread from fewer is meaningless); below it a baseline run, or with exactly two, the one
 against the other step by step (`fabric.LinkFinding.paired`)."""
-PAIRED_Z = 1.645 + Z_MARGIN
-"""The paired t statistic at which the slower of two links is half surely slow: a
-one-sided 95 % test, with the same margin a link among peers needs."""
 
 
 @dataclass(frozen=True)
@@ -327,7 +324,7 @@ def _link_candidate(
     if len(peers) >= MIN_PEERS:
         worst = max(peers, key=lambda f: f.z if np.isfinite(f.z) else -np.inf)
         basis, n = "peers", len(peers)
-    elif len(peers) == 2 and min(f.paired for f in peers) > 0:
+    elif is_pair(peers):
         # Two links: one against the other, step by step, under the same load.
         worst = max(peers, key=lambda f: f.z)
         basis, n = "pair", 2

@@ -149,18 +149,14 @@ def _straggler_in_data(w, trim=False, rank=None):
     15 ms ones and 8 ms in another, a few ms either way in the rest: 6.5 % beyond the
     noise untrimmed, 2.8 % trimmed; localisation found 0 % beyond chance and noise.
     ``rank``: read that rank, not the one with the largest wait."""
-    from rankscope.diagnosis.localise import _dropped
-
     if not _complete(w).any():
         return -1, 0.0, 0.0
-    share = _rank_step(w, w.coll["exposed_wait_ns"]) / _rank_step(w, w.step_ns)
+    share = _wait_share(w)
     net = np.full(w.world_size, -np.inf)
     noise = np.zeros(w.world_size)
     for r in range(w.world_size):
         diff = np.nanmedian(share[_others(w, r)], axis=0) - share[r]
-        diff = np.sort(diff[np.isfinite(diff)])
-        if trim and diff.size:
-            diff = diff[: diff.size - _dropped(diff.size)]
+        diff = _set_aside(diff) if trim else diff[np.isfinite(diff)]
         net[r] = np.mean(diff) if diff.size else -np.inf
         if diff.size >= 3:
             noise[r] = 1.645 * np.std(diff, ddof=1) / np.sqrt(diff.size)
@@ -175,15 +171,33 @@ def _waited_for_rank(w, rank):
     are set aside as in `_straggler_in_data`. Like for like between two runs: the cost a
     rank set in the baseline, whether or not another rank there cost as much (localisation
     nets a suspect's gain by its gain in the baseline the same way)."""
-    from rankscope.diagnosis.localise import _dropped
-
     if not _complete(w).any():
         return 0.0
-    share = _rank_step(w, w.coll["exposed_wait_ns"]) / _rank_step(w, w.step_ns)
-    waited = np.sort(np.nanmedian(share[_others(w, rank)], axis=0))
-    waited = waited[np.isfinite(waited)]
-    waited = waited[: waited.size - _dropped(waited.size)]
+    waited = _set_aside(np.nanmedian(_wait_share(w)[_others(w, rank)], axis=0))
     return float(np.mean(waited)) if waited.size else 0.0
+
+
+def _wait_share(w):
+    """(R, S) each rank-step's arrival wait as a share of its step."""
+    return _rank_step(w, w.coll["exposed_wait_ns"]) / _rank_step(w, w.step_ns)
+
+
+def _set_aside(values):
+    """The finite per-step values, sorted, less the largest as many as localisation leaves
+    out of a suspect's gain (`localise._dropped`)."""
+    from rankscope.diagnosis.localise import _dropped
+
+    kept = np.sort(values[np.isfinite(values)])
+    return kept[: kept.size - _dropped(kept.size)]
+
+
+def _starved(w, ranks):
+    """Whether the window shows every one of ``ranks`` kept off its cores: its compute
+    phases' CPU share at least `MIN_CPU_LOSS` + 0.1 below its peer's (`_cpu_loss`)."""
+    from rankscope.diagnosis.hostside import MIN_CPU_LOSS
+
+    loss = [_cpu_loss(w, r) for r in ranks]
+    return bool(loss) and min(loss) >= MIN_CPU_LOSS + 0.1
 
 
 def _assert_healthy_unless_a_rank_straggled(got):
@@ -223,10 +237,8 @@ def _assert_healthy_unless_a_rank_straggled(got):
             # cores (seen: forward at 0.54 CPU per wall second against 1.00, 7 ms a step
             # more run-queue delay) accounting for part of a 1.9x regression; the rest must
             # still be named unexplained.
-            from rankscope.diagnosis.hostside import MIN_CPU_LOSS
-
-            loss = [_cpu_loss(d.window, r) for r in top.ranks]
-            assert loss and min(loss) >= MIN_CPU_LOSS + 0.1, (ratio, loss, _top3(d))
+            loss = [round(_cpu_loss(d.window, r), 2) for r in top.ranks]
+            assert _starved(d.window, top.ranks), (ratio, loss, _top3(d))
             assert d.verdict.get("unexplained_straggler").score >= 0.5, (ratio, _top3(d))
         else:
             assert top.mechanism == "unexplained_straggler", (ratio, _top3(d))
